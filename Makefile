@@ -1,0 +1,40 @@
+# The two commands of the README: `make demo` and `make test`. Both build .venv on first use.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test lint format bench clean
+
+install: $(STAMP)
+
+# torch is installed first and pinned: an unpinned torch drags in GBs of CUDA wheels.
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -c constraints.txt -e '.[train,dev]'
+	touch $(STAMP)
+
+demo: install
+	$(BIN)/rloo demo --output_dir runs/demo
+
+test: install
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/python -m pytest -q
+
+lint: install
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
+
+format: install
+	$(BIN)/ruff format src tests benchmarks
+	$(BIN)/ruff check --fix src tests benchmarks
+
+bench: install
+	$(BIN)/pip install -q -c constraints.txt -e '.[bench]'
+	$(BIN)/python benchmarks/bench_vs_trl.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .ruff_cache

@@ -1,0 +1,81 @@
+"""Log-probabilities and entropies from logits, without a full (B, T, V) temporary where avoidable."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = ["entropy_from_logits", "selective_log_softmax"]
+
+# Rows of the flattened (N, V) logits processed at once by entropy_from_logits: bounds the float32
+# temporaries to ~_ENTROPY_CHUNK * V elements.
+_ENTROPY_CHUNK = 128
+
+_FULL_PRECISION = (torch.float32, torch.float64)
+
+
+def selective_log_softmax(logits: Tensor, index: Tensor) -> Tensor:
+    """Log-probability of the indexed token: ``log_softmax(logits, -1).gather(-1, index)``.
+
+    float32/float64: ``logits[index] - logsumexp(logits)``, the logsumexp taken one batch row at a time,
+    so no full (B, T, V) log-softmax is ever held. Half precision (bf16/fp16): log_softmax of one batch
+    row at a time, upcast to float32, because ``x - logsumexp`` in bf16 loses most of the digits that
+    the sequence-level ratio ``exp(sum new - sum old)`` needs; the result is then float32.
+
+    Args:
+        logits: (B, T, V) (any number of leading dims >= 1 besides V).
+        index: (B, T) long token ids, same shape as ``logits.shape[:-1]``.
+
+    Returns:
+        (B, T) log-probabilities; dtype of ``logits`` for float32/float64, float32 for half precision.
+        Differentiable w.r.t. ``logits``.
+    """
+    if logits.dim() < 2:
+        raise ValueError(f"logits must have shape (B, ..., V) (got {tuple(logits.shape)}); add a batch dim")
+    if tuple(index.shape) != tuple(logits.shape[:-1]):
+        raise ValueError(
+            f"index shape {tuple(index.shape)} must equal logits.shape[:-1] {tuple(logits.shape[:-1])}; "
+            "pass one token id per logits row"
+        )
+    if logits.shape[0] == 0:
+        out_dtype = logits.dtype if logits.dtype in _FULL_PRECISION else torch.float32
+        return logits.new_zeros(index.shape, dtype=out_dtype)
+    if logits.dtype in _FULL_PRECISION:
+        selected = torch.gather(logits, -1, index.unsqueeze(-1)).squeeze(-1)  # (B, T)
+        # Per batch row: logsumexp's exp() temporary is (T, V), not (B, T, V).
+        lse = torch.stack([torch.logsumexp(row, dim=-1) for row in logits])  # (B, T)
+        return selected - lse
+    rows = []
+    for row_logits, row_index in zip(logits, index, strict=True):
+        row_logp = torch.log_softmax(row_logits.float(), dim=-1)  # (T, V) float32
+        rows.append(row_logp.gather(-1, row_index.unsqueeze(-1)).squeeze(-1))  # (T,)
+    return torch.stack(rows)  # (B, T)
+
+
+def entropy_from_logits(logits: Tensor) -> Tensor:
+    """Entropy of ``softmax(logits)`` over the last dimension: ``logsumexp(l) - sum(softmax(l) * l)``.
+
+    Computed in row chunks (and in float32 for half-precision input). ``-inf`` logits (masked-out
+    vocabulary entries) contribute 0, not NaN.
+
+    Args:
+        logits: (..., V).
+
+    Returns:
+        (...) entropies in nats; dtype of ``logits`` for float32/float64, float32 for half precision.
+    """
+    if logits.dim() < 1:
+        raise ValueError("logits must have at least one dimension (the vocabulary); pass a (..., V) tensor")
+    lead, v = logits.shape[:-1], logits.shape[-1]
+    flat = logits.reshape(-1, v)  # (N, V)
+    out = []
+    for chunk in flat.split(_ENTROPY_CHUNK):
+        c = chunk if chunk.dtype in _FULL_PRECISION else chunk.float()  # (n, V)
+        probs = torch.softmax(c, dim=-1)  # (n, V)
+        # p * l is 0 * -inf = NaN for masked vocab entries; their true contribution is 0.
+        finite = torch.where(torch.isneginf(c), torch.zeros_like(c), c)  # (n, V)
+        out.append(torch.logsumexp(c, dim=-1) - (probs * finite).sum(-1))  # (n,)
+    if not out:
+        dtype = logits.dtype if logits.dtype in _FULL_PRECISION else torch.float32
+        return logits.new_zeros(lead, dtype=dtype)
+    return torch.cat(out).reshape(lead)  # (...)

@@ -1,0 +1,201 @@
+"""From raw reward-model / reward-function scores to the quantities RLOO optimises."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .advantages import leave_one_out_baseline
+from .masking import _check_mask, masked_mean, masked_sum, masked_var
+
+__all__ = [
+    "apply_missing_eos_penalty",
+    "combine_reward_sources",
+    "normalize_advantages",
+    "normalize_and_clip_scores",
+    "sequence_level_rewards",
+    "token_level_advantages",
+]
+
+
+def _standardize(x: Tensor, mask: Tensor, eps: float) -> Tensor:
+    """``(x - mean) / (std + eps)`` over the True entries of ``mask`` (unbiased std); 0 where False.
+
+    std + eps (not sqrt(var + eps)) is the reference trainer's formula. A single entry has std 0 here
+    (torch.std would give NaN), so it maps to 0.
+    """
+    mask = _check_mask(x, mask)
+    xs = torch.where(mask, x, torch.zeros_like(x))
+    mean = masked_mean(xs, mask)
+    std = masked_var(xs, mask, unbiased=True).sqrt()
+    return torch.where(mask, (xs - mean) / (std + eps), torch.zeros_like(xs))
+
+
+def combine_reward_sources(per_source: Tensor, weights: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Weighted sum of several reward sources, skipping the ones that did not score a completion.
+
+    Args:
+        per_source: (B, S) scores; NaN means "this source returned None for this completion".
+        weights: (S,) per-source weights; default all ones.
+
+    Returns:
+        ``(rewards, valid)``, both (B,): ``rewards = sum over non-NaN s of w_s * r_s`` (0 for rows with no
+        score), ``valid`` True where at least one source scored the completion.
+    """
+    if per_source.dim() != 2:
+        raise ValueError(
+            f"per_source must have shape (B, S) (got {tuple(per_source.shape)}); stack one column per source"
+        )
+    if not per_source.is_floating_point():
+        raise ValueError(
+            f"per_source must be floating point (got {per_source.dtype}); pass per_source.float()"
+        )
+    n_sources = per_source.shape[1]
+    if weights is None:
+        weights = torch.ones(n_sources, dtype=per_source.dtype, device=per_source.device)
+    elif weights.dim() != 1 or weights.shape[0] != n_sources:
+        raise ValueError(
+            f"weights must have one entry per reward source ({n_sources}), got shape {tuple(weights.shape)}; "
+            "give exactly one weight per reward function"
+        )
+    present = ~torch.isnan(per_source)  # (B, S)
+    scores = torch.where(present, per_source, torch.zeros_like(per_source))  # (B, S)
+    rewards = (scores * weights.to(scores)).sum(dim=1)  # (B,)
+    return rewards, present.any(dim=1)
+
+
+def apply_missing_eos_penalty(scores: Tensor, contains_eos: Tensor, penalty: float | None) -> Tensor:
+    """Subtract ``penalty`` from the score of every completion that never emitted EOS.
+
+    Args:
+        scores: (B,) scores.
+        contains_eos: (B,) bool, True where the completion contains an EOS token.
+        penalty: amount subtracted; None leaves the scores unchanged.
+
+    Returns:
+        (B,) new tensor (a copy even when ``penalty`` is None).
+    """
+    if contains_eos.shape != scores.shape:
+        raise ValueError(
+            f"contains_eos shape {tuple(contains_eos.shape)} must equal scores shape {tuple(scores.shape)}; "
+            "pass one flag per completion"
+        )
+    if penalty is None:
+        return scores.clone()
+    return torch.where(contains_eos.bool(), scores, scores - penalty)
+
+
+def normalize_and_clip_scores(
+    scores: Tensor, clip_range: float, valid: Tensor | None = None, eps: float = 1e-8
+) -> Tensor:
+    """Standardise scores over the batch, then clamp to ``[-clip_range, clip_range]``.
+
+    The reference's ``normalize_reward`` + ``reward_clip_range``: ``(s - mean) / (std + eps)`` with the
+    unbiased std, both over the valid entries only.
+
+    Args:
+        scores: (B,) scores; entries where ``valid`` is False may be NaN.
+        clip_range: positive clamp bound.
+        valid: (B,) bool; default all True.
+        eps: added to the std.
+
+    Returns:
+        (B,) normalised scores, 0 where ``valid`` is False.
+    """
+    if not clip_range > 0:
+        raise ValueError(f"clip_range must be > 0 (got {clip_range}); pass a positive reward clip range")
+    if valid is None:
+        valid = torch.ones_like(scores, dtype=torch.bool)
+    return _standardize(scores, valid, eps).clamp(-clip_range, clip_range)
+
+
+def sequence_level_rewards(scores: Tensor, kl: Tensor, mask: Tensor, kl_coef: float) -> tuple[Tensor, Tensor]:
+    """The reference's default reward: score minus ``kl_coef`` times the sequence's summed KL.
+
+    Args:
+        scores: (B,) scores.
+        kl: (B, T) per-token KL.
+        mask: (B, T) bool completion mask.
+        kl_coef: KL penalty coefficient.
+
+    Returns:
+        ``(rlhf_reward, non_score_reward)``, both (B,): ``non_score_reward = -kl_coef * sum_t kl``,
+        ``rlhf_reward = scores + non_score_reward``.
+    """
+    if kl.dim() != 2 or kl.shape[0] != scores.shape[0] or scores.dim() != 1:
+        raise ValueError(
+            f"scores must be (B,) and kl (B, T) (got {tuple(scores.shape)} and {tuple(kl.shape)}); align them"
+        )
+    non_score_reward = -kl_coef * masked_sum(kl, mask, dim=1)  # (B,)
+    return scores + non_score_reward, non_score_reward
+
+
+def token_level_advantages(
+    scores: Tensor, kl: Tensor, mask: Tensor, kl_coef: float, valid: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """Per-token RLOO advantages with a real per-token KL penalty (REINFORCE++ eq. 1).
+
+    Per-token reward ``r_t = -kl_coef * kl_t``, plus the score on the last completion token; return to go
+    ``G_t = sum_{s >= t} r_s = score - kl_coef * sum_{s >= t} kl_s``. The baseline of completion i is the
+    leave-one-out mean of the other valid completions' full returns ``G_{j,0}`` (their sequence-level
+    rlhf rewards), so ``A_{i,t} = G_{i,t} - b_i``. At the first token this is the sequence-level RLOO
+    advantage; later tokens are charged only the KL that follows them, i.e.
+    ``A_{i,t} = A_i^seq + kl_coef * sum_{s < t} kl_{i,s}``.
+
+    Args:
+        scores: (P, K) scores; entries where ``valid`` is False may be NaN.
+        kl: (P, K, T) per-token KL (anything where ``mask`` is False).
+        mask: (P, K, T) bool completion mask.
+        kl_coef: KL penalty coefficient.
+        valid: (P, K) bool, True where the score exists; default all True.
+
+    Returns:
+        ``(advantages, non_score_reward)``: (P, K, T) advantages, 0 where ``mask`` is False, for invalid
+        completions and for completions whose group has no other valid member; (P, K)
+        ``non_score_reward = -kl_coef * sum_t kl``.
+    """
+    if scores.dim() != 2 or kl.dim() != 3 or kl.shape[:2] != scores.shape:
+        raise ValueError(
+            f"scores must be (P, K) and kl (P, K, T) (got {tuple(scores.shape)} and {tuple(kl.shape)}); "
+            "reshape both to prompt-major groups"
+        )
+    mask = _check_mask(kl, mask)
+    kl = torch.where(mask, kl, torch.zeros_like(kl))  # (P, K, T)
+    non_score_reward = -kl_coef * kl.sum(dim=-1)  # (P, K)
+    if valid is None:
+        valid = torch.ones_like(scores, dtype=torch.bool)
+    elif valid.dtype != torch.bool or valid.shape != scores.shape:
+        raise ValueError(
+            f"valid must be a bool tensor shaped like scores {tuple(scores.shape)} "
+            f"(got {valid.dtype} {tuple(valid.shape)}); pass one bool flag per completion"
+        )
+    safe_scores = torch.where(valid, scores, torch.zeros_like(scores))  # (P, K), NaN-free
+    baseline, has_baseline = leave_one_out_baseline(safe_scores + non_score_reward, valid)  # (P, K) each
+    kl_before = kl.cumsum(dim=-1) - kl  # (P, K, T) KL of the tokens strictly before t
+    # G_t = score + non_score + kl_coef * kl_before: the return drops the KL already paid before t.
+    returns = (safe_scores + non_score_reward).unsqueeze(-1) + kl_coef * kl_before  # (P, K, T)
+    advantages = returns - baseline.unsqueeze(-1)  # (P, K, T)
+    keep = mask & has_baseline.unsqueeze(-1)  # (P, K, T)
+    return torch.where(keep, advantages, torch.zeros_like(advantages)), non_score_reward
+
+
+def normalize_advantages(advantages: Tensor, mask: Tensor | None = None, eps: float = 1e-8) -> Tensor:
+    """Standardise advantages over the whole batch: ``(A - mean) / (std + eps)``, unbiased std.
+
+    Args:
+        advantages: (B,) sequence-level or (B, T) token-level advantages.
+        mask: bool with the shape of ``advantages``: (B,) e.g. valid completions, or (B, T) completion
+            tokens; default all True.
+        eps: added to the std (the reference's 1e-8).
+
+    Returns:
+        Same shape as ``advantages``, 0 where ``mask`` is False.
+    """
+    if mask is None:
+        mask = torch.ones_like(advantages, dtype=torch.bool)
+    elif mask.shape != advantages.shape:
+        raise ValueError(
+            f"mask shape {tuple(mask.shape)} must equal advantages shape {tuple(advantages.shape)}; "
+            "pass a (B,) mask for sequence-level or a (B, T) mask for token-level advantages"
+        )
+    return _standardize(advantages, mask, eps)

@@ -1,0 +1,69 @@
+"""``rloo``: the package's one command.
+
+Sub-commands: ``train`` (RLOO training) and ``demo`` (a short local run on a tiny model it builds).
+User errors print one line on stderr and exit 2; they never show a traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+from rloo.errors import UserError
+
+USAGE = """usage: rloo <command> [flags]
+
+commands:
+  train   RLOO training (flags as the classic TRL RLOO trainer; see 'rloo train --help')
+  demo    build a tiny model and toy task locally and train on it for a few updates
+"""
+
+
+def _train(argv: list[str]) -> int:
+    from rloo.cli.args import parse_config
+    from rloo.config import ALIASES, RLOOConfig
+
+    cfg = parse_config(
+        RLOOConfig,
+        argv,
+        prog="rloo train",
+        description="RLOO training. Flags follow the classic TRL RLOO trainer; the current trainer's names "
+        "(" + ", ".join(f"{a}->{c}" for a, c in ALIASES.items()) + ") are accepted as aliases.",
+        aliases=ALIASES,
+    )
+    from rloo.training.trainer import train
+
+    train(cfg)
+    return 0
+
+
+def _demo(argv: list[str]) -> int:
+    from rloo.demo import main as demo_main
+
+    return demo_main(argv)
+
+
+COMMANDS: dict[str, Callable[[list[str]], int]] = {"train": _train, "demo": _demo}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(USAGE, end="")
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    if command not in COMMANDS:
+        print(f"rloo: unknown command {command!r}; choose one of: {', '.join(COMMANDS)}.", file=sys.stderr)
+        return 2
+    try:
+        return COMMANDS[command](rest)
+    except UserError as e:
+        print(f"rloo {command}: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print(f"rloo {command}: interrupted.", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,287 @@
+"""Typed, validated configuration for the training stage.
+
+Field names and defaults follow the classic RLOO trainer (TRL <= 0.21) so its command lines work
+unchanged; the current trainer's names (TRL >= 0.22) are accepted as aliases (``ALIASES``). Every field
+carries a one-line help string that ``rloo train --help`` prints.
+
+Validation happens at construction: a bad value raises :class:`rloo.errors.UserError` naming the field
+and the fix, before anything touches disk.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from rloo.errors import UserError
+
+
+def _f(default: Any, help: str, **kw: Any) -> Any:
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata={"help": help, **kw})
+    return field(default=default, metadata={"help": help, **kw})
+
+
+# current-trainer name -> classic name. Users bring either; the classic name is canonical.
+ALIASES: dict[str, str] = {
+    "num_generations": "rloo_k",
+    "beta": "kl_coef",
+    "epsilon": "cliprange",
+    "num_iterations": "num_ppo_epochs",
+    "steps_per_generation": "num_mini_batches",
+    "max_completion_length": "response_length",
+    "normalize_advantages": "normalize_advantage",
+}
+
+LR_SCHEDULERS = ("linear", "cosine", "constant", "constant_with_warmup")
+KL_ESTIMATORS = ("k1", "k3")
+
+
+@dataclass
+class RLOOConfig:
+    """Everything ``rloo train`` needs. Counts of "episodes" are counts of completions."""
+
+    # --- models -------------------------------------------------------------------------------------
+    model_name_or_path: str | None = _f(None, "Policy checkpoint and tokenizer: Hub id or local directory.")
+    sft_model_path: str | None = _f(
+        None,
+        "SFT checkpoint the policy starts from and the frozen KL reference (default: model_name_or_path).",
+    )
+    reward_model_path: str | None = _f(
+        None, "Sequence-classification reward model (Hub id or local dir); scored with its own tokenizer."
+    )
+    reward_funcs: list[str] = _f(
+        [], "Reward functions as import paths 'pkg.module:fn' (called with prompts, completions, ...)."
+    )
+    reward_weights: list[float] | None = _f(
+        None, "One weight per reward source: the reward model first (if any), then each reward function."
+    )
+    trust_remote_code: bool = _f(False, "Allow custom model code from the checkpoint (transformers option).")
+
+    # --- data ---------------------------------------------------------------------------------------
+    dataset_name: str | None = _f(
+        None, "Hub dataset id or local directory laid out like one (data/<split>-*.parquet|jsonl)."
+    )
+    dataset_config: str | None = _f(
+        None, "Dataset configuration (subset) name, for Hub datasets that have them."
+    )
+    dataset_train_split: str = _f("train", "Split used for training prompts.")
+    dataset_test_split: str = _f("test", "Split used for sample generations (falls back to train if absent).")
+
+    # --- run ----------------------------------------------------------------------------------------
+    output_dir: str = _f(
+        "trainer_output", "Where the final model, checkpoints and metrics.jsonl are written."
+    )
+    exp_name: str = _f("rloo", "Experiment name (metrics and run names).")
+    run_name: str | None = _f(None, "Run name (default: '<exp_name>__<seed>__<unix time>').")
+    seed: int = _f(42, "Seed for data order, sampling and initialisation: a run is reproducible from it.")
+
+    # --- batch sizes (see batch arithmetic in BatchPlan) -----------------------------------------------
+    per_device_train_batch_size: int = _f(8, "Completions per micro-batch (forward/backward) per device.")
+    per_device_eval_batch_size: int = _f(8, "Prompts per batch when generating samples for the log.")
+    gradient_accumulation_steps: int = _f(1, "Micro-batches accumulated per optimizer step.")
+    num_mini_batches: int = _f(1, "Mini-batches (optimizer steps) per PPO epoch over one rollout batch.")
+    total_episodes: int | None = _f(
+        None, "Total completions to train on (default: num_train_epochs x prompts x rloo_k)."
+    )
+    num_train_epochs: float = _f(3.0, "Passes over the training prompts when total_episodes is not set.")
+    max_steps: int = _f(-1, "If > 0: number of RLOO updates to run (overrides total_episodes).")
+    local_rollout_forward_batch_size: int = _f(
+        64, "Completions per no-grad forward (generation, log-probs, reward)."
+    )
+
+    # --- RLOO / PPO ---------------------------------------------------------------------------------
+    rloo_k: int = _f(2, "Completions sampled per prompt (K); the baseline is the mean of the other K-1.")
+    num_ppo_epochs: int = _f(4, "Optimisation passes over each rollout batch.")
+    kl_coef: float = _f(0.05, "KL penalty coefficient against the reference policy.")
+    kl_estimator: str = _f("k1", "Per-token KL estimator in the reward: k1 (logp - ref_logp) or k3.")
+    token_level_kl: bool = _f(
+        False, "Per-token KL penalty with returns-to-go (REINFORCE++) instead of one sequence-level penalty."
+    )
+    cliprange: float = _f(0.2, "PPO clip range for the sequence-level importance ratio.")
+    missing_eos_penalty: float | None = _f(
+        None, "Subtracted from the score of completions without an EOS token."
+    )
+    normalize_reward: bool = _f(False, "Standardise scores over the batch, then clip to +-reward_clip_range.")
+    reward_clip_range: float = _f(10.0, "Clip range for normalised scores.")
+    normalize_advantage: bool = _f(False, "Standardise advantages over the batch.")
+
+    # --- generation ---------------------------------------------------------------------------------
+    response_length: int = _f(53, "New tokens sampled per completion.")
+    temperature: float = _f(0.7, "Sampling temperature (log-probs are computed at the same temperature).")
+    top_k: int = _f(0, "Top-k sampling (0 = off).")
+    top_p: float = _f(1.0, "Nucleus sampling probability mass (1.0 = off).")
+    stop_token: str | None = _f(None, "'eos' to truncate each completion after its first EOS token.")
+    stop_token_id: int | None = _f(None, "Token id to truncate after (overrides stop_token).")
+    num_sample_generations: int = _f(10, "How many times over the run to log a table of sample generations.")
+
+    # --- optimisation -------------------------------------------------------------------------------
+    learning_rate: float = _f(3e-6, "AdamW learning rate.")
+    lr_scheduler_type: str = _f("linear", "Learning-rate schedule: " + ", ".join(LR_SCHEDULERS) + ".")
+    warmup_steps: int = _f(0, "Linear warm-up length in updates (overrides warmup_ratio).")
+    warmup_ratio: float = _f(0.0, "Linear warm-up length as a fraction of all updates.")
+    weight_decay: float = _f(0.0, "AdamW weight decay.")
+    adam_beta1: float = _f(0.9, "AdamW beta1.")
+    adam_beta2: float = _f(0.999, "AdamW beta2.")
+    adam_epsilon: float = _f(1e-8, "AdamW epsilon.")
+    max_grad_norm: float = _f(1.0, "Gradient clipping norm (0 = off).")
+    gradient_checkpointing: bool = _f(False, "Recompute activations in backward to save memory.")
+    bf16: bool = _f(False, "bfloat16 mixed precision.")
+    fp16: bool = _f(False, "float16 mixed precision (GPU only).")
+
+    # --- logging and saving -------------------------------------------------------------------------
+    logging_steps: int = _f(1, "Log metrics every N updates.")
+    save_steps: int = _f(500, "Save a checkpoint every N updates (0 = only the final model).")
+    disable_tqdm: bool = _f(False, "Hide the progress bar.")
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    # -------------------------------------------------------------------------------------------------
+    def validate(self) -> None:
+        """Raise UserError for the first invalid field, naming it and the fix."""
+        for name in ("model_name_or_path", "dataset_name"):
+            if not getattr(self, name):
+                raise UserError(f"--{name} is required: give a Hub id or a local directory.")
+        if not self.reward_model_path and not self.reward_funcs:
+            raise UserError(
+                "no reward source: pass --reward_model_path DIR and/or --reward_funcs pkg.module:fn."
+            )
+        positive = (
+            "per_device_train_batch_size",
+            "per_device_eval_batch_size",
+            "gradient_accumulation_steps",
+            "num_mini_batches",
+            "local_rollout_forward_batch_size",
+            "num_ppo_epochs",
+            "response_length",
+            "logging_steps",
+        )
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise UserError(f"--{name} must be >= 1 (got {getattr(self, name)}).")
+        if self.rloo_k < 2:
+            raise UserError(
+                f"--rloo_k must be >= 2 (got {self.rloo_k}): the leave-one-out baseline needs at least "
+                "two completions per prompt."
+            )
+        for name in ("kl_coef", "learning_rate", "weight_decay", "max_grad_norm", "warmup_ratio"):
+            if not math.isfinite(getattr(self, name)) or getattr(self, name) < 0:
+                raise UserError(f"--{name} must be a finite number >= 0 (got {getattr(self, name)}).")
+        if not self.cliprange > 0:
+            raise UserError(f"--cliprange must be > 0 (got {self.cliprange}).")
+        if not self.temperature > 0:
+            raise UserError(f"--temperature must be > 0 (got {self.temperature}).")
+        if not 0 < self.top_p <= 1:
+            raise UserError(f"--top_p must be in (0, 1] (got {self.top_p}).")
+        if self.top_k < 0:
+            raise UserError(f"--top_k must be >= 0 (got {self.top_k}); 0 disables top-k.")
+        if self.warmup_ratio > 1:
+            raise UserError(f"--warmup_ratio must be in [0, 1] (got {self.warmup_ratio}).")
+        if self.save_steps < 0 or self.num_sample_generations < 0 or self.warmup_steps < 0:
+            raise UserError("--save_steps, --num_sample_generations and --warmup_steps must be >= 0.")
+        if self.reward_clip_range <= 0:
+            raise UserError(f"--reward_clip_range must be > 0 (got {self.reward_clip_range}).")
+        if self.stop_token not in (None, "eos"):
+            raise UserError(
+                f"--stop_token must be 'eos' (got {self.stop_token!r}); use --stop_token_id for others."
+            )
+        if self.kl_estimator not in KL_ESTIMATORS:
+            raise UserError(
+                f"--kl_estimator must be one of {', '.join(KL_ESTIMATORS)} (got {self.kl_estimator!r})."
+            )
+        if self.lr_scheduler_type not in LR_SCHEDULERS:
+            raise UserError(
+                f"--lr_scheduler_type must be one of {', '.join(LR_SCHEDULERS)} (got {self.lr_scheduler_type!r})."
+            )
+        if self.bf16 and self.fp16:
+            raise UserError("--bf16 and --fp16 are exclusive: choose one.")
+        if self.total_episodes is not None and self.total_episodes < 1:
+            raise UserError(f"--total_episodes must be >= 1 (got {self.total_episodes}).")
+        if self.num_train_epochs <= 0:
+            raise UserError(f"--num_train_epochs must be > 0 (got {self.num_train_epochs}).")
+        for spec in self.reward_funcs:
+            if ":" not in spec and "." not in spec:
+                raise UserError(
+                    f"--reward_funcs entry {spec!r} is not an import path: write 'pkg.module:function'."
+                )
+        if self.reward_weights is not None:
+            n = int(bool(self.reward_model_path)) + len(self.reward_funcs)
+            if len(self.reward_weights) != n:
+                raise UserError(
+                    f"--reward_weights has {len(self.reward_weights)} values but there are {n} reward sources "
+                    "(reward model first, then each --reward_funcs entry): give one weight per source."
+                )
+        self.batch_plan(world_size=1)  # raises on indivisible batch arithmetic
+
+    # -------------------------------------------------------------------------------------------------
+    @property
+    def policy_path(self) -> str:
+        """The checkpoint the policy starts from and the reference stays at."""
+        return self.sft_model_path or self.model_name_or_path  # type: ignore[return-value]
+
+    def batch_plan(self, world_size: int, num_prompts: int | None = None) -> BatchPlan:
+        return BatchPlan.from_config(self, world_size=world_size, num_prompts=num_prompts)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls)]
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """Batch-size arithmetic of the classic trainer, counted in completions (episodes).
+
+    local_batch_size = per_device_train_batch_size x gradient_accumulation_steps x num_mini_batches
+    completions per rank per update; batch_size = local_batch_size x world_size; each rank samples
+    local_batch_size / rloo_k prompts per update.
+    """
+
+    world_size: int
+    local_batch_size: int
+    batch_size: int
+    local_mini_batch_size: int
+    mini_batch_size: int
+    prompts_per_rank: int
+    total_episodes: int | None
+    num_total_batches: int | None
+
+    @classmethod
+    def from_config(cls, cfg: RLOOConfig, world_size: int, num_prompts: int | None = None) -> BatchPlan:
+        local_batch_size = (
+            cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps * cfg.num_mini_batches
+        )
+        if local_batch_size % cfg.rloo_k:
+            raise UserError(
+                f"per_device_train_batch_size ({cfg.per_device_train_batch_size}) x gradient_accumulation_steps "
+                f"({cfg.gradient_accumulation_steps}) x num_mini_batches ({cfg.num_mini_batches}) = "
+                f"{local_batch_size} completions is not divisible by rloo_k ({cfg.rloo_k}): every prompt needs "
+                "all its K completions in the same batch; change one of these so the product is a multiple of rloo_k."
+            )
+        batch_size = local_batch_size * world_size
+        total: int | None
+        if cfg.max_steps > 0:
+            total = cfg.max_steps * batch_size
+        elif cfg.total_episodes is not None:
+            total = cfg.total_episodes
+        elif num_prompts is not None:
+            # The reference counted one episode per *prompt* here, so an "epoch" saw only 1/k of the
+            # prompts; an epoch here covers every prompt once with all its k completions.
+            total = int(cfg.num_train_epochs * num_prompts * cfg.rloo_k)
+        else:
+            total = None
+        return cls(
+            world_size=world_size,
+            local_batch_size=local_batch_size,
+            batch_size=batch_size,
+            local_mini_batch_size=local_batch_size // cfg.num_mini_batches,
+            mini_batch_size=batch_size // cfg.num_mini_batches,
+            prompts_per_rank=local_batch_size // cfg.rloo_k,
+            total_episodes=total,
+            num_total_batches=None if total is None else max(1, math.ceil(total / batch_size)),
+        )

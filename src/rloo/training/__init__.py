@@ -1,0 +1,1 @@
+"""RLOO training: data, models, rewards, generation, the trainer loop."""

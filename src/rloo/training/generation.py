@@ -1,0 +1,213 @@
+"""Rollout generation behind one small interface.
+
+``TransformersGenerator`` is the built-in backend: one prefill per *prompt*, whose KV cache is then
+repeated K times (the prompt batch is never materialised K times), followed by a lean sampling loop with
+no logits processors or stopping-criteria machinery.
+
+Sampling randomness is counter-based: completion ``k`` of the prompt with global index ``g`` at update
+``u`` draws its uniforms from ``hash(seed, u, g, k, t)``. The samples therefore do not depend on how
+prompts are batched or spread over processes, only on the run seed and on what is being sampled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+_MASK32 = 0xFFFFFFFF
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    # "lowbias32" integer hash (Wellons). int64 arithmetic wraps, and only the low 32 bits are kept.
+    x = x & _MASK32
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & _MASK32
+    x = x ^ (x >> 15)
+    x = (x * 0x846CA68B) & _MASK32
+    return x ^ (x >> 16)
+
+
+def row_seeds(seed: int, update: int, prompt_index: torch.Tensor, k: int) -> torch.Tensor:
+    """(P,) global prompt indices -> (P*K,) 32-bit seeds, prompt-major (row p*K + j is sample j of p)."""
+    base = _mix32(
+        torch.tensor(seed, dtype=torch.int64) ^ _mix32(torch.tensor(update * 0x9E3779B1, dtype=torch.int64))
+    )
+    g = _mix32(base ^ _mix32(prompt_index.to(torch.int64) * 0x85EBCA6B))  # (P,)
+    j = torch.arange(k, dtype=torch.int64, device=prompt_index.device)
+    return _mix32(g[:, None] ^ _mix32(j[None, :] + 0x27D4EB2F)).reshape(-1)  # (P*K,)
+
+
+def uniforms(seeds: torch.Tensor, step: int) -> torch.Tensor:
+    """(B,) seeds -> (B,) float64 uniforms in [0, 1) for sampling step ``step``."""
+    h = _mix32(seeds ^ _mix32(torch.full_like(seeds, step) + 0x165667B1))
+    return (h.to(torch.float64) + 0.5) / 4294967296.0
+
+
+def sample_tokens(
+    logits: torch.Tensor, u: torch.Tensor, *, temperature: float, top_k: int = 0, top_p: float = 1.0
+) -> torch.Tensor:
+    """Inverse-CDF sampling of one token per row: logits (B, V), u (B,) uniforms -> (B,) ids."""
+    probs = torch.softmax(logits.float() / temperature, dim=-1)  # (B, V)
+    if top_k and top_k < probs.size(-1):
+        kth = torch.topk(probs, top_k, dim=-1).values[:, -1:]  # (B, 1)
+        probs = torch.where(probs < kth, torch.zeros_like(probs), probs)
+    if top_p < 1.0:
+        sorted_p, order = torch.sort(probs, dim=-1, descending=True)
+        # keep the smallest prefix whose mass reaches top_p (always at least the top token)
+        drop = (sorted_p.cumsum(-1) - sorted_p) >= top_p * sorted_p.sum(-1, keepdim=True)
+        sorted_p = sorted_p.masked_fill(drop, 0.0)
+        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
+    cdf = probs.cumsum(-1)  # (B, V)
+    target = (u.to(cdf.device, torch.float64) * cdf[:, -1].double()).to(cdf.dtype).unsqueeze(-1)  # (B, 1)
+    idx = torch.searchsorted(cdf, target, right=True).squeeze(-1)
+    # guard the float edge where target == total mass, and never pick a zero-probability token
+    idx = idx.clamp(max=probs.size(-1) - 1)
+    bad = probs.gather(-1, idx[:, None]).squeeze(-1) <= 0
+    if bad.any():
+        idx = torch.where(bad, probs.argmax(-1), idx)
+    return idx
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_new_tokens: int
+    temperature: float = 0.7
+    top_k: int = 0
+    top_p: float = 1.0
+    stop_token_id: int | None = None  # stop early once every row has produced it (tokens after are pad)
+    pad_token_id: int = 0
+    greedy: bool = False
+
+
+class Generator(Protocol):
+    """A generation backend. Returns (P*K, T) response ids, prompt-major, right-padded with pad ids."""
+
+    def generate(
+        self,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        k: int,
+        params: SamplingParams,
+        seeds: torch.Tensor,
+    ) -> torch.Tensor: ...
+
+
+def left_pad(
+    seqs: list[list[int]], pad_id: int, device: torch.device | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad token lists -> ids (N, L) and attention mask (N, L)."""
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        if s:
+            ids[i, width - len(s) :] = torch.tensor(s, dtype=torch.long)
+            mask[i, width - len(s) :] = 1
+    return ids.to(device), mask.to(device)
+
+
+class TransformersGenerator:
+    """KV-cached sampling with any transformers causal LM, prefilling each prompt once for its K samples."""
+
+    def __init__(self, model: Any, *, batch_size: int, autocast: Any = None) -> None:
+        self.model = model
+        self.batch_size = batch_size  # completions per sampling batch
+        self.autocast = autocast
+
+    @torch.no_grad()
+    def generate(
+        self,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        k: int,
+        params: SamplingParams,
+        seeds: torch.Tensor,
+    ) -> torch.Tensor:
+        prompts_per_chunk = max(1, self.batch_size // k)
+        chunks = []
+        for i in range(0, prompt_ids.size(0), prompts_per_chunk):
+            sl = slice(i, i + prompts_per_chunk)
+            chunks.append(
+                self._generate_chunk(
+                    prompt_ids[sl], prompt_mask[sl], k, params, seeds[i * k : (i + prompts_per_chunk) * k]
+                )
+            )
+        width = max(c.size(1) for c in chunks)
+        return torch.cat(
+            [torch.nn.functional.pad(c, (0, width - c.size(1)), value=params.pad_token_id) for c in chunks]
+        )
+
+    def _generate_chunk(
+        self,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        k: int,
+        params: SamplingParams,
+        seeds: torch.Tensor,
+    ) -> torch.Tensor:
+        from transformers import DynamicCache
+
+        model = self.model
+        ctx = self.autocast or _nullcontext  # a factory: autocast contexts are not re-entrant
+        device = prompt_ids.device
+        seeds = seeds.to(device)
+        # (P, L): positions count real tokens only, so left padding does not shift them
+        position_ids = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache(config=model.config)
+        with ctx():
+            out = model(
+                input_ids=prompt_ids,
+                attention_mask=prompt_mask,
+                position_ids=position_ids,
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+        cache = out.past_key_values
+        cache.batch_repeat_interleave(k)  # one prefill serves all K samples of a prompt
+        logits = out.logits[:, -1].repeat_interleave(k, dim=0)  # (P*K, V)
+        attn = prompt_mask.repeat_interleave(k, dim=0)  # (P*K, L)
+        pos = position_ids[:, -1:].repeat_interleave(k, dim=0)  # (P*K, 1)
+        n = attn.size(0)
+        tokens = torch.full((n, params.max_new_tokens), params.pad_token_id, dtype=torch.long, device=device)
+        done = torch.zeros(n, dtype=torch.bool, device=device)
+        ones = torch.ones((n, 1), dtype=attn.dtype, device=device)
+        for t in range(params.max_new_tokens):
+            if params.greedy:
+                nxt = logits.argmax(-1)
+            else:
+                nxt = sample_tokens(
+                    logits,
+                    uniforms(seeds, t),
+                    temperature=params.temperature,
+                    top_k=params.top_k,
+                    top_p=params.top_p,
+                )
+            if params.stop_token_id is not None:
+                nxt = torch.where(done, torch.full_like(nxt, params.pad_token_id), nxt)
+                done = done | (nxt == params.stop_token_id)
+            tokens[:, t] = nxt
+            if t + 1 == params.max_new_tokens or (params.stop_token_id is not None and bool(done.all())):
+                break
+            attn = torch.cat([attn, ones], dim=1)
+            pos = pos + 1
+            with ctx():
+                out = model(
+                    input_ids=nxt[:, None],
+                    attention_mask=attn,
+                    position_ids=pos,
+                    past_key_values=cache,
+                    use_cache=True,
+                )
+            logits = out.logits[:, -1]
+        return tokens
+
+
+class _nullcontext:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None

@@ -1,0 +1,215 @@
+"""Reward sources: a reward model scored with its own tokenizer, and user reward functions.
+
+Each source returns one value per completion; ``None`` (a function saying "not applicable") becomes NaN
+here and is handled by :func:`rloo.algo.combine_reward_sources`: a completion that no source scored is
+left out of its group's leave-one-out baseline and gets a zero advantage.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import numbers
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from rloo.errors import UserError
+
+
+@dataclass
+class TrainerState:
+    """What reward functions receive as ``trainer_state`` (the fields of transformers' TrainerState they use)."""
+
+    global_step: int = 0
+    max_steps: int = 0
+    episode: int = 0
+    epoch: float = 0.0
+
+
+@dataclass
+class RewardBatch:
+    """Everything a reward source may look at, one entry per completion (prompt-major: p*K + k)."""
+
+    prompts: list[Any]  # the dataset's prompt (text or chat messages)
+    prompt_texts: list[str]  # the prompt as the policy saw it (chat template applied)
+    completions: list[Any]  # text, or [{"role": "assistant", "content": text}] for chat prompts
+    completion_texts: list[str]
+    completion_ids: list[list[int]]  # the policy's ids, truncated after the stop token
+    scoring_texts: list[str]  # prompt + completion, special tokens kept (what a reward model reads)
+    extra: dict[str, list[Any]] = field(default_factory=dict)  # other dataset columns
+    trainer_state: TrainerState = field(default_factory=TrainerState)
+
+    def __len__(self) -> int:
+        return len(self.completion_texts)
+
+
+def load_reward_function(spec: str) -> Callable[..., Any]:
+    """Resolve ``pkg.module:fn`` (or ``pkg.module.fn``) to a callable."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep:
+        module_name, _, attr = spec.rpartition(".")
+    if not module_name or not attr:
+        raise UserError(f"--reward_funcs {spec!r} is not an import path: write 'pkg.module:function'.")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as e:
+        raise UserError(
+            f"--reward_funcs {spec}: cannot import module {module_name!r} ({type(e).__name__}: {e}); "
+            "install it or add its directory to PYTHONPATH."
+        ) from None
+    fn = getattr(module, attr, None)
+    if fn is None:
+        raise UserError(
+            f"--reward_funcs {spec}: module {module_name!r} has no attribute {attr!r}; check the name."
+        )
+    if not callable(fn):
+        raise UserError(f"--reward_funcs {spec}: {attr!r} is a {type(fn).__name__}, not a function.")
+    return fn
+
+
+def _where(e: BaseException) -> str:
+    frames = traceback.extract_tb(e.__traceback__)
+    return f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+
+
+class RewardFunctionSource:
+    """A user reward function, called TRL-style with keyword arguments, its output validated."""
+
+    def __init__(self, spec: str) -> None:
+        self.spec = spec
+        self.fn = load_reward_function(spec)
+        self.name = getattr(self.fn, "__name__", spec.rpartition(":")[2] or spec)
+
+    def __call__(self, batch: RewardBatch) -> torch.Tensor:
+        try:
+            out = self.fn(
+                prompts=batch.prompts,
+                completions=batch.completions,
+                completion_ids=batch.completion_ids,
+                trainer_state=batch.trainer_state,
+                **batch.extra,
+            )
+        except Exception as e:
+            raise UserError(
+                f"--reward_funcs {self.spec} raised {type(e).__name__}: {e}{_where(e)}."
+            ) from None
+        return self.validate(out, len(batch))
+
+    def validate(self, out: Any, n: int) -> torch.Tensor:
+        if isinstance(out, torch.Tensor):
+            out = out.detach().cpu().tolist()
+        elif hasattr(out, "tolist") and not isinstance(out, (list, tuple)):
+            out = out.tolist()  # numpy arrays
+        if not isinstance(out, (list, tuple)):
+            raise UserError(
+                f"--reward_funcs {self.spec} returned a {type(out).__name__}; return a list with one float "
+                "(or None) per completion."
+            )
+        if len(out) != n:
+            raise UserError(
+                f"--reward_funcs {self.spec} returned {len(out)} values for {n} completions; return exactly one "
+                "float (or None) per completion."
+            )
+        values = []
+        for i, v in enumerate(out):
+            if v is None:
+                values.append(math.nan)
+                continue
+            if isinstance(v, bool) or not isinstance(v, numbers.Real):
+                raise UserError(
+                    f"--reward_funcs {self.spec} returned a {type(v).__name__} for completion {i}; each value must be "
+                    "a float or None."
+                )
+            if not math.isfinite(float(v)):
+                raise UserError(
+                    f"--reward_funcs {self.spec} returned a non-finite reward ({v}) for completion {i}; return a "
+                    "finite float, or None when the completion cannot be scored."
+                )
+            values.append(float(v))
+        return torch.tensor(values, dtype=torch.float32)
+
+
+class RewardModelSource:
+    """A sequence-classification reward model that reads decoded text through its own tokenizer.
+
+    The policy's ids are never fed to it directly: the two tokenizers may differ, and a shared vocabulary
+    is an assumption the reference made silently.
+    """
+
+    name = "reward_model"
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        batch_size: int,
+        device: torch.device,
+        autocast: Callable[[], Any],
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        # Keep the end of long inputs: the completion, which is what is being judged, sits there.
+        self.tokenizer.truncation_side = "left"
+        self.batch_size = batch_size
+        self.device = device
+        self.autocast = autocast
+
+    @torch.no_grad()
+    def score_texts(self, texts: list[str]) -> torch.Tensor:
+        """(B,) scalar reward of each text, read at its last token."""
+        max_len = self.tokenizer.model_max_length
+        max_len = max_len if isinstance(max_len, int) and max_len < 1_000_000 else None
+        out = []
+        for i in range(0, len(texts), self.batch_size):
+            enc = self.tokenizer(
+                texts[i : i + self.batch_size],
+                padding=True,
+                truncation=max_len is not None,
+                max_length=max_len,
+                return_tensors="pt",
+                add_special_tokens=False,  # the text already holds the special tokens the policy produced
+            ).to(self.device)
+            with self.autocast():
+                out.append(
+                    last_token_scores(self.model, enc["input_ids"], enc["attention_mask"]).float().cpu()
+                )
+        return torch.cat(out)
+
+    def __call__(self, batch: RewardBatch) -> torch.Tensor:
+        scores = self.score_texts(batch.scoring_texts)
+        if not torch.isfinite(scores).all():
+            i = int((~torch.isfinite(scores)).nonzero()[0])
+            raise UserError(
+                f"--reward_model_path produced a non-finite score for completion {i}; check the reward model "
+                "(try float32 instead of --fp16/--bf16)."
+            )
+        return scores
+
+
+def last_token_scores(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Score at each row's last real token of a right-padded batch: (B, L) -> (B,).
+
+    Runs the backbone and applies the head to one hidden state per row only, rather than trusting the
+    model's own pooling (which locates the last token through pad ids and is wrong when pad == eos).
+    """
+    last = attention_mask.sum(1) - 1  # (B,)
+    rows = torch.arange(input_ids.size(0), device=input_ids.device)
+    backbone = getattr(model, model.base_model_prefix, None)
+    head = getattr(model, "score", None)
+    if backbone is not None and isinstance(head, torch.nn.Module):
+        hidden = backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # (B, L, H)
+        return head(hidden[rows, last]).squeeze(-1)  # (B,)
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits  # (B, 1) or (B, L, 1)
+    if logits.dim() == 3:
+        return logits[rows, last, 0]
+    return logits[:, 0]
+
+
+def score_all(sources: list[Any], batch: RewardBatch) -> torch.Tensor:
+    """(B, S): every source's reward for every completion, NaN where a function returned None."""
+    return torch.stack([src(batch) for src in sources], dim=1)

@@ -1,0 +1,592 @@
+"""The RLOO trainer, top to bottom: rollout -> rewards -> leave-one-out advantages -> PPO-clip updates.
+
+One update:
+1. take ``prompts_per_rank`` prompts, sample ``rloo_k`` completions each (prompt-major: row p*K + k);
+2. recompute the sampling ("old") policy's log-probs with a training-mode forward, and the frozen
+   reference's, at the sampling temperature;
+3. score every completion with the reward model and/or reward functions, apply the EOS penalty, the
+   optional normalisation, and the KL penalty (sequence level, or per token with returns-to-go);
+4. leave-one-out advantages per prompt group;
+5. ``num_ppo_epochs`` passes of ``num_mini_batches`` optimizer steps, each accumulating
+   ``gradient_accumulation_steps`` micro-batches of ``per_device_train_batch_size`` completions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import random
+import shutil
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rloo import algo
+from rloo.config import BatchPlan, RLOOConfig
+from rloo.errors import UserError
+from rloo.training.data import PromptDataset, format_prompts, load_prompt_dataset, tokenize_prompts
+from rloo.training.generation import SamplingParams, TransformersGenerator, left_pad, row_seeds
+from rloo.training.metrics import MetricsLogger
+from rloo.training.models import load_causal_lm, load_reward_model, load_tokenizer
+from rloo.training.rewards import (
+    RewardBatch,
+    RewardFunctionSource,
+    RewardModelSource,
+    TrainerState,
+    score_all,
+)
+
+log = logging.getLogger(__name__)
+
+# The reference (classic TRL) divides logits by T + 1e-7 when scoring; keep it so log-probs match it.
+TEMPERATURE_EPS = 1e-7
+
+
+@dataclass
+class Rollout:
+    """One update's experience, every tensor prompt-major over B = P*K completions."""
+
+    prompt_index: list[int]  # (P,) dataset rows
+    query_responses: torch.Tensor  # (B, L+T) prompt then response ids
+    attention_mask: torch.Tensor  # (B, L+T)
+    responses: torch.Tensor  # (B, T) truncated after the stop token
+    mask: torch.Tensor  # (B, T) bool: response tokens that count
+    old_logprobs: torch.Tensor  # (B, T)
+    ref_logprobs: torch.Tensor  # (B, T)
+    advantages: torch.Tensor  # (B,) or (B, T) with token-level KL
+    metrics: dict[str, float]
+    texts: tuple[list[str], list[str], torch.Tensor]  # prompt texts (P), completion texts (B), scores (B,)
+
+
+class _Timer:
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.seconds: dict[str, float] = defaultdict(float)
+
+    @contextlib.contextmanager
+    def __call__(self, name: str):  # type: ignore[no-untyped-def]
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            self.seconds[name] += time.perf_counter() - t0
+
+
+class RLOOTrainer:
+    """Loads everything up front (so bad input fails before anything is written), then ``train()``."""
+
+    def __init__(self, cfg: RLOOConfig) -> None:
+        from accelerate import Accelerator
+
+        self.cfg = cfg
+        if cfg.fp16 and not torch.cuda.is_available():
+            raise UserError("--fp16 needs a CUDA GPU; use --bf16 (or neither) on CPU.")
+        out = Path(cfg.output_dir)
+        if out.exists() and not out.is_dir():
+            raise UserError(f"--output_dir {cfg.output_dir} is a file; pass a directory.")
+        seed_everything(cfg.seed)
+        self.accelerator = Accelerator(mixed_precision="bf16" if cfg.bf16 else "fp16" if cfg.fp16 else "no")
+        self.device = self.accelerator.device
+
+        # --- data first: cheapest to get wrong, cheapest to check ----------------------------------
+        self.train_ds = load_prompt_dataset(
+            cfg.dataset_name, cfg.dataset_train_split, config=cfg.dataset_config
+        )
+        self.eval_ds = load_prompt_dataset(
+            cfg.dataset_name,
+            cfg.dataset_test_split,
+            config=cfg.dataset_config,
+            fallback_split=self.train_ds.split,
+        )
+        self.plan: BatchPlan = cfg.batch_plan(self.accelerator.num_processes, num_prompts=len(self.train_ds))
+
+        # --- models ----------------------------------------------------------------------------------
+        self.tokenizer = load_tokenizer(cfg.model_name_or_path, trust_remote_code=cfg.trust_remote_code)
+        policy_flag = "sft_model_path" if cfg.sft_model_path else "model_name_or_path"
+        self.policy = load_causal_lm(
+            cfg.policy_path, flag=policy_flag, trust_remote_code=cfg.trust_remote_code
+        )
+        self.ref_policy = load_causal_lm(
+            cfg.policy_path, flag=policy_flag, trust_remote_code=cfg.trust_remote_code
+        )
+        self.ref_policy.eval().requires_grad_(False)
+        self.stop_token_id = (
+            cfg.stop_token_id
+            if cfg.stop_token_id is not None
+            else (self.tokenizer.eos_token_id if cfg.stop_token == "eos" else None)
+        )
+        self.sources: list[Any] = []
+        if cfg.reward_model_path:
+            rm, rm_tok = load_reward_model(cfg.reward_model_path, trust_remote_code=cfg.trust_remote_code)
+            self.sources.append(
+                RewardModelSource(
+                    rm.to(self.device),
+                    rm_tok,
+                    batch_size=cfg.local_rollout_forward_batch_size,
+                    device=self.device,
+                    autocast=self.accelerator.autocast,
+                )
+            )
+        self.sources += [RewardFunctionSource(spec) for spec in cfg.reward_funcs]
+        self.reward_weights = torch.tensor(
+            cfg.reward_weights or [1.0] * len(self.sources), dtype=torch.float32
+        )
+
+        # --- prompts, tokenised once ---------------------------------------------------------------------
+        self.train_texts = format_prompts(self.train_ds.prompts, self.tokenizer)
+        self.train_ids = tokenize_prompts(self.train_texts, self.tokenizer, chat=self.train_ds.conversational)
+        self.eval_texts = format_prompts(self.eval_ds.prompts, self.tokenizer)
+        self.eval_ids = tokenize_prompts(self.eval_texts, self.tokenizer, chat=self.eval_ds.conversational)
+        if any(len(ids) == 0 for ids in self.train_ids):
+            raise UserError("a training prompt tokenises to nothing; drop empty prompts from the dataset.")
+
+        # --- optimisation ----------------------------------------------------------------------------------
+        if cfg.gradient_checkpointing:
+            self.policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.optimizer = torch.optim.AdamW(
+            self.policy.parameters(),
+            lr=cfg.learning_rate,
+            betas=(cfg.adam_beta1, cfg.adam_beta2),
+            eps=cfg.adam_epsilon,
+            weight_decay=cfg.weight_decay,
+        )
+        from transformers import get_scheduler
+
+        self.num_updates = int(self.plan.num_total_batches or 1)
+        warmup = cfg.warmup_steps or math.ceil(cfg.warmup_ratio * self.num_updates)
+        # One scheduler step per update, as the reference does.
+        self.scheduler = get_scheduler(
+            cfg.lr_scheduler_type,
+            self.optimizer,
+            num_warmup_steps=warmup,
+            num_training_steps=self.num_updates,
+        )
+        self.policy, self.optimizer = self.accelerator.prepare(self.policy, self.optimizer)
+        self.ref_policy.to(self.device)
+        self.generator = TransformersGenerator(
+            self.accelerator.unwrap_model(self.policy),
+            batch_size=cfg.local_rollout_forward_batch_size,
+            autocast=self.accelerator.autocast,
+        )
+        self.state = TrainerState(max_steps=self.num_updates)
+        self._order: list[int] = []
+        self._order_epoch = -1
+        self._cursor = 0
+        self._logits_to_keep_ok = True
+        self.sample_freq = (
+            max(1, self.num_updates // cfg.num_sample_generations) if cfg.num_sample_generations > 0 else 0
+        )
+        log.info(
+            "RLOO: %d updates x %d completions (%d prompts x k=%d) = %d episodes; %d optimizer steps per update",
+            self.num_updates,
+            self.plan.batch_size,
+            self.plan.batch_size // cfg.rloo_k,
+            cfg.rloo_k,
+            self.num_updates * self.plan.batch_size,
+            cfg.num_ppo_epochs * cfg.num_mini_batches,
+        )
+
+    # ------------------------------------------------------------------------------------------------
+    # data order: a seeded permutation per epoch, consumed across epoch boundaries
+    def next_prompt_indices(self, n: int) -> list[int]:
+        out: list[int] = []
+        while len(out) < n:
+            if self._cursor >= len(self._order):
+                self._order_epoch += 1
+                g = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + self._order_epoch)
+                self._order = torch.randperm(len(self.train_ds), generator=g).tolist()
+                self._cursor = 0
+            take = min(n - len(out), len(self._order) - self._cursor)
+            out += self._order[self._cursor : self._cursor + take]
+            self._cursor += take
+        return out
+
+    # ------------------------------------------------------------------------------------------------
+    def forward_logprobs(
+        self,
+        model: Any,
+        query_responses: torch.Tensor,
+        attention_mask: torch.Tensor,
+        t: int,
+        *,
+        entropy: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Log-probs (b, T) of the last ``t`` tokens at the sampling temperature, and optionally entropies."""
+        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        kwargs: dict[str, Any] = {"input_ids": query_responses, "attention_mask": attention_mask}
+        kwargs.update(position_ids=position_ids, use_cache=False)
+        with self.accelerator.autocast():
+            if self._logits_to_keep_ok:
+                try:
+                    logits = model(**kwargs, logits_to_keep=t + 1).logits
+                except TypeError:
+                    self._logits_to_keep_ok = False
+            if not self._logits_to_keep_ok:
+                logits = model(**kwargs).logits
+        logits = logits[:, -(t + 1) : -1].float() / (self.cfg.temperature + TEMPERATURE_EPS)  # (b, T, V)
+        logprobs = algo.selective_log_softmax(logits, query_responses[:, -t:])  # (b, T)
+        ent = None
+        if entropy:
+            with torch.no_grad():
+                ent = algo.entropy_from_logits(logits.detach())  # (b, T)
+        return logprobs, ent
+
+    @torch.no_grad()
+    def batched_logprobs(self, model: Any, qr: torch.Tensor, attn: torch.Tensor, t: int) -> torch.Tensor:
+        bs = self.cfg.local_rollout_forward_batch_size
+        return torch.cat(
+            [
+                self.forward_logprobs(model, qr[i : i + bs], attn[i : i + bs], t)[0]
+                for i in range(0, qr.size(0), bs)
+            ]
+        )
+
+    # ------------------------------------------------------------------------------------------------
+    def _reward_batch(
+        self,
+        ds: PromptDataset,
+        texts: list[str],
+        index: list[int],
+        k: int,
+        responses: torch.Tensor,
+        mask: torch.Tensor,
+    ) -> RewardBatch:
+        tok = self.tokenizer
+        ids = [r[m].tolist() for r, m in zip(responses.cpu(), mask.cpu(), strict=True)]
+        completion_texts = tok.batch_decode(ids, skip_special_tokens=True)
+        raw = tok.batch_decode(ids, skip_special_tokens=False)
+        prompts = [ds.prompts[i] for i in index for _ in range(k)]
+        prompt_texts = [texts[i] for i in index for _ in range(k)]
+        completions: list[Any] = completion_texts
+        if ds.conversational:
+            completions = [[{"role": "assistant", "content": c}] for c in completion_texts]
+        extra = {c: [v for v in vals for _ in range(k)] for c, vals in ds.extra_for(index).items()}
+        return RewardBatch(
+            prompts=prompts,
+            prompt_texts=prompt_texts,
+            completions=completions,
+            completion_texts=completion_texts,
+            completion_ids=ids,
+            scoring_texts=[p + r for p, r in zip(prompt_texts, raw, strict=True)],
+            extra=extra,
+            trainer_state=self.state,
+        )
+
+    def rollout(self, update: int, timer: _Timer) -> Rollout:
+        cfg, tok, dev = self.cfg, self.tokenizer, self.device
+        k = cfg.rloo_k
+        index = self.next_prompt_indices(self.plan.prompts_per_rank)
+        p = len(index)
+        prompt_ids, prompt_mask = left_pad(
+            [self.train_ids[i] for i in index], tok.pad_token_id, dev
+        )  # (P, L)
+        params = SamplingParams(
+            max_new_tokens=cfg.response_length,
+            temperature=cfg.temperature,
+            top_k=cfg.top_k,
+            top_p=cfg.top_p,
+            stop_token_id=self.stop_token_id,
+            pad_token_id=tok.pad_token_id,
+        )
+        self.policy.eval()
+        with timer("generation"):
+            seeds = row_seeds(cfg.seed, update, torch.tensor(index), k)
+            responses = self.generator.generate(prompt_ids, prompt_mask, k, params, seeds)  # (B, T)
+        t = responses.size(1)
+        mask = algo.completion_mask(responses, self.stop_token_id)  # (B, T)
+        if self.stop_token_id is not None:
+            responses = algo.truncate_after_stop(responses, self.stop_token_id, tok.pad_token_id)
+        qr = torch.cat([prompt_ids.repeat_interleave(k, 0), responses], dim=1)  # (B, L+T)
+        attn = torch.cat([prompt_mask.repeat_interleave(k, 0), torch.ones_like(responses)], dim=1)  # (B, L+T)
+
+        with timer("logprobs"):
+            self.policy.train()  # the same mode as the optimisation forward: ratios start at exactly 1
+            old_logprobs = self.batched_logprobs(self.policy, qr, attn, t)  # (B, T)
+            ref_logprobs = self.batched_logprobs(self.ref_policy, qr, attn, t)  # (B, T)
+
+        with timer("scoring"):
+            batch = self._reward_batch(self.train_ds, self.train_texts, index, k, responses, mask)
+            per_source = score_all(self.sources, batch).to(dev)  # (B, S)
+            scores, valid = algo.combine_reward_sources(per_source, self.reward_weights.to(dev))  # (B,), (B,)
+            contains_eos = ((responses == tok.eos_token_id) & mask).any(1)  # (B,)
+            scores = algo.apply_missing_eos_penalty(scores, contains_eos, cfg.missing_eos_penalty)
+            raw_scores = scores.clone()
+            if cfg.normalize_reward:
+                scores = algo.normalize_and_clip_scores(scores, cfg.reward_clip_range, valid)
+            kl = algo.per_token_kl(old_logprobs, ref_logprobs, mask, cfg.kl_estimator)  # (B, T)
+            if cfg.token_level_kl:
+                adv, non_score = algo.token_level_advantages(
+                    scores.view(p, k), kl.view(p, k, t), mask.view(p, k, t), cfg.kl_coef, valid.view(p, k)
+                )
+                advantages, non_score = adv.reshape(p * k, t), non_score.reshape(-1)  # (B, T), (B,)
+                rlhf_reward = scores + non_score
+                adv_mask = mask & valid[:, None]
+            else:
+                rlhf_reward, non_score = algo.sequence_level_rewards(
+                    scores, kl, mask, cfg.kl_coef
+                )  # (B,), (B,)
+                advantages = algo.leave_one_out_advantages(rlhf_reward.view(p, k), valid.view(p, k)).view(-1)
+                adv_mask = valid
+            if cfg.normalize_advantage:
+                advantages = algo.normalize_advantages(advantages, adv_mask)
+
+        metrics = self._rollout_metrics(
+            raw_scores, valid, per_source, kl, mask, old_logprobs, non_score, rlhf_reward, contains_eos, p, k
+        )
+        metrics["tokens/prompt"] = float(prompt_mask.sum()) * k
+        return Rollout(
+            prompt_index=index,
+            query_responses=qr,
+            attention_mask=attn,
+            responses=responses,
+            mask=mask,
+            old_logprobs=old_logprobs,
+            ref_logprobs=ref_logprobs,
+            advantages=advantages,
+            metrics=metrics,
+            texts=([self.train_texts[i] for i in index], batch.completion_texts, raw_scores.cpu()),
+        )
+
+    def _rollout_metrics(
+        self,
+        scores: torch.Tensor,
+        valid: torch.Tensor,
+        per_source: torch.Tensor,
+        kl: torch.Tensor,
+        mask: torch.Tensor,
+        old_logprobs: torch.Tensor,
+        non_score: torch.Tensor,
+        rlhf_reward: torch.Tensor,
+        contains_eos: torch.Tensor,
+        p: int,
+        k: int,
+    ) -> dict[str, float]:
+        lengths = mask.sum(1).float()  # (B,)
+        m: dict[str, float] = {}
+        m["objective/kl"] = float(algo.sequence_kl(kl, mask).mean())
+        # the entropy estimate of the sampled sequences; the reference also counted padded positions
+        m["objective/entropy"] = float((-algo.masked_sum(old_logprobs, mask, dim=1)).mean())
+        m["objective/non_score_reward"] = float(non_score.mean())
+        m["objective/rlhf_reward"] = float(algo.masked_mean(rlhf_reward, valid))
+        m["objective/scores"] = float(algo.masked_mean(scores, valid))
+        m["val/num_eos_tokens"] = float(contains_eos.sum())
+        m["kl"] = float(algo.masked_mean(kl, mask))
+        m["reward"] = m["objective/scores"]
+        reward_std, frac_zero = algo.group_reward_stats(scores.view(p, k), valid.view(p, k))
+        m["reward_std"], m["frac_reward_zero_std"] = float(reward_std), float(frac_zero)
+        m["frac_reward_none"] = float((~valid).float().mean())
+        for j, src in enumerate(self.sources):
+            col = per_source[:, j]
+            ok = ~torch.isnan(col)
+            m[f"rewards/{src.name}/mean"] = float(col[ok].mean()) if ok.any() else math.nan
+            m[f"rewards/{src.name}/std"] = float(col[ok].std()) if ok.sum() > 1 else math.nan
+        m["completions/mean_length"] = float(lengths.mean())
+        m["completions/min_length"] = float(lengths.min())
+        m["completions/max_length"] = float(lengths.max())
+        term = lengths[contains_eos]
+        m["completions/mean_terminated_length"] = float(term.mean()) if term.numel() else 0.0
+        m["completions/min_terminated_length"] = float(term.min()) if term.numel() else 0.0
+        m["completions/max_terminated_length"] = float(term.max()) if term.numel() else 0.0
+        m["completions/clipped_ratio"] = float((~contains_eos).float().mean())
+        m["tokens/completion"] = float(lengths.sum())
+        return m
+
+    # ------------------------------------------------------------------------------------------------
+    def optimize(self, ro: Rollout, update: int) -> dict[str, float]:
+        cfg = self.cfg
+        b = ro.query_responses.size(0)
+        t = ro.responses.size(1)
+        stats: dict[str, list[torch.Tensor]] = defaultdict(list)
+        g = torch.Generator().manual_seed(cfg.seed * 7919 + update)
+        self.policy.train()
+        for _ in range(cfg.num_ppo_epochs):
+            order = torch.randperm(b, generator=g)
+            for mb_start in range(0, b, self.plan.local_mini_batch_size):
+                mb = order[mb_start : mb_start + self.plan.local_mini_batch_size]
+                for mc_start in range(0, mb.numel(), cfg.per_device_train_batch_size):
+                    idx = mb[mc_start : mc_start + cfg.per_device_train_batch_size].to(self.device)
+                    logprobs, ent = self.forward_logprobs(
+                        self.policy, ro.query_responses[idx], ro.attention_mask[idx], t, entropy=True
+                    )
+                    loss, st = algo.policy_loss(
+                        logprobs, ro.old_logprobs[idx], ro.advantages[idx], ro.mask[idx], cfg.cliprange
+                    )
+                    self.accelerator.backward(loss / cfg.gradient_accumulation_steps)
+                    stats["loss/policy_avg"].append(loss.detach())
+                    stats["policy/entropy_avg"].append(algo.masked_mean(ent, ro.mask[idx]))
+                    for name in (
+                        "clipfrac",
+                        "approxkl",
+                        "ratio_mean",
+                        "ratio_var",
+                        "clip_low_frac",
+                        "clip_high_frac",
+                    ):
+                        stats[name].append(getattr(st, name))
+                    stats["ratio_min"].append(st.ratio_min)
+                    stats["ratio_max"].append(st.ratio_max)
+                if cfg.max_grad_norm > 0:
+                    gn = self.accelerator.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm)
+                    stats["grad_norm"].append(torch.as_tensor(gn).float())
+                self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
+
+        def avg(name: str) -> float:
+            return float(torch.stack(stats[name]).float().mean())
+
+        low = torch.stack(stats["clip_low_frac"]).float()
+        high = torch.stack(stats["clip_high_frac"]).float()
+        out = {
+            "loss/policy_avg": avg("loss/policy_avg"),
+            "policy/entropy_avg": avg("policy/entropy_avg"),
+            "policy/approxkl_avg": avg("approxkl"),
+            "policy/clipfrac_avg": avg("clipfrac"),
+            # RLOO has no value function; logged as 0 so dashboards built for the reference keep working.
+            "val/clipfrac_avg": 0.0,
+            "val/ratio": avg("ratio_mean"),
+            "val/ratio_var": avg("ratio_var"),
+            "entropy": avg("policy/entropy_avg"),
+            "clip_ratio/low_mean": float(low.mean()),
+            "clip_ratio/low_min": float(low.min()),
+            "clip_ratio/high_mean": float(high.mean()),
+            "clip_ratio/high_max": float(high.max()),
+            "clip_ratio/region_mean": float((low + high).mean()),
+        }
+        if stats["grad_norm"]:
+            out["grad_norm"] = avg("grad_norm")
+        return out
+
+    # ------------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def sample_generations(self, update: int) -> list[dict[str, Any]]:
+        """Near-greedy completions of the first eval prompts, scored, for a human to read."""
+        cfg, tok = self.cfg, self.tokenizer
+        n = min(cfg.per_device_eval_batch_size, len(self.eval_ds))
+        index = list(range(n))
+        prompt_ids, prompt_mask = left_pad([self.eval_ids[i] for i in index], tok.pad_token_id, self.device)
+        params = SamplingParams(
+            max_new_tokens=cfg.response_length,
+            stop_token_id=self.stop_token_id,
+            pad_token_id=tok.pad_token_id,
+            greedy=True,
+        )
+        self.policy.eval()
+        responses = self.generator.generate(
+            prompt_ids, prompt_mask, 1, params, torch.zeros(n, dtype=torch.long)
+        )
+        mask = algo.completion_mask(responses, self.stop_token_id)
+        batch = self._reward_batch(self.eval_ds, self.eval_texts, index, 1, responses, mask)
+        scores, valid = algo.combine_reward_sources(score_all(self.sources, batch), self.reward_weights)
+        return [
+            {
+                "query": self.eval_texts[i],
+                "response": batch.completion_texts[i],
+                "score": float(s) if v else None,
+            }
+            for i, (s, v) in enumerate(zip(scores.tolist(), valid.tolist(), strict=True))
+        ]
+
+    # ------------------------------------------------------------------------------------------------
+    def train(self) -> TrainResult:
+        cfg = self.cfg
+        out_dir = Path(cfg.output_dir)
+        logger = MetricsLogger(total_updates=self.num_updates, show_progress=not cfg.disable_tqdm)
+        start = time.perf_counter()
+        episode = 0
+        try:
+            for update in range(self.num_updates):
+                timer = _Timer(self.device)
+                t0 = time.perf_counter()
+                self.state.global_step = update
+                self.state.episode = episode
+                self.state.epoch = episode / max(1, len(self.train_ds) * cfg.rloo_k)
+                ro = self.rollout(update, timer)
+                with timer("optimization"):
+                    opt_metrics = self.optimize(ro, update)
+                lr = self.scheduler.get_last_lr()[0]
+                self.scheduler.step()
+                episode += self.plan.batch_size
+                dt = time.perf_counter() - t0
+                gen_tokens = ro.metrics.pop("tokens/completion")
+                prompt_tokens = ro.metrics.pop("tokens/prompt")
+                self._num_tokens = getattr(self, "_num_tokens", 0.0) + gen_tokens + prompt_tokens
+                metrics: dict[str, Any] = {
+                    "update": update + 1,
+                    "episode": episode,
+                    "epoch": episode / max(1, len(self.train_ds) * cfg.rloo_k),
+                    "lr": lr,
+                    "eps": self.plan.batch_size / dt,
+                    "num_tokens": self._num_tokens,
+                    **ro.metrics,
+                    **opt_metrics,
+                    "time/update_s": dt,
+                    **{f"time/{name}_s": s for name, s in timer.seconds.items()},
+                    "throughput/generated_tokens_per_s": gen_tokens / max(timer.seconds["generation"], 1e-9),
+                    "throughput/train_tokens_per_s": (gen_tokens + prompt_tokens)
+                    * cfg.num_ppo_epochs
+                    / max(timer.seconds["optimization"], 1e-9),
+                }
+                if (update + 1) % cfg.logging_steps == 0 or update + 1 == self.num_updates:
+                    logger.log(metrics)
+                if self.sample_freq and update % self.sample_freq == 0:
+                    logger.samples(update + 1, self.sample_generations(update + 1))
+                if update == 0:
+                    logger.open(out_dir)  # the first update succeeded: from here on, output is kept
+                if cfg.save_steps and (update + 1) % cfg.save_steps == 0 and update + 1 < self.num_updates:
+                    self.save(out_dir / f"checkpoint-{update + 1}")
+                logger.progress(1, reward=metrics["objective/scores"], kl=metrics["objective/kl"])
+            self.save(out_dir, final=True)
+        finally:
+            logger.close()
+        elapsed = time.perf_counter() - start
+        return TrainResult(output_dir=out_dir, history=logger.history, seconds=elapsed, episodes=episode)
+
+    def save(self, path: Path, *, final: bool = False) -> None:
+        """Model + tokenizer (safetensors). Checkpoints are written to a temp dir and renamed into place."""
+        model = self.accelerator.unwrap_model(self.policy)
+        target = path if final else path.with_name(path.name + ".tmp")
+        if not final and target.exists():
+            shutil.rmtree(target)
+        target.mkdir(parents=True, exist_ok=True)
+        model.save_pretrained(target, safe_serialization=True)
+        self.tokenizer.save_pretrained(target)
+        (target / "rloo_config.json").write_text(json.dumps(self.cfg.to_dict(), indent=2, default=str))
+        if not final:
+            if path.exists():
+                shutil.rmtree(path)
+            os.replace(target, path)
+
+
+@dataclass
+class TrainResult:
+    output_dir: Path
+    history: list[dict[str, Any]]
+    seconds: float
+    episodes: int
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+    try:
+        import numpy as np
+
+        np.random.seed(seed % 2**32)
+    except ImportError:  # pragma: no cover
+        pass
+
+
+def train(cfg: RLOOConfig) -> TrainResult:
+    """Run ``rloo train`` for a validated config."""
+    return RLOOTrainer(cfg).train()

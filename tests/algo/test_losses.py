@@ -1,0 +1,188 @@
+import math
+
+import pytest
+import torch
+
+from rloo.algo import PolicyLossStats, leave_one_out_advantages, normalize_advantages, policy_loss
+
+NAN, INF = math.nan, math.inf
+
+
+def test_sequence_level_hand_values():
+    new = torch.tensor([[-1.0, -1.0], [-2.0, NAN]], requires_grad=True)
+    old = torch.tensor([[-1.1, -1.0], [-2.5, INF]])
+    mask = torch.tensor([[True, True], [True, False]])
+    adv = torch.tensor([1.0, 2.0])
+    loss, stats = policy_loss(new, old, adv, mask, cliprange=0.2)
+    # row 0: logratio = -2 - (-2.1) = 0.1, ratio e^0.1 = 1.10517 (inside [0.8, 1.2]) -> loss -1.10517
+    # row 1: logratio = -2 - (-2.5) = 0.5, ratio e^0.5 = 1.64872; -2*1.64872 = -3.29744 vs -2*1.2 = -2.4
+    #        -> max = -2.4 (clipped)
+    r0, r1 = math.exp(0.1), math.exp(0.5)
+    assert loss.item() == pytest.approx((-r0 - 2.4) / 2)
+    assert stats.clipfrac.item() == pytest.approx(0.5)
+    assert stats.approxkl.item() == pytest.approx(0.5 * (0.1**2 + 0.5**2) / 2)  # 0.065
+    assert stats.ratio_mean.item() == pytest.approx((r0 + r1) / 2)
+    assert stats.ratio_var.item() == pytest.approx((r0 - r1) ** 2 / 2)  # unbiased over 2
+    assert stats.clip_high_frac.item() == pytest.approx(0.5)  # row 1: ratio > 1.2 with A > 0
+    assert stats.clip_low_frac.item() == 0.0
+    assert stats.ratio_min.item() == pytest.approx(r0)
+    assert stats.ratio_max.item() == pytest.approx(r1)
+    loss.backward()
+    # d/dnew of row 0 = -A0 * r0 / B on each token; row 1 clipped -> 0; padding -> 0, not NaN
+    torch.testing.assert_close(new.grad, torch.tensor([[-r0 / 2, -r0 / 2], [0.0, 0.0]]))
+
+
+def test_sequence_level_low_clip():
+    new = torch.tensor([[-1.5]])
+    old = torch.tensor([[-1.0]])
+    # ratio e^-0.5 = 0.60653, A = -1: -A*ratio = 0.60653 vs -A*0.8 = 0.8 -> 0.8, clipped at the low bound
+    loss, stats = policy_loss(new, old, torch.tensor([-1.0]), torch.ones(1, 1, dtype=torch.bool), 0.2)
+    assert loss.item() == pytest.approx(0.8)
+    assert stats.clip_low_frac.item() == 1.0 and stats.clip_high_frac.item() == 0.0
+    assert stats.clipfrac.item() == 1.0
+    assert stats.ratio_var.item() == 0.0  # B == 1
+
+
+def test_stats_are_detached_scalars():
+    new = torch.randn(3, 4, requires_grad=True)
+    _, stats = policy_loss(new, new.detach() + 0.1, torch.ones(3), torch.ones(3, 4, dtype=torch.bool), 0.2)
+    assert isinstance(stats, PolicyLossStats)
+    for value in vars(stats).values():
+        assert value.dim() == 0 and not value.requires_grad
+
+
+def _loop_policy_loss(new, old, adv, mask, c):
+    b, t = new.shape
+    losses, ratios, clipped_flags = [], [], []
+    if adv.dim() == 1:
+        for i in range(b):
+            lr = sum(new[i, s] - old[i, s] for s in range(t) if mask[i, s])
+            ratio = math.exp(lr)
+            u, cl = -adv[i].item() * ratio, -adv[i].item() * min(max(ratio, 1 - c), 1 + c)
+            losses.append(max(u, cl))
+            ratios.append(ratio)
+            clipped_flags.append(cl > u)
+        return sum(losses) / b, ratios, clipped_flags
+    total = 0.0
+    for i in range(b):
+        for s in range(t):
+            if not mask[i, s]:
+                continue
+            ratio = math.exp(new[i, s] - old[i, s])
+            a = adv[i, s].item()
+            u, cl = -a * ratio, -a * min(max(ratio, 1 - c), 1 + c)
+            total += max(u, cl)
+            ratios.append(ratio)
+            clipped_flags.append(cl > u)
+    return total / b, ratios, clipped_flags
+
+
+@pytest.mark.parametrize("level", ["sequence", "token"])
+def test_policy_loss_matches_loop_reference(level):
+    g = torch.Generator().manual_seed(0)
+    b, t = 8, 6
+    old = -torch.rand(b, t, generator=g, dtype=torch.float64) * 3
+    new = old + torch.randn(b, t, generator=g, dtype=torch.float64) * 0.15
+    mask = torch.arange(t) < torch.randint(1, t + 1, (b, 1), generator=g)
+    new, old = new.masked_fill(~mask, NAN), old.masked_fill(~mask, -INF)
+    adv = torch.randn(b, generator=g, dtype=torch.float64)
+    if level == "token":
+        adv = torch.randn(b, t, generator=g, dtype=torch.float64).masked_fill(~mask, NAN)
+    loss, stats = policy_loss(new, old, adv, mask, 0.1)
+    expected, ratios, flags = _loop_policy_loss(new, old, adv, mask, 0.1)
+    assert any(flags) and not all(flags)  # the draw exercises both branches
+    assert loss.item() == pytest.approx(expected)
+    r = torch.tensor(ratios, dtype=torch.float64)
+    assert stats.clipfrac.item() == pytest.approx(sum(flags) / len(flags))
+    assert stats.ratio_mean.item() == pytest.approx(r.mean().item())
+    assert stats.ratio_var.item() == pytest.approx(r.var().item())
+    assert stats.approxkl.item() == pytest.approx((0.5 * r.log() ** 2).mean().item())
+    assert stats.ratio_min.item() == pytest.approx(r.min().item())
+    assert stats.ratio_max.item() == pytest.approx(r.max().item())
+
+
+def test_token_level_hand_values_and_stats_over_unmasked_tokens():
+    new = torch.tensor([[0.0, math.log(2.0), NAN]])
+    old = torch.zeros(1, 3)
+    mask = torch.tensor([[True, True, False]])
+    adv = torch.tensor([[1.0, -1.0, 5.0]])
+    loss, stats = policy_loss(new, old, adv, mask, 0.2)
+    # token 0: ratio 1, A=1 -> -1; token 1: ratio 2, A=-1 -> max(2, 1.2) = 2 (unclipped side)
+    # sum over tokens -1 + 2 = 1, mean over 1 sequence = 1
+    assert loss.item() == pytest.approx(1.0)
+    # stats over the 2 unmasked tokens: ratios [1, 2]
+    assert stats.ratio_mean.item() == pytest.approx(1.5)
+    assert stats.ratio_var.item() == pytest.approx(0.5)
+    assert stats.clipfrac.item() == 0.0
+    assert stats.clip_high_frac.item() == 0.0  # ratio 2 > 1.2 but A < 0: not clipped
+    assert stats.approxkl.item() == pytest.approx(0.5 * math.log(2.0) ** 2 / 2)
+
+
+def test_token_level_gradient_equals_sequence_level_at_ratio_one():
+    g = torch.Generator().manual_seed(1)
+    b, t = 5, 7
+    old = -torch.rand(b, t, generator=g, dtype=torch.float64)
+    mask = torch.arange(t) < torch.randint(1, t + 1, (b, 1), generator=g)
+    adv = torch.randn(b, generator=g, dtype=torch.float64)
+    new_seq = old.clone().requires_grad_()
+    new_tok = old.clone().requires_grad_()
+    loss_seq, _ = policy_loss(new_seq, old, adv, mask, 0.2)
+    loss_tok, _ = policy_loss(new_tok, old, adv.unsqueeze(1).expand(b, t), mask, 0.2)
+    loss_seq.backward()
+    loss_tok.backward()
+    # both: d loss / d new_{i,t} = -A_i / B on completion tokens, 0 on padding
+    expected = torch.where(mask, -adv.unsqueeze(1) / b, torch.zeros_like(old))
+    torch.testing.assert_close(new_seq.grad, expected)
+    torch.testing.assert_close(new_tok.grad, expected)
+
+
+@pytest.mark.parametrize("level", ["sequence", "token"])
+def test_garbage_at_padding_has_no_influence(level):
+    mask = torch.tensor([[True, True, False, False], [True, False, False, False]])
+    base_new = torch.tensor([[-1.0, -0.5, -0.2, -0.3], [-2.0, -0.1, -0.1, -0.1]])
+    old = torch.tensor([[-1.1, -0.4, -0.3, -0.3], [-1.5, -0.1, -0.1, -0.1]])
+    adv = (
+        torch.tensor([0.7, -1.3])
+        if level == "sequence"
+        else torch.tensor([[0.7, -0.2, 0.0, 0.0], [1.0, 0, 0, 0]])
+    )
+    garbage = torch.tensor([[0.0, 0.0, NAN, INF], [0.0, -INF, NAN, 1e30]])
+    results = []
+    for new0, old0, adv0 in [(base_new, old, adv), (base_new + garbage, old - garbage, adv)]:
+        if level == "token":
+            adv0 = torch.where(mask, adv0, torch.full_like(adv0, NAN))
+        new0 = new0.clone().requires_grad_()
+        loss, stats = policy_loss(new0, old0, adv0, mask, 0.2)
+        loss.backward()
+        results.append((loss.detach(), new0.grad, vars(stats)))
+    (l1, g1, s1), (l2, g2, s2) = results
+    torch.testing.assert_close(l1, l2)
+    torch.testing.assert_close(g1, g2)
+    assert torch.isfinite(g2).all() and g2[~mask].eq(0).all()
+    for name in s1:
+        torch.testing.assert_close(s1[name], s2[name])
+
+
+def test_empty_mask_and_all_invalid_groups_give_no_nan():
+    rewards = torch.tensor([[NAN, NAN], [1.0, 2.0]])
+    valid = ~rewards.isnan()
+    adv = normalize_advantages(leave_one_out_advantages(rewards, valid).flatten(), valid.flatten())
+    # group 1: LOO [-1, 1]; group 0 invalid -> over valid entries [-1, 1], std sqrt(2)
+    torch.testing.assert_close(adv, torch.tensor([0.0, 0.0, -1 / math.sqrt(2), 1 / math.sqrt(2)]))
+    mask = torch.zeros(4, 3, dtype=torch.bool)  # no completion tokens at all
+    logprobs = torch.full((4, 3), NAN, requires_grad=True)
+    for a in (adv, adv.unsqueeze(1).expand(4, 3)):
+        loss, stats = policy_loss(logprobs, torch.full((4, 3), NAN), a, mask, 0.2)
+        assert torch.isfinite(loss)
+        assert all(torch.isfinite(v) for v in vars(stats).values())
+
+
+def test_policy_loss_errors():
+    x = torch.zeros(2, 3)
+    mask = torch.ones(2, 3, dtype=torch.bool)
+    with pytest.raises(ValueError, match="cliprange"):
+        policy_loss(x, x, torch.zeros(2), mask, -0.1)
+    with pytest.raises(ValueError, match="advantages"):
+        policy_loss(x, x, torch.zeros(3), mask, 0.2)
+    with pytest.raises(ValueError, match="mask"):
+        policy_loss(x, x, torch.zeros(2), mask.float(), 0.2)
