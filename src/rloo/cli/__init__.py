@@ -31,15 +31,28 @@ def _train(argv: list[str]) -> int:
         "(" + ", ".join(f"{a}->{c}" for a, c in ALIASES.items()) + ") are accepted as aliases.",
         aliases=ALIASES,
     )
+    _setup_logging()
     from rloo.training.trainer import train
 
     train(cfg)
     return 0
 
 
+def _setup_logging() -> None:
+    import logging
+
+    # Progress messages go to stdout: stderr is reserved for the one-line error of a failed run.
+    logging.basicConfig(level=logging.INFO, format="[rloo] %(message)s", stream=sys.stdout)
+    # transformers' per-file "Loading weights" bars are noise next to the training progress bar
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
 def _demo(argv: list[str]) -> int:
     from rloo.demo import main as demo_main
 
+    _setup_logging()
     return demo_main(argv)
 
 
@@ -60,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         print(f"rloo {command}: error: {e}", file=sys.stderr)
         return e.exit_code
+    except SystemExit as e:  # argparse exits after printing --help: return its status, don't raise
+        return e.code if isinstance(e.code, int) else 0 if e.code is None else 2
     except KeyboardInterrupt:
         print(f"rloo {command}: interrupted.", file=sys.stderr)
         return 130

@@ -1,0 +1,75 @@
+"""``rloo demo``: a complete RLOO run on this machine, nothing downloaded.
+
+Builds a tiny random-initialised policy and reward model of a real architecture, writes a toy prompt
+dataset laid out like a Hub dataset, and trains with ``rloo.toy:letter_reward`` (the fraction of vowels in
+a completion) plus the tiny reward model at weight 0 (so the reward-model path runs too). A working run
+shows the reward climbing within a minute on a laptop CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rich.console import Console
+
+from rloo.config import RLOOConfig
+from rloo.errors import UserError
+
+
+def build_config(output_dir: Path, *, updates: int, arch: str, seed: int) -> RLOOConfig:
+    from rloo.tiny import build_tiny_setup
+    from rloo.toy import write_toy_dataset
+
+    assets = output_dir.parent / f"{output_dir.name}-assets"
+    setup = build_tiny_setup(assets / "models", arch=arch, seed=seed)
+    data = write_toy_dataset(assets / "dataset", seed=seed)
+    return RLOOConfig(
+        model_name_or_path=str(setup.policy),
+        reward_model_path=str(setup.reward_model),
+        reward_funcs=["rloo.toy:letter_reward"],
+        reward_weights=[0.0, 1.0],
+        dataset_name=str(data),
+        output_dir=str(output_dir),
+        seed=seed,
+        max_steps=updates,
+        per_device_train_batch_size=32,
+        rloo_k=4,
+        num_ppo_epochs=2,
+        response_length=8,
+        learning_rate=5e-3,
+        temperature=1.0,
+        kl_coef=0.01,
+        missing_eos_penalty=None,
+        num_sample_generations=3,
+        save_steps=0,
+    )
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="rloo demo", description=__doc__)
+    parser.add_argument("--output_dir", default="runs/demo", help="Where the trained model and metrics go.")
+    parser.add_argument("--updates", type=int, default=30, help="RLOO updates to run.")
+    parser.add_argument("--arch", default="gpt_neox", choices=["gpt_neox", "llama", "qwen2"])
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    if args.updates < 1:
+        raise UserError(f"--updates must be >= 1 (got {args.updates}).")
+
+    from rloo.training.trainer import train
+
+    console = Console(stderr=True)
+    out = Path(args.output_dir)
+    cfg = build_config(out, updates=args.updates, arch=args.arch, seed=args.seed)
+    result = train(cfg)
+    hist = result.history
+    first = sum(h["objective/scores"] for h in hist[:3]) / len(hist[:3])
+    last = sum(h["objective/scores"] for h in hist[-3:]) / len(hist[-3:])
+    console.print(
+        f"\n[bold]demo done[/] in {result.seconds:.1f}s: {result.episodes} episodes, "
+        f"mean reward {first:.3f} (first 3 updates) -> {last:.3f} (last 3)\n"
+        f"  model + tokenizer: {out.resolve()}\n"
+        f"  metrics:           {out.resolve() / 'metrics.jsonl'}\n"
+        f"  samples:           {out.resolve() / 'samples'}"
+    )
+    return 0

@@ -1,0 +1,404 @@
+"""Tiny, randomly initialised models of real architectures, built locally for tests, the demo and benchmarks.
+
+Nothing here touches the network: the tokenizer is a byte-level BPE trained in a few milliseconds on a small
+English corpus generated in code, and the models are random-init ``transformers`` models of real
+architectures (GPT-NeoX/Pythia, Llama, Qwen2) sized to a few hundred thousand parameters. Everything is
+written with ``save_pretrained`` and is meant to be loaded back through the normal ``Auto*.from_pretrained``
+path, exactly like a checkpoint downloaded from the Hub.
+
+The corpus deliberately contains many all-vowel strings ("aeiou", "eau", "oo", ...) so that the vocabulary
+holds merged all-vowel tokens: on the toy task of :mod:`rloo.toy` a tiny policy can then raise its reward
+quickly by shifting probability mass towards them.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import random
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig, PreTrainedTokenizerFast
+
+__all__ = [
+    "ARCHITECTURES",
+    "EOS_TOKEN",
+    "PAD_TOKEN",
+    "TinySetup",
+    "build_causal_lm",
+    "build_reward_model",
+    "build_tiny_setup",
+    "build_tokenizer",
+]
+
+EOS_TOKEN = "<|endoftext|>"
+PAD_TOKEN = "<|pad|>"
+ARCHITECTURES = ("gpt_neox", "llama", "qwen2")
+VOCAB_SIZE = 512
+SETUP_MARKER = "tiny_setup.json"
+# Bump when what build_tiny_setup writes changes, so stale setups on disk are rebuilt rather than reused.
+_SETUP_FORMAT = 1
+
+# Qwen2's pre-tokenization regex (GPT-2's, but single digits and a few whitespace refinements).
+_PRETOKENIZE_REGEX = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+
+# A plain "role: content" transcript; the generation prompt ends with "assistant:" so the completion is the
+# assistant's reply. No special tokens inside prompts (an eos in the prompt would look like padding when
+# pad == eos).
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ message['role'] + ': ' + message['content'] }}"
+    "{% if not loop.last or add_generation_prompt %}{{ '\\n\\n' }}{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ 'assistant:' }}{% endif %}"
+)
+
+_SUBJECTS = (
+    "the cat", "the dog", "a bird", "the sea", "the old man", "a child", "the moon", "the river",
+    "my friend", "the teacher", "a small boat", "the green tree", "the wind", "our house", "the king",
+    "a quiet girl", "the farmer", "the sun", "an owl", "the city",
+)  # fmt: skip
+_VERBS = (
+    "sees", "likes", "finds", "follows", "watches", "hears", "loves", "remembers", "carries", "visits",
+    "paints", "calls", "greets", "leaves", "reaches", "opens",
+)  # fmt: skip
+_OBJECTS = (
+    "the light", "a red apple", "the door", "the water", "a long road", "the stars", "the field",
+    "a warm fire", "the window", "an open book", "the garden", "the mountain", "a blue sky", "the rain",
+    "the story", "a song",
+)  # fmt: skip
+_ENDINGS = (".", ".", ".", "!", "?", " today.", " again.", " at night.", " in the morning.", " by the sea.")
+# All-vowel strings, frequent in the corpus so BPE merges them into single tokens (with and without the
+# leading space that byte-level BPE attaches to words).
+_VOWEL_WORDS = (
+    "aeiou", "eau", "ai", "oo", "ee", "aa", "ii", "uu", "ou", "ea", "ie", "io", "oa", "oi", "ue", "ua",
+    "eee", "ooo", "aaa", "iou", "oui", "aie", "eai", "ouai", "aoo", "eeoo", "iaeo", "ooee",
+)  # fmt: skip
+_WORDS = (
+    "write", "about", "describe", "tell", "me", "story", "poem", "sea", "sky", "tree", "music", "food",
+    "home", "winter", "summer", "friend", "ocean", "forest", "night", "morning", "rain", "snow", "fire",
+    "and", "the", "of", "to", "in", "is", "it", "you", "that", "was", "for", "on", "are", "with", "as",
+    "one", "two", "three", "yes", "no", "please", "thank", "hello", "world", "question", "answer",
+)  # fmt: skip
+
+
+def _corpus(seed: int = 1234) -> list[str]:
+    """A few hundred short English lines plus vowel-heavy lines, deterministic for the seed."""
+    rng = random.Random(seed)
+    lines: list[str] = []
+    for _ in range(400):
+        s, v, o, e = (rng.choice(x) for x in (_SUBJECTS, _VERBS, _OBJECTS, _ENDINGS))
+        sentence = f"{s} {v} {o}{e}"
+        lines.append(sentence[0].upper() + sentence[1:])
+    for _ in range(150):
+        lines.append(" ".join(rng.choices(_WORDS, k=rng.randint(3, 8))) + rng.choice((".", ":", ",", "")))
+    for _ in range(300):
+        lines.append(" ".join(rng.choices(_VOWEL_WORDS, k=rng.randint(3, 8))))
+    # Chat-template scaffolding, prompts of rloo.toy, digits and punctuation so common text is not all bytes.
+    lines += [
+        "user: Write about the sea:\n\nassistant:",
+        "system: You are a helpful assistant.",
+        "0 1 2 3 4 5 6 7 8 9 10 42 100 2024",
+        'Hello, world! (yes) [no] {maybe} - a; b\' "c"',
+    ] * 10
+    return lines
+
+
+@functools.lru_cache(maxsize=1)
+def _trained_tokenizer_json() -> str:
+    """Train the byte-level BPE once per process (deterministic) and return its JSON serialisation."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    # The Qwen2 pre-tokenization (transformers rebuilds exactly this pipeline when it loads a qwen2
+    # checkpoint's tokenizer with its own class), so every architecture's folder encodes text identically.
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE,
+        min_frequency=2,
+        special_tokens=[EOS_TOKEN],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_corpus(), trainer=trainer)
+    return tok.to_str()
+
+
+def build_tokenizer(
+    path: str | Path, *, with_pad_token: bool = False, with_chat_template: bool = True
+) -> PreTrainedTokenizerFast:
+    """Train (or reuse, per process) a byte-level BPE tokenizer and save it to ``path``; return it reloaded.
+
+    The tokenizer has about 512 tokens: the 256 byte tokens, BPE merges learnt on a small built-in English
+    corpus (which includes many all-vowel strings such as "aeiou", "eau", "oo", so those are single tokens)
+    and the special token ``<|endoftext|>``, used as both bos and eos, like GPT-NeoX/Pythia. Encoding adds no
+    special tokens. By default there is no pad token (like Pythia, so callers must fall back to pad = eos);
+    ``with_pad_token=True`` appends ``<|pad|>`` as the last id. ``with_chat_template=True`` sets a plain
+    "role: content" Jinja chat template whose generation prompt ends with ``assistant:``. Byte-level, so
+    ``decode`` then ``encode`` round-trips any text. It is saved with ``save_pretrained(path)`` and the
+    returned object is the one ``AutoTokenizer.from_pretrained(path)`` gives, i.e. the normal loading path.
+    """
+    from tokenizers import Tokenizer
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    path = Path(path)
+    kwargs: dict[str, Any] = {
+        "tokenizer_object": Tokenizer.from_str(_trained_tokenizer_json()),
+        "bos_token": EOS_TOKEN,
+        "eos_token": EOS_TOKEN,
+        "unk_token": None,
+        "clean_up_tokenization_spaces": False,  # keep decode exact so text round-trips
+        "model_max_length": 512,  # = the default max_position_embeddings of the models
+    }
+    if with_pad_token:
+        kwargs["pad_token"] = PAD_TOKEN
+    if with_chat_template:
+        kwargs["chat_template"] = CHAT_TEMPLATE
+    tokenizer = PreTrainedTokenizerFast(**kwargs)
+    _save_tokenizer(tokenizer, path)
+    return AutoTokenizer.from_pretrained(str(path))
+
+
+def _save_tokenizer(tokenizer: PreTrainedTokenizerFast, path: Path) -> None:
+    """``save_pretrained``, then record absent special tokens as explicit nulls in ``tokenizer_config.json``.
+
+    Without the nulls, loading a qwen2 folder (where transformers uses its own ``Qwen2Tokenizer`` class)
+    would invent ``<|endoftext|>`` as pad/unk token, so the folders of different architectures would
+    disagree on whether there is a pad token.
+    """
+    path.mkdir(parents=True, exist_ok=True)
+    tokenizer.save_pretrained(str(path))
+    config_file = path / "tokenizer_config.json"
+    config = json.loads(config_file.read_text(encoding="utf-8"))
+    for name in ("pad_token", "unk_token"):
+        if getattr(tokenizer, name) is None:
+            config[name] = None
+    config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def _load_tokenizer(tokenizer_path: str | Path) -> PreTrainedTokenizerFast:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(tokenizer_path))
+
+
+def _make_config(
+    arch: str,
+    tokenizer: PreTrainedTokenizerFast,
+    *,
+    hidden_size: int,
+    num_layers: int,
+    num_heads: int,
+    max_position_embeddings: int,
+    **extra: Any,
+) -> PretrainedConfig:
+    from transformers import GPTNeoXConfig, LlamaConfig, Qwen2Config
+
+    if arch not in ARCHITECTURES:
+        raise ValueError(f"unknown arch {arch!r}: choose one of {', '.join(ARCHITECTURES)}")
+    if hidden_size % num_heads:
+        raise ValueError(f"hidden_size ({hidden_size}) must be divisible by num_heads ({num_heads})")
+    common: dict[str, Any] = {
+        "vocab_size": len(tokenizer),
+        "hidden_size": hidden_size,
+        "num_hidden_layers": num_layers,
+        "num_attention_heads": num_heads,
+        "intermediate_size": 4 * hidden_size,
+        "max_position_embeddings": max_position_embeddings,
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id,
+        "dtype": "float32",
+        **extra,
+    }
+    if arch == "gpt_neox":  # Pythia: untied embed/unembed, partial rotary
+        return GPTNeoXConfig(**common, tie_word_embeddings=False, rotary_pct=0.25)
+    if arch == "llama":
+        return LlamaConfig(**common, num_key_value_heads=num_heads, tie_word_embeddings=False)
+    # Small Qwen2 checkpoints tie their embeddings.
+    return Qwen2Config(**common, num_key_value_heads=num_heads, tie_word_embeddings=True)
+
+
+def _build(
+    auto_cls_name: str,
+    path: str | Path,
+    tokenizer_path: str | Path,
+    *,
+    arch: str,
+    hidden_size: int,
+    num_layers: int,
+    num_heads: int,
+    seed: int,
+    max_position_embeddings: int,
+    **extra: Any,
+) -> Path:
+    import torch
+    import transformers
+    from transformers.utils import logging as hf_logging
+
+    tokenizer = _load_tokenizer(tokenizer_path)
+    config = _make_config(
+        arch,
+        tokenizer,
+        hidden_size=hidden_size,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        max_position_embeddings=max_position_embeddings,
+        **extra,
+    )
+    auto_cls = getattr(transformers, auto_cls_name)
+    # Seed a private RNG scope so the build is reproducible and leaves the caller's global RNG untouched.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = auto_cls.from_config(config, dtype=torch.float32)
+    generation_config = getattr(model, "generation_config", None)
+    if generation_config is not None and tokenizer.pad_token_id is None:
+        generation_config.pad_token_id = tokenizer.eos_token_id
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    # No "Writing model shards" progress bar for a sub-megabyte model; restore the caller's setting after.
+    bar_was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        model.save_pretrained(str(path))
+    finally:
+        if bar_was_enabled:
+            hf_logging.enable_progress_bar()
+    _save_tokenizer(tokenizer, path)
+    return path
+
+
+def build_causal_lm(
+    path: str | Path,
+    tokenizer_path: str | Path,
+    *,
+    arch: str = "gpt_neox",
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    seed: int = 0,
+    max_position_embeddings: int = 512,
+) -> Path:
+    """Build a random-init causal LM of a real architecture and save it, with its tokenizer, to ``path``.
+
+    ``arch`` is one of "gpt_neox" (Pythia-like, untied embeddings), "llama" (untied) or "qwen2" (tied
+    embeddings, as small Qwen2 checkpoints do); anything else raises ``ValueError`` naming the choices. The
+    config takes vocab size = ``len(tokenizer)`` and bos/eos/pad ids from the tokenizer at
+    ``tokenizer_path``; intermediate size is ``4 * hidden_size``, key/value heads equal ``num_heads``, dtype
+    float32. Weights are initialised under ``torch.manual_seed(seed)`` inside a forked RNG, so the same seed
+    gives identical weights and the caller's RNG state is untouched. Model (safetensors) and tokenizer are
+    written with ``save_pretrained``, loadable via ``AutoModelForCausalLM``/``AutoTokenizer``; returns the
+    ``Path``.
+    """
+    return _build(
+        "AutoModelForCausalLM",
+        path,
+        tokenizer_path,
+        arch=arch,
+        hidden_size=hidden_size,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        seed=seed,
+        max_position_embeddings=max_position_embeddings,
+    )
+
+
+def build_reward_model(
+    path: str | Path,
+    tokenizer_path: str | Path,
+    *,
+    arch: str = "gpt_neox",
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    seed: int = 1,
+    max_position_embeddings: int = 512,
+) -> Path:
+    """Build a random-init scalar reward model (sequence classification, one label) and save it to ``path``.
+
+    Same architectures, sizes, seeding and saving as :func:`build_causal_lm`, but the model is an
+    ``AutoModelForSequenceClassification`` with ``num_labels=1``. ``config.pad_token_id`` is always set
+    (the tokenizer's pad id, or its eos id when it has no pad token) because sequence-classification heads
+    use it to find the last real token of each row. Returns the ``Path``.
+    """
+    tokenizer = _load_tokenizer(tokenizer_path)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    return _build(
+        "AutoModelForSequenceClassification",
+        path,
+        tokenizer_path,
+        arch=arch,
+        hidden_size=hidden_size,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        seed=seed,
+        max_position_embeddings=max_position_embeddings,
+        num_labels=1,
+        pad_token_id=pad_id,
+    )
+
+
+@dataclass(frozen=True)
+class TinySetup:
+    """Paths of a tiny setup built by :func:`build_tiny_setup`."""
+
+    root: Path
+    tokenizer: Path
+    policy: Path
+    reward_model: Path
+
+
+def build_tiny_setup(
+    root: str | Path, *, arch: str = "gpt_neox", seed: int = 0, hidden_size: int = 64, num_layers: int = 2
+) -> TinySetup:
+    """Build a tokenizer, a policy and a reward model under ``root`` (or reuse them) and return their paths.
+
+    Layout: ``root/tokenizer/`` (no pad token, chat template), ``root/policy/`` (causal LM of ``arch``,
+    weights seeded with ``seed``, plus the tokenizer) and ``root/reward_model/`` (one-label
+    sequence classifier seeded with ``seed + 1``, plus the tokenizer). A ``tiny_setup.json`` marker holding
+    the parameters is written last; a later call with the same parameters finds it and reuses the files
+    without rewriting anything, while different parameters rebuild in place. Takes well under two seconds
+    on a CPU. Raises ``ValueError`` for an unknown ``arch``.
+    """
+    if arch not in ARCHITECTURES:
+        raise ValueError(f"unknown arch {arch!r}: choose one of {', '.join(ARCHITECTURES)}")
+    root = Path(root)
+    setup = TinySetup(
+        root=root, tokenizer=root / "tokenizer", policy=root / "policy", reward_model=root / "reward_model"
+    )
+    params = {
+        "format": _SETUP_FORMAT,
+        "arch": arch,
+        "seed": seed,
+        "hidden_size": hidden_size,
+        "num_layers": num_layers,
+    }
+    marker = root / SETUP_MARKER
+    if marker.is_file() and all(p.is_dir() for p in (setup.tokenizer, setup.policy, setup.reward_model)):
+        try:
+            if json.loads(marker.read_text()) == params:
+                return setup
+        except (OSError, ValueError):
+            pass  # unreadable marker: rebuild
+    marker.unlink(missing_ok=True)
+    build_tokenizer(setup.tokenizer)
+    sizes = {"arch": arch, "hidden_size": hidden_size, "num_layers": num_layers}
+    build_causal_lm(setup.policy, setup.tokenizer, seed=seed, **sizes)
+    build_reward_model(setup.reward_model, setup.tokenizer, seed=seed + 1, **sizes)
+    # Atomic write so a concurrent reader never sees a half-written marker.
+    fd, tmp = tempfile.mkstemp(dir=root, prefix=".tiny_setup.", suffix=".json")
+    with os.fdopen(fd, "w") as f:
+        json.dump(params, f, indent=2, sort_keys=True)
+    os.replace(tmp, marker)
+    return setup

@@ -1,0 +1,150 @@
+"""A toy prompt dataset and pure-Python reward functions on which a tiny random policy learns quickly.
+
+:func:`write_toy_dataset` writes a folder laid out like a Hugging Face Hub dataset repository
+(``data/<split>-00000-of-00001.parquet``), so it loads exactly like a downloaded one. The reward functions
+follow TRL's signature (keyword arguments ``prompts``, ``completions``, ``completion_ids``,
+``trainer_state``, every extra dataset column, and ``**kwargs``; one ``float | None`` per completion) and
+score the *text* of a completion by its letters. The tokenizer of :mod:`rloo.tiny` has many all-vowel
+tokens ("aeiou", " eau", "oo", ...), so a policy raises :func:`letter_reward` simply by moving probability
+mass towards them.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "VOWELS",
+    "letter_reward",
+    "sometimes_none_reward",
+    "target_letter_reward",
+    "write_toy_dataset",
+]
+
+VOWELS = frozenset("aeiou")
+TARGET_LETTERS = "aeiou"
+
+_INSTRUCTIONS = (
+    "Write about", "Describe", "Tell me about", "Sing of", "Say something about", "Write a poem about",
+    "Talk about", "Think of", "Dream of", "Write a line about",
+)  # fmt: skip
+_TOPICS = (
+    "the sea", "the moon", "a cat", "the rain", "an old tree", "the river", "a small boat", "the wind",
+    "winter", "summer", "the city", "a garden", "the stars", "music", "a friend", "the mountain", "bread",
+    "the morning", "a quiet night", "the ocean", "a red apple", "the forest", "snow", "fire",
+)  # fmt: skip
+_SPLIT_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
+
+
+def _prompts(rng: random.Random, n: int) -> list[str]:
+    return [f"{rng.choice(_INSTRUCTIONS)} {rng.choice(_TOPICS)}:" for _ in range(n)]
+
+
+def write_toy_dataset(
+    path: str | Path,
+    *,
+    num_train: int = 256,
+    num_test: int = 32,
+    seed: int = 0,
+    conversational: bool = False,
+    extra_split: str | None = None,
+) -> Path:
+    """Write the toy prompt dataset to ``path`` as a Hub-style parquet folder and return ``path``.
+
+    Files: ``data/train-00000-of-00001.parquet`` (``num_train`` rows), ``data/test-00000-of-00001.parquet``
+    (``num_test`` rows) and, when ``extra_split`` is given (e.g. "descriptiveness"),
+    ``data/<extra_split>-00000-of-00001.parquet`` holding the same rows as train. Columns: ``prompt``, a
+    short instruction such as "Write about the sea:" (or, with ``conversational=True``, a one-message list
+    ``[{"role": "user", "content": ...}]``), and ``target``, one vowel per row (the extra column that
+    :func:`target_letter_reward` reads). Rows are drawn from ``random.Random(seed)``, so the same arguments
+    write identical data. Raises ``ValueError`` for non-positive sizes or a bad/duplicate split name.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if num_train < 1 or num_test < 1:
+        raise ValueError(f"num_train and num_test must be >= 1 (got {num_train}, {num_test})")
+    if extra_split is not None and (not _SPLIT_NAME.match(extra_split) or extra_split in ("train", "test")):
+        raise ValueError(
+            f"extra_split must be a name of letters, digits and '_' other than 'train'/'test' (got {extra_split!r})"
+        )
+    rng = random.Random(seed)
+
+    def table(n: int) -> pa.Table:
+        prompts = _prompts(rng, n)
+        targets = [rng.choice(TARGET_LETTERS) for _ in range(n)]
+        if conversational:
+            prompt_col: Any = pa.array(
+                [[{"role": "user", "content": p}] for p in prompts],
+                type=pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())])),
+            )
+        else:
+            prompt_col = pa.array(prompts, type=pa.string())
+        return pa.table({"prompt": prompt_col, "target": pa.array(targets, type=pa.string())})
+
+    splits = {"train": table(num_train), "test": table(num_test)}
+    if extra_split is not None:
+        splits[extra_split] = splits["train"]
+    path = Path(path)
+    data = path / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    for name, tbl in splits.items():
+        pq.write_table(tbl, data / f"{name}-00000-of-00001.parquet")
+    return path
+
+
+def _text(completion: Any) -> str:
+    """The text of a completion: a string, or the ``content`` of the last message of a message list."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, Sequence) and completion and isinstance(completion[-1], dict):
+        return str(completion[-1].get("content") or "")
+    if isinstance(completion, Sequence) and not completion:
+        return ""
+    raise TypeError(f"a completion must be a string or a list of messages, got {type(completion).__name__}")
+
+
+def _fraction(text: str, letters: frozenset[str]) -> float:
+    chars = [c for c in text.lower() if not c.isspace()]
+    return sum(c in letters for c in chars) / len(chars) if chars else 0.0
+
+
+def letter_reward(completions: list[Any], **kwargs: Any) -> list[float | None]:
+    """Reward each completion with the fraction of its non-space characters that are vowels.
+
+    The letters counted are "a", "e", "i", "o", "u", case-insensitively; whitespace is ignored, every other
+    character (consonants, digits, punctuation, replacement characters from broken UTF-8) counts against.
+    So "aXe b" scores 2/4 = 0.5. A completion with no non-space character scores 0.0. Completions are strings
+    or, for conversational data, message lists (the last message's ``content`` is scored). Pure Python,
+    values in [0, 1]; other keyword arguments (prompts, completion_ids, trainer_state, dataset columns) are
+    accepted and ignored.
+    """
+    return [_fraction(_text(c), VOWELS) for c in completions]
+
+
+def target_letter_reward(completions: list[Any], target: list[str], **kwargs: Any) -> list[float | None]:
+    """Reward each completion with the fraction of its non-space characters equal to its row's ``target``.
+
+    ``target`` is the dataset's extra column of the same name (one letter per completion, passed by the
+    trainer as a keyword argument), which makes this the reward that exercises extra columns. Matching is
+    case-insensitive and whitespace is ignored, as in :func:`letter_reward`: "aXa b" with target "a" scores
+    2/4 = 0.5. A completion with no non-space character scores 0.0. Raises ``ValueError`` when ``target``
+    and ``completions`` differ in length.
+    """
+    if len(target) != len(completions):
+        raise ValueError(f"got {len(completions)} completions but {len(target)} targets")
+    return [_fraction(_text(c), frozenset(str(t).lower())) for c, t in zip(completions, target, strict=True)]
+
+
+def sometimes_none_reward(completions: list[Any], **kwargs: Any) -> list[float | None]:
+    """Return ``None`` for completions whose text has an even number of characters, else :func:`letter_reward`.
+
+    The length is ``len`` of the completion's text, spaces included, so an empty completion (length 0) gives
+    ``None``. Exists to exercise the trainer's handling of rewards a function declines to give.
+    """
+    texts = [_text(c) for c in completions]
+    return [None if len(t) % 2 == 0 else _fraction(t, VOWELS) for t in texts]
