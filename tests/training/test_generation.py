@@ -1,0 +1,137 @@
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from rloo.tiny import build_tiny_setup
+from rloo.training.generation import (
+    SamplingParams,
+    TransformersGenerator,
+    left_pad,
+    row_seeds,
+    sample_tokens,
+    uniforms,
+)
+from rloo.training.models import load_causal_lm, load_tokenizer
+
+PROBS = torch.tensor([[0.2, 0.5, 0.3]])  # cdf [0.2, 0.7, 1.0]
+
+
+def _sample(u: float, **kw) -> int:
+    return int(sample_tokens(PROBS.log(), torch.tensor([u], dtype=torch.float64), temperature=1.0, **kw)[0])
+
+
+@pytest.mark.parametrize(("u", "token"), [(0.05, 0), (0.19, 0), (0.21, 1), (0.69, 1), (0.71, 2), (0.99, 2)])
+def test_inverse_cdf_by_hand(u: float, token: int) -> None:
+    # cdf = [0.2, 0.7, 1.0]: u < 0.2 -> 0, 0.2 <= u < 0.7 -> 1, else 2
+    assert _sample(u) == token
+
+
+def test_top_k_and_top_p_by_hand() -> None:
+    # top_k=1 keeps only the 0.5 token whatever u is
+    assert {_sample(u, top_k=1) for u in (0.01, 0.5, 0.99)} == {1}
+    # top_p=0.5: sorted [0.5, 0.3, 0.2]; mass before 0.3 is 0.5 >= 0.5 -> dropped, only token 1 left
+    assert {_sample(u, top_p=0.5) for u in (0.01, 0.5, 0.99)} == {1}
+    # top_p=0.6: keep 0.5 and 0.3 -> renormalised [0, 0.625, 0.375], cdf [0, 0.625, 1.0]
+    assert _sample(0.01, top_p=0.6) == 1
+    assert _sample(0.6, top_p=0.6) == 1
+    assert _sample(0.7, top_p=0.6) == 2
+
+
+def test_temperature_sharpens() -> None:
+    # T=0.5 squares the probabilities before renormalising: [0.04, 0.25, 0.09] / 0.38
+    p = torch.tensor([0.04, 0.25, 0.09]) / 0.38
+    u = torch.linspace(0.0005, 0.9995, 2000, dtype=torch.float64)
+    toks = sample_tokens(PROBS.log().expand(2000, 3), u, temperature=0.5)
+    freq = torch.bincount(toks, minlength=3).float() / 2000
+    torch.testing.assert_close(freq, p, atol=2e-3, rtol=0)
+
+
+def test_uniforms_are_uniform_and_distinct() -> None:
+    seeds = row_seeds(seed=0, update=0, prompt_index=torch.arange(4096), k=4)  # 16384 rows
+    assert seeds.unique().numel() > 16384 * 0.99
+    u = uniforms(seeds, step=3)
+    assert ((u > 0) & (u < 1)).all()
+    hist = torch.histc(u.float(), bins=10, min=0, max=1) / u.numel()
+    # each decile holds 10% +- 1.5% (binomial sd at n=16384 is 0.23%)
+    assert (hist - 0.1).abs().max() < 0.015
+    # different steps, updates and seeds give different streams
+    assert not torch.equal(u, uniforms(seeds, step=4))
+    assert not torch.equal(seeds, row_seeds(seed=0, update=1, prompt_index=torch.arange(4096), k=4))
+    assert not torch.equal(seeds, row_seeds(seed=1, update=0, prompt_index=torch.arange(4096), k=4))
+
+
+@pytest.fixture(scope="module")
+def lm(tmp_path_factory: pytest.TempPathFactory):
+    setup = build_tiny_setup(tmp_path_factory.mktemp("gen"))
+    tok = load_tokenizer(str(setup.policy))
+    model = load_causal_lm(str(setup.policy), flag="model_name_or_path").eval()
+    return Path(setup.policy), tok, model
+
+
+PROMPTS = ["Write about the sea:", "Hi", "Tell me a long story about a cat and the wind:"]
+
+
+def test_samples_do_not_depend_on_batching(lm) -> None:
+    _, tok, model = lm
+    ids = [tok(p)["input_ids"] for p in PROMPTS]
+    params = SamplingParams(max_new_tokens=12, temperature=1.0, pad_token_id=tok.pad_token_id)
+    seeds = row_seeds(7, 2, torch.tensor([10, 11, 12]), 3)  # (9,)
+    together = TransformersGenerator(model, batch_size=64).generate(
+        *left_pad(ids, tok.pad_token_id), 3, params, seeds
+    )
+    # one prompt at a time (different left padding, different batch) must give the same samples
+    alone = torch.cat(
+        [
+            TransformersGenerator(model, batch_size=3).generate(
+                *left_pad([ids[i]], tok.pad_token_id), 3, params, seeds[3 * i : 3 * i + 3]
+            )
+            for i in range(3)
+        ]
+    )
+    assert torch.equal(together, alone)
+    # and K samples of one prompt differ from each other
+    assert len({tuple(r.tolist()) for r in together[:3]}) > 1
+
+
+def test_greedy_matches_transformers_generate(lm) -> None:
+    _, tok, model = lm
+    ids, mask = left_pad([tok(p)["input_ids"] for p in PROMPTS], tok.pad_token_id)
+    k = 2
+    params = SamplingParams(max_new_tokens=10, pad_token_id=tok.pad_token_id, greedy=True)
+    ours = TransformersGenerator(model, batch_size=64).generate(
+        ids, mask, k, params, torch.zeros(6, dtype=torch.long)
+    )
+    ref = model.generate(
+        input_ids=ids,
+        attention_mask=mask,
+        do_sample=False,
+        max_new_tokens=10,
+        min_new_tokens=10,
+        pad_token_id=tok.pad_token_id,
+    )[:, ids.size(1) :]
+    # the shared prefill + repeated KV cache gives every one of the K copies the reference's tokens
+    assert torch.equal(ours, ref.repeat_interleave(k, dim=0))
+
+
+def test_stop_token_pads_after_it_and_stops_early(lm) -> None:
+    _, tok, model = lm
+    ids, mask = left_pad([tok(p)["input_ids"] for p in PROMPTS], tok.pad_token_id)
+    seeds = row_seeds(0, 0, torch.arange(3), 4)
+    free = SamplingParams(max_new_tokens=16, temperature=1.0, pad_token_id=tok.pad_token_id)
+    out = TransformersGenerator(model, batch_size=64).generate(ids, mask, 4, free, seeds)
+    # make a token that was sampled somewhere the stop token: rows must end right after it
+    stop = int(out[0, 1])
+    pad = (stop + 1) % len(tok)  # a real id (it is fed back to the model), distinct from the stop token
+    stopped = TransformersGenerator(model, batch_size=64).generate(
+        ids, mask, 4, SamplingParams(**{**free.__dict__, "stop_token_id": stop, "pad_token_id": pad}), seeds
+    )
+    for row_free, row_stop in zip(out, stopped, strict=True):
+        hits = (row_free == stop).nonzero()
+        n = int(hits[0]) + 1 if hits.numel() else row_free.numel()
+        assert torch.equal(row_stop[:n], row_free[:n])  # identical up to and including the stop token
+        assert (row_stop[n:] == pad).all()
+    assert math.isclose(float((stopped[0, 2:] == pad).float().mean()), 1.0)
