@@ -153,7 +153,7 @@ class RLOOTrainer:
 
         # --- optimisation ----------------------------------------------------------------------------------
         if cfg.gradient_checkpointing:
-            self.policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            enable_activation_checkpointing(self.policy)
         self.optimizer = torch.optim.AdamW(
             self.policy.parameters(),
             lr=cfg.learning_rate,
@@ -574,6 +574,15 @@ class TrainResult:
     history: list[dict[str, Any]]
     seconds: float
     episodes: int
+
+
+def enable_activation_checkpointing(model: Any) -> None:
+    """Recompute activations in backward (non-reentrant), whichever name this transformers uses."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
 def seed_everything(seed: int) -> None:
