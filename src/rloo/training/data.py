@@ -147,6 +147,10 @@ def load_prompt_dataset(
             log.warning("dataset has no split %r; using %r for it", split, fallback_split)
             columns = _load_hub(name, config, fallback_split)
             split = fallback_split
+    if not any(columns.values()):  # no rows at all (an empty .jsonl has no columns either)
+        raise UserError(
+            f"--dataset_name {name} split {split!r} is empty; give a split with at least one prompt."
+        )
     if "prompt" not in columns:
         raise UserError(
             f"--dataset_name {name} split {split!r} has no 'prompt' column (columns: "

@@ -34,7 +34,10 @@ def _wrap_load(flag: str, path: str, fn: Any) -> Any:
         raise
     except Exception as e:  # corrupt weights, missing files, network: all one line for the user
         first = (str(e).strip().splitlines() or [""])[0][:300]
-        raise UserError(f"--{flag} {path}: cannot load it ({type(e).__name__}: {first}).") from None
+        raise UserError(
+            f"--{flag} {path}: cannot load it ({type(e).__name__}: {first}); check that it is a complete, "
+            "uncorrupted save_pretrained output (re-download or re-save it)."
+        ) from None
 
 
 def load_tokenizer(path: str, *, flag: str = "model_name_or_path", trust_remote_code: bool = False) -> Any:

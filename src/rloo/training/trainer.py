@@ -96,6 +96,12 @@ class RLOOTrainer:
         if out.exists() and not out.is_dir():
             raise UserError(f"--output_dir {cfg.output_dir} is a file; pass a directory.")
         seed_everything(cfg.seed)
+        from accelerate.state import AcceleratorState
+
+        # accelerate keeps the precision in a process-wide singleton; a second run in the same process
+        # (a notebook, a sweep, the tests) with another precision must not inherit the first one's.
+        # The distributed (partial) state is kept: the process group outlives one run.
+        AcceleratorState._reset_state(reset_partial_state=False)
         self.accelerator = Accelerator(mixed_precision="bf16" if cfg.bf16 else "fp16" if cfg.fp16 else "no")
         self.device = self.accelerator.device
 

@@ -1,0 +1,26 @@
+"""Misbehaving reward functions for the bad-input CLI tests (imported by the ``rloo`` subprocess)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+
+def wrong_length(completions: list[Any], **kwargs: Any) -> list[float]:
+    return [1.0] * (len(completions) + 1)
+
+
+def wrong_type(completions: list[Any], **kwargs: Any) -> list[Any]:
+    return ["good"] * len(completions)
+
+
+def not_a_list(completions: list[Any], **kwargs: Any) -> Any:
+    return {"reward": 1.0}
+
+
+def nan_reward(completions: list[Any], **kwargs: Any) -> list[float]:
+    return [0.5] * (len(completions) - 1) + [math.nan]
+
+
+def raising(completions: list[Any], **kwargs: Any) -> list[float]:
+    raise KeyError("no_such_column")

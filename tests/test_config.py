@@ -1,0 +1,239 @@
+"""RLOOConfig defaults, validation and the batch arithmetic of BatchPlan (numbers computed by hand)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import pytest
+
+from rloo.config import ALIASES, BatchPlan, RLOOConfig
+from rloo.errors import UserError
+
+REQUIRED = {"model_name_or_path": "/models/policy", "dataset_name": "/data/prompts", "reward_funcs": ["m:f"]}
+
+
+def make(**kw: Any) -> RLOOConfig:
+    return RLOOConfig(**{**REQUIRED, **kw})
+
+
+# The classic RLOO trainer's (TRL <= 0.21) defaults, restated here rather than read from the code.
+CLASSIC_DEFAULTS = {
+    "rloo_k": 2,
+    "kl_coef": 0.05,
+    "cliprange": 0.2,
+    "num_ppo_epochs": 4,
+    "num_mini_batches": 1,
+    "local_rollout_forward_batch_size": 64,
+    "num_sample_generations": 10,
+    "response_length": 53,
+    "temperature": 0.7,
+    "reward_clip_range": 10.0,
+    "missing_eos_penalty": None,
+    "top_k": 0,
+    "top_p": 1.0,
+    "stop_token": None,
+    "stop_token_id": None,
+    "normalize_reward": False,
+    "normalize_advantage": False,
+    "token_level_kl": False,
+    "kl_estimator": "k1",
+    "learning_rate": 3e-6,
+    "per_device_train_batch_size": 8,
+    "gradient_accumulation_steps": 1,
+    "num_train_epochs": 3.0,
+    "total_episodes": None,
+    "max_steps": -1,
+    "dataset_train_split": "train",
+    "dataset_test_split": "test",
+}
+
+
+@pytest.mark.parametrize(("name", "value"), sorted(CLASSIC_DEFAULTS.items()))
+def test_defaults_are_the_classic_ones(name: str, value: Any) -> None:
+    cfg = make()
+    assert getattr(cfg, name) == value
+    assert type(getattr(cfg, name)) is type(value)
+
+
+def test_every_field_has_help_text() -> None:
+    for f in dataclasses.fields(RLOOConfig):
+        assert f.metadata.get("help"), f.name
+
+
+def test_aliases_map_current_names_to_classic_fields() -> None:
+    names = set(RLOOConfig.field_names())
+    assert ALIASES["num_generations"] == "rloo_k"
+    assert ALIASES["beta"] == "kl_coef"
+    assert ALIASES["epsilon"] == "cliprange"
+    assert ALIASES["num_iterations"] == "num_ppo_epochs"
+    assert ALIASES["steps_per_generation"] == "num_mini_batches"
+    assert ALIASES["max_completion_length"] == "response_length"
+    for alias, canonical in ALIASES.items():
+        assert canonical in names and alias not in names, alias
+
+
+def test_policy_path_prefers_sft_model_path() -> None:
+    assert make().policy_path == "/models/policy"
+    assert make(sft_model_path="/models/sft").policy_path == "/models/sft"
+
+
+def test_to_dict_round_trips() -> None:
+    cfg = make(rloo_k=4, reward_weights=[0.5])
+    assert RLOOConfig(**cfg.to_dict()) == cfg
+
+
+# --- validation: every error names the offending field ------------------------------------------------
+BAD_VALUES = [
+    ("model_name_or_path", None),
+    ("dataset_name", ""),
+    ("rloo_k", 1),
+    ("rloo_k", 0),
+    ("per_device_train_batch_size", 0),
+    ("per_device_eval_batch_size", 0),
+    ("gradient_accumulation_steps", 0),
+    ("num_mini_batches", 0),
+    ("local_rollout_forward_batch_size", 0),
+    ("num_ppo_epochs", 0),
+    ("response_length", 0),
+    ("logging_steps", 0),
+    ("kl_coef", -0.1),
+    ("kl_coef", math.nan),
+    ("learning_rate", math.inf),
+    ("weight_decay", -1.0),
+    ("max_grad_norm", -1.0),
+    ("warmup_ratio", 1.5),
+    ("cliprange", 0.0),
+    ("temperature", 0.0),
+    ("temperature", math.nan),
+    ("top_p", 0.0),
+    ("top_p", 1.5),
+    ("top_k", -1),
+    ("save_steps", -1),
+    ("num_sample_generations", -1),
+    ("warmup_steps", -1),
+    ("reward_clip_range", 0.0),
+    ("stop_token", "</s>"),
+    ("kl_estimator", "k2"),
+    ("lr_scheduler_type", "exponential"),
+    ("total_episodes", 0),
+    ("num_train_epochs", 0.0),
+    ("reward_funcs", ["nodotnocolon"]),
+    ("reward_weights", [1.0, 2.0]),  # one reward function -> one weight
+]
+
+
+@pytest.mark.parametrize(("name", "value"), BAD_VALUES, ids=[f"{n}={v!r}" for n, v in BAD_VALUES])
+def test_validation_error_names_the_field(name: str, value: Any) -> None:
+    with pytest.raises(UserError) as info:
+        make(**{name: value})
+    msg = str(info.value)
+    assert f"--{name}" in msg
+    assert "\n" not in msg
+
+
+def test_reward_source_required() -> None:
+    with pytest.raises(UserError, match=r"--reward_model_path.*--reward_funcs"):
+        RLOOConfig(model_name_or_path="/m", dataset_name="/d")
+    assert RLOOConfig(model_name_or_path="/m", dataset_name="/d", reward_model_path="/rm").reward_funcs == []
+
+
+def test_bf16_and_fp16_are_exclusive() -> None:
+    with pytest.raises(UserError, match=r"--bf16.*--fp16"):
+        make(bf16=True, fp16=True)
+
+
+def test_reward_weights_count_the_reward_model_first() -> None:
+    cfg = make(reward_model_path="/rm", reward_funcs=["a:b", "c.d"], reward_weights=[1.0, 0.5, 2.0])
+    assert cfg.reward_weights == [1.0, 0.5, 2.0]
+    with pytest.raises(UserError, match="3 reward sources"):
+        make(reward_model_path="/rm", reward_funcs=["a:b", "c.d"], reward_weights=[1.0, 0.5])
+
+
+# --- BatchPlan ---------------------------------------------------------------------------------------
+def test_batch_plan_benchmark_command_line() -> None:
+    # The benchmark command: 16 per device x 16 accumulation x 2 mini-batches = 512 completions per rank
+    # per update, 512 / k=2 = 256 prompts per rank; 1_000_000 episodes / 512 = 1953.125 -> 1954 updates.
+    cfg = make(
+        per_device_train_batch_size=16,
+        gradient_accumulation_steps=16,
+        num_mini_batches=2,
+        total_episodes=1_000_000,
+    )
+    plan = cfg.batch_plan(world_size=1, num_prompts=92_858)
+    assert plan.local_batch_size == 512
+    assert plan.batch_size == 512
+    assert plan.local_mini_batch_size == 256  # 512 / 2 mini-batches
+    assert plan.mini_batch_size == 256
+    assert plan.prompts_per_rank == 256
+    assert plan.total_episodes == 1_000_000  # explicit total wins over the epoch default
+    assert plan.num_total_batches == 1954
+    # On 8 ranks: 8 x 512 = 4096 completions per update; 1e6 / 4096 = 244.14 -> 245 updates.
+    plan8 = cfg.batch_plan(world_size=8)
+    assert (plan8.batch_size, plan8.mini_batch_size, plan8.prompts_per_rank) == (4096, 2048, 256)
+    assert plan8.num_total_batches == 245
+
+
+def test_batch_plan_get_started_command_line() -> None:
+    # 64 x 1 x 1 = 64 completions per update, 32 prompts with k=2; 10_000 / 64 = 156.25 -> 157 updates.
+    cfg = make(per_device_train_batch_size=64, gradient_accumulation_steps=1, total_episodes=10_000)
+    plan = cfg.batch_plan(world_size=1)
+    assert (plan.local_batch_size, plan.prompts_per_rank, plan.num_total_batches) == (64, 32, 157)
+
+
+def test_batch_plan_default_total_covers_every_prompt_each_epoch() -> None:
+    # 3 epochs x 100 prompts x k=4 = 1200 completions; 8 x 2 x 1 = 16 per update -> 1200 / 16 = 75 updates.
+    cfg = make(rloo_k=4, per_device_train_batch_size=8, gradient_accumulation_steps=2)
+    plan = cfg.batch_plan(world_size=1, num_prompts=100)
+    assert plan.total_episodes == 1200
+    assert plan.prompts_per_rank == 4  # 16 / 4
+    assert plan.num_total_batches == 75
+    # Fractional epochs: 0.5 x 10 prompts x k=2 = 10 completions; 4 per update -> ceil(2.5) = 3 updates.
+    half = make(num_train_epochs=0.5, per_device_train_batch_size=4).batch_plan(1, num_prompts=10)
+    assert (half.total_episodes, half.num_total_batches) == (10, 3)
+    # A tiny dataset still gives at least one update: 1 x 1 x 2 = 2 completions < 8 per update.
+    tiny = make(num_train_epochs=1.0).batch_plan(1, num_prompts=1)
+    assert (tiny.total_episodes, tiny.num_total_batches) == (2, 1)
+
+
+def test_batch_plan_max_steps_overrides_total_episodes() -> None:
+    # max_steps 5 x 8 completions per update x 2 ranks = 80 episodes, exactly 5 updates.
+    plan = make(max_steps=5, total_episodes=1_000).batch_plan(world_size=2, num_prompts=100)
+    assert (plan.batch_size, plan.total_episodes, plan.num_total_batches) == (16, 80, 5)
+
+
+def test_batch_plan_unknown_total_without_prompt_count() -> None:
+    plan = make().batch_plan(world_size=1)
+    assert plan.total_episodes is None and plan.num_total_batches is None
+
+
+@pytest.mark.parametrize(
+    ("per_device", "accum", "mini", "k"),
+    [(3, 1, 1, 2), (4, 1, 1, 3), (2, 3, 1, 4), (5, 1, 3, 2)],
+)
+def test_batch_plan_indivisible_batch_is_a_user_error(per_device: int, accum: int, mini: int, k: int) -> None:
+    kw = {
+        "per_device_train_batch_size": per_device,
+        "gradient_accumulation_steps": accum,
+        "num_mini_batches": mini,
+        "rloo_k": k,
+    }
+    with pytest.raises(UserError) as info:
+        make(**kw)  # validation runs the batch arithmetic at construction
+    msg = str(info.value)
+    assert f"= {per_device * accum * mini} completions" in msg
+    assert f"rloo_k ({k})" in msg and "per_device_train_batch_size" in msg
+
+
+def test_batch_plan_divisible_products_pass() -> None:
+    # 3 x 2 x 1 = 6 completions, k = 3 -> 2 prompts; 6 x 1 x 2 = 12 with k = 4 -> 3 prompts.
+    assert (
+        make(per_device_train_batch_size=3, gradient_accumulation_steps=2, rloo_k=3)
+        .batch_plan(1)
+        .prompts_per_rank
+        == 2
+    )
+    plan = make(per_device_train_batch_size=6, num_mini_batches=2, rloo_k=4).batch_plan(1)
+    assert (plan.local_batch_size, plan.local_mini_batch_size, plan.prompts_per_rank) == (12, 6, 3)
+    assert isinstance(plan, BatchPlan)

@@ -1,0 +1,92 @@
+"""Loading tokenizers and models from local directories, with one-line errors for bad ones."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from rloo.errors import UserError
+from rloo.tiny import EOS_TOKEN, PAD_TOKEN, TinySetup, build_tokenizer
+from rloo.training.models import disable_dropout, load_causal_lm, load_reward_model, load_tokenizer
+
+
+def test_load_tokenizer_sets_pad_to_eos_when_missing(tiny_setup: TinySetup) -> None:
+    tok = load_tokenizer(str(tiny_setup.policy))
+    assert tok.eos_token == EOS_TOKEN
+    assert tok.pad_token == EOS_TOKEN and tok.pad_token_id == tok.eos_token_id
+    assert tok.padding_side == "left"  # generation pads on the left
+
+
+def test_load_tokenizer_keeps_an_existing_pad_token(tmp_path: Path) -> None:
+    build_tokenizer(tmp_path / "tok", with_pad_token=True)
+    (tmp_path / "tok" / "config.json").write_text("{}")  # only checked for presence by load_tokenizer
+    tok = load_tokenizer(str(tmp_path / "tok"))
+    assert tok.pad_token == PAD_TOKEN and tok.pad_token_id != tok.eos_token_id
+
+
+def test_load_causal_lm(tiny_setup: TinySetup) -> None:
+    model = load_causal_lm(str(tiny_setup.policy), flag="model_name_or_path")
+    assert model.dtype == torch.float32
+    assert all(m.p == 0.0 for m in model.modules() if isinstance(m, torch.nn.Dropout))
+
+
+def test_disable_dropout() -> None:
+    net = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.5), torch.nn.Dropout(0.1))
+    disable_dropout(net)
+    assert [m.p for m in net.modules() if isinstance(m, torch.nn.Dropout)] == [0.0, 0.0]
+    x = torch.ones(4, 2)
+    net.train()
+    torch.testing.assert_close(net(x), net[0](x))
+
+
+def test_load_reward_model(tiny_setup: TinySetup) -> None:
+    model, tok = load_reward_model(str(tiny_setup.reward_model))
+    assert tok.padding_side == "right"
+    assert tok.pad_token_id == tok.eos_token_id == model.config.pad_token_id
+    assert not model.training
+    assert not any(p.requires_grad for p in model.parameters())
+
+
+def _corrupt_copy(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    (dst / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00not a safetensors header")
+    return dst
+
+
+@pytest.mark.parametrize("which", ["policy", "reward_model"])
+def test_corrupt_model_dir_is_a_one_line_user_error(
+    tmp_path: Path, tiny_setup: TinySetup, which: str
+) -> None:
+    bad = _corrupt_copy(getattr(tiny_setup, which), tmp_path / "bad")
+    with pytest.raises(UserError) as info:
+        if which == "policy":
+            load_causal_lm(str(bad), flag="sft_model_path")
+        else:
+            load_reward_model(str(bad))
+    msg = str(info.value)
+    flag = "--sft_model_path" if which == "policy" else "--reward_model_path"
+    assert msg.startswith(f"{flag} {bad}: cannot load it")
+    assert "save_pretrained" in msg
+    assert "\n" not in msg
+
+
+def test_missing_or_incomplete_model_dir(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="no such directory"):
+        load_causal_lm(str(tmp_path / "absent"), flag="model_name_or_path")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserError, match=r"--model_name_or_path .*no config.json"):
+        load_tokenizer(str(tmp_path / "empty"))
+    with pytest.raises(UserError, match=r"--reward_model_path .*no config.json"):
+        load_reward_model(str(tmp_path / "empty"))
+
+
+def test_garbage_config_is_a_user_error(tmp_path: Path, tiny_setup: TinySetup) -> None:
+    bad = tmp_path / "bad"
+    shutil.copytree(tiny_setup.policy, bad)
+    (bad / "config.json").write_text("{ this is not json")
+    with pytest.raises(UserError) as info:
+        load_causal_lm(str(bad), flag="model_name_or_path")
+    assert "cannot load it" in str(info.value) and "\n" not in str(info.value)
