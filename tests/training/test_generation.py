@@ -80,15 +80,17 @@ def test_samples_do_not_depend_on_batching(lm) -> None:
     ids = [tok(p)["input_ids"] for p in PROMPTS]
     params = SamplingParams(max_new_tokens=12, temperature=1.0, pad_token_id=tok.pad_token_id)
     seeds = row_seeds(7, 2, torch.tensor([10, 11, 12]), 3)  # (9,)
-    together = TransformersGenerator(model, batch_size=64).generate(
-        *left_pad(ids, tok.pad_token_id), 3, params, seeds
+    together = (
+        TransformersGenerator(model, batch_size=64)
+        .generate(*left_pad(ids, tok.pad_token_id), 3, params, seeds)
+        .tokens
     )
     # one prompt at a time (different left padding, different batch) must give the same samples
     alone = torch.cat(
         [
-            TransformersGenerator(model, batch_size=3).generate(
-                *left_pad([ids[i]], tok.pad_token_id), 3, params, seeds[3 * i : 3 * i + 3]
-            )
+            TransformersGenerator(model, batch_size=3)
+            .generate(*left_pad([ids[i]], tok.pad_token_id), 3, params, seeds[3 * i : 3 * i + 3])
+            .tokens
             for i in range(3)
         ]
     )
@@ -102,8 +104,10 @@ def test_greedy_matches_transformers_generate(lm) -> None:
     ids, mask = left_pad([tok(p)["input_ids"] for p in PROMPTS], tok.pad_token_id)
     k = 2
     params = SamplingParams(max_new_tokens=10, pad_token_id=tok.pad_token_id, greedy=True)
-    ours = TransformersGenerator(model, batch_size=64).generate(
-        ids, mask, k, params, torch.zeros(6, dtype=torch.long)
+    ours = (
+        TransformersGenerator(model, batch_size=64)
+        .generate(ids, mask, k, params, torch.zeros(6, dtype=torch.long))
+        .tokens
     )
     ref = model.generate(
         input_ids=ids,
@@ -122,12 +126,20 @@ def test_stop_token_pads_after_it_and_stops_early(lm) -> None:
     ids, mask = left_pad([tok(p)["input_ids"] for p in PROMPTS], tok.pad_token_id)
     seeds = row_seeds(0, 0, torch.arange(3), 4)
     free = SamplingParams(max_new_tokens=16, temperature=1.0, pad_token_id=tok.pad_token_id)
-    out = TransformersGenerator(model, batch_size=64).generate(ids, mask, 4, free, seeds)
+    out = TransformersGenerator(model, batch_size=64).generate(ids, mask, 4, free, seeds).tokens
     # make a token that was sampled somewhere the stop token: rows must end right after it
     stop = int(out[0, 1])
     pad = (stop + 1) % len(tok)  # a real id (it is fed back to the model), distinct from the stop token
-    stopped = TransformersGenerator(model, batch_size=64).generate(
-        ids, mask, 4, SamplingParams(**{**free.__dict__, "stop_token_id": stop, "pad_token_id": pad}), seeds
+    stopped = (
+        TransformersGenerator(model, batch_size=64)
+        .generate(
+            ids,
+            mask,
+            4,
+            SamplingParams(**{**free.__dict__, "stop_token_id": stop, "pad_token_id": pad}),
+            seeds,
+        )
+        .tokens
     )
     for row_free, row_stop in zip(out, stopped, strict=True):
         hits = (row_free == stop).nonzero()
@@ -135,3 +147,21 @@ def test_stop_token_pads_after_it_and_stops_early(lm) -> None:
         assert torch.equal(row_stop[:n], row_free[:n])  # identical up to and including the stop token
         assert (row_stop[n:] == pad).all()
     assert math.isclose(float((stopped[0, 2:] == pad).float().mean()), 1.0)
+
+
+def test_generation_logprobs_match_a_full_forward(lm) -> None:
+    # The on-policy fast path feeds these to the KL penalty instead of a second policy forward: they
+    # must be the log-softmax at the sampling temperature of the sampled tokens, as a full forward gives.
+    _, tok, model = lm
+    ids, mask = left_pad([tok(p)["input_ids"] for p in PROMPTS], tok.pad_token_id)
+    params = SamplingParams(max_new_tokens=8, temperature=0.7, pad_token_id=tok.pad_token_id)
+    gen = TransformersGenerator(model, batch_size=64).generate(
+        ids, mask, 2, params, row_seeds(1, 0, torch.arange(3), 2), return_logprobs=True
+    )
+    full = torch.cat([ids.repeat_interleave(2, 0), gen.tokens], dim=1)  # (6, L+8)
+    attn = torch.cat([mask.repeat_interleave(2, 0), torch.ones_like(gen.tokens)], dim=1)
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        logits = model(input_ids=full, attention_mask=attn, position_ids=pos).logits[:, ids.size(1) - 1 : -1]
+    expected = torch.log_softmax(logits / (0.7 + 1e-7), -1).gather(-1, gen.tokens[..., None]).squeeze(-1)
+    torch.testing.assert_close(gen.logprobs, expected, atol=1e-5, rtol=1e-5)

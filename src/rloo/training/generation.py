@@ -17,6 +17,8 @@ from typing import Any, Protocol
 import torch
 
 _MASK32 = 0xFFFFFFFF
+# The reference divides logits by T + 1e-7 when scoring; log-probs everywhere use the same divisor.
+TEMPERATURE_EPS = 1e-7
 
 
 def _mix32(x: torch.Tensor) -> torch.Tensor:
@@ -81,8 +83,18 @@ class SamplingParams:
     greedy: bool = False
 
 
+@dataclass
+class Generated:
+    """What a backend returns: prompt-major completions, right-padded with pad ids."""
+
+    tokens: torch.Tensor  # (P*K, T)
+    # (P*K, T) float32 log-probs of the sampled tokens at the sampling temperature, if asked for.
+    # Only good enough for reward shaping (the KL penalty): the PPO ratio needs a training forward.
+    logprobs: torch.Tensor | None = None
+
+
 class Generator(Protocol):
-    """A generation backend. Returns (P*K, T) response ids, prompt-major, right-padded with pad ids."""
+    """A generation backend (the transformers one below; vLLM later plugs in here)."""
 
     def generate(
         self,
@@ -91,7 +103,9 @@ class Generator(Protocol):
         k: int,
         params: SamplingParams,
         seeds: torch.Tensor,
-    ) -> torch.Tensor: ...
+        *,
+        return_logprobs: bool = False,
+    ) -> Generated: ...
 
 
 def left_pad(
@@ -116,7 +130,7 @@ class TransformersGenerator:
         self.batch_size = batch_size  # completions per sampling batch
         self.autocast = autocast
 
-    @torch.no_grad()
+    @torch.inference_mode()  # cheaper dispatch than no_grad; outputs are cloned out of it below
     def generate(
         self,
         prompt_ids: torch.Tensor,
@@ -124,20 +138,29 @@ class TransformersGenerator:
         k: int,
         params: SamplingParams,
         seeds: torch.Tensor,
-    ) -> torch.Tensor:
+        *,
+        return_logprobs: bool = False,
+    ) -> Generated:
         prompts_per_chunk = max(1, self.batch_size // k)
-        chunks = []
-        for i in range(0, prompt_ids.size(0), prompts_per_chunk):
-            sl = slice(i, i + prompts_per_chunk)
-            chunks.append(
-                self._generate_chunk(
-                    prompt_ids[sl], prompt_mask[sl], k, params, seeds[i * k : (i + prompts_per_chunk) * k]
-                )
+        chunks = [
+            self._generate_chunk(
+                prompt_ids[i : i + prompts_per_chunk],
+                prompt_mask[i : i + prompts_per_chunk],
+                k,
+                params,
+                seeds[i * k : (i + prompts_per_chunk) * k],
+                return_logprobs,
             )
-        width = max(c.size(1) for c in chunks)
-        return torch.cat(
-            [torch.nn.functional.pad(c, (0, width - c.size(1)), value=params.pad_token_id) for c in chunks]
-        )
+            for i in range(0, prompt_ids.size(0), prompts_per_chunk)
+        ]
+        width = max(c.tokens.size(1) for c in chunks)
+
+        def cat(parts: list[torch.Tensor], value: float) -> torch.Tensor:
+            return torch.cat([torch.nn.functional.pad(x, (0, width - x.size(1)), value=value) for x in parts])
+
+        tokens = cat([c.tokens for c in chunks], params.pad_token_id)
+        logprobs = cat([c.logprobs for c in chunks], 0.0) if return_logprobs else None  # type: ignore[misc]
+        return Generated(tokens=_normal(tokens), logprobs=None if logprobs is None else _normal(logprobs))
 
     def _generate_chunk(
         self,
@@ -146,13 +169,16 @@ class TransformersGenerator:
         k: int,
         params: SamplingParams,
         seeds: torch.Tensor,
-    ) -> torch.Tensor:
+        return_logprobs: bool,
+    ) -> Generated:
         from transformers import DynamicCache
 
         model = self.model
         ctx = self.autocast or _nullcontext  # a factory: autocast contexts are not re-entrant
         device = prompt_ids.device
-        seeds = seeds.to(device)
+        steps = params.max_new_tokens
+        # (B, T) all of this chunk's uniforms in one vectorised hash rather than one call per step
+        u = torch.stack([uniforms(seeds.to(device), t) for t in range(steps)], dim=1)
         # (P, L): positions count real tokens only, so left padding does not shift them
         position_ids = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache(config=model.config)
@@ -167,42 +193,54 @@ class TransformersGenerator:
             )
         cache = out.past_key_values
         cache.batch_repeat_interleave(k)  # one prefill serves all K samples of a prompt
-        logits = out.logits[:, -1].repeat_interleave(k, dim=0)  # (P*K, V)
-        attn = prompt_mask.repeat_interleave(k, dim=0)  # (P*K, L)
-        pos = position_ids[:, -1:].repeat_interleave(k, dim=0)  # (P*K, 1)
-        n = attn.size(0)
-        tokens = torch.full((n, params.max_new_tokens), params.pad_token_id, dtype=torch.long, device=device)
+        logits = out.logits[:, -1].repeat_interleave(k, dim=0)  # (B, V)
+        n, width = logits.size(0), prompt_mask.size(1)
+        # (B, L+T) preallocated: each step attends to a growing prefix view, no per-step concatenation
+        attn = torch.ones((n, width + steps), dtype=prompt_mask.dtype, device=device)
+        attn[:, :width] = prompt_mask.repeat_interleave(k, dim=0)
+        # With SDPA attention, hand the model a ready (B, 1, 1, L+T) bool mask: transformers passes 4D
+        # masks through untouched, which saves rebuilding one from the 2D mask at every decode step.
+        if getattr(model.config, "_attn_implementation", None) == "sdpa":
+            step_mask = attn.bool()[:, None, None, :]  # (B, 1, 1, L+T)
+        else:
+            step_mask = attn
+        pos = position_ids[:, -1:].repeat_interleave(k, dim=0)  # (B, 1)
+        tokens = torch.full((n, steps), params.pad_token_id, dtype=torch.long, device=device)
+        logprobs = torch.zeros((n, steps), dtype=torch.float32, device=device) if return_logprobs else None
         done = torch.zeros(n, dtype=torch.bool, device=device)
-        ones = torch.ones((n, 1), dtype=attn.dtype, device=device)
-        for t in range(params.max_new_tokens):
+        for t in range(steps):
             if params.greedy:
                 nxt = logits.argmax(-1)
             else:
                 nxt = sample_tokens(
-                    logits,
-                    uniforms(seeds, t),
-                    temperature=params.temperature,
-                    top_k=params.top_k,
-                    top_p=params.top_p,
+                    logits, u[:, t], temperature=params.temperature, top_k=params.top_k, top_p=params.top_p
                 )
+            if logprobs is not None:
+                scaled = logits.float() / (params.temperature + TEMPERATURE_EPS)  # (B, V)
+                logprobs[:, t] = scaled.gather(-1, nxt[:, None]).squeeze(-1) - scaled.logsumexp(-1)
             if params.stop_token_id is not None:
                 nxt = torch.where(done, torch.full_like(nxt, params.pad_token_id), nxt)
                 done = done | (nxt == params.stop_token_id)
             tokens[:, t] = nxt
-            if t + 1 == params.max_new_tokens or (params.stop_token_id is not None and bool(done.all())):
+            if t + 1 == steps or (params.stop_token_id is not None and bool(done.all())):
                 break
-            attn = torch.cat([attn, ones], dim=1)
             pos = pos + 1
             with ctx():
                 out = model(
                     input_ids=nxt[:, None],
-                    attention_mask=attn,
+                    attention_mask=step_mask[..., : width + t + 1],
                     position_ids=pos,
                     past_key_values=cache,
                     use_cache=True,
                 )
             logits = out.logits[:, -1]
-        return tokens
+        return Generated(tokens=tokens, logprobs=logprobs)
+
+
+def _normal(t: torch.Tensor) -> torch.Tensor:
+    # Inference tensors cannot take part in autograd later (the ids feed the training forward).
+    with torch.inference_mode(False):
+        return t.clone()
 
 
 class _nullcontext:

@@ -32,7 +32,13 @@ from rloo import algo
 from rloo.config import BatchPlan, RLOOConfig
 from rloo.errors import UserError
 from rloo.training.data import PromptDataset, format_prompts, load_prompt_dataset, tokenize_prompts
-from rloo.training.generation import SamplingParams, TransformersGenerator, left_pad, row_seeds
+from rloo.training.generation import (
+    TEMPERATURE_EPS,
+    SamplingParams,
+    TransformersGenerator,
+    left_pad,
+    row_seeds,
+)
 from rloo.training.metrics import MetricsLogger
 from rloo.training.models import load_causal_lm, load_reward_model, load_tokenizer
 from rloo.training.rewards import (
@@ -44,9 +50,6 @@ from rloo.training.rewards import (
 )
 
 log = logging.getLogger(__name__)
-
-# The reference (classic TRL) divides logits by T + 1e-7 when scoring; keep it so log-probs match it.
-TEMPERATURE_EPS = 1e-7
 
 
 @dataclass
@@ -186,6 +189,8 @@ class RLOOTrainer:
             autocast=self.accelerator.autocast,
         )
         self.state = TrainerState(max_steps=self.num_updates)
+        # One optimizer step per rollout: the policy is never updated between sampling and its loss.
+        self.on_policy = cfg.num_ppo_epochs * cfg.num_mini_batches == 1
         self._order: list[int] = []
         self._order_epoch = -1
         self._cursor = 0
@@ -248,15 +253,17 @@ class RLOOTrainer:
                 ent = algo.entropy_from_logits(logits.detach())  # (b, T)
         return logprobs, ent
 
-    @torch.no_grad()
     def batched_logprobs(self, model: Any, qr: torch.Tensor, attn: torch.Tensor, t: int) -> torch.Tensor:
+        """No-grad log-probs (B, T) in chunks of local_rollout_forward_batch_size."""
         bs = self.cfg.local_rollout_forward_batch_size
-        return torch.cat(
-            [
-                self.forward_logprobs(model, qr[i : i + bs], attn[i : i + bs], t)[0]
-                for i in range(0, qr.size(0), bs)
-            ]
-        )
+        with torch.inference_mode():  # cheaper dispatch than no_grad
+            out = torch.cat(
+                [
+                    self.forward_logprobs(model, qr[i : i + bs], attn[i : i + bs], t)[0]
+                    for i in range(0, qr.size(0), bs)
+                ]
+            )
+        return out.clone()  # a normal tensor again: inference tensors may not meet autograd later
 
     # ------------------------------------------------------------------------------------------------
     def _reward_batch(
@@ -308,7 +315,10 @@ class RLOOTrainer:
         self.policy.eval()
         with timer("generation"):
             seeds = row_seeds(cfg.seed, update, torch.tensor(index), k)
-            responses = self.generator.generate(prompt_ids, prompt_mask, k, params, seeds)  # (B, T)
+            gen = self.generator.generate(
+                prompt_ids, prompt_mask, k, params, seeds, return_logprobs=self.on_policy
+            )
+        responses = gen.tokens  # (B, T)
         t = responses.size(1)
         mask = algo.completion_mask(responses, self.stop_token_id)  # (B, T)
         if self.stop_token_id is not None:
@@ -317,8 +327,13 @@ class RLOOTrainer:
         attn = torch.cat([prompt_mask.repeat_interleave(k, 0), torch.ones_like(responses)], dim=1)  # (B, L+T)
 
         with timer("logprobs"):
-            self.policy.train()  # the same mode as the optimisation forward: ratios start at exactly 1
-            old_logprobs = self.batched_logprobs(self.policy, qr, attn, t)  # (B, T)
+            if gen.logprobs is not None:
+                # On-policy: the loss takes its "old" log-probs from its own forward (see optimize), so
+                # these generation-time values only feed the KL penalty and the entropy metric.
+                old_logprobs = gen.logprobs.masked_fill(~mask, 0.0)  # (B, T)
+            else:
+                self.policy.train()  # the same mode as the optimisation forward: ratios start at exactly 1
+                old_logprobs = self.batched_logprobs(self.policy, qr, attn, t)  # (B, T)
             ref_logprobs = self.batched_logprobs(self.ref_policy, qr, attn, t)  # (B, T)
 
         with timer("scoring"):
@@ -425,8 +440,11 @@ class RLOOTrainer:
                     logprobs, ent = self.forward_logprobs(
                         self.policy, ro.query_responses[idx], ro.attention_mask[idx], t, entropy=True
                     )
+                    # On-policy the weights that sampled the rollout are the ones in this forward, so
+                    # its own detached log-probs are the exact "old" ones: ratio 1, no extra forward.
+                    old = logprobs.detach() if self.on_policy else ro.old_logprobs[idx]
                     loss, st = algo.policy_loss(
-                        logprobs, ro.old_logprobs[idx], ro.advantages[idx], ro.mask[idx], cfg.cliprange
+                        logprobs, old, ro.advantages[idx], ro.mask[idx], cfg.cliprange
                     )
                     self.accelerator.backward(loss / cfg.gradient_accumulation_steps)
                     stats["loss/policy_avg"].append(loss.detach())
@@ -490,7 +508,7 @@ class RLOOTrainer:
         self.policy.eval()
         responses = self.generator.generate(
             prompt_ids, prompt_mask, 1, params, torch.zeros(n, dtype=torch.long)
-        )
+        ).tokens
         mask = algo.completion_mask(responses, self.stop_token_id)
         batch = self._reward_batch(self.eval_ds, self.eval_texts, index, 1, responses, mask)
         scores, valid = algo.combine_reward_sources(score_all(self.sources, batch), self.reward_weights)
