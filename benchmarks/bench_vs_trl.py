@@ -56,6 +56,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--k", type=int, default=4, help="Completions per prompt (RLOO k / TRL num_generations).")
     p.add_argument("--length", type=int, default=32, help="Tokens per completion (forced exactly in both).")
     p.add_argument(
+        "--prompt-words",
+        type=int,
+        default=0,
+        help="Put a 'POST: ...' of about this many words before each prompt (200 ~ 310 tokens, TL;DR-shaped).",
+    )
+    p.add_argument(
         "--micro-batch",
         type=int,
         default=0,
@@ -268,7 +274,9 @@ def build_inputs(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     setup = build_tiny_setup(
         root / "model", arch=args.arch, seed=args.seed, hidden_size=args.hidden, num_layers=args.layers
     )
-    data = write_toy_dataset(root / "data", num_train=max(256, args.prompts * 4), seed=args.seed)
+    data = write_toy_dataset(
+        root / "data", num_train=max(256, args.prompts * 4), seed=args.seed, context_words=args.prompt_words
+    )
     return {"policy": str(setup.policy), "dataset": str(data)}
 
 
@@ -375,6 +383,8 @@ def settings_line(args: argparse.Namespace) -> str:
         f"{args.arch} h{args.hidden} l{args.layers}, {args.prompts} prompts x k={args.k}, "
         f"{args.length} tokens, {args.updates} updates, lr {args.lr:g}, beta {args.beta:g}"
     )
+    if args.prompt_words:
+        s += f", {args.prompt_words}-word context before each prompt"
     if args.micro_batch != args.prompts * args.k:
         s += f", micro-batch {args.micro_batch}"
     runs = "1 run" if args.repeats == 1 else f"median of {args.repeats} runs"

@@ -40,8 +40,16 @@ _TOPICS = (
 _SPLIT_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 
 
-def _prompts(rng: random.Random, n: int) -> list[str]:
-    return [f"{rng.choice(_INSTRUCTIONS)} {rng.choice(_TOPICS)}:" for _ in range(n)]
+def _prompts(rng: random.Random, n: int, context_words: int = 0) -> list[str]:
+    out = []
+    for _ in range(n):
+        prompt = f"{rng.choice(_INSTRUCTIONS)} {rng.choice(_TOPICS)}:"
+        if context_words:
+            # TL;DR-shaped: a long post, then the instruction (the reference's benchmark workload)
+            words = " ".join(rng.choice(_TOPICS) for _ in range(context_words // 2))
+            prompt = f"POST: {words}\n\nTL;DR: {prompt}"
+        out.append(prompt)
+    return out
 
 
 def write_toy_dataset(
@@ -52,6 +60,7 @@ def write_toy_dataset(
     seed: int = 0,
     conversational: bool = False,
     extra_split: str | None = None,
+    context_words: int = 0,
 ) -> Path:
     """Write the toy prompt dataset to ``path`` as a Hub-style parquet folder and return ``path``.
 
@@ -60,7 +69,8 @@ def write_toy_dataset(
     ``data/<extra_split>-00000-of-00001.parquet`` holding the same rows as train. Columns: ``prompt``, a
     short instruction such as "Write about the sea:" (or, with ``conversational=True``, a one-message list
     ``[{"role": "user", "content": ...}]``), and ``target``, one vowel per row (the extra column that
-    :func:`target_letter_reward` reads). Rows are drawn from ``random.Random(seed)``, so the same arguments
+    :func:`target_letter_reward` reads). ``context_words > 0`` puts a "POST: ..." of about that many
+    words before each instruction, for workloads shaped like TL;DR (long prompt, short answer). Rows are drawn from ``random.Random(seed)``, so the same arguments
     write identical data. Raises ``ValueError`` for non-positive sizes or a bad/duplicate split name.
     """
     import pyarrow as pa
@@ -75,7 +85,7 @@ def write_toy_dataset(
     rng = random.Random(seed)
 
     def table(n: int) -> pa.Table:
-        prompts = _prompts(rng, n)
+        prompts = _prompts(rng, n, context_words)
         targets = [rng.choice(TARGET_LETTERS) for _ in range(n)]
         if conversational:
             prompt_col: Any = pa.array(

@@ -32,6 +32,7 @@ from rloo import algo
 from rloo.config import BatchPlan, RLOOConfig
 from rloo.errors import UserError
 from rloo.training.data import PromptDataset, format_prompts, load_prompt_dataset, tokenize_prompts
+from rloo.training.forward import response_logits
 from rloo.training.generation import (
     TEMPERATURE_EPS,
     SamplingParams,
@@ -57,8 +58,9 @@ class Rollout:
     """One update's experience, every tensor prompt-major over B = P*K completions."""
 
     prompt_index: list[int]  # (P,) dataset rows
-    query_responses: torch.Tensor  # (B, L+T) prompt then response ids
-    attention_mask: torch.Tensor  # (B, L+T)
+    prompt_ids: torch.Tensor  # (P, L) left-padded
+    prompt_mask: torch.Tensor  # (P, L)
+    rows: torch.Tensor  # (B,) prompt of each completion: b // K
     responses: torch.Tensor  # (B, T) truncated after the stop token
     mask: torch.Tensor  # (B, T) bool: response tokens that count
     old_logprobs: torch.Tensor  # (B, T)
@@ -194,7 +196,6 @@ class RLOOTrainer:
         self._order: list[int] = []
         self._order_epoch = -1
         self._cursor = 0
-        self._logits_to_keep_ok = True
         self.sample_freq = (
             max(1, self.num_updates // cfg.num_sample_generations) if cfg.num_sample_generations > 0 else 0
         )
@@ -227,40 +228,41 @@ class RLOOTrainer:
     def forward_logprobs(
         self,
         model: Any,
-        query_responses: torch.Tensor,
-        attention_mask: torch.Tensor,
-        t: int,
+        ro: Rollout,
+        idx: torch.Tensor,
         *,
         entropy: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Log-probs (b, T) of the last ``t`` tokens at the sampling temperature, and optionally entropies."""
-        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-        kwargs: dict[str, Any] = {"input_ids": query_responses, "attention_mask": attention_mask}
-        kwargs.update(position_ids=position_ids, use_cache=False)
-        with self.accelerator.autocast():
-            if self._logits_to_keep_ok:
-                try:
-                    logits = model(**kwargs, logits_to_keep=t + 1).logits
-                except TypeError:
-                    self._logits_to_keep_ok = False
-            if not self._logits_to_keep_ok:
-                logits = model(**kwargs).logits
-        logits = logits[:, -(t + 1) : -1].float() / (self.cfg.temperature + TEMPERATURE_EPS)  # (b, T, V)
-        logprobs = algo.selective_log_softmax(logits, query_responses[:, -t:])  # (b, T)
+        """Log-probs (b, T) of completions ``idx`` at the sampling temperature, optionally entropies."""
+        # Activation checkpointing and a KV cache do not mix in transformers: fall back to full rows.
+        share = False if model is self.policy and self.cfg.gradient_checkpointing else None  # None: by cost
+        logits = response_logits(
+            model,
+            ro.prompt_ids,
+            ro.prompt_mask,
+            ro.rows[idx],
+            ro.responses[idx],
+            share_prefix=share,
+            autocast=self.accelerator.autocast,
+        )
+        logits = logits.float() / (self.cfg.temperature + TEMPERATURE_EPS)  # (b, T, V)
+        logprobs = algo.selective_log_softmax(logits, ro.responses[idx])  # (b, T)
         ent = None
         if entropy:
             with torch.no_grad():
                 ent = algo.entropy_from_logits(logits.detach())  # (b, T)
         return logprobs, ent
 
-    def batched_logprobs(self, model: Any, qr: torch.Tensor, attn: torch.Tensor, t: int) -> torch.Tensor:
-        """No-grad log-probs (B, T) in chunks of local_rollout_forward_batch_size."""
-        bs = self.cfg.local_rollout_forward_batch_size
+    def batched_logprobs(self, model: Any, ro: Rollout) -> torch.Tensor:
+        """No-grad log-probs (B, T), whole prompt groups per chunk of ~local_rollout_forward_batch_size."""
+        k = self.cfg.rloo_k
+        bs = max(k, self.cfg.local_rollout_forward_batch_size // k * k)
+        b = ro.responses.size(0)
         with torch.inference_mode():  # cheaper dispatch than no_grad
             out = torch.cat(
                 [
-                    self.forward_logprobs(model, qr[i : i + bs], attn[i : i + bs], t)[0]
-                    for i in range(0, qr.size(0), bs)
+                    self.forward_logprobs(model, ro, torch.arange(i, min(i + bs, b)))[0]
+                    for i in range(0, b, bs)
                 ]
             )
         return out.clone()  # a normal tensor again: inference tensors may not meet autograd later
@@ -323,9 +325,19 @@ class RLOOTrainer:
         mask = algo.completion_mask(responses, self.stop_token_id)  # (B, T)
         if self.stop_token_id is not None:
             responses = algo.truncate_after_stop(responses, self.stop_token_id, tok.pad_token_id)
-        qr = torch.cat([prompt_ids.repeat_interleave(k, 0), responses], dim=1)  # (B, L+T)
-        attn = torch.cat([prompt_mask.repeat_interleave(k, 0), torch.ones_like(responses)], dim=1)  # (B, L+T)
-
+        ro = Rollout(
+            prompt_index=index,
+            prompt_ids=prompt_ids,
+            prompt_mask=prompt_mask,
+            rows=torch.arange(p * k, device=dev) // k,
+            responses=responses,
+            mask=mask,
+            old_logprobs=torch.empty(0),
+            ref_logprobs=torch.empty(0),
+            advantages=torch.empty(0),
+            metrics={},
+            texts=([], [], torch.empty(0)),
+        )
         with timer("logprobs"):
             if gen.logprobs is not None:
                 # On-policy: the loss takes its "old" log-probs from its own forward (see optimize), so
@@ -333,8 +345,8 @@ class RLOOTrainer:
                 old_logprobs = gen.logprobs.masked_fill(~mask, 0.0)  # (B, T)
             else:
                 self.policy.train()  # the same mode as the optimisation forward: ratios start at exactly 1
-                old_logprobs = self.batched_logprobs(self.policy, qr, attn, t)  # (B, T)
-            ref_logprobs = self.batched_logprobs(self.ref_policy, qr, attn, t)  # (B, T)
+                old_logprobs = self.batched_logprobs(self.policy, ro)  # (B, T)
+            ref_logprobs = self.batched_logprobs(self.ref_policy, ro)  # (B, T)
 
         with timer("scoring"):
             batch = self._reward_batch(self.train_ds, self.train_texts, index, k, responses, mask)
@@ -366,18 +378,14 @@ class RLOOTrainer:
             raw_scores, valid, per_source, kl, mask, old_logprobs, non_score, rlhf_reward, contains_eos, p, k
         )
         metrics["tokens/prompt"] = float(prompt_mask.sum()) * k
-        return Rollout(
-            prompt_index=index,
-            query_responses=qr,
-            attention_mask=attn,
-            responses=responses,
-            mask=mask,
-            old_logprobs=old_logprobs,
-            ref_logprobs=ref_logprobs,
-            advantages=advantages,
-            metrics=metrics,
-            texts=([self.train_texts[i] for i in index], batch.completion_texts, raw_scores.cpu()),
+        ro.old_logprobs, ro.ref_logprobs, ro.advantages, ro.metrics = (
+            old_logprobs,
+            ref_logprobs,
+            advantages,
+            metrics,
         )
+        ro.texts = ([self.train_texts[i] for i in index], batch.completion_texts, raw_scores.cpu())
+        return ro
 
     def _rollout_metrics(
         self,
@@ -426,20 +434,20 @@ class RLOOTrainer:
     # ------------------------------------------------------------------------------------------------
     def optimize(self, ro: Rollout, update: int) -> dict[str, float]:
         cfg = self.cfg
-        b = ro.query_responses.size(0)
-        t = ro.responses.size(1)
+        k = cfg.rloo_k
+        p = ro.prompt_ids.size(0)
         stats: dict[str, list[torch.Tensor]] = defaultdict(list)
         g = torch.Generator().manual_seed(cfg.seed * 7919 + update)
         self.policy.train()
         for _ in range(cfg.num_ppo_epochs):
-            order = torch.randperm(b, generator=g)
-            for mb_start in range(0, b, self.plan.local_mini_batch_size):
+            # Shuffle prompt groups, not completions: a micro-batch then holds whole groups and each
+            # prompt is computed once in it (see forward.response_logits).
+            order = (torch.randperm(p, generator=g)[:, None] * k + torch.arange(k)).reshape(-1)  # (B,)
+            for mb_start in range(0, p * k, self.plan.local_mini_batch_size):
                 mb = order[mb_start : mb_start + self.plan.local_mini_batch_size]
                 for mc_start in range(0, mb.numel(), cfg.per_device_train_batch_size):
                     idx = mb[mc_start : mc_start + cfg.per_device_train_batch_size].to(self.device)
-                    logprobs, ent = self.forward_logprobs(
-                        self.policy, ro.query_responses[idx], ro.attention_mask[idx], t, entropy=True
-                    )
+                    logprobs, ent = self.forward_logprobs(self.policy, ro, idx, entropy=True)
                     # On-policy the weights that sampled the rollout are the ones in this forward, so
                     # its own detached log-probs are the exact "old" ones: ratio 1, no extra forward.
                     old = logprobs.detach() if self.on_policy else ro.old_logprobs[idx]

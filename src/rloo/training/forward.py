@@ -1,0 +1,90 @@
+"""Response logits with each prompt computed once.
+
+RLOO scores K completions of every prompt. A plain forward over ``[prompt; response]`` rows recomputes
+each prompt K times, and for TL;DR-shaped work (hundreds of prompt tokens, tens of response tokens) that
+is most of the cost of the reference, old and training forwards. Here the distinct prompts of a batch
+are run once, their KV cache is gathered to the completion rows (autograd sums the gradients of the
+copies back into the one prompt computation), and only the response tokens run per completion.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+# Share prompts when that leaves fewer than this fraction of the tokens of a plain forward.
+SHARE_THRESHOLD = 0.75
+
+
+def response_logits(
+    model: Any,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    rows: torch.Tensor,
+    responses: torch.Tensor,
+    *,
+    share_prefix: bool | None = None,
+    autocast: Callable[[], Any] | None = None,
+) -> torch.Tensor:
+    """Next-token logits for every response token: (b, T, V).
+
+    prompt_ids, prompt_mask: (P, L) left-padded prompts; rows: (b,) the prompt of each response row;
+    responses: (b, T). ``logits[:, t]`` is the distribution the model assigns to ``responses[:, t]``.
+    ``share_prefix=None`` decides by token count: sharing costs a second model call, which only pays
+    when it saves a good part of the tokens (long prompts, several completions per prompt).
+    """
+    ctx = autocast or _null
+    if share_prefix is None:
+        b, t, width = rows.numel(), responses.size(1), prompt_ids.size(1)
+        shared_tokens = torch.unique(rows).numel() * width + b * t
+        share_prefix = shared_tokens < SHARE_THRESHOLD * b * (width + t)
+    if not share_prefix:
+        ids = torch.cat([prompt_ids[rows], responses], dim=1)  # (b, L+T)
+        attn = torch.cat([prompt_mask[rows], torch.ones_like(responses)], dim=1)
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)
+        with ctx():
+            logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False).logits
+        return logits[:, prompt_ids.size(1) - 1 : -1]  # (b, T, V)
+
+    from transformers import DynamicCache
+
+    uniq, inverse = torch.unique(rows, return_inverse=True)  # (U,), (b,)
+    p_ids, p_mask = prompt_ids[uniq], prompt_mask[uniq]  # (U, L)
+    p_pos = (p_mask.cumsum(-1) - 1).clamp(min=0)  # (U, L)
+    cache = DynamicCache(config=model.config)
+    with ctx():
+        out = model(
+            input_ids=p_ids,
+            attention_mask=p_mask,
+            position_ids=p_pos,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+    first = out.logits[:, -1][inverse]  # (b, V): predicts response token 0
+    t = responses.size(1)
+    if t == 1:
+        return first[:, None]
+    cache = out.past_key_values
+    cache.batch_select_indices(inverse)  # (U, ...) -> (b, ...), differentiable gather
+    attn = torch.cat([p_mask[inverse], torch.ones_like(responses[:, :-1])], dim=1)  # (b, L+T-1)
+    pos = p_pos[inverse, -1:] + torch.arange(1, t, device=responses.device)  # (b, T-1)
+    with ctx():
+        rest = model(
+            input_ids=responses[:, :-1],
+            attention_mask=attn,
+            position_ids=pos,
+            past_key_values=cache,
+            use_cache=True,
+        ).logits  # (b, T-1, V)
+    return torch.cat([first[:, None].to(rest.dtype), rest], dim=1)
+
+
+class _null:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
