@@ -58,8 +58,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--prompt-words",
         type=int,
-        default=0,
-        help="Put a 'POST: ...' of about this many words before each prompt (200 ~ 310 tokens, TL;DR-shaped).",
+        default=200,
+        help="A 'POST: ...' of about this many words before each prompt: 200 ~ 310 tokens, the shape of the "
+        "reference's TL;DR benchmark (long prompt, short answer); 0 for bare ~6-token prompts.",
     )
     p.add_argument(
         "--micro-batch",
