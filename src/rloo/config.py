@@ -133,7 +133,15 @@ class RLOOConfig:
 
     # --- logging and saving -------------------------------------------------------------------------
     logging_steps: int = _f(1, "Log metrics every N updates.")
-    save_steps: int = _f(500, "Save a checkpoint every N updates (0 = only the final model).")
+    save_steps: int = _f(500, "Save a resumable checkpoint every N updates (0 = only the final model).")
+    save_total_limit: int | None = _f(None, "Keep only the newest N checkpoints (default: all).")
+    resume_from_checkpoint: str = _f(
+        "latest",
+        "'latest' resumes from the newest complete checkpoint in output_dir, 'none' starts over, or a path.",
+    )
+    preemption_grace_seconds: float = _f(
+        25.0, "On SIGTERM, checkpoint and exit within this many seconds (Kubernetes waits 30 by default)."
+    )
     disable_tqdm: bool = _f(False, "Hide the progress bar.")
 
     def __post_init__(self) -> None:
@@ -182,6 +190,14 @@ class RLOOConfig:
             raise UserError(f"--warmup_ratio must be in [0, 1] (got {self.warmup_ratio}).")
         if self.save_steps < 0 or self.num_sample_generations < 0 or self.warmup_steps < 0:
             raise UserError("--save_steps, --num_sample_generations and --warmup_steps must be >= 0.")
+        if self.save_total_limit is not None and self.save_total_limit < 1:
+            raise UserError(
+                f"--save_total_limit must be >= 1 (got {self.save_total_limit}); omit it to keep all."
+            )
+        if not self.preemption_grace_seconds > 0:
+            raise UserError(f"--preemption_grace_seconds must be > 0 (got {self.preemption_grace_seconds}).")
+        if not self.resume_from_checkpoint:
+            raise UserError("--resume_from_checkpoint must be 'latest', 'none' or a checkpoint directory.")
         if self.reward_clip_range <= 0:
             raise UserError(f"--reward_clip_range must be > 0 (got {self.reward_clip_range}).")
         if self.stop_token not in (None, "eos"):

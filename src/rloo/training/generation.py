@@ -11,6 +11,7 @@ prompts are batched or spread over processes, only on the run seed and on what i
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -83,6 +84,10 @@ class SamplingParams:
     greedy: bool = False
 
 
+class GenerationInterrupted(Exception):
+    """Generation stopped early because ``should_stop`` said so (a pending preemption)."""
+
+
 @dataclass
 class Generated:
     """What a backend returns: prompt-major completions, right-padded with pad ids."""
@@ -129,6 +134,8 @@ class TransformersGenerator:
         self.model = model
         self.batch_size = batch_size  # completions per sampling batch
         self.autocast = autocast
+        # polled between decode steps: a pending SIGTERM stops a long generation within one step
+        self.should_stop: Callable[[], bool] | None = None
 
     @torch.inference_mode()  # cheaper dispatch than no_grad; outputs are cloned out of it below
     def generate(
@@ -224,6 +231,8 @@ class TransformersGenerator:
             tokens[:, t] = nxt
             if t + 1 == steps or (params.stop_token_id is not None and bool(done.all())):
                 break
+            if self.should_stop is not None and self.should_stop():
+                raise GenerationInterrupted
             pos = pos + 1
             with ctx():
                 out = model(

@@ -19,7 +19,8 @@ import logging
 import math
 import os
 import random
-import shutil
+import signal
+import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -31,10 +32,18 @@ import torch
 from rloo import algo
 from rloo.config import BatchPlan, RLOOConfig
 from rloo.errors import UserError
+from rloo.training.checkpoint import (
+    PREFIX,
+    checkpoint_problem,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
 from rloo.training.data import PromptDataset, format_prompts, load_prompt_dataset, tokenize_prompts
 from rloo.training.forward import response_logits
 from rloo.training.generation import (
     TEMPERATURE_EPS,
+    GenerationInterrupted,
     SamplingParams,
     TransformersGenerator,
     left_pad,
@@ -183,7 +192,17 @@ class RLOOTrainer:
             num_warmup_steps=warmup,
             num_training_steps=self.num_updates,
         )
-        self.policy, self.optimizer = self.accelerator.prepare(self.policy, self.optimizer)
+        from accelerate.utils import DistributedType
+
+        self.world = self.accelerator.num_processes
+        self.rank = self.accelerator.process_index
+        self.deepspeed = self.accelerator.distributed_type == DistributedType.DEEPSPEED
+        if self.deepspeed:
+            self.policy, self.optimizer = self.accelerator.prepare(self.policy, self.optimizer)
+        else:
+            # Not wrapped in DDP: gradients are averaged by _sync_gradients (see there for why).
+            self.policy.to(self.device)
+            self.optimizer = self.accelerator.prepare(self.optimizer)
         self.ref_policy.to(self.device)
         self.generator = TransformersGenerator(
             self.accelerator.unwrap_model(self.policy),
@@ -196,6 +215,7 @@ class RLOOTrainer:
         self._order: list[int] = []
         self._order_epoch = -1
         self._cursor = 0
+        self._num_tokens = 0.0
         self.sample_freq = (
             max(1, self.num_updates // cfg.num_sample_generations) if cfg.num_sample_generations > 0 else 0
         )
@@ -211,13 +231,16 @@ class RLOOTrainer:
 
     # ------------------------------------------------------------------------------------------------
     # data order: a seeded permutation per epoch, consumed across epoch boundaries
+    def _epoch_order(self, epoch: int) -> list[int]:
+        g = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + epoch)
+        return torch.randperm(len(self.train_ds), generator=g).tolist()
+
     def next_prompt_indices(self, n: int) -> list[int]:
         out: list[int] = []
         while len(out) < n:
             if self._cursor >= len(self._order):
                 self._order_epoch += 1
-                g = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + self._order_epoch)
-                self._order = torch.randperm(len(self.train_ds), generator=g).tolist()
+                self._order = self._epoch_order(self._order_epoch)
                 self._cursor = 0
             take = min(n - len(out), len(self._order) - self._cursor)
             out += self._order[self._cursor : self._cursor + take]
@@ -301,7 +324,10 @@ class RLOOTrainer:
     def rollout(self, update: int, timer: _Timer) -> Rollout:
         cfg, tok, dev = self.cfg, self.tokenizer, self.device
         k = cfg.rloo_k
-        index = self.next_prompt_indices(self.plan.prompts_per_rank)
+        # every rank draws the same global list and keeps its slice: the data order, and so the run,
+        # does not depend on the number of processes
+        ppr = self.plan.prompts_per_rank
+        index = self.next_prompt_indices(ppr * self.world)[self.rank * ppr : (self.rank + 1) * ppr]
         p = len(index)
         prompt_ids, prompt_mask = left_pad(
             [self.train_ids[i] for i in index], tok.pad_token_id, dev
@@ -355,8 +381,11 @@ class RLOOTrainer:
             contains_eos = ((responses == tok.eos_token_id) & mask).any(1)  # (B,)
             scores = algo.apply_missing_eos_penalty(scores, contains_eos, cfg.missing_eos_penalty)
             raw_scores = scores.clone()
-            if cfg.normalize_reward:
-                scores = algo.normalize_and_clip_scores(scores, cfg.reward_clip_range, valid)
+            if cfg.normalize_reward:  # statistics over the global batch, whatever the process count
+                g_scores = algo.normalize_and_clip_scores(
+                    self._gather(scores), cfg.reward_clip_range, self._gather(valid)
+                )
+                scores = self._local(g_scores)
             kl = algo.per_token_kl(old_logprobs, ref_logprobs, mask, cfg.kl_estimator)  # (B, T)
             if cfg.token_level_kl:
                 adv, non_score = algo.token_level_advantages(
@@ -372,12 +401,28 @@ class RLOOTrainer:
                 advantages = algo.leave_one_out_advantages(rlhf_reward.view(p, k), valid.view(p, k)).view(-1)
                 adv_mask = valid
             if cfg.normalize_advantage:
-                advantages = algo.normalize_advantages(advantages, adv_mask)
+                width = advantages.size(-1) if advantages.dim() == 2 else None
+                g_adv = algo.normalize_advantages(self._gather(advantages), self._gather(adv_mask))
+                advantages = self._local(g_adv)
+                if width is not None:
+                    advantages = advantages[:, :width]
 
-        metrics = self._rollout_metrics(
-            raw_scores, valid, per_source, kl, mask, old_logprobs, non_score, rlhf_reward, contains_eos, p, k
-        )
-        metrics["tokens/prompt"] = float(prompt_mask.sum()) * k
+        lengths = mask.sum(1).float()  # (B,)
+        per_seq = torch.stack(
+            [
+                raw_scores,
+                valid.float(),
+                algo.sequence_kl(kl, mask),
+                -algo.masked_sum(old_logprobs, mask, dim=1),
+                non_score,
+                rlhf_reward,
+                contains_eos.float(),
+                lengths,
+                prompt_mask.sum(1).float().repeat_interleave(k),
+            ],
+            dim=1,
+        )  # (B, 9)
+        metrics = self._rollout_metrics(self._gather(per_seq), self._gather(per_source), k)
         ro.old_logprobs, ro.ref_logprobs, ro.advantages, ro.metrics = (
             old_logprobs,
             ref_logprobs,
@@ -387,32 +432,23 @@ class RLOOTrainer:
         ro.texts = ([self.train_texts[i] for i in index], batch.completion_texts, raw_scores.cpu())
         return ro
 
-    def _rollout_metrics(
-        self,
-        scores: torch.Tensor,
-        valid: torch.Tensor,
-        per_source: torch.Tensor,
-        kl: torch.Tensor,
-        mask: torch.Tensor,
-        old_logprobs: torch.Tensor,
-        non_score: torch.Tensor,
-        rlhf_reward: torch.Tensor,
-        contains_eos: torch.Tensor,
-        p: int,
-        k: int,
-    ) -> dict[str, float]:
-        lengths = mask.sum(1).float()  # (B,)
+    def _rollout_metrics(self, per_seq: torch.Tensor, per_source: torch.Tensor, k: int) -> dict[str, float]:
+        """Rollout metrics over the global batch: per_seq (B, 9) as stacked in rollout(), per_source (B, S)."""
+        scores, valid_f, seq_kl, neg_logp, non_score, rlhf_reward, eos_f, lengths, prompt_len = (
+            per_seq.unbind(1)
+        )
+        valid, contains_eos = valid_f.bool(), eos_f.bool()
         m: dict[str, float] = {}
-        m["objective/kl"] = float(algo.sequence_kl(kl, mask).mean())
+        m["objective/kl"] = float(seq_kl.mean())
         # the entropy estimate of the sampled sequences; the reference also counted padded positions
-        m["objective/entropy"] = float((-algo.masked_sum(old_logprobs, mask, dim=1)).mean())
+        m["objective/entropy"] = float(neg_logp.mean())
         m["objective/non_score_reward"] = float(non_score.mean())
         m["objective/rlhf_reward"] = float(algo.masked_mean(rlhf_reward, valid))
         m["objective/scores"] = float(algo.masked_mean(scores, valid))
         m["val/num_eos_tokens"] = float(contains_eos.sum())
-        m["kl"] = float(algo.masked_mean(kl, mask))
+        m["kl"] = float(seq_kl.sum() / lengths.sum().clamp(min=1))
         m["reward"] = m["objective/scores"]
-        reward_std, frac_zero = algo.group_reward_stats(scores.view(p, k), valid.view(p, k))
+        reward_std, frac_zero = algo.group_reward_stats(scores.view(-1, k), valid.view(-1, k))
         m["reward_std"], m["frac_reward_zero_std"] = float(reward_std), float(frac_zero)
         m["frac_reward_none"] = float((~valid).float().mean())
         for j, src in enumerate(self.sources):
@@ -429,7 +465,49 @@ class RLOOTrainer:
         m["completions/max_terminated_length"] = float(term.max()) if term.numel() else 0.0
         m["completions/clipped_ratio"] = float((~contains_eos).float().mean())
         m["tokens/completion"] = float(lengths.sum())
+        m["tokens/prompt"] = float(prompt_len.sum())
         return m
+
+    # ------------------------------------------------------------------------------------------------
+    # multi-process plumbing: every helper is the identity on one process
+    def _gather(self, t: torch.Tensor) -> torch.Tensor:
+        """Concatenate a per-rank tensor over ranks (dim 0, rank order); pads dim 1 if widths differ."""
+        if self.world == 1:
+            return t
+        if t.dim() == 2:
+            t = self.accelerator.pad_across_processes(t, dim=1, pad_index=0)
+        return self.accelerator.gather(t)
+
+    def _local(self, t: torch.Tensor) -> torch.Tensor:
+        """This rank's rows of a gathered tensor."""
+        if self.world == 1:
+            return t
+        n = t.size(0) // self.world
+        return t[self.rank * n : (self.rank + 1) * n]
+
+    def _mean_over_ranks(self, value: float) -> float:
+        if self.world == 1:
+            return value
+        return float(self.accelerator.reduce(torch.tensor(value, device=self.device), reduction="mean"))
+
+    def _sync_gradients(self) -> None:
+        """Average gradients over ranks in one flat all-reduce (the policy is not wrapped in DDP, whose
+        hooks do not allow the two forward calls of a shared-prefix pass before one backward)."""
+        if self.world == 1 or self.deepspeed:
+            return
+        import torch.distributed as dist
+
+        params = [q for q in self.policy.parameters() if q.requires_grad]
+        for q in params:
+            if q.grad is None:
+                q.grad = torch.zeros_like(q)
+        flat = torch._utils._flatten_dense_tensors([q.grad for q in params])
+        dist.all_reduce(flat)
+        flat /= self.world
+        for q, synced in zip(
+            params, torch._utils._unflatten_dense_tensors(flat, [q.grad for q in params]), strict=True
+        ):
+            q.grad.copy_(synced)
 
     # ------------------------------------------------------------------------------------------------
     def optimize(self, ro: Rollout, update: int) -> dict[str, float]:
@@ -468,6 +546,7 @@ class RLOOTrainer:
                         stats[name].append(getattr(st, name))
                     stats["ratio_min"].append(st.ratio_min)
                     stats["ratio_max"].append(st.ratio_max)
+                self._sync_gradients()
                 if cfg.max_grad_norm > 0:
                     gn = self.accelerator.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm)
                     stats["grad_norm"].append(torch.as_tensor(gn).float())
@@ -475,10 +554,10 @@ class RLOOTrainer:
                 self.optimizer.zero_grad(set_to_none=True)
 
         def avg(name: str) -> float:
-            return float(torch.stack(stats[name]).float().mean())
+            return self._mean_over_ranks(float(torch.stack(stats[name]).float().mean()))
 
-        low = torch.stack(stats["clip_low_frac"]).float()
-        high = torch.stack(stats["clip_high_frac"]).float()
+        low = self._gather(torch.stack(stats["clip_low_frac"]).float())
+        high = self._gather(torch.stack(stats["clip_high_frac"]).float())
         out = {
             "loss/policy_avg": avg("loss/policy_avg"),
             "policy/entropy_avg": avg("policy/entropy_avg"),
@@ -533,26 +612,50 @@ class RLOOTrainer:
     def train(self) -> TrainResult:
         cfg = self.cfg
         out_dir = Path(cfg.output_dir)
-        logger = MetricsLogger(total_updates=self.num_updates, show_progress=not cfg.disable_tqdm)
+        main = self.accelerator.is_main_process
         start = time.perf_counter()
-        episode = 0
+        if self._already_complete(out_dir):
+            return TrainResult(
+                output_dir=out_dir, history=[], seconds=0.0, episodes=self.num_updates * self.plan.batch_size
+            )
+        resumed = self._resume(out_dir)
+        episode = self.state.episode
+        logger = MetricsLogger(total_updates=self.num_updates, show_progress=main and not cfg.disable_tqdm)
+        if resumed is not None and main:
+            logger.open(out_dir, keep_until_update=resumed)
+            logger.progress(resumed)
+        preemption = _Preemption(cfg.preemption_grace_seconds)
+        preemption.install()
+        if self.world == 1:  # in-loop checks would desynchronise ranks: multi-process checks between phases
+            self.generator.should_stop = preemption.requested
+        status = "FAILED"
+        update = resumed or 0
         try:
-            for update in range(self.num_updates):
+            for update in range(resumed or 0, self.num_updates):
                 timer = _Timer(self.device)
                 t0 = time.perf_counter()
+                data_position = (self._order_epoch, self._cursor)
                 self.state.global_step = update
                 self.state.episode = episode
                 self.state.epoch = episode / max(1, len(self.train_ds) * cfg.rloo_k)
-                ro = self.rollout(update, timer)
+                self._phase("generation", update, preemption)
+                try:
+                    ro = self.rollout(update, timer)
+                    self._phase("optimization", update, preemption)
+                except (_Preempted, GenerationInterrupted):
+                    # nothing of this update reached the weights: checkpoint the state it started from
+                    self._set_data_position(*data_position)
+                    raise _Preempted from None
                 with timer("optimization"):
                     opt_metrics = self.optimize(ro, update)
                 lr = self.scheduler.get_last_lr()[0]
                 self.scheduler.step()
                 episode += self.plan.batch_size
+                self.state.episode = episode
                 dt = time.perf_counter() - t0
                 gen_tokens = ro.metrics.pop("tokens/completion")
                 prompt_tokens = ro.metrics.pop("tokens/prompt")
-                self._num_tokens = getattr(self, "_num_tokens", 0.0) + gen_tokens + prompt_tokens
+                self._num_tokens += gen_tokens + prompt_tokens
                 metrics: dict[str, Any] = {
                     "update": update + 1,
                     "episode": episode,
@@ -569,35 +672,211 @@ class RLOOTrainer:
                     * cfg.num_ppo_epochs
                     / max(timer.seconds["optimization"], 1e-9),
                 }
-                if (update + 1) % cfg.logging_steps == 0 or update + 1 == self.num_updates:
-                    logger.log(metrics)
-                if self.sample_freq and update % self.sample_freq == 0:
-                    logger.samples(update + 1, self.sample_generations(update + 1))
-                if update == 0:
-                    logger.open(out_dir)  # the first update succeeded: from here on, output is kept
+                samples = (
+                    self.sample_generations(update + 1)
+                    if self.sample_freq and update % self.sample_freq == 0
+                    else None
+                )
+                if main:
+                    if (update + 1) % cfg.logging_steps == 0 or update + 1 == self.num_updates:
+                        logger.log(metrics)
+                    if samples is not None:
+                        logger.samples(update + 1, samples)
+                    if resumed is None and update == 0:
+                        logger.open(out_dir)  # the first update succeeded: from here on, output is kept
+                    logger.progress(1, reward=metrics["objective/scores"], kl=metrics["objective/kl"])
                 if cfg.save_steps and (update + 1) % cfg.save_steps == 0 and update + 1 < self.num_updates:
-                    self.save(out_dir / f"checkpoint-{update + 1}")
-                logger.progress(1, reward=metrics["objective/scores"], kl=metrics["objective/kl"])
-            self.save(out_dir, final=True)
+                    self.save_checkpoint(out_dir, update + 1)
+            self.save_final(out_dir)
+            status = "FINISHED"
+        except _Preempted:
+            status = "KILLED"
+            if main and logger.output_dir is None:
+                logger.open(out_dir, keep_until_update=update)
+            path = self.save_checkpoint(out_dir, update)
+            preemption.cancel_deadline()
+            log.warning(
+                "SIGTERM: saved %s after %d of %d updates; run the same command again to resume",
+                path,
+                update,
+                self.num_updates,
+            )
+            raise SystemExit(143) from None
         finally:
-            logger.close()
+            preemption.uninstall()
+            self.generator.should_stop = None
+            if main:
+                logger.close(status=status)
         elapsed = time.perf_counter() - start
         return TrainResult(output_dir=out_dir, history=logger.history, seconds=elapsed, episodes=episode)
 
-    def save(self, path: Path, *, final: bool = False) -> None:
-        """Model + tokenizer (safetensors). Checkpoints are written to a temp dir and renamed into place."""
-        model = self.accelerator.unwrap_model(self.policy)
-        target = path if final else path.with_name(path.name + ".tmp")
-        if not final and target.exists():
-            shutil.rmtree(target)
-        target.mkdir(parents=True, exist_ok=True)
-        model.save_pretrained(target, safe_serialization=True)
-        self.tokenizer.save_pretrained(target)
-        (target / "rloo_config.json").write_text(json.dumps(self.cfg.to_dict(), indent=2, default=str))
-        if not final:
-            if path.exists():
-                shutil.rmtree(path)
-            os.replace(target, path)
+    # ------------------------------------------------------------------------------------------------
+    # checkpoints, resume, preemption
+    def _phase(self, name: str, update: int, preemption: _Preemption) -> None:
+        """A safe point between phases: honour SIGTERM (agreed across ranks) and test fault injection."""
+        fault = os.environ.get("RLOO_FAULT_INJECT", "")
+        if fault == f"kill@{update}:{name}":  # e.g. kill@3:generation -- used by the resume tests
+            os.kill(os.getpid(), signal.SIGKILL)
+        stop = preemption.requested()
+        if self.world > 1:
+            flag = torch.tensor(float(stop), device=self.device)
+            stop = bool(self.accelerator.reduce(flag, reduction="sum") > 0)
+        if stop:
+            raise _Preempted
+
+    def _trainer_state(self, update: int) -> dict[str, Any]:
+        return {
+            "update": update,
+            "num_updates": self.num_updates,
+            "episode": self.state.episode,
+            "num_tokens": self._num_tokens,
+            "data_epoch": self._order_epoch,
+            "data_cursor": self._cursor,
+            "world_size": self.world,
+            "seed": self.cfg.seed,
+        }
+
+    def save_checkpoint(self, out_dir: Path, update: int) -> Path:
+        path = out_dir / f"{PREFIX}{update}"
+        if self.accelerator.is_main_process:
+            path = save_checkpoint(
+                out_dir,
+                update,
+                model=self.accelerator.unwrap_model(self.policy),
+                tokenizer=self.tokenizer,
+                optimizer=self.optimizer,
+                scheduler=self.scheduler,
+                state=self._trainer_state(update),
+                config=self.cfg.to_dict(),
+                total_limit=self.cfg.save_total_limit,
+            )
+        self.accelerator.wait_for_everyone()
+        return path
+
+    def save_final(self, out_dir: Path) -> None:
+        """The trained model + tokenizer (safetensors) in output_dir, and a marker that training is done."""
+        if self.accelerator.is_main_process:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            self.accelerator.unwrap_model(self.policy).save_pretrained(out_dir, safe_serialization=True)
+            self.tokenizer.save_pretrained(out_dir)
+            (out_dir / "rloo_config.json").write_text(json.dumps(self.cfg.to_dict(), indent=2, default=str))
+            state = {**self._trainer_state(self.num_updates), "complete": True}
+            (out_dir / COMPLETE_MARKER).write_text(json.dumps(state, indent=2))
+        self.accelerator.wait_for_everyone()
+
+    def _already_complete(self, out_dir: Path) -> bool:
+        marker = out_dir / COMPLETE_MARKER
+        if self.cfg.resume_from_checkpoint != "latest" or not marker.is_file():
+            return False
+        try:
+            done = json.loads(marker.read_text())
+        except ValueError:
+            return False
+        if done.get("complete") and done.get("num_updates") == self.num_updates:
+            log.info(
+                "%s already holds a completed run of %d updates: nothing to do", out_dir, self.num_updates
+            )
+            return True
+        return False
+
+    def _resume(self, out_dir: Path) -> int | None:
+        """Restore the newest (or the given) checkpoint; return its update count, or None for a fresh run."""
+        choice = self.cfg.resume_from_checkpoint
+        if choice == "none":
+            return None
+        if choice == "latest":
+            path = latest_checkpoint(out_dir)
+            if path is None:
+                return None
+        else:
+            path = Path(choice)
+            problem = checkpoint_problem(path) if path.is_dir() else "no such directory"
+            if problem:
+                raise UserError(
+                    f"--resume_from_checkpoint {choice}: {problem}; pass a complete checkpoint-N directory, "
+                    "'latest' or 'none'."
+                )
+        try:
+            st = load_checkpoint(
+                path,
+                model=self.accelerator.unwrap_model(self.policy),
+                optimizer=self.optimizer,
+                scheduler=self.scheduler,
+            )
+        except (ValueError, RuntimeError) as e:
+            raise UserError(
+                f"cannot resume from {path}: {str(e).splitlines()[0]}; pass --resume_from_checkpoint none to start over."
+            ) from None
+        if st.get("num_updates") != self.num_updates:
+            log.warning(
+                "%s was written by a run of %s updates; this one has %d (batch or length flags changed?)",
+                path,
+                st.get("num_updates"),
+                self.num_updates,
+            )
+        self.state.episode = int(st["episode"])
+        self._num_tokens = float(st["num_tokens"])
+        self._set_data_position(int(st["data_epoch"]), int(st["data_cursor"]))
+        log.info("resumed from %s (update %d of %d)", path, st["update"], self.num_updates)
+        return int(st["update"])
+
+    def _set_data_position(self, epoch: int, cursor: int) -> None:
+        self._order_epoch, self._cursor = epoch, cursor
+        self._order = self._epoch_order(epoch) if epoch >= 0 else []
+
+
+class _Preempted(Exception):
+    """Raised at a safe point after SIGTERM: checkpoint and exit."""
+
+
+COMPLETE_MARKER = "training_complete.json"
+
+
+class _Preemption:
+    """SIGTERM sets a flag the loop checks at safe points; a watchdog bounds the time to exit.
+
+    Kubernetes sends SIGTERM before evicting a pod and SIGKILL ``terminationGracePeriodSeconds`` later.
+    The loop checkpoints at its next safe point (between decode steps on one process, between phases on
+    several); if that has not finished within the grace period, the watchdog exits anyway: the newest
+    complete checkpoint is still there, only the current update is lost.
+    """
+
+    def __init__(self, grace_seconds: float) -> None:
+        self.grace_seconds = grace_seconds
+        self._flag = threading.Event()
+        self._timer: threading.Timer | None = None
+        self._previous: Any = None
+
+    def requested(self) -> bool:
+        return self._flag.is_set()
+
+    def install(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGTERM, self._handle)
+
+    def uninstall(self) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+            self._previous = None
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self._flag.is_set():
+            return
+        self._flag.set()
+        log.warning(
+            "SIGTERM received: checkpointing at the next safe point (at most %.0fs)", self.grace_seconds
+        )
+        self._timer = threading.Timer(self.grace_seconds, self._deadline)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def cancel_deadline(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def _deadline(self) -> None:
+        log.error("no checkpoint within %.0fs of SIGTERM: exiting without one", self.grace_seconds)
+        os._exit(143)
 
 
 @dataclass

@@ -1,0 +1,182 @@
+"""Resumable checkpoints, written so that a half-written one is never picked up.
+
+A checkpoint is a directory ``checkpoint-<update>`` holding the policy and tokenizer (``save_pretrained``),
+the optimizer and scheduler states, every RNG state and ``trainer_state.json`` (update, episode, data
+order position, ...). It is assembled in a hidden temporary directory, its manifest (every file with its
+size, and a SHA-256 for the small state files) written last, then renamed into place: a reader sees a
+complete checkpoint or none. A checkpoint whose files do not match its manifest (a truncated copy, a
+disk that filled up) is skipped with a warning in favour of the next newest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import random
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+
+PREFIX = "checkpoint-"
+MANIFEST = "checkpoint_manifest.json"
+STATE = "trainer_state.json"
+_NAME = re.compile(rf"^{PREFIX}(\d+)$")
+# Weights are checked by size (truncation is what happens to them); small state files also by hash.
+_HASH_LIMIT = 16 * 2**20
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(2**20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def rng_states() -> dict[str, Any]:
+    states: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    try:
+        import numpy as np
+
+        states["numpy"] = np.random.get_state()
+    except ImportError:  # pragma: no cover
+        pass
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def set_rng_states(states: dict[str, Any]) -> None:
+    random.setstate(states["python"])
+    torch.set_rng_state(states["torch"])
+    if "numpy" in states:
+        import numpy as np
+
+        np.random.set_state(states["numpy"])
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
+def save_checkpoint(
+    output_dir: Path,
+    update: int,
+    *,
+    model: Any,
+    tokenizer: Any,
+    optimizer: Any,
+    scheduler: Any,
+    state: dict[str, Any],
+    config: dict[str, Any],
+    total_limit: int | None = None,
+) -> Path:
+    """Write ``output_dir/checkpoint-<update>`` atomically and return its path."""
+    final = output_dir / f"{PREFIX}{update}"
+    tmp = output_dir / f".{PREFIX}{update}.tmp"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+    torch.save(rng_states(), tmp / "rng_state.pt")
+    (tmp / "rloo_config.json").write_text(json.dumps(config, indent=2, default=str))
+    (tmp / STATE).write_text(json.dumps(state, indent=2))
+    files = {}
+    for path in sorted(p for p in tmp.rglob("*") if p.is_file()):
+        _fsync(path)
+        entry: dict[str, Any] = {"size": path.stat().st_size}
+        if entry["size"] <= _HASH_LIMIT:
+            entry["sha256"] = _sha256(path)
+        files[str(path.relative_to(tmp))] = entry
+    (tmp / MANIFEST).write_text(json.dumps({"update": update, "files": files}, indent=2))
+    _fsync(tmp / MANIFEST)
+    if final.exists():  # a stale copy of the same update (e.g. re-saved after a preemption)
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    _fsync(output_dir)
+    if total_limit:
+        for _, old in list_checkpoints(output_dir)[total_limit:]:
+            shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def list_checkpoints(output_dir: Path) -> list[tuple[int, Path]]:
+    """(update, path) of every checkpoint directory, newest first (complete or not)."""
+    if not output_dir.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in output_dir.iterdir() if p.is_dir() and (m := _NAME.match(p.name))]
+    return sorted(found, reverse=True)
+
+
+def checkpoint_problem(path: Path) -> str | None:
+    """Why ``path`` is not a usable checkpoint, or None if it matches its manifest."""
+    manifest = path / MANIFEST
+    if not manifest.is_file():
+        return "no manifest (it was never completed)"
+    try:
+        files = json.loads(manifest.read_text())["files"]
+    except (ValueError, KeyError):
+        return "unreadable manifest"
+    for name, entry in files.items():
+        f = path / name
+        if not f.is_file():
+            return f"{name} is missing"
+        if f.stat().st_size != entry["size"]:
+            return f"{name} has {f.stat().st_size} bytes, the manifest says {entry['size']}"
+        if "sha256" in entry and _sha256(f) != entry["sha256"]:
+            return f"{name} does not match its checksum"
+    return None
+
+
+def latest_checkpoint(output_dir: Path) -> Path | None:
+    """The newest complete checkpoint; broken ones are skipped with a warning."""
+    for _, path in list_checkpoints(output_dir):
+        problem = checkpoint_problem(path)
+        if problem is None:
+            return path
+        log.warning("skipping %s: %s", path, problem)
+    return None
+
+
+def load_checkpoint(path: Path, *, model: Any, optimizer: Any, scheduler: Any) -> dict[str, Any]:
+    """Restore model, optimizer, scheduler and RNG states in place; return the trainer state."""
+    from safetensors.torch import load_file
+
+    weights: dict[str, torch.Tensor] = {}
+    for f in sorted(path.glob("*.safetensors")):
+        weights.update(load_file(str(f), device="cpu"))
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    if unexpected:
+        raise ValueError(f"{path}: weights for parameters the model does not have: {unexpected[:3]}")
+    # save_pretrained drops tied copies (e.g. lm_head tied to the embeddings); anything else is missing
+    tied = {k for k in missing if _is_tied(model, k)}
+    if set(missing) - tied:
+        raise ValueError(f"{path}: no weights for {sorted(set(missing) - tied)[:3]}")
+    optimizer.load_state_dict(torch.load(path / "optimizer.pt", map_location="cpu", weights_only=False))
+    scheduler.load_state_dict(torch.load(path / "scheduler.pt", map_location="cpu", weights_only=False))
+    set_rng_states(torch.load(path / "rng_state.pt", map_location="cpu", weights_only=False))
+    return json.loads((path / STATE).read_text())
+
+
+def _is_tied(model: Any, name: str) -> bool:
+    params = dict(model.named_parameters(remove_duplicate=False))
+    target = params.get(name)
+    if target is None:
+        return False
+    return any(p is target for n, p in params.items() if n != name)
