@@ -46,10 +46,21 @@ class MetricsLogger:
 
             self._bar = tqdm(total=total_updates, unit="update", dynamic_ncols=True, desc="rloo")
 
-    def open(self, output_dir: str | Path) -> None:
+    def open(self, output_dir: str | Path, *, keep_until_update: int | None = None) -> None:
+        """Start writing. Resuming (``keep_until_update``) keeps the lines of updates up to the checkpoint
+        and drops later ones, which the resumed run logs again."""
         self.output_dir = Path(output_dir)
         self.output_dir.mkdir(parents=True, exist_ok=True)
-        (self.output_dir / METRICS_FILE).write_text("".join(self._pending))
+        kept = ""
+        path = self.output_dir / METRICS_FILE
+        if keep_until_update is not None and path.is_file():
+            for line in path.read_text().splitlines(keepends=True):
+                try:
+                    if json.loads(line).get("update", 0) <= keep_until_update:
+                        kept += line
+                except ValueError:
+                    break  # a line cut by a kill: nothing after it can be trusted
+        path.write_text(kept + "".join(self._pending))
         self._pending.clear()
         for step, rows in self._pending_samples:
             self._write_samples(step, rows)
@@ -91,7 +102,7 @@ class MetricsLogger:
             for row in rows:
                 f.write(json.dumps({"update": step, **{k: _jsonable(v) for k, v in row.items()}}) + "\n")
 
-    def close(self) -> None:
+    def close(self, status: str = "FINISHED") -> None:
         if self._bar is not None:
             self._bar.close()
             self._bar = None
