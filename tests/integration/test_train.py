@@ -240,3 +240,21 @@ def test_bf16_with_gradient_checkpointing(make_config) -> None:
     assert h["val/ratio"] == pytest.approx(1.0, abs=1e-3)
     assert h["policy/clipfrac_avg"] == 0.0
     assert math.isfinite(h["loss/policy_avg"])
+
+
+def test_rerunning_a_finished_run_does_nothing(make_config) -> None:
+    # a retried pipeline step must not train again (or clobber the model) once training completed
+    cfg = make_config(max_steps=2, save_steps=1)
+    train(cfg)
+    weights = _weights(Path(cfg.output_dir))
+    again = train(cfg)
+    assert again.history == []
+    assert all(torch.equal(weights[k], v) for k, v in _weights(Path(cfg.output_dir)).items())
+    assert len((Path(cfg.output_dir) / "metrics.jsonl").read_text().splitlines()) == 2
+
+
+def test_resume_from_a_broken_path_is_a_user_error(make_config, tmp_path: Path) -> None:
+    from rloo.errors import UserError
+
+    with pytest.raises(UserError, match="resume_from_checkpoint"):
+        train(make_config(resume_from_checkpoint=str(tmp_path / "nope")))

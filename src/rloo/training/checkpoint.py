@@ -156,27 +156,12 @@ def latest_checkpoint(output_dir: Path) -> Path | None:
 
 def load_checkpoint(path: Path, *, model: Any, optimizer: Any, scheduler: Any) -> dict[str, Any]:
     """Restore model, optimizer, scheduler and RNG states in place; return the trainer state."""
-    from safetensors.torch import load_file
-
-    weights: dict[str, torch.Tensor] = {}
-    for f in sorted(path.glob("*.safetensors")):
-        weights.update(load_file(str(f), device="cpu"))
-    missing, unexpected = model.load_state_dict(weights, strict=False)
-    if unexpected:
-        raise ValueError(f"{path}: weights for parameters the model does not have: {unexpected[:3]}")
-    # save_pretrained drops tied copies (e.g. lm_head tied to the embeddings); anything else is missing
-    tied = {k for k in missing if _is_tied(model, k)}
-    if set(missing) - tied:
-        raise ValueError(f"{path}: no weights for {sorted(set(missing) - tied)[:3]}")
+    # through from_pretrained: transformers renames some keys between memory and disk (per architecture
+    # and version), and only its own loader knows the mapping
+    saved = type(model).from_pretrained(path, dtype=next(model.parameters()).dtype)
+    model.load_state_dict(saved.state_dict())
+    del saved
     optimizer.load_state_dict(torch.load(path / "optimizer.pt", map_location="cpu", weights_only=False))
     scheduler.load_state_dict(torch.load(path / "scheduler.pt", map_location="cpu", weights_only=False))
     set_rng_states(torch.load(path / "rng_state.pt", map_location="cpu", weights_only=False))
     return json.loads((path / STATE).read_text())
-
-
-def _is_tied(model: Any, name: str) -> bool:
-    params = dict(model.named_parameters(remove_duplicate=False))
-    target = params.get(name)
-    if target is None:
-        return False
-    return any(p is target for n, p in params.items() if n != name)

@@ -116,7 +116,11 @@ class RLOOTrainer:
         # (a notebook, a sweep, the tests) with another precision must not inherit the first one's.
         # The distributed (partial) state is kept: the process group outlives one run.
         AcceleratorState._reset_state(reset_partial_state=False)
-        self.accelerator = Accelerator(mixed_precision="bf16" if cfg.bf16 else "fp16" if cfg.fp16 else "no")
+        self.accelerator = Accelerator(
+            mixed_precision="bf16" if cfg.bf16 else "fp16" if cfg.fp16 else "no",
+            # accelerate only forms a CPU process group (gloo) when told it runs on CPU
+            cpu=not torch.cuda.is_available(),
+        )
         self.device = self.accelerator.device
 
         # --- data first: cheapest to get wrong, cheapest to check ----------------------------------

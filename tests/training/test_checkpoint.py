@@ -1,0 +1,90 @@
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+
+from rloo.tiny import build_tiny_setup
+from rloo.training.checkpoint import (
+    checkpoint_problem,
+    latest_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+    save_checkpoint,
+)
+from rloo.training.models import load_causal_lm, load_tokenizer
+
+
+@pytest.fixture(scope="module", params=["gpt_neox", "qwen2"])  # qwen2 ties lm_head to the embeddings
+def parts(request, tmp_path_factory: pytest.TempPathFactory):
+    setup = build_tiny_setup(tmp_path_factory.mktemp(request.param), arch=request.param)
+    model = load_causal_lm(str(setup.policy), flag="model_name_or_path")
+    tok = load_tokenizer(str(setup.policy))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))
+    # one real step so the optimizer and scheduler have state worth restoring
+    model(input_ids=torch.tensor([[1, 2, 3]]), labels=torch.tensor([[1, 2, 3]])).loss.backward()
+    opt.step()
+    sched.step()
+    return model, tok, opt, sched
+
+
+def _save(parts, out: Path, update: int, **kw) -> Path:
+    model, tok, opt, sched = parts
+    return save_checkpoint(
+        out, update, model=model, tokenizer=tok, optimizer=opt, scheduler=sched,
+        state={"update": update}, config={"seed": 1}, **kw,
+    )  # fmt: skip
+
+
+def test_roundtrip_restores_weights_optimizer_and_scheduler(parts, tmp_path: Path) -> None:
+    model, _, opt, sched = parts
+    path = _save(parts, tmp_path, 7)
+    assert checkpoint_problem(path) is None
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    exp_avg = {id(p): opt.state[p]["exp_avg"].clone() for p in model.parameters() if p in opt.state}
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)  # wreck everything
+    opt.state.clear()
+    sched.last_epoch = 99
+    state = load_checkpoint(path, model=model, optimizer=opt, scheduler=sched)
+    assert state == {"update": 7}
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert sched.last_epoch == 1
+    restored = {id(p): opt.state[p]["exp_avg"] for p in model.parameters() if p in opt.state}
+    assert restored.keys() == exp_avg.keys() and all(torch.equal(exp_avg[i], restored[i]) for i in exp_avg)
+
+
+def test_truncated_checkpoint_is_skipped_with_a_warning(parts, tmp_path: Path, caplog) -> None:
+    _save(parts, tmp_path, 1)
+    newest = _save(parts, tmp_path, 2)
+    weights = next(newest.glob("*.safetensors"))
+    weights.write_bytes(weights.read_bytes()[:100])  # what a full disk or a killed copy leaves
+    with caplog.at_level(logging.WARNING):
+        assert latest_checkpoint(tmp_path) == tmp_path / "checkpoint-1"
+    assert "skipping" in caplog.text and "checkpoint-2" in caplog.text and "bytes" in caplog.text
+
+
+def test_unfinished_and_tampered_checkpoints_are_refused(parts, tmp_path: Path) -> None:
+    good = _save(parts, tmp_path, 3)
+    # a temp dir from a save that died is never a candidate
+    (tmp_path / ".checkpoint-4.tmp").mkdir()
+    # a directory without a manifest (never completed) is refused
+    (tmp_path / "checkpoint-5").mkdir()
+    assert checkpoint_problem(tmp_path / "checkpoint-5") == "no manifest (it was never completed)"
+    assert [u for u, _ in list_checkpoints(tmp_path)] == [5, 3]
+    assert latest_checkpoint(tmp_path) == good
+    # a small state file changed in place (same size) fails its checksum
+    state = good / "trainer_state.json"
+    state.write_text(state.read_text().replace("3", "9"))
+    assert "checksum" in (checkpoint_problem(good) or "")
+    assert latest_checkpoint(tmp_path) is None
+
+
+def test_total_limit_keeps_the_newest(parts, tmp_path: Path) -> None:
+    for u in (1, 2, 3, 4):
+        _save(parts, tmp_path, u, total_limit=2)
+    assert [u for u, _ in list_checkpoints(tmp_path)] == [4, 3]
