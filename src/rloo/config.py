@@ -128,6 +128,9 @@ class RLOOConfig:
     adam_epsilon: float = _f(1e-8, "AdamW epsilon.")
     max_grad_norm: float = _f(1.0, "Gradient clipping norm (0 = off).")
     gradient_checkpointing: bool = _f(False, "Recompute activations in backward to save memory.")
+    offload_ref_model: bool = _f(
+        False, "Keep the frozen reference model in CPU memory, moving it to the GPU only for its forward."
+    )
     bf16: bool = _f(False, "bfloat16 mixed precision.")
     fp16: bool = _f(False, "float16 mixed precision (GPU only).")
 

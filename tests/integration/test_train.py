@@ -56,7 +56,11 @@ CURRENT_METRICS = [
     "clip_ratio/high_max",
     "clip_ratio/region_mean",
 ]
-PHASES = ["time/generation_s", "time/logprobs_s", "time/scoring_s", "time/optimization_s"]
+PHASES = [
+    f"{kind}/{phase}_{unit}"
+    for phase in ("generation", "logprobs", "scoring", "optimization")
+    for kind, unit in (("time", "s"), ("memory", "peak_gib"))
+]
 
 
 def _weights(path: Path) -> dict[str, torch.Tensor]:
@@ -91,6 +95,8 @@ def test_mean_reward_rises_on_toy_task(make_config) -> None:
         assert record[name] is not None and math.isfinite(record[name]), name
     assert record["episode"] == 20 * 32
     assert record["val/clipfrac_avg"] == 0.0
+    # peak memory per phase: the process holds torch, two models and a batch, so well above 0.1 GiB
+    assert all(0.1 < record[f"memory/{p}_peak_gib"] < 24 for p in ("generation", "optimization"))
 
 
 def test_old_logprobs_come_from_the_training_forward(make_config) -> None:

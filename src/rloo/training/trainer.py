@@ -80,21 +80,56 @@ class Rollout:
 
 
 class _Timer:
+    """Wall time and peak memory of each phase of an update.
+
+    Peak memory is ``torch.cuda.max_memory_allocated`` on GPU and the resident-set high-water mark on
+    CPU (Linux ``VmHWM``, reset at each phase start through ``/proc/self/clear_refs``), in GiB.
+    """
+
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.seconds: dict[str, float] = defaultdict(float)
+        self.peak_gib: dict[str, float] = defaultdict(float)
 
     @contextlib.contextmanager
     def __call__(self, name: str):  # type: ignore[no-untyped-def]
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+        else:
+            _reset_peak_rss()
         t0 = time.perf_counter()
         try:
             yield
         finally:
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
+                peak = torch.cuda.max_memory_allocated(self.device)
+            else:
+                peak = _peak_rss()
             self.seconds[name] += time.perf_counter() - t0
+            self.peak_gib[name] = max(self.peak_gib[name], peak / 2**30)
+
+
+def _reset_peak_rss() -> None:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:  # not Linux, or not allowed: the peak then covers the whole process so far
+        pass
+
+
+def _peak_rss() -> float:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import resource
+
+    return float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
 class RLOOTrainer:
@@ -207,7 +242,8 @@ class RLOOTrainer:
             # Not wrapped in DDP: gradients are averaged by _sync_gradients (see there for why).
             self.policy.to(self.device)
             self.optimizer = self.accelerator.prepare(self.optimizer)
-        self.ref_policy.to(self.device)
+        if not cfg.offload_ref_model:
+            self.ref_policy.to(self.device)
         self.generator = TransformersGenerator(
             self.accelerator.unwrap_model(self.policy),
             batch_size=cfg.local_rollout_forward_batch_size,
@@ -376,7 +412,11 @@ class RLOOTrainer:
             else:
                 self.policy.train()  # the same mode as the optimisation forward: ratios start at exactly 1
                 old_logprobs = self.batched_logprobs(self.policy, ro)  # (B, T)
+            if cfg.offload_ref_model:
+                self.ref_policy.to(dev)
             ref_logprobs = self.batched_logprobs(self.ref_policy, ro)  # (B, T)
+            if cfg.offload_ref_model:
+                self.ref_policy.to("cpu")  # its GPU memory goes back to the policy's optimisation
 
         with timer("scoring"):
             batch = self._reward_batch(self.train_ds, self.train_texts, index, k, responses, mask)
@@ -671,6 +711,7 @@ class RLOOTrainer:
                     **opt_metrics,
                     "time/update_s": dt,
                     **{f"time/{name}_s": s for name, s in timer.seconds.items()},
+                    **{f"memory/{name}_peak_gib": g for name, g in timer.peak_gib.items()},
                     "throughput/generated_tokens_per_s": gen_tokens / max(timer.seconds["generation"], 1e-9),
                     "throughput/train_tokens_per_s": (gen_tokens + prompt_tokens)
                     * cfg.num_ppo_epochs
