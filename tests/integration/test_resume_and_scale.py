@@ -22,7 +22,7 @@ from rloo.training.checkpoint import checkpoint_problem
 
 pytestmark = pytest.mark.slow
 
-TIMING = ("time/", "throughput/", "eps", "timestamp")
+TIMING = ("time/", "memory/", "throughput/", "eps", "timestamp")  # measurements, not results
 
 
 def _env(**extra: str) -> dict[str, str]:

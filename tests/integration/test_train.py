@@ -134,7 +134,11 @@ def test_same_seed_same_run_other_seed_other_run(make_config, tmp_path: Path) ->
         cfg = make_config(seed=seed, max_steps=3, output_dir=str(tmp_path / name))
         hist = train(cfg).history
         keep = [
-            {k: v for k, v in h.items() if not k.startswith(("time/", "throughput/", "eps", "timestamp"))}
+            {
+                k: v
+                for k, v in h.items()
+                if not k.startswith(("time/", "memory/", "throughput/", "eps", "timestamp"))
+            }
             for h in hist
         ]
         return keep, _weights(Path(cfg.output_dir))
