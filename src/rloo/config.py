@@ -116,6 +116,24 @@ class RLOOConfig:
     stop_token: str | None = _f(None, "'eos' to truncate each completion after its first EOS token.")
     stop_token_id: int | None = _f(None, "Token id to truncate after (overrides stop_token).")
     num_sample_generations: int = _f(10, "How many times over the run to log a table of sample generations.")
+    use_vllm: bool = _f(
+        False, "Generate rollouts with a colocated vLLM engine on each GPU (pip install vllm; CUDA only)."
+    )
+    vllm_mode: str = _f(
+        "colocate", "vLLM mode; only 'colocate' (one engine inside each training process) is supported."
+    )
+    vllm_gpu_memory_utilization: float = _f(
+        0.3, "Fraction of GPU memory the colocated vLLM engine may take (weights + KV cache)."
+    )
+    vllm_enable_sleep_mode: bool = _f(
+        False,
+        "Release vLLM's weights and KV cache between rollouts, leaving the memory to the optimisation phase.",
+    )
+    ds3_gather_for_generation: bool = _f(
+        True,
+        "Under DeepSpeed ZeRO-3, gather the full policy once per rollout for fast generation; false generates "
+        "from the shards, for models that do not fit whole on one GPU.",
+    )
 
     # --- optimisation -------------------------------------------------------------------------------
     learning_rate: float = _f(3e-6, "AdamW learning rate.")
@@ -193,6 +211,14 @@ class RLOOConfig:
             raise UserError(f"--warmup_ratio must be in [0, 1] (got {self.warmup_ratio}).")
         if self.save_steps < 0 or self.num_sample_generations < 0 or self.warmup_steps < 0:
             raise UserError("--save_steps, --num_sample_generations and --warmup_steps must be >= 0.")
+        if self.vllm_mode != "colocate":
+            raise UserError(
+                f"--vllm_mode must be 'colocate' (got {self.vllm_mode!r}); server mode is not supported."
+            )
+        if not 0 < self.vllm_gpu_memory_utilization <= 1:
+            raise UserError(
+                f"--vllm_gpu_memory_utilization must be in (0, 1] (got {self.vllm_gpu_memory_utilization})."
+            )
         if self.save_total_limit is not None and self.save_total_limit < 1:
             raise UserError(
                 f"--save_total_limit must be >= 1 (got {self.save_total_limit}); omit it to keep all."

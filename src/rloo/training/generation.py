@@ -130,10 +130,15 @@ def left_pad(
 class TransformersGenerator:
     """KV-cached sampling with any transformers causal LM, prefilling each prompt once for its K samples."""
 
-    def __init__(self, model: Any, *, batch_size: int, autocast: Any = None) -> None:
+    def __init__(
+        self, model: Any, *, batch_size: int, autocast: Any = None, synced_steps: bool = False
+    ) -> None:
         self.model = model
         self.batch_size = batch_size  # completions per sampling batch
         self.autocast = autocast
+        # every decode step runs even when all rows have stopped: with ZeRO-3 shards each forward is a
+        # collective, and a rank that stopped early would leave the others waiting
+        self.synced_steps = synced_steps
         # polled between decode steps: a pending SIGTERM stops a long generation within one step
         self.should_stop: Callable[[], bool] | None = None
 
@@ -229,7 +234,8 @@ class TransformersGenerator:
                 nxt = torch.where(done, torch.full_like(nxt, params.pad_token_id), nxt)
                 done = done | (nxt == params.stop_token_id)
             tokens[:, t] = nxt
-            if t + 1 == steps or (params.stop_token_id is not None and bool(done.all())):
+            all_done = params.stop_token_id is not None and not self.synced_steps and bool(done.all())
+            if t + 1 == steps or all_done:
                 break
             if self.should_stop is not None and self.should_stop():
                 raise GenerationInterrupted

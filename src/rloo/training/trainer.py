@@ -32,6 +32,7 @@ import torch
 from rloo import algo
 from rloo.config import BatchPlan, RLOOConfig
 from rloo.errors import UserError
+from rloo.training import deepspeed_utils
 from rloo.training.checkpoint import (
     PREFIX,
     checkpoint_problem,
@@ -45,7 +46,6 @@ from rloo.training.generation import (
     TEMPERATURE_EPS,
     GenerationInterrupted,
     SamplingParams,
-    TransformersGenerator,
     left_pad,
     row_seeds,
 )
@@ -58,6 +58,7 @@ from rloo.training.rewards import (
     TrainerState,
     score_all,
 )
+from rloo.training.vllm_backend import make_generator
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +153,10 @@ class RLOOTrainer:
         # The distributed (partial) state is kept: the process group outlives one run.
         AcceleratorState._reset_state(reset_partial_state=False)
         self.accelerator = Accelerator(
-            mixed_precision="bf16" if cfg.bf16 else "fp16" if cfg.fp16 else "no",
+            # None: an accelerate launch config (e.g. the DeepSpeed ones, bf16) decides
+            mixed_precision="bf16" if cfg.bf16 else "fp16" if cfg.fp16 else None,
+            # accelerate divides the loss by this (DeepSpeed also uses it for its step boundary)
+            gradient_accumulation_steps=cfg.gradient_accumulation_steps,
             # accelerate only forms a CPU process group (gloo) when told it runs on CPU
             cpu=not torch.cuda.is_available(),
         )
@@ -190,7 +194,7 @@ class RLOOTrainer:
             rm, rm_tok = load_reward_model(cfg.reward_model_path, trust_remote_code=cfg.trust_remote_code)
             self.sources.append(
                 RewardModelSource(
-                    rm.to(self.device),
+                    rm,
                     rm_tok,
                     batch_size=cfg.local_rollout_forward_batch_size,
                     device=self.device,
@@ -237,18 +241,32 @@ class RLOOTrainer:
         self.rank = self.accelerator.process_index
         self.deepspeed = self.accelerator.distributed_type == DistributedType.DEEPSPEED
         if self.deepspeed:
+            deepspeed_utils.fill_deepspeed_config(
+                self.accelerator,
+                micro_batch_size=cfg.per_device_train_batch_size,
+                gradient_accumulation_steps=cfg.gradient_accumulation_steps,
+                max_grad_norm=cfg.max_grad_norm,
+            )
             self.policy, self.optimizer = self.accelerator.prepare(self.policy, self.optimizer)
         else:
             # Not wrapped in DDP: gradients are averaged by _sync_gradients (see there for why).
             self.policy.to(self.device)
             self.optimizer = self.accelerator.prepare(self.optimizer)
-        if not cfg.offload_ref_model:
-            self.ref_policy.to(self.device)
-        self.generator = TransformersGenerator(
-            self.accelerator.unwrap_model(self.policy),
+        # under ZeRO-3 the frozen models become DeepSpeed inference engines; otherwise just moved
+        if self.deepspeed or not cfg.offload_ref_model:
+            self.ref_policy = deepspeed_utils.prepare_reference_model(self.ref_policy, self.accelerator)
+        for src in self.sources:
+            if isinstance(src, RewardModelSource):
+                src.model = deepspeed_utils.prepare_reference_model(src.model, self.accelerator)
+        self.generator = make_generator(
+            cfg,
+            self.policy,
+            accelerator=self.accelerator,
             batch_size=cfg.local_rollout_forward_batch_size,
             autocast=self.accelerator.autocast,
+            max_model_len=max(map(len, self.train_ids + self.eval_ids)) + cfg.response_length,
         )
+        self.gather_for_generation = cfg.ds3_gather_for_generation and not cfg.use_vllm
         self.state = TrainerState(max_steps=self.num_updates)
         # One optimizer step per rollout: the policy is never updated between sampling and its loss.
         self.on_policy = cfg.num_ppo_epochs * cfg.num_mini_batches == 1
@@ -383,9 +401,12 @@ class RLOOTrainer:
         self.policy.eval()
         with timer("generation"):
             seeds = row_seeds(cfg.seed, update, torch.tensor(index), k)
-            gen = self.generator.generate(
-                prompt_ids, prompt_mask, k, params, seeds, return_logprobs=self.on_policy
-            )
+            with deepspeed_utils.gather_for_generation(
+                self.policy, self.accelerator, self.gather_for_generation
+            ):
+                gen = self.generator.generate(
+                    prompt_ids, prompt_mask, k, params, seeds, return_logprobs=self.on_policy
+                )
         responses = gen.tokens  # (B, T)
         t = responses.size(1)
         mask = algo.completion_mask(responses, self.stop_token_id)  # (B, T)
@@ -412,10 +433,11 @@ class RLOOTrainer:
             else:
                 self.policy.train()  # the same mode as the optimisation forward: ratios start at exactly 1
                 old_logprobs = self.batched_logprobs(self.policy, ro)  # (B, T)
-            if cfg.offload_ref_model:
+            offload = cfg.offload_ref_model and not self.deepspeed  # ZeRO places it itself
+            if offload:
                 self.ref_policy.to(dev)
             ref_logprobs = self.batched_logprobs(self.ref_policy, ro)  # (B, T)
-            if cfg.offload_ref_model:
+            if offload:
                 self.ref_policy.to("cpu")  # its GPU memory goes back to the policy's optimisation
 
         with timer("scoring"):
@@ -576,7 +598,11 @@ class RLOOTrainer:
                     loss, st = algo.policy_loss(
                         logprobs, old, ro.advantages[idx], ro.mask[idx], cfg.cliprange
                     )
-                    self.accelerator.backward(loss / cfg.gradient_accumulation_steps)
+                    if self.deepspeed:  # DeepSpeed decides the optimizer-step boundary itself
+                        with self.accelerator.accumulate(self.policy):
+                            self.accelerator.backward(loss)
+                    else:
+                        self.accelerator.backward(loss)  # divided by gradient_accumulation_steps
                     stats["loss/policy_avg"].append(loss.detach())
                     stats["policy/entropy_avg"].append(algo.masked_mean(ent, ro.mask[idx]))
                     for name in (
@@ -593,7 +619,8 @@ class RLOOTrainer:
                 self._sync_gradients()
                 if cfg.max_grad_norm > 0:
                     gn = self.accelerator.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm)
-                    stats["grad_norm"].append(torch.as_tensor(gn).float())
+                    if gn is not None:  # DeepSpeed clips inside its step and reports nothing here
+                        stats["grad_norm"].append(torch.as_tensor(gn).float())
                 self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=True)
 
@@ -637,9 +664,10 @@ class RLOOTrainer:
             greedy=True,
         )
         self.policy.eval()
-        responses = self.generator.generate(
-            prompt_ids, prompt_mask, 1, params, torch.zeros(n, dtype=torch.long)
-        ).tokens
+        with deepspeed_utils.gather_for_generation(self.policy, self.accelerator, self.gather_for_generation):
+            responses = self.generator.generate(
+                prompt_ids, prompt_mask, 1, params, torch.zeros(n, dtype=torch.long)
+            ).tokens
         mask = algo.completion_mask(responses, self.stop_token_id)
         batch = self._reward_batch(self.eval_ds, self.eval_texts, index, 1, responses, mask)
         scores, valid = algo.combine_reward_sources(score_all(self.sources, batch), self.reward_weights)
@@ -750,6 +778,8 @@ class RLOOTrainer:
         finally:
             preemption.uninstall()
             self.generator.should_stop = None
+            # process groups torn down explicitly: gloo otherwise aborts now and then at interpreter exit
+            self.accelerator.end_training()
             if main:
                 logger.close(status=status)
         elapsed = time.perf_counter() - start
@@ -800,9 +830,13 @@ class RLOOTrainer:
 
     def save_final(self, out_dir: Path) -> None:
         """The trained model + tokenizer (safetensors) in output_dir, and a marker that training is done."""
+        # under ZeRO-3 the weights are sharded: every rank takes part in assembling them
+        state_dict = self.accelerator.get_state_dict(self.policy) if self.deepspeed else None
         if self.accelerator.is_main_process:
             out_dir.mkdir(parents=True, exist_ok=True)
-            self.accelerator.unwrap_model(self.policy).save_pretrained(out_dir, safe_serialization=True)
+            self.accelerator.unwrap_model(self.policy).save_pretrained(
+                out_dir, state_dict=state_dict, safe_serialization=True
+            )
             self.tokenizer.save_pretrained(out_dir)
             (out_dir / "rloo_config.json").write_text(json.dumps(self.cfg.to_dict(), indent=2, default=str))
             state = {**self._trainer_state(self.num_updates), "complete": True}

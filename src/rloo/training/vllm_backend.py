@@ -1,0 +1,429 @@
+"""Colocated vLLM generation behind the same ``Generator`` interface as ``TransformersGenerator``.
+
+Every process of the run keeps its own vLLM engine on its own GPU (TRL's "colocate" mode): the engine
+loads the starting checkpoint once, then receives the policy's weights before each generation, so it always
+samples from the policy being trained. With ``enable_sleep_mode`` the engine releases its weights and KV
+cache (sleep level 2) between generations, leaving the GPU memory to the optimisation phase.
+
+What ``generate`` promises matches ``TransformersGenerator``:
+
+- completions come back prompt-major (row ``p*K + j`` is sample ``j`` of prompt ``p``), right-padded with
+  the pad id to exactly ``max_new_tokens`` columns;
+- only the stop token ends a completion (the model's EOS does not, unless it is the stop token), and with
+  no stop token every completion is exactly ``max_new_tokens`` long;
+- each completion is its own request seeded with its counter-based seed (``generation.row_seeds``), so what
+  is sampled does not depend on how prompts are batched or spread over processes.
+
+Everything that does not touch the engine (padding, request building, output conversion, weight names,
+process-group variables) is a pure function here, tested without vLLM; ``VLLMGenerator`` is a thin shell
+around them. vLLM >= 0.22 is assumed (``logprobs_mode``, sleep-mode tags, the in-process
+``external_launcher`` executor), as TRL requires.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import socket
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from rloo.errors import UserError
+from rloo.training import deepspeed_utils
+from rloo.training.generation import Generated, Generator, SamplingParams, TransformersGenerator
+
+__all__ = [
+    "Completion",
+    "Request",
+    "VLLMGenerator",
+    "build_requests",
+    "completions_to_generated",
+    "create_colocated_llm",
+    "distributed_env",
+    "engine_kwargs",
+    "engine_logprobs_usable",
+    "extract_completion",
+    "make_generator",
+    "named_weights",
+    "require_vllm",
+    "sampling_kwargs",
+    "strip_left_padding",
+    "vllm_available",
+    "vllm_weight_name",
+]
+
+# Name segments that wrappers add to parameter names but a checkpoint does not have (torch.compile,
+# activation checkpointing, FSDP); DDP adds a leading "module.". vLLM's load_weights expects checkpoint names.
+_WRAPPER_SEGMENTS = frozenset({"_orig_mod", "_checkpoint_wrapped_module", "_fsdp_wrapped_module"})
+
+
+# ------------------------------------------------------------------------------------------------------
+# availability
+def vllm_available() -> bool:
+    return importlib.util.find_spec("vllm") is not None
+
+
+def require_vllm() -> None:
+    """Raise a one-line UserError unless vLLM can run here (installed, and a CUDA GPU present)."""
+    if not vllm_available():
+        raise UserError(
+            "--use_vllm needs vLLM, which is not installed: pip install vllm (or drop --use_vllm)."
+        )
+    if not torch.cuda.is_available():
+        raise UserError("--use_vllm needs a CUDA GPU; drop --use_vllm to generate with transformers.")
+
+
+# ------------------------------------------------------------------------------------------------------
+# requests
+@dataclass(frozen=True)
+class Request:
+    """One completion to sample: its prompt tokens and the keyword arguments of vLLM's SamplingParams."""
+
+    prompt_token_ids: list[int]
+    sampling: dict[str, Any]
+
+
+def strip_left_padding(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> list[list[int]]:
+    """(P, L) padded ids and mask -> P token lists holding the real tokens only."""
+    ids, mask = prompt_ids.cpu(), prompt_mask.cpu().bool()
+    return [row[m].tolist() for row, m in zip(ids, mask, strict=True)]
+
+
+def engine_logprobs_usable(params: SamplingParams) -> bool:
+    """Whether the engine's sampled-token log-probs mean what ``Generated.logprobs`` promises.
+
+    ``Generated.logprobs`` are log-softmax of logits / temperature over the whole vocabulary (what the
+    trainer's own forward computes). vLLM's processed log-probs are taken after top-k/top-p masking, i.e.
+    renormalised over the kept tokens, so they only agree when neither is active. Otherwise none are
+    returned and the trainer recomputes them with a forward pass.
+    """
+    return not params.greedy and params.top_k == 0 and params.top_p >= 1.0
+
+
+def sampling_kwargs(params: SamplingParams, seed: int, *, return_logprobs: bool) -> dict[str, Any]:
+    """vLLM SamplingParams keyword arguments for one completion."""
+    return {
+        "n": 1,
+        "max_tokens": params.max_new_tokens,
+        # vLLM samples greedily at temperature 0
+        "temperature": 0.0 if params.greedy else params.temperature,
+        # -1 disables top-k in every vLLM version (0 only in recent ones)
+        "top_k": params.top_k if params.top_k > 0 else -1,
+        "top_p": params.top_p,
+        "seed": int(seed),
+        # Only the stop token ends a completion, as in TransformersGenerator: the model's EOS is sampled and
+        # kept like any token. (min_tokens would instead mask EOS out of the distribution and bias sampling.)
+        "ignore_eos": True,
+        "stop_token_ids": [] if params.stop_token_id is None else [int(params.stop_token_id)],
+        "detokenize": False,  # the trainer decodes what it needs itself
+        "skip_special_tokens": False,
+        # 0 = the sampled token's log-prob only
+        "logprobs": 0 if return_logprobs else None,
+    }
+
+
+def build_requests(
+    prompts: Sequence[list[int]],
+    k: int,
+    params: SamplingParams,
+    seeds: torch.Tensor,
+    *,
+    return_logprobs: bool = False,
+) -> list[Request]:
+    """P prompts x K samples -> P*K requests, prompt-major, request ``p*K + j`` seeded with ``seeds[p*K + j]``.
+
+    One request per completion rather than ``n=K`` per prompt: vLLM derives the seeds of a prompt's K
+    samples from one request seed, so a completion's randomness would depend on its position within the
+    request. vLLM's prefix cache still computes each prompt's KV once for its K requests.
+    """
+    if k < 1:
+        raise ValueError(f"k must be >= 1 (got {k})")
+    if seeds.numel() != len(prompts) * k:
+        raise ValueError(f"expected {len(prompts) * k} seeds (P={len(prompts)} x K={k}), got {seeds.numel()}")
+    flat = seeds.reshape(-1).tolist()
+    logprobs = return_logprobs and engine_logprobs_usable(params)
+    return [
+        Request(list(prompt), sampling_kwargs(params, flat[p * k + j], return_logprobs=logprobs))
+        for p, prompt in enumerate(prompts)
+        for j in range(k)
+    ]
+
+
+# ------------------------------------------------------------------------------------------------------
+# outputs
+@dataclass(frozen=True)
+class Completion:
+    token_ids: list[int]
+    logprobs: list[float] | None = None  # the sampled tokens' log-probs, one per token
+
+
+def extract_completion(request_output: Any, *, with_logprobs: bool) -> Completion:
+    """A vLLM ``RequestOutput`` of one n=1 request -> its completion (tokens, optional log-probs)."""
+    out = request_output.outputs[0]
+    tokens = [int(t) for t in out.token_ids]
+    if not with_logprobs or out.logprobs is None:
+        return Completion(tokens)
+    # each position maps token id -> Logprob; the sampled token is always among them
+    logprobs = [float(step[tok].logprob) for step, tok in zip(out.logprobs, tokens, strict=True)]
+    return Completion(tokens, logprobs)
+
+
+def completions_to_generated(
+    completions: Sequence[Completion],
+    params: SamplingParams,
+    *,
+    with_logprobs: bool,
+    device: torch.device | str | None = None,
+) -> Generated:
+    """Completions -> ``Generated``: tokens (B, max_new_tokens) right-padded with the pad id, log-probs 0 there.
+
+    Tokens after the stop token are dropped, like TransformersGenerator's output (the engine stops there
+    anyway; this guards against an engine that returns more).
+    """
+    width = params.max_new_tokens
+    tokens = torch.full((len(completions), width), params.pad_token_id, dtype=torch.long)
+    logprobs = torch.zeros((len(completions), width), dtype=torch.float32) if with_logprobs else None
+    for i, c in enumerate(completions):
+        ids = c.token_ids[:width]
+        if params.stop_token_id is not None and params.stop_token_id in ids:
+            ids = ids[: ids.index(params.stop_token_id) + 1]
+        tokens[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+        if logprobs is not None:
+            if c.logprobs is None:
+                raise ValueError("the engine returned no log-probs although they were asked for")
+            logprobs[i, : len(ids)] = torch.tensor(c.logprobs[: len(ids)], dtype=torch.float32)
+    return Generated(tokens=tokens.to(device), logprobs=None if logprobs is None else logprobs.to(device))
+
+
+# ------------------------------------------------------------------------------------------------------
+# weights
+def vllm_weight_name(name: str) -> str:
+    """A training parameter name -> the checkpoint name vLLM's ``load_weights`` expects."""
+    # Whole segments only: "module" also ends "_checkpoint_wrapped_module", and a model may have a
+    # submodule called "module" deeper down, so only a leading one (DDP's) is dropped.
+    parts = [part for part in name.split(".") if part not in _WRAPPER_SEGMENTS]
+    while len(parts) > 1 and parts[0] == "module":
+        parts = parts[1:]
+    return ".".join(parts)
+
+
+def named_weights(model: Any, accelerator: Any = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """(checkpoint name, full tensor) for every parameter of the bare model, one at a time.
+
+    Under ZeRO-3 each parameter is gathered only while it is handed over, so a full copy of the model
+    never has to fit next to the engine; the gather is a collective, so every rank must iterate.
+    """
+    bare = accelerator.unwrap_model(model) if accelerator is not None else model
+    for name, param in bare.named_parameters():
+        if accelerator is None:
+            yield vllm_weight_name(name), param.data
+            continue
+        with deepspeed_utils.gathered([param], accelerator):
+            yield vllm_weight_name(name), param.data
+
+
+# ------------------------------------------------------------------------------------------------------
+# engine creation
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def distributed_env(
+    *, rank: int, local_rank: int, world_size: int, environ: dict[str, str] | None = None
+) -> dict[str, str]:
+    """The process-group variables vLLM's ``external_launcher`` executor reads, filled where missing.
+
+    Under ``accelerate launch`` they are already set (and must be kept: they describe the training job);
+    in a plain single-process run they are not, and a free local port is picked.
+    """
+    env = dict(os.environ if environ is None else environ)
+    out = {"RANK": str(rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(world_size)}
+    out["MASTER_ADDR"] = env.get("MASTER_ADDR") or "127.0.0.1"
+    out["MASTER_PORT"] = env.get("MASTER_PORT") or str(_free_port())
+    return out
+
+
+def engine_kwargs(
+    *,
+    model_path: str,
+    gpu_memory_utilization: float,
+    enable_sleep_mode: bool,
+    dtype: str,
+    seed: int,
+    max_model_len: int | None,
+    trust_remote_code: bool = False,
+) -> dict[str, Any]:
+    """Keyword arguments of ``vllm.LLM`` for a colocated engine."""
+    kwargs: dict[str, Any] = {
+        "model": model_path,
+        "tensor_parallel_size": 1,
+        "gpu_memory_utilization": gpu_memory_utilization,
+        "enable_sleep_mode": enable_sleep_mode,
+        "dtype": dtype,
+        "seed": seed,
+        # In-process executor sharing the training job's process group: every rank runs its own engine and
+        # the model is reachable from this process for weight updates.
+        "distributed_executor_backend": "external_launcher",
+        # Log-probs after temperature scaling, as the trainer computes them (see engine_logprobs_usable).
+        "logprobs_mode": "processed_logprobs",
+        "enable_prefix_caching": True,  # the K requests of a prompt share its KV cache
+        # The engine's memory profiler sizes activations from this; its large default starves the KV cache.
+        "max_num_batched_tokens": 4096,
+        "trust_remote_code": trust_remote_code,
+    }
+    if max_model_len is not None:
+        kwargs["max_model_len"] = max_model_len
+    return kwargs
+
+
+def create_colocated_llm(accelerator: Any, **kwargs: Any) -> Any:  # pragma: no cover - needs vLLM and a GPU
+    """Start this rank's engine (``kwargs`` as for ``engine_kwargs``)."""
+    from vllm import LLM
+
+    os.environ.update(
+        distributed_env(
+            rank=accelerator.process_index,
+            local_rank=accelerator.local_process_index,
+            world_size=accelerator.num_processes,
+        )
+    )
+    llm = LLM(**engine_kwargs(**kwargs))
+    # Engine start-up is uneven across ranks; training collectives right after it would time out.
+    accelerator.wait_for_everyone()
+    return llm
+
+
+# ------------------------------------------------------------------------------------------------------
+# the engine-touching shell
+class VLLMGenerator:
+    """``Generator`` backed by a colocated vLLM engine (``llm``) that mirrors the training ``model``.
+
+    ``model`` is the prepared policy (DDP / DeepSpeed engine / bare module); its weights are pushed into
+    the engine at the start of every ``generate`` call: with sleep level 2 the engine has dropped them,
+    and otherwise it is the simplest way to never sample from stale weights (a device-to-device copy of
+    the model, small next to a rollout).
+    """
+
+    def __init__(
+        self,
+        llm: Any,
+        model: Any,
+        *,
+        accelerator: Any = None,
+        enable_sleep_mode: bool = False,
+        sampling_params_cls: Any = None,
+    ) -> None:
+        self.llm = llm
+        self.model = model
+        self.accelerator = accelerator
+        self.enable_sleep_mode = enable_sleep_mode
+        if sampling_params_cls is None:
+            from vllm import SamplingParams as sampling_params_cls
+        self._sampling_params_cls = sampling_params_cls
+        if enable_sleep_mode:
+            self.sleep()  # free the memory until the first rollout
+
+    # -- weights and memory -------------------------------------------------------------------------------
+    def _engine_model(self) -> Any:
+        return self.llm.llm_engine.model_executor.driver_worker.model_runner.model
+
+    def push_weights(self) -> None:
+        """Copy the policy's current weights into the engine and drop KV blocks computed with the old ones."""
+        if self.enable_sleep_mode:
+            self.llm.wake_up(tags=["weights"])
+        target = self._engine_model()
+        for name, tensor in named_weights(self.model, self.accelerator):
+            target.load_weights([(name, tensor)])
+        self.llm.reset_prefix_cache()
+
+    def sleep(self) -> None:
+        # level 2 discards the weights too (level 1 would keep a CPU copy): they are pushed again anyway
+        self.llm.sleep(level=2)
+
+    # -- generation ---------------------------------------------------------------------------------------
+    def generate(
+        self,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        k: int,
+        params: SamplingParams,
+        seeds: torch.Tensor,
+        *,
+        return_logprobs: bool = False,
+    ) -> Generated:
+        requests = build_requests(
+            strip_left_padding(prompt_ids, prompt_mask), k, params, seeds, return_logprobs=return_logprobs
+        )
+        with_logprobs = return_logprobs and engine_logprobs_usable(params)
+        self.push_weights()
+        if self.enable_sleep_mode:
+            self.llm.wake_up(tags=["kv_cache"])
+        try:
+            outputs = self.llm.generate(
+                [{"prompt_token_ids": r.prompt_token_ids} for r in requests],
+                sampling_params=[self._sampling_params_cls(**r.sampling) for r in requests],
+                use_tqdm=False,
+            )
+        finally:
+            if self.enable_sleep_mode:
+                self.sleep()
+        completions = [extract_completion(o, with_logprobs=with_logprobs) for o in outputs]
+        return completions_to_generated(
+            completions, params, with_logprobs=with_logprobs, device=prompt_ids.device
+        )
+
+
+# ------------------------------------------------------------------------------------------------------
+# choosing a backend
+def _engine_dtype(cfg: Any) -> str:
+    if getattr(cfg, "bf16", False):
+        return "bfloat16"
+    if getattr(cfg, "fp16", False):
+        return "float16"
+    return "auto"
+
+
+def make_generator(
+    cfg: Any,
+    model: Any,
+    *,
+    accelerator: Any,
+    batch_size: int,
+    autocast: Any = None,
+    max_model_len: int | None = None,
+) -> Generator:
+    """The generation backend ``cfg`` asks for: vLLM when ``cfg.use_vllm``, else transformers.
+
+    ``model`` is the prepared policy. ``max_model_len`` (longest prompt + response_length) bounds the
+    engine's KV cache per sequence; without it vLLM reserves the model's full context length.
+    Raises UserError when ``use_vllm`` is set but vLLM cannot run here.
+    """
+    if not getattr(cfg, "use_vllm", False):
+        from rloo.training.deepspeed_utils import generation_needs_synced_steps
+
+        return TransformersGenerator(
+            accelerator.unwrap_model(model),
+            batch_size=batch_size,
+            autocast=autocast,
+            synced_steps=generation_needs_synced_steps(
+                accelerator, gather=bool(getattr(cfg, "ds3_gather_for_generation", True))
+            ),
+        )
+    require_vllm()
+    enable_sleep_mode = bool(getattr(cfg, "vllm_enable_sleep_mode", False))
+    llm = create_colocated_llm(
+        accelerator,
+        model_path=cfg.policy_path,
+        gpu_memory_utilization=float(getattr(cfg, "vllm_gpu_memory_utilization", 0.3)),
+        enable_sleep_mode=enable_sleep_mode,
+        dtype=_engine_dtype(cfg),
+        seed=int(getattr(cfg, "seed", 0)),
+        max_model_len=max_model_len,
+        trust_remote_code=bool(getattr(cfg, "trust_remote_code", False)),
+    )
+    return VLLMGenerator(llm, model, accelerator=accelerator, enable_sleep_mode=enable_sleep_mode)

@@ -1,0 +1,378 @@
+"""The vLLM backend without vLLM: its pure pieces, and the thin engine shell driven by a stand-in engine.
+
+The stand-in samples each completion from a generator seeded only by (prompt tokens, request seed) and
+honours max_tokens / stop_token_ids / logprobs the way vLLM documents them, so the tests check what the
+adapter is responsible for: request building, seeds, ordering, padding, weight pushes, sleep/wake order.
+"""
+
+from __future__ import annotations
+
+import zlib
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+from rloo.errors import UserError
+from rloo.training import vllm_backend as vb
+from rloo.training.generation import SamplingParams, TransformersGenerator, left_pad, row_seeds
+
+VOCAB = 40
+PAD = 0
+
+
+# ------------------------------------------------------------------------------------------------------
+# a stand-in engine
+class FakeSamplingParams(SimpleNamespace):
+    pass
+
+
+class FakeEngineModel:
+    def __init__(self, events: list[Any]) -> None:
+        self.events = events
+        self.loaded: list[tuple[str, torch.Tensor]] = []
+
+    def load_weights(self, weights: list[tuple[str, torch.Tensor]]) -> None:
+        self.events.append("load")
+        self.loaded += [(n, t.clone()) for n, t in weights]
+
+
+class FakeLLM:
+    def __init__(self) -> None:
+        self.events: list[Any] = []
+        self.model = FakeEngineModel(self.events)
+        runner = SimpleNamespace(model=self.model)
+        self.llm_engine = SimpleNamespace(
+            model_executor=SimpleNamespace(driver_worker=SimpleNamespace(model_runner=runner))
+        )
+        self.requests: list[tuple[list[int], Any]] = []
+
+    def sleep(self, level: int) -> None:
+        self.events.append(("sleep", level))
+
+    def wake_up(self, tags: list[str]) -> None:
+        self.events.append(("wake", *tags))
+
+    def reset_prefix_cache(self) -> None:
+        self.events.append("reset")
+
+    def generate(
+        self, prompts: list[dict[str, Any]], sampling_params: list[Any], use_tqdm: bool
+    ) -> list[Any]:
+        self.events.append("generate")
+        assert not use_tqdm
+        assert len(prompts) == len(sampling_params)
+        outs = []
+        for prompt, sp in zip(prompts, sampling_params, strict=True):
+            ids = prompt["prompt_token_ids"]
+            self.requests.append((ids, sp))
+            g = torch.Generator().manual_seed(zlib.crc32(repr((ids, sp.seed)).encode()))
+            tokens, logprobs = [], []
+            for _ in range(sp.max_tokens):
+                tok = int(torch.randint(1, VOCAB, (1,), generator=g))
+                tokens.append(tok)
+                logprobs.append({tok: SimpleNamespace(logprob=-tok / 10, rank=1)})
+                if tok in sp.stop_token_ids:
+                    break
+            completion = SimpleNamespace(
+                token_ids=tuple(tokens), logprobs=logprobs if sp.logprobs == 0 else None
+            )
+            outs.append(SimpleNamespace(outputs=[completion]))
+        return outs
+
+
+def _generator(
+    model: Any = None, *, sleep: bool = False, accelerator: Any = None
+) -> tuple[vb.VLLMGenerator, FakeLLM]:
+    llm = FakeLLM()
+    model = model if model is not None else torch.nn.Linear(2, 2)
+    gen = vb.VLLMGenerator(
+        llm, model, accelerator=accelerator, enable_sleep_mode=sleep, sampling_params_cls=FakeSamplingParams
+    )
+    return gen, llm
+
+
+PROMPTS = [[5, 6, 7], [8], [9, 10], [11, 12, 13, 14]]
+
+
+def _inputs(index: list[int], k: int = 3) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    ids, mask = left_pad([PROMPTS[i] for i in index], PAD)
+    return ids, mask, row_seeds(7, 2, torch.tensor(index), k)
+
+
+# ------------------------------------------------------------------------------------------------------
+# pure pieces
+def test_strip_left_padding_round_trips_left_pad() -> None:
+    ids, mask = left_pad(PROMPTS, PAD)
+    assert vb.strip_left_padding(ids, mask) == PROMPTS
+
+
+def test_sampling_kwargs_translate_our_params() -> None:
+    p = SamplingParams(
+        max_new_tokens=9, temperature=0.7, top_k=0, top_p=0.9, stop_token_id=3, pad_token_id=PAD
+    )
+    kw = vb.sampling_kwargs(p, 123, return_logprobs=True)
+    assert kw["n"] == 1
+    assert kw["max_tokens"] == 9
+    assert kw["temperature"] == 0.7
+    assert kw["top_k"] == -1  # off, in every vLLM version
+    assert kw["top_p"] == 0.9
+    assert kw["seed"] == 123
+    assert kw["stop_token_ids"] == [3]
+    assert kw["ignore_eos"] is True  # only the stop token ends a completion
+    assert kw["detokenize"] is False
+    assert kw["logprobs"] == 0
+    assert "min_tokens" not in kw  # would mask EOS out of the distribution
+    assert (
+        vb.sampling_kwargs(SamplingParams(max_new_tokens=1, top_k=5), 0, return_logprobs=False)["top_k"] == 5
+    )
+    none = vb.sampling_kwargs(SamplingParams(max_new_tokens=1), 0, return_logprobs=False)
+    assert none["stop_token_ids"] == []
+    assert none["logprobs"] is None
+    assert (
+        vb.sampling_kwargs(SamplingParams(max_new_tokens=1, greedy=True), 0, return_logprobs=False)[
+            "temperature"
+        ]
+        == 0.0
+    )
+
+
+def test_build_requests_is_prompt_major_with_one_seed_per_completion() -> None:
+    seeds = torch.tensor([10, 11, 20, 21])
+    reqs = vb.build_requests([[1, 2], [3]], 2, SamplingParams(max_new_tokens=4), seeds, return_logprobs=True)
+    assert [r.prompt_token_ids for r in reqs] == [[1, 2], [1, 2], [3], [3]]
+    assert [r.sampling["seed"] for r in reqs] == [10, 11, 20, 21]
+    assert all(r.sampling["logprobs"] == 0 for r in reqs)
+    with pytest.raises(ValueError, match="expected 4 seeds"):
+        vb.build_requests([[1, 2], [3]], 2, SamplingParams(max_new_tokens=4), seeds[:3])
+
+
+def test_engine_logprobs_only_when_they_mean_the_same() -> None:
+    assert vb.engine_logprobs_usable(SamplingParams(max_new_tokens=1, temperature=0.5))
+    assert not vb.engine_logprobs_usable(SamplingParams(max_new_tokens=1, top_k=10))
+    assert not vb.engine_logprobs_usable(SamplingParams(max_new_tokens=1, top_p=0.9))
+    reqs = vb.build_requests(
+        [[1]], 2, SamplingParams(max_new_tokens=1, top_k=3), torch.tensor([1, 2]), return_logprobs=True
+    )
+    assert all(r.sampling["logprobs"] is None for r in reqs)
+
+
+def test_extract_and_convert_outputs() -> None:
+    def out(tokens: list[int], lps: list[float] | None) -> Any:
+        steps = (
+            None
+            if lps is None
+            else [{t: SimpleNamespace(logprob=lp)} for t, lp in zip(tokens, lps, strict=True)]
+        )
+        return SimpleNamespace(outputs=[SimpleNamespace(token_ids=tokens, logprobs=steps)])
+
+    c = vb.extract_completion(out([4, 5, 3], [-0.1, -0.2, -0.3]), with_logprobs=True)
+    assert c.token_ids == [4, 5, 3]
+    assert c.logprobs == pytest.approx([-0.1, -0.2, -0.3])
+    assert vb.extract_completion(out([4], [-0.1]), with_logprobs=False).logprobs is None
+
+    params = SamplingParams(max_new_tokens=5, stop_token_id=3, pad_token_id=9)
+    comps = [
+        vb.Completion([4, 5, 3], [-0.1, -0.2, -0.3]),  # stopped
+        vb.Completion([1, 2, 3, 8, 8], [-1.0] * 5),  # an engine returning tokens past the stop
+        vb.Completion([6, 6, 6, 6, 6], [-0.5] * 5),  # ran to max_new_tokens
+    ]
+    g = vb.completions_to_generated(comps, params, with_logprobs=True)
+    assert g.tokens.tolist() == [[4, 5, 3, 9, 9], [1, 2, 3, 9, 9], [6, 6, 6, 6, 6]]
+    assert g.tokens.dtype == torch.long
+    assert g.logprobs is not None
+    assert g.logprobs.dtype == torch.float32
+    assert g.logprobs[0].tolist() == pytest.approx([-0.1, -0.2, -0.3, 0.0, 0.0])
+    assert g.logprobs[1, 3:].abs().sum() == 0
+    assert vb.completions_to_generated(comps, params, with_logprobs=False).logprobs is None
+    with pytest.raises(ValueError, match="no log-probs"):
+        vb.completions_to_generated([vb.Completion([1])], params, with_logprobs=True)
+
+
+def test_weight_names_lose_wrapper_prefixes() -> None:
+    assert (
+        vb.vllm_weight_name("module.model.layers.0.mlp.up_proj.weight") == "model.layers.0.mlp.up_proj.weight"
+    )
+    assert vb.vllm_weight_name("_orig_mod.lm_head.weight") == "lm_head.weight"
+    assert vb.vllm_weight_name("_orig_mod.module.lm_head.weight") == "lm_head.weight"
+    assert vb.vllm_weight_name("model.adapter.module.weight") == "model.adapter.module.weight"  # not DDP's
+    assert (
+        vb.vllm_weight_name("model.layers.1._checkpoint_wrapped_module.self_attn.q_proj.weight")
+        == "model.layers.1.self_attn.q_proj.weight"
+    )
+    wrapped = torch.nn.Sequential()
+    wrapped.add_module("module", torch.nn.Linear(2, 3))
+    assert [n for n, _ in vb.named_weights(wrapped)] == ["weight", "bias"]
+    # with an accelerator the bare model is unwrapped first; no DeepSpeed -> no gathering
+    acc = SimpleNamespace(unwrap_model=lambda m: m.module, state=SimpleNamespace(deepspeed_plugin=None))
+    names = [n for n, _ in vb.named_weights(wrapped, acc)]
+    assert names == ["weight", "bias"]
+
+
+def test_distributed_env_keeps_a_launched_jobs_rendezvous() -> None:
+    env = vb.distributed_env(
+        rank=1, local_rank=1, world_size=2, environ={"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "1234"}
+    )
+    assert env == {
+        "RANK": "1",
+        "LOCAL_RANK": "1",
+        "WORLD_SIZE": "2",
+        "MASTER_ADDR": "10.0.0.1",
+        "MASTER_PORT": "1234",
+    }
+    alone = vb.distributed_env(rank=0, local_rank=0, world_size=1, environ={})
+    assert alone["MASTER_ADDR"] == "127.0.0.1"
+    assert 0 < int(alone["MASTER_PORT"]) < 65536
+
+
+def test_engine_kwargs_are_colocated() -> None:
+    kw = vb.engine_kwargs(
+        model_path="/m",
+        gpu_memory_utilization=0.4,
+        enable_sleep_mode=True,
+        dtype="bfloat16",
+        seed=3,
+        max_model_len=600,
+    )
+    assert kw["model"] == "/m"
+    assert kw["distributed_executor_backend"] == "external_launcher"
+    assert kw["tensor_parallel_size"] == 1
+    assert kw["gpu_memory_utilization"] == 0.4
+    assert kw["enable_sleep_mode"] is True
+    assert kw["logprobs_mode"] == "processed_logprobs"
+    assert kw["max_model_len"] == 600
+    no_len = vb.engine_kwargs(
+        model_path="/m",
+        gpu_memory_utilization=0.4,
+        enable_sleep_mode=False,
+        dtype="auto",
+        seed=3,
+        max_model_len=None,
+    )
+    assert "max_model_len" not in no_len
+
+
+# ------------------------------------------------------------------------------------------------------
+# the engine shell
+def test_generate_shapes_padding_and_order() -> None:
+    gen, llm = _generator()
+    ids, mask, seeds = _inputs([0, 1, 2, 3])
+    params = SamplingParams(max_new_tokens=6, temperature=1.0, stop_token_id=4, pad_token_id=PAD)
+    out = gen.generate(ids, mask, 3, params, seeds)
+    assert out.tokens.shape == (12, 6)
+    assert out.logprobs is None
+    # prompt-major: request b carries prompt b // K with seed b
+    assert [r[0] for r in llm.requests] == [p for p in PROMPTS for _ in range(3)]
+    assert [r[1].seed for r in llm.requests] == seeds.tolist()
+    for row in out.tokens.tolist():
+        if 4 in row:  # everything after the stop token is padding
+            assert all(t == PAD for t in row[row.index(4) + 1 :])
+
+
+def test_samples_do_not_depend_on_batching() -> None:
+    gen, _ = _generator()
+    params = SamplingParams(max_new_tokens=5, temperature=1.0, pad_token_id=PAD)
+    whole = gen.generate(*_inputs([0, 1, 2, 3])[:2], 3, params, _inputs([0, 1, 2, 3])[2]).tokens
+    parts = [gen.generate(*_inputs(ix)[:2], 3, params, _inputs(ix)[2]).tokens for ix in ([0, 1], [2], [3])]
+    assert torch.equal(whole, torch.cat(parts))
+    # ... and do depend on the seeds
+    other = gen.generate(*_inputs([0, 1, 2, 3])[:2], 3, params, _inputs([0, 1, 2, 3])[2] + 1).tokens
+    assert not torch.equal(whole, other)
+
+
+def test_logprobs_come_back_when_asked_and_meaningful() -> None:
+    gen, _ = _generator()
+    ids, mask, seeds = _inputs([0, 1], k=2)
+    params = SamplingParams(max_new_tokens=4, temperature=1.0, pad_token_id=PAD)
+    out = gen.generate(ids, mask, 2, params, seeds, return_logprobs=True)
+    assert out.logprobs is not None
+    assert torch.allclose(out.logprobs, -out.tokens.float() / 10)  # the stand-in's log-prob of each token
+    filtered = SamplingParams(max_new_tokens=4, temperature=1.0, top_k=5, pad_token_id=PAD)
+    assert gen.generate(ids, mask, 2, filtered, seeds, return_logprobs=True).logprobs is None
+
+
+def test_weights_are_pushed_before_every_generation() -> None:
+    model = torch.nn.Linear(2, 2)
+    gen, llm = _generator(model)
+    ids, mask, seeds = _inputs([0], k=2)
+    params = SamplingParams(max_new_tokens=2, pad_token_id=PAD)
+    gen.generate(ids, mask, 2, params, seeds)
+    with torch.no_grad():
+        model.weight.add_(1.0)  # an optimizer step
+    gen.generate(ids, mask, 2, params, seeds)
+    names = [n for n, _ in llm.model.loaded]
+    assert names == ["weight", "bias", "weight", "bias"]
+    assert torch.equal(llm.model.loaded[2][1], model.weight.detach())
+    assert not torch.equal(llm.model.loaded[0][1], llm.model.loaded[2][1])
+    assert llm.events == ["load", "load", "reset", "generate", "load", "load", "reset", "generate"]
+
+
+def test_sleep_mode_wakes_weights_then_cache_and_sleeps_after() -> None:
+    gen, llm = _generator(sleep=True)
+    assert llm.events == [("sleep", 2)]  # memory released until the first rollout
+    ids, mask, seeds = _inputs([0], k=2)
+    gen.generate(ids, mask, 2, SamplingParams(max_new_tokens=2, pad_token_id=PAD), seeds)
+    assert llm.events[1:] == [
+        ("wake", "weights"),
+        "load",
+        "load",
+        "reset",
+        ("wake", "kv_cache"),
+        "generate",
+        ("sleep", 2),
+    ]
+
+
+def test_generation_failure_still_puts_the_engine_to_sleep() -> None:
+    gen, llm = _generator(sleep=True)
+
+    def boom(*a: Any, **k: Any) -> Any:
+        raise RuntimeError("CUDA out of memory")
+
+    llm.generate = boom  # type: ignore[method-assign]
+    ids, mask, seeds = _inputs([0], k=2)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        gen.generate(ids, mask, 2, SamplingParams(max_new_tokens=2, pad_token_id=PAD), seeds)
+    assert llm.events[-1] == ("sleep", 2)
+
+
+# ------------------------------------------------------------------------------------------------------
+# choosing the backend
+def _accelerator() -> Any:
+    return SimpleNamespace(
+        unwrap_model=lambda m: getattr(m, "module", m), state=SimpleNamespace(deepspeed_plugin=None)
+    )
+
+
+def test_make_generator_defaults_to_transformers() -> None:
+    bare = torch.nn.Linear(2, 2)
+    wrapped = SimpleNamespace(module=bare)
+    gen = vb.make_generator(
+        SimpleNamespace(use_vllm=False), wrapped, accelerator=_accelerator(), batch_size=8
+    )
+    assert isinstance(gen, TransformersGenerator)
+    assert gen.model is bare
+    assert gen.batch_size == 8
+    # a config that predates the vLLM fields means transformers too
+    assert isinstance(
+        vb.make_generator(SimpleNamespace(), bare, accelerator=_accelerator(), batch_size=2),
+        TransformersGenerator,
+    )
+
+
+def test_use_vllm_without_vllm_is_a_one_line_user_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(vb.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(UserError) as err:
+        vb.make_generator(
+            SimpleNamespace(use_vllm=True), torch.nn.Linear(1, 1), accelerator=_accelerator(), batch_size=2
+        )
+    assert "pip install vllm" in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_use_vllm_without_a_gpu_is_a_user_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(vb.importlib.util, "find_spec", lambda name: object())
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(UserError, match="CUDA GPU"):
+        vb.require_vllm()
