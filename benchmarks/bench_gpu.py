@@ -31,6 +31,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_vs_trl
+
 TRAINERS = ("ours", "trl")
 LABELS = {"ours": "rloo", "trl": "TRL"}
 GIB = 1024**3
@@ -177,34 +180,10 @@ def _peak_memory() -> int:
 
 
 def worker_ours(spec: dict[str, Any]) -> dict[str, Any]:
-    from rloo.config import RLOOConfig
     from rloo.training.trainer import RLOOTrainer
 
     batch = spec["prompts"] * spec["k"]
-    cfg = RLOOConfig(
-        model_name_or_path=spec["policy"],
-        dataset_name=spec["dataset"],
-        reward_funcs=["rloo.toy:letter_reward"],
-        output_dir=spec["output_dir"],
-        seed=spec["seed"],
-        rloo_k=spec["k"],
-        per_device_train_batch_size=spec["micro_batch"],
-        gradient_accumulation_steps=batch // spec["micro_batch"],
-        num_mini_batches=1,
-        num_ppo_epochs=1,
-        max_steps=spec["updates"],
-        local_rollout_forward_batch_size=batch,
-        response_length=spec["length"],
-        stop_token=None,
-        temperature=1.0,
-        kl_coef=spec["beta"],
-        learning_rate=spec["lr"],
-        bf16=True,
-        logging_steps=1,
-        save_steps=0,
-        num_sample_generations=0,
-        disable_tqdm=True,
-    )
+    cfg = bench_vs_trl.rloo_config(spec, bf16=True)
     trainer = RLOOTrainer(cfg)
     _reset_peak_memory()
     _sync()
@@ -238,55 +217,25 @@ def worker_ours(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def worker_trl(spec: dict[str, Any]) -> dict[str, Any]:
-    import datasets
-    import pyarrow.parquet as pq
     import torch
-    from transformers import AutoTokenizer
-    from trl import RLOOConfig, RLOOTrainer
+    from trl import RLOOTrainer
 
     from rloo.toy import letter_reward
 
-    datasets.disable_progress_bars()
     batch = spec["prompts"] * spec["k"]
-    accum = batch // spec["micro_batch"]
-    table = pq.read_table(Path(spec["dataset"]) / "data" / "train-00000-of-00001.parquet")
-    tok = AutoTokenizer.from_pretrained(spec["policy"], padding_side="left")
-    if tok.pad_token is None:
-        tok.pad_token = tok.eos_token
-    args = RLOOConfig(
-        output_dir=spec["output_dir"],
-        seed=spec["seed"],
-        data_seed=spec["seed"],
-        num_generations=spec["k"],
-        per_device_train_batch_size=spec["micro_batch"],
-        gradient_accumulation_steps=accum,
-        steps_per_generation=accum,
-        num_iterations=1,
-        max_steps=spec["updates"],
-        max_completion_length=spec["length"],
-        generation_kwargs={"min_new_tokens": spec["length"]},
-        temperature=1.0,
-        beta=spec["beta"],
-        learning_rate=spec["lr"],
+    train_ds, tok = bench_vs_trl.trl_inputs(spec)
+    args = bench_vs_trl.trl_config(
+        spec,
         # the same precision as ours: fp32 weights (as saved), bf16 autocast
         model_init_kwargs={"dtype": torch.float32},
         bf16=True,
         use_cpu=not torch.cuda.is_available(),  # the CPU smoke test only
-        gradient_checkpointing=False,
-        disable_dropout=True,
-        logging_steps=1,
-        report_to="none",
-        save_strategy="no",
-        eval_strategy="no",
-        log_completions=False,
-        disable_tqdm=True,
-        dataloader_num_workers=0,
     )
     trainer = RLOOTrainer(
         model=spec["policy"],
         reward_funcs=letter_reward,
         args=args,
-        train_dataset=datasets.Dataset(table),
+        train_dataset=train_ds,
         processing_class=tok,
     )
     # Phase timings from TRL's own methods: _generate (sampling) inside _generate_and_score_completions

@@ -125,12 +125,12 @@ def _set_threads(n: int) -> None:
     torch.set_num_threads(n)
 
 
-def worker_ours(spec: dict[str, Any]) -> dict[str, Any]:
+def rloo_config(spec: dict[str, Any], **overrides: Any) -> Any:
+    """This project's config for a benchmark spec: one rollout of prompts x k, one optimizer step."""
     from rloo.config import RLOOConfig
-    from rloo.training.trainer import RLOOTrainer
 
     batch = spec["prompts"] * spec["k"]
-    cfg = RLOOConfig(
+    kwargs: dict[str, Any] = dict(
         model_name_or_path=spec["policy"],
         dataset_name=spec["dataset"],
         reward_funcs=["rloo.toy:letter_reward"],
@@ -159,6 +159,14 @@ def worker_ours(spec: dict[str, Any]) -> dict[str, Any]:
         num_sample_generations=0,
         disable_tqdm=True,
     )
+    kwargs.update(overrides)
+    return RLOOConfig(**kwargs)
+
+
+def worker_ours(spec: dict[str, Any]) -> dict[str, Any]:
+    from rloo.training.trainer import RLOOTrainer
+
+    cfg = rloo_config(spec)
     trainer = RLOOTrainer(cfg)
     t0 = time.perf_counter()
     result = trainer.train()
@@ -177,23 +185,26 @@ def worker_ours(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def worker_trl(spec: dict[str, Any]) -> dict[str, Any]:
+def trl_inputs(spec: dict[str, Any]) -> tuple[Any, Any]:
+    """TRL's train dataset and tokenizer for a benchmark spec (pad = eos, as ours does)."""
     import datasets
     import pyarrow.parquet as pq
     from transformers import AutoTokenizer
-    from trl import RLOOConfig, RLOOTrainer
-
-    from rloo.toy import letter_reward
 
     datasets.disable_progress_bars()
-    batch = spec["prompts"] * spec["k"]
-    accum = batch // spec["micro_batch"]
     table = pq.read_table(Path(spec["dataset"]) / "data" / "train-00000-of-00001.parquet")
-    train_ds = datasets.Dataset(table)
     tok = AutoTokenizer.from_pretrained(spec["policy"], padding_side="left")
     if tok.pad_token is None:
-        tok.pad_token = tok.eos_token  # as ours does
-    args = RLOOConfig(
+        tok.pad_token = tok.eos_token
+    return datasets.Dataset(table), tok
+
+
+def trl_config(spec: dict[str, Any], **overrides: Any) -> Any:
+    """TRL's RLOOConfig doing the same work per update as :func:`rloo_config`."""
+    from trl import RLOOConfig
+
+    accum = spec["prompts"] * spec["k"] // spec["micro_batch"]
+    kwargs: dict[str, Any] = dict(
         output_dir=spec["output_dir"],
         seed=spec["seed"],
         data_seed=spec["seed"],
@@ -230,6 +241,18 @@ def worker_trl(spec: dict[str, Any]) -> dict[str, Any]:
         disable_tqdm=True,
         dataloader_num_workers=0,
     )
+    kwargs.update(overrides)
+    return RLOOConfig(**kwargs)
+
+
+def worker_trl(spec: dict[str, Any]) -> dict[str, Any]:
+    from trl import RLOOTrainer
+
+    from rloo.toy import letter_reward
+
+    batch = spec["prompts"] * spec["k"]
+    train_ds, tok = trl_inputs(spec)
+    args = trl_config(spec)
     trainer = RLOOTrainer(
         model=spec["policy"],
         reward_funcs=letter_reward,
