@@ -9,6 +9,7 @@ copies back into the one prompt computation), and only the response tokens run p
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -35,7 +36,7 @@ def response_logits(
     ``share_prefix=None`` decides by token count: sharing costs a second model call, which only pays
     when it saves a good part of the tokens (long prompts, several completions per prompt).
     """
-    ctx = autocast or _null
+    ctx = autocast or contextlib.nullcontext
     if share_prefix is None:
         b, t, width = rows.numel(), responses.size(1), prompt_ids.size(1)
         shared_tokens = torch.unique(rows).numel() * width + b * t
@@ -80,11 +81,3 @@ def response_logits(
             use_cache=True,
         ).logits  # (b, T-1, V)
     return torch.cat([first[:, None].to(rest.dtype), rest], dim=1)
-
-
-class _null:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None

@@ -11,6 +11,7 @@ prompts are batched or spread over processes, only on the run seed and on what i
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -186,7 +187,7 @@ class TransformersGenerator:
         from transformers import DynamicCache
 
         model = self.model
-        ctx = self.autocast or _nullcontext  # a factory: autocast contexts are not re-entrant
+        ctx = self.autocast or contextlib.nullcontext  # a factory: autocast contexts are not re-entrant
         device = prompt_ids.device
         steps = params.max_new_tokens
         # (B, T) all of this chunk's uniforms in one vectorised hash rather than one call per step
@@ -256,11 +257,3 @@ def _normal(t: torch.Tensor) -> torch.Tensor:
     # Inference tensors cannot take part in autograd later (the ids feed the training forward).
     with torch.inference_mode(False):
         return t.clone()
-
-
-class _nullcontext:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None

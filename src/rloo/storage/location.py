@@ -1,0 +1,109 @@
+"""Where an artifact lives: ``s3://bucket/prefix``, ``file:///abs/path`` or a plain local path."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from rloo.errors import UserError
+from rloo.storage.redact import redact
+
+# S3 bucket naming rules (lowercase, 3-63 characters); SeaweedFS and MinIO enforce the same.
+_BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]$")
+_SCHEME_RE = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.\-]*)://")
+
+
+@dataclass(frozen=True)
+class Location:
+    """A parsed storage URI. For ``s3``, ``key`` is the prefix without surrounding slashes; for ``file``
+    it is an absolute POSIX path and ``bucket`` is empty."""
+
+    scheme: str
+    bucket: str
+    key: str
+
+    @classmethod
+    def parse(cls, uri: str | os.PathLike[str] | Location) -> Location:
+        if isinstance(uri, Location):
+            return uri
+        if isinstance(uri, os.PathLike):
+            return cls("file", "", Path(uri).expanduser().resolve().as_posix())
+        text = str(uri).strip()
+        if not text:
+            raise UserError("empty storage URI: give s3://bucket/prefix, file:///path or a local path.")
+        m = _SCHEME_RE.match(text)
+        if m is None:
+            return cls("file", "", Path(text).expanduser().resolve().as_posix())
+        scheme = m.group(1).lower()
+        rest = text[m.end() :]
+        if scheme == "file":
+            if not rest.startswith("/"):
+                raise UserError(
+                    f"file URI {text!r} must be absolute (file:///abs/path); give a plain path for "
+                    "relative locations."
+                )
+            return cls("file", "", Path(rest).resolve().as_posix())
+        if scheme == "s3":
+            bucket, _, prefix = rest.partition("/")
+            if "@" in bucket or ":" in bucket:
+                raise UserError(
+                    f"S3 URI {redact(text)!r} carries credentials or a port in the bucket part: use "
+                    "s3://bucket/prefix and put credentials in AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY and "
+                    "the server in S3_ENDPOINT_URL."
+                )
+            if not _BUCKET_RE.match(bucket):
+                raise UserError(
+                    f"invalid S3 bucket name {bucket!r} in {text!r}: bucket names are 3-63 lowercase letters, "
+                    "digits, dots and hyphens (s3://bucket/prefix)."
+                )
+            parts = [p for p in prefix.split("/") if p]
+            if any(p in (".", "..") for p in parts):
+                raise UserError(f"S3 URI {text!r} contains '.' or '..' segments: give a normalized prefix.")
+            return cls("s3", bucket, "/".join(parts))
+        raise UserError(
+            f"unsupported storage URI {redact(text)!r}: use s3://bucket/prefix (S3-compatible storage), "
+            "file:///abs/path or a plain local path."
+        )
+
+    # ----------------------------------------------------------------------------------------------
+    @property
+    def is_s3(self) -> bool:
+        return self.scheme == "s3"
+
+    @property
+    def is_local(self) -> bool:
+        return self.scheme == "file"
+
+    @property
+    def path(self) -> Path:
+        if not self.is_local:
+            raise ValueError(f"{self.uri} is not a local path")
+        return Path(self.key)
+
+    @property
+    def uri(self) -> str:
+        if self.is_s3:
+            return f"s3://{self.bucket}/{self.key}" if self.key else f"s3://{self.bucket}"
+        return f"file://{self.key}"
+
+    @property
+    def name(self) -> str:
+        return PurePosixPath(self.key).name
+
+    def child(self, *parts: str) -> Location:
+        """The location of ``parts`` below this one (``/``-separated parts are split)."""
+        segs = [s for p in parts for s in str(p).split("/") if s]
+        if any(s in (".", "..") for s in segs):
+            raise ValueError(f"child path {parts!r} must not contain '.' or '..'")
+        if self.is_s3:
+            return Location("s3", self.bucket, "/".join([*([self.key] if self.key else []), *segs]))
+        return Location("file", "", PurePosixPath(self.key, *segs).as_posix())
+
+    def object_key(self, rel: str) -> str:
+        """The S3 key of ``rel`` below this prefix."""
+        return f"{self.key}/{rel}" if self.key else rel
+
+    def __str__(self) -> str:
+        return self.uri

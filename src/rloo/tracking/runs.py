@@ -1,0 +1,292 @@
+"""MLflow runs: one parent run per pipeline run, one nested run per stage; where runs are recorded.
+
+Pipeline identity comes from the environment of the stage's pod. KFP v2 does not export it by itself: the
+pipeline definition sets ``KFP_RUN_ID`` from ``dsl.PIPELINE_JOB_ID_PLACEHOLDER`` and ``KFP_RUN_NAME`` from
+``dsl.PIPELINE_JOB_NAME_PLACEHOLDER`` on every task. Without them a stage's run is a top-level run.
+
+Tags written (what the UI and :func:`MlflowClient.search_runs` filter on):
+
+- parent: ``rloo.kind=pipeline``, ``rloo.pipeline_run_id``, ``kfp.run_id``, ``kfp.run_name``;
+- stage: ``rloo.kind=stage``, ``rloo.stage``, ``mlflow.parentRunId``, the KFP tags, ``rloo.output_dir``, and
+  ``rloo.resumed_from`` when it replaces a run of the same stage that was left RUNNING (a pod that died).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from rloo.errors import UserError
+from rloo.storage.redact import redact
+
+KFP_RUN_ID_ENV = "KFP_RUN_ID"
+KFP_RUN_NAME_ENV = "KFP_RUN_NAME"
+EXPERIMENT_ENV = "MLFLOW_EXPERIMENT_NAME"
+DEFAULT_EXPERIMENT = "rloo"
+EMBEDDED_DIR = "mlruns"
+
+TAG_KIND = "rloo.kind"
+TAG_STAGE = "rloo.stage"
+TAG_PIPELINE_RUN_ID = "rloo.pipeline_run_id"
+TAG_RESUMED_FROM = "rloo.resumed_from"
+TAG_KFP_RUN_ID = "kfp.run_id"
+TAG_KFP_RUN_NAME = "kfp.run_name"
+TAG_PARENT = "mlflow.parentRunId"
+TAG_OUTPUT_DIR = "rloo.output_dir"
+
+
+@dataclass(frozen=True)
+class StageRun:
+    run_id: str
+    experiment_id: str
+    parent_run_id: str | None
+    tracking_uri: str
+
+
+def pipeline_run_from_env() -> tuple[str | None, str | None]:
+    """(KFP run id, KFP run name) from the environment, None where unset or left as a raw placeholder."""
+
+    def get(name: str) -> str | None:
+        v = os.environ.get(name, "").strip()
+        return v if v and "{{" not in v else None
+
+    return get(KFP_RUN_ID_ENV), get(KFP_RUN_NAME_ENV)
+
+
+def resolve_tracking_uri(
+    tracking_uri: str | None = None, work_dir: str | Path | None = None
+) -> tuple[str, str | None]:
+    """(tracking URI, artifact location for new experiments).
+
+    The argument, else ``MLFLOW_TRACKING_URI``, else the embedded default: a sqlite store at
+    ``<work_dir>/mlruns/mlflow.db`` with artifacts in ``<work_dir>/mlruns/artifacts`` (no server needed).
+    """
+    uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    if uri:
+        return uri, None
+    base = Path(work_dir or Path.cwd()).resolve() / EMBEDDED_DIR
+    return f"sqlite:///{base / 'mlflow.db'}", (base / "artifacts").as_uri()
+
+
+def configure_mlflow_http() -> None:
+    """Make each MLflow HTTP call fail fast: the sink's background loop owns retrying (with backoff and a
+    buffer), so MLflow's own minutes-long retry chain would only delay flushing. User settings win."""
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
+
+
+def check_tracking_server(tracking_uri: str | None = None, *, timeout: float = 10.0) -> None:
+    """Fail fast, in one line, if the tracking server cannot be used; call before training starts.
+
+    Only HTTP(S) servers are contacted (one request, no retries); the embedded sqlite store needs nothing.
+    """
+    uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    if not uri:
+        return
+    scheme = urlparse(uri).scheme
+    shown = redact(uri)
+    if scheme == "sqlite":
+        try:
+            import alembic  # noqa: F401
+            import sqlalchemy  # noqa: F401
+        except ImportError:
+            raise UserError(
+                f"MLFLOW_TRACKING_URI={shown} needs sqlalchemy and alembic: pip install 'rloo-kfp[tracking]'."
+            ) from None
+        return
+    if scheme not in ("http", "https"):
+        return
+    from mlflow.utils.credentials import get_default_host_creds
+    from mlflow.utils.rest_utils import http_request
+
+    endpoint = "/api/2.0/mlflow/experiments/search"
+    try:
+        resp = http_request(
+            get_default_host_creds(uri),
+            endpoint,
+            "POST",
+            max_retries=0,
+            timeout=timeout,
+            raise_on_status=False,
+            json={"max_results": 1},
+        )
+    except Exception as e:
+        reason = _reason(e)
+        raise UserError(
+            f"MLflow tracking server {shown} is unreachable ({reason}): start it or fix MLFLOW_TRACKING_URI, "
+            "or unset MLFLOW_TRACKING_URI to record runs in a local sqlite store under the output directory."
+        ) from None
+    if resp.status_code in (401, 403):
+        raise UserError(
+            f"MLflow tracking server {shown} refused the request (HTTP {resp.status_code}): set "
+            "MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD or MLFLOW_TRACKING_TOKEN."
+        )
+    if resp.status_code != 200:
+        raise UserError(
+            f"{shown} does not answer like an MLflow tracking server (HTTP {resp.status_code} on {endpoint}): "
+            "MLFLOW_TRACKING_URI must be the server's base URL, e.g. http://mlflow.example:5000."
+        )
+
+
+def _reason(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    for needle in (
+        "Connection refused",
+        "Name or service not known",
+        "timed out",
+        "Read timed out",
+        "No route to host",
+    ):
+        if needle.lower() in text.lower():
+            return needle.lower()
+    return redact(text)[:160]
+
+
+# ----------------------------------------------------------------------------------------------------
+def get_or_create_experiment(client: Any, name: str, artifact_location: str | None = None) -> str:
+    from mlflow.exceptions import MlflowException
+
+    exp = client.get_experiment_by_name(name)
+    if exp is None:
+        try:
+            return client.create_experiment(name, artifact_location=artifact_location)
+        except MlflowException as e:
+            if e.error_code != "RESOURCE_ALREADY_EXISTS":
+                raise
+            exp = client.get_experiment_by_name(name)
+    if exp.lifecycle_stage == "deleted":
+        client.restore_experiment(exp.experiment_id)
+    return exp.experiment_id
+
+
+def _quote(value: str) -> str:
+    return value.replace("\\", "").replace("'", "")
+
+
+def _kfp_tags(pipeline_run_id: str | None, pipeline_run_name: str | None) -> dict[str, str]:
+    tags = {}
+    if pipeline_run_id:
+        tags[TAG_KFP_RUN_ID] = pipeline_run_id
+        tags[TAG_PIPELINE_RUN_ID] = pipeline_run_id
+    if pipeline_run_name:
+        tags[TAG_KFP_RUN_NAME] = pipeline_run_name
+    return tags
+
+
+def get_or_create_parent_run(
+    client: Any, experiment_id: str, pipeline_run_id: str, pipeline_run_name: str | None = None
+) -> str:
+    """The parent run of pipeline run ``pipeline_run_id``, created by whichever stage comes first."""
+    filt = f"tags.`{TAG_PIPELINE_RUN_ID}` = '{_quote(pipeline_run_id)}' and tags.`{TAG_KIND}` = 'pipeline'"
+
+    def find() -> list[Any]:
+        return client.search_runs(
+            [experiment_id], filter_string=filt, order_by=["attributes.start_time ASC"], max_results=20
+        )
+
+    runs = find()
+    if not runs:
+        tags = {TAG_KIND: "pipeline", **_kfp_tags(pipeline_run_id, pipeline_run_name)}
+        mine = client.create_run(
+            experiment_id, run_name=pipeline_run_name or f"pipeline-{pipeline_run_id[:8]}", tags=tags
+        )
+        # Two stages starting at once may both create one: all agree on the oldest, the others go.
+        runs = find() or [mine]
+        if runs[0].info.run_id != mine.info.run_id:
+            client.delete_run(mine.info.run_id)
+    parent = runs[0]
+    if parent.info.status != "RUNNING":
+        client.update_run(parent.info.run_id, status="RUNNING")  # a retried pipeline runs again
+    return parent.info.run_id
+
+
+def start_stage_run(
+    stage: str,
+    *,
+    experiment: str | None = None,
+    tracking_uri: str | None = None,
+    client: Any = None,
+    run_name: str | None = None,
+    parent_run_id: str | None = None,
+    pipeline_run_id: str | None = None,
+    pipeline_run_name: str | None = None,
+    tags: dict[str, str] | None = None,
+    artifact_location: str | None = None,
+    supersede_running: bool = True,
+) -> StageRun:
+    """Create the MLflow run of one stage, nested under its pipeline's parent run when there is one.
+
+    The parent is ``parent_run_id`` if given, else the run of ``pipeline_run_id`` (default: ``KFP_RUN_ID``),
+    found or created. With ``supersede_running``, runs of the same stage still marked RUNNING (their process
+    died) under the same parent, or without a parent with the same ``rloo.output_dir`` tag, are marked FAILED
+    and named in this run's ``rloo.resumed_from`` tag; parallel tasks of one pipeline must therefore use
+    distinct stage names.
+    """
+    from mlflow.tracking import MlflowClient
+
+    env_id, env_name = pipeline_run_from_env()
+    pipeline_run_id = pipeline_run_id or env_id
+    pipeline_run_name = pipeline_run_name or env_name
+    uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    client = client or MlflowClient(tracking_uri=uri)
+    exp_name = experiment or os.environ.get(EXPERIMENT_ENV) or DEFAULT_EXPERIMENT
+    exp_id = get_or_create_experiment(client, exp_name, artifact_location)
+    if parent_run_id is None and pipeline_run_id:
+        parent_run_id = get_or_create_parent_run(client, exp_id, pipeline_run_id, pipeline_run_name)
+    run_tags = {
+        TAG_KIND: "stage",
+        TAG_STAGE: stage,
+        **_kfp_tags(pipeline_run_id, pipeline_run_name),
+        **(tags or {}),
+    }
+    # The same stage of the same pipeline run, or (outside a pipeline) of the same output directory: a run
+    # of it still RUNNING belongs to a process that died, and this one takes over.
+    same = f"tags.`{TAG_STAGE}` = '{_quote(stage)}' and attributes.status = 'RUNNING'"
+    if parent_run_id:
+        run_tags[TAG_PARENT] = parent_run_id
+        same += f" and tags.`{TAG_PARENT}` = '{_quote(parent_run_id)}'"
+    elif run_tags.get(TAG_OUTPUT_DIR):
+        same += f" and tags.`{TAG_OUTPUT_DIR}` = '{_quote(run_tags[TAG_OUTPUT_DIR])}'"
+    else:
+        supersede_running = False
+    if supersede_running:
+        stale = client.search_runs([exp_id], filter_string=same, max_results=50)
+        for old in stale:
+            client.set_terminated(old.info.run_id, status="FAILED")
+        if stale:
+            run_tags[TAG_RESUMED_FROM] = ",".join(r.info.run_id for r in stale)
+    run = client.create_run(exp_id, run_name=run_name or stage, tags=run_tags)
+    return StageRun(run.info.run_id, exp_id, parent_run_id, client.tracking_uri)
+
+
+def finish_pipeline_run(
+    status: str = "FINISHED",
+    *,
+    pipeline_run_id: str | None = None,
+    experiment: str | None = None,
+    tracking_uri: str | None = None,
+    client: Any = None,
+) -> str | None:
+    """Mark the parent run of a pipeline run FINISHED/FAILED (e.g. from the last stage or an exit handler)."""
+    from mlflow.tracking import MlflowClient
+
+    pipeline_run_id = pipeline_run_id or pipeline_run_from_env()[0]
+    if not pipeline_run_id:
+        return None
+    client = client or MlflowClient(tracking_uri=tracking_uri or os.environ.get("MLFLOW_TRACKING_URI"))
+    exp = client.get_experiment_by_name(experiment or os.environ.get(EXPERIMENT_ENV) or DEFAULT_EXPERIMENT)
+    if exp is None:
+        return None
+    runs = client.search_runs(
+        [exp.experiment_id],
+        filter_string=f"tags.`{TAG_PIPELINE_RUN_ID}` = '{_quote(pipeline_run_id)}' and tags.`{TAG_KIND}` = 'pipeline'",
+        order_by=["attributes.start_time ASC"],
+        max_results=1,
+    )
+    if not runs:
+        return None
+    client.set_terminated(runs[0].info.run_id, status=status)
+    return runs[0].info.run_id
