@@ -164,6 +164,14 @@ class RLOOConfig:
         25.0, "On SIGTERM, checkpoint and exit within this many seconds (Kubernetes waits 30 by default)."
     )
     disable_tqdm: bool = _f(False, "Hide the progress bar.")
+    report_to: str | None = _f(
+        None, "'mlflow' or 'none' (default: MLflow exactly when MLFLOW_TRACKING_URI is set)."
+    )
+    checkpoint_uri: str | None = _f(
+        None,
+        "s3://bucket/prefix (or a directory) to mirror every checkpoint to; a run on a fresh machine resumes "
+        "from the newest complete one there.",
+    )
 
     def __post_init__(self) -> None:
         self.validate()
@@ -211,6 +219,8 @@ class RLOOConfig:
             raise UserError(f"--warmup_ratio must be in [0, 1] (got {self.warmup_ratio}).")
         if self.save_steps < 0 or self.num_sample_generations < 0 or self.warmup_steps < 0:
             raise UserError("--save_steps, --num_sample_generations and --warmup_steps must be >= 0.")
+        if self.report_to not in (None, "mlflow", "none"):
+            raise UserError(f"--report_to must be 'mlflow' or 'none' (got {self.report_to!r}).")
         if self.vllm_mode != "colocate":
             raise UserError(
                 f"--vllm_mode must be 'colocate' (got {self.vllm_mode!r}); server mode is not supported."

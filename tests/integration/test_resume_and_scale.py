@@ -176,3 +176,31 @@ def test_two_processes_match_one(tiny, toy_data: Path, tmp_path: Path) -> None:
 
 def _weights_init(tiny) -> dict[str, torch.Tensor]:
     return load_file(str(Path(tiny.policy) / "model.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory: pytest.TempPathFactory):
+    from tests.fixtures.servers import release, shared_s3
+
+    server = shared_s3(tmp_path_factory.mktemp("s3"))
+    yield server
+    release("s3")
+
+
+def test_fresh_machine_resumes_from_the_s3_mirror(
+    tiny, toy_data: Path, tmp_path: Path, uninterrupted: Path, s3
+) -> None:
+    # pod 1 mirrors its checkpoints to S3 and is killed; pod 2 starts with an empty disk, finds the newest
+    # complete checkpoint (and the metrics so far) in S3, and ends where an uninterrupted run ends
+    uri = f"s3://{s3.bucket}/runs/{tmp_path.name}"
+    pod1, pod2 = tmp_path / "pod1", tmp_path / "pod2"
+    killed = _run(
+        _args(tiny, toy_data, pod1, checkpoint_uri=uri), RLOO_FAULT_INJECT="kill@5:generation", **s3.env()
+    )
+    assert killed.returncode == -signal.SIGKILL
+    resumed = _run(_args(tiny, toy_data, pod2, checkpoint_uri=uri), **s3.env())
+    assert resumed.returncode == 0, resumed.stderr
+    assert "restored checkpoint-" in resumed.stdout
+    w_straight, w_resumed = _weights(uninterrupted), _weights(pod2)
+    assert all(torch.equal(w_straight[k], w_resumed[k]) for k in w_straight)
+    assert _metrics(pod2) == _metrics(uninterrupted)

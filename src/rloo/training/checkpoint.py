@@ -83,6 +83,7 @@ def save_checkpoint(
     state: dict[str, Any],
     config: dict[str, Any],
     total_limit: int | None = None,
+    extra_files: list[Path] | None = None,
 ) -> Path:
     """Write ``output_dir/checkpoint-<update>`` atomically and return its path."""
     final = output_dir / f"{PREFIX}{update}"
@@ -97,6 +98,9 @@ def save_checkpoint(
     torch.save(rng_states(), tmp / "rng_state.pt")
     (tmp / "rloo_config.json").write_text(json.dumps(config, indent=2, default=str))
     (tmp / STATE).write_text(json.dumps(state, indent=2))
+    for extra in extra_files or []:
+        if extra.is_file():
+            shutil.copy2(extra, tmp / extra.name)
     files = {}
     for path in sorted(p for p in tmp.rglob("*") if p.is_file()):
         _fsync(path)

@@ -19,6 +19,7 @@ import logging
 import math
 import os
 import random
+import shutil
 import signal
 import threading
 import time
@@ -49,7 +50,7 @@ from rloo.training.generation import (
     left_pad,
     row_seeds,
 )
-from rloo.training.metrics import MetricsLogger
+from rloo.training.metrics import METRICS_FILE, MetricsLogger
 from rloo.training.models import load_causal_lm, load_reward_model, load_tokenizer
 from rloo.training.rewards import (
     RewardBatch,
@@ -161,6 +162,17 @@ class RLOOTrainer:
             cpu=not torch.cuda.is_available(),
         )
         self.device = self.accelerator.device
+        main = self.accelerator.is_main_process
+        # reporting and mirroring are set up first: an unreachable MLflow server or a malformed URI is a
+        # one-line error before any model is loaded
+        from rloo.tracking import sinks_from_env
+
+        self.sinks = sinks_from_env(cfg.report_to, stage="train") if main else []
+        self.mirror = None
+        if cfg.checkpoint_uri and main:
+            from rloo.storage import CheckpointMirror
+
+            self.mirror = CheckpointMirror(cfg.checkpoint_uri, keep_last=cfg.save_total_limit)
 
         # --- data first: cheapest to get wrong, cheapest to check ----------------------------------
         self.train_ds = load_prompt_dataset(
@@ -692,7 +704,10 @@ class RLOOTrainer:
             )
         resumed = self._resume(out_dir)
         episode = self.state.episode
-        logger = MetricsLogger(total_updates=self.num_updates, show_progress=main and not cfg.disable_tqdm)
+        logger = MetricsLogger(
+            total_updates=self.num_updates, show_progress=main and not cfg.disable_tqdm, sinks=self.sinks
+        )
+        logger.log_params(cfg.to_dict())  # held until open(): nothing reaches MLflow before update 1
         if resumed is not None and main:
             logger.open(out_dir, keep_until_update=resumed)
             logger.progress(resumed)
@@ -761,12 +776,16 @@ class RLOOTrainer:
                 if cfg.save_steps and (update + 1) % cfg.save_steps == 0 and update + 1 < self.num_updates:
                     self.save_checkpoint(out_dir, update + 1)
             self.save_final(out_dir)
+            if self.mirror is not None:
+                self.mirror.wait()  # the newest checkpoint must be safe before the run counts as done
             status = "FINISHED"
         except _Preempted:
             status = "KILLED"
             if main and logger.output_dir is None:
                 logger.open(out_dir, keep_until_update=update)
             path = self.save_checkpoint(out_dir, update)
+            if self.mirror is not None:
+                self.mirror.wait()  # a fresh pod resumes from the mirror: it must hold this checkpoint
             preemption.cancel_deadline()
             log.warning(
                 "SIGTERM: saved %s after %d of %d updates; run the same command again to resume",
@@ -779,6 +798,8 @@ class RLOOTrainer:
             preemption.uninstall()
             self.generator.should_stop = None
             # process groups torn down explicitly: gloo otherwise aborts now and then at interpreter exit
+            if self.mirror is not None:
+                self.mirror.close()
             self.accelerator.end_training()
             if main:
                 logger.close(status=status)
@@ -824,7 +845,11 @@ class RLOOTrainer:
                 state=self._trainer_state(update),
                 config=self.cfg.to_dict(),
                 total_limit=self.cfg.save_total_limit,
+                # the metrics so far travel with the checkpoint, so a fresh machine resumes them too
+                extra_files=[out_dir / METRICS_FILE],
             )
+            if self.mirror is not None:
+                self.mirror.submit(path)
         self.accelerator.wait_for_everyone()
         return path
 
@@ -865,6 +890,8 @@ class RLOOTrainer:
             return None
         if choice == "latest":
             path = latest_checkpoint(out_dir)
+            if path is None and self.cfg.checkpoint_uri:
+                path = self._restore_from_mirror(out_dir)
             if path is None:
                 return None
         else:
@@ -898,6 +925,19 @@ class RLOOTrainer:
         self._set_data_position(int(st["data_epoch"]), int(st["data_cursor"]))
         log.info("resumed from %s (update %d of %d)", path, st["update"], self.num_updates)
         return int(st["update"])
+
+    def _restore_from_mirror(self, out_dir: Path) -> Path | None:
+        """A fresh machine: fetch the newest complete mirrored checkpoint (and its metrics) into out_dir."""
+        restored = None
+        if self.accelerator.is_main_process and self.mirror is not None:
+            restored = self.mirror.restore_latest(out_dir)
+            if restored is not None:
+                log.info("restored %s from %s", restored.name, self.cfg.checkpoint_uri)
+                snapshot = restored / METRICS_FILE
+                if snapshot.is_file() and not (out_dir / METRICS_FILE).is_file():
+                    shutil.copy2(snapshot, out_dir / METRICS_FILE)
+        self.accelerator.wait_for_everyone()
+        return latest_checkpoint(out_dir)
 
     def _set_data_position(self, epoch: int, cursor: int) -> None:
         self._order_epoch, self._cursor = epoch, cursor
