@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -c constraints.txt -e '.[train,tracking,dev]'
+	$(BIN)/pip install -q -c constraints.txt -e '.[train,tracking,dev,eval]'
 	touch $(STAMP)
 
 demo: install

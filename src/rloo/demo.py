@@ -9,6 +9,8 @@ shows the reward climbing within a minute on a laptop CPU.
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import os
 from pathlib import Path
 
 from rich.console import Console
@@ -43,6 +45,8 @@ def build_config(output_dir: Path, *, updates: int, arch: str, seed: int) -> RLO
         missing_eos_penalty=None,
         num_sample_generations=3,
         save_steps=0,
+        # MLflow without a server: a sqlite store under output_dir unless MLFLOW_TRACKING_URI names one
+        report_to="mlflow" if importlib.util.find_spec("mlflow") else "none",
     )
 
 
@@ -72,4 +76,7 @@ def main(argv: list[str]) -> int:
         f"  metrics:           {out.resolve() / 'metrics.jsonl'}\n"
         f"  samples:           {out.resolve() / 'samples'}"
     )
+    if cfg.report_to == "mlflow":
+        uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{out.resolve() / 'mlruns' / 'mlflow.db'}"
+        console.print(f"  MLflow runs:       mlflow ui --backend-store-uri {uri}")
     return 0

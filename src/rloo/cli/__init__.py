@@ -15,6 +15,8 @@ USAGE = """usage: rloo <command> [flags]
 
 commands:
   train   RLOO training (flags as the classic TRL RLOO trainer; see 'rloo train --help')
+  eval    win rates of a trained model and its SFT baseline against references, by an LLM judge
+  push    publish a trained model (object storage, MLflow registry, Hub) behind a promotion gate
   demo    build a tiny model and toy task locally and train on it for a few updates
 """
 
@@ -56,7 +58,26 @@ def _demo(argv: list[str]) -> int:
     return demo_main(argv)
 
 
-COMMANDS: dict[str, Callable[[list[str]], int]] = {"train": _train, "demo": _demo}
+def _eval(argv: list[str]) -> int:
+    from rloo.cli.eval_cmd import main as eval_main
+
+    _setup_logging()
+    return eval_main(argv)
+
+
+def _push(argv: list[str]) -> int:
+    from rloo.cli.push_cmd import main as push_main
+
+    _setup_logging()
+    return push_main(argv)
+
+
+COMMANDS: dict[str, Callable[[list[str]], int]] = {
+    "train": _train,
+    "eval": _eval,
+    "push": _push,
+    "demo": _demo,
+}
 
 
 def main(argv: list[str] | None = None) -> int:

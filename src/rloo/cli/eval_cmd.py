@@ -1,0 +1,41 @@
+"""``rloo eval``: win rates of a trained model (and its SFT baseline) against a dataset's references."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+
+from rloo.cli.args import parse_config
+from rloo.eval.config import EvalConfig
+
+DESCRIPTION = (
+    "Generate with --model_name_or_path (and --baseline_model) on --num_examples prompts of a dataset split, "
+    "judge each output against the reference completion with an OpenAI-compatible judge in both orders, and "
+    "write eval_results.json, judgements.jsonl and eval_report.html to --output_dir."
+)
+
+
+def main(argv: list[str]) -> int:
+    """Entry point of ``rloo eval``; UserErrors propagate to the ``rloo`` dispatcher (one line, exit 2)."""
+    cfg = parse_config(EvalConfig, argv, prog="rloo eval", description=DESCRIPTION, aliases={})
+    # progress on stdout: stderr is kept for the one-line error of a failed run
+    logging.basicConfig(level=logging.INFO, format="[rloo] %(message)s", stream=sys.stdout)
+    for name in ("httpx", "httpx2"):  # one line per judge request is noise
+        logging.getLogger(name).setLevel(logging.WARNING)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # per-file "Loading weights" bars
+    from rloo.eval.runner import RESULTS_FILE, run_eval
+
+    results = run_eval(cfg)
+    for label, s in results["models"].items():
+        wr = "n/a" if s["win_rate"] is None else f"{100 * s['win_rate']:.1f}%"
+        ci = (
+            ""
+            if s["win_rate"] is None
+            else f" [{100 * s['win_rate_ci_low']:.1f}, {100 * s['win_rate_ci_high']:.1f}]"
+        )
+        print(f"{label}: win rate {wr}{ci}, ties {s['num_ties']}, invalid {s['num_invalid']}")
+    print(json.dumps({"results": f"{cfg.output_dir}/{RESULTS_FILE}"}))
+    return 0

@@ -1,0 +1,154 @@
+"""Configuration of the evaluation stage (``rloo eval``): generation, judge and statistics settings.
+
+Same style as :class:`rloo.config.RLOOConfig`: every field has a one-line help string (``rloo eval --help``)
+and validation raises a one-line :class:`rloo.errors.UserError` naming the field and the fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rloo.config import _f
+from rloo.errors import UserError
+
+ENGINES = ("auto", "vllm", "transformers")
+# Placeholders a judge template must contain (filled with str.replace: prompts may hold braces).
+TEMPLATE_FIELDS = ("{prompt}", "{response_a}", "{response_b}")
+
+
+@dataclass
+class EvalConfig:
+    """Everything ``rloo eval`` needs: two models, one dataset split with references, one judge."""
+
+    # --- models and data ----------------------------------------------------------------------------
+    model_name_or_path: str | None = _f(None, "Trained model to evaluate: Hub id or local directory.")
+    baseline_model: str | None = _f(
+        None, "Baseline (SFT) checkpoint judged on the same prompts; omit to evaluate one model only."
+    )
+    dataset_name: str | None = _f(
+        None, "Hub dataset id or local directory (prompt + completion columns, or chat 'messages')."
+    )
+    dataset_config: str | None = _f(None, "Dataset configuration (subset) name, for Hub datasets.")
+    dataset_split: str = _f("test", "Split whose prompts and reference completions are evaluated.")
+    num_examples: int | None = _f(None, "Evaluate the first N rows of the split (default: all).")
+    output_dir: str = _f("eval_output", "Where eval_results.json, judgements.jsonl and the report go.")
+    trust_remote_code: bool = _f(False, "Allow custom model code from the checkpoints.")
+    seed: int = _f(42, "Seed for sampling (when temperature > 0) and for the bootstrap.")
+
+    # --- generation ---------------------------------------------------------------------------------
+    engine: str = _f(
+        "auto", "Generation engine: auto (vLLM when installed and a GPU is present), vllm, transformers."
+    )
+    max_new_tokens: int = _f(200, "Maximum new tokens per completion (the reference evaluation uses 200).")
+    temperature: float = _f(0.0, "Sampling temperature; 0 is greedy decoding (the reference evaluation).")
+    generation_batch_size: int = _f(16, "Prompts per generation batch (transformers engine).")
+    vllm_tensor_parallel_size: int = _f(1, "vLLM tensor-parallel size (GPUs per model).")
+    vllm_gpu_memory_utilization: float = _f(0.9, "Fraction of GPU memory vLLM may use.")
+    vllm_max_model_len: int | None = _f(None, "vLLM maximum sequence length (default: the model's).")
+
+    # --- judge --------------------------------------------------------------------------------------
+    judge_base_url: str | None = _f(
+        None, "OpenAI-compatible API base URL, e.g. https://api.openai.com/v1 or http://vllm:8000/v1."
+    )
+    judge_model: str | None = _f(None, "Judge model name as the API knows it, e.g. gpt-4o-mini.")
+    judge_api_key_env: str = _f("OPENAI_API_KEY", "Environment variable holding the judge API key.")
+    judge_template: str | None = _f(
+        None, "File with the judge prompt; must contain {prompt}, {response_a} and {response_b}."
+    )
+    judge_max_tokens: int = _f(16, "Maximum tokens of a judge answer (the verdict is one letter).")
+    judge_concurrency: int = _f(8, "Judge requests in flight at once.")
+    judge_max_retries: int = _f(5, "Retries per judge request on 429, 5xx, timeouts and connection errors.")
+    judge_request_budget: int | None = _f(
+        None, "Most judge HTTP requests in total, retries and the preflight included (default: no limit)."
+    )
+    judge_timeout: float = _f(60.0, "Seconds before a judge request times out (and is retried).")
+    judge_backoff: float = _f(1.0, "First retry delay in seconds; doubles per retry (capped at 30 s).")
+
+    # --- statistics and reporting -------------------------------------------------------------------
+    bootstrap_samples: int = _f(10000, "Bootstrap resamples for the 95 percent confidence intervals.")
+    report_examples: int = _f(50, "Examples shown in the HTML report.")
+    report_to: str | None = _f(None, "'mlflow' or 'none' (default: MLflow when MLFLOW_TRACKING_URI is set).")
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        for name in ("model_name_or_path", "dataset_name", "judge_base_url", "judge_model"):
+            if not getattr(self, name):
+                raise UserError(f"--{name} is required.")
+        if self.engine not in ENGINES:
+            raise UserError(f"--engine must be one of {', '.join(ENGINES)} (got {self.engine!r}).")
+        positive = (
+            "max_new_tokens",
+            "generation_batch_size",
+            "vllm_tensor_parallel_size",
+            "judge_max_tokens",
+        )
+        positive += ("judge_concurrency", "bootstrap_samples")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise UserError(f"--{name} must be >= 1 (got {getattr(self, name)}).")
+        if self.num_examples is not None and self.num_examples < 1:
+            raise UserError(f"--num_examples must be >= 1 (got {self.num_examples}); omit it for all rows.")
+        if self.judge_request_budget is not None and self.judge_request_budget < 1:
+            raise UserError(f"--judge_request_budget must be >= 1 (got {self.judge_request_budget}).")
+        if self.judge_max_retries < 0:
+            raise UserError(f"--judge_max_retries must be >= 0 (got {self.judge_max_retries}).")
+        if self.temperature < 0:
+            raise UserError(f"--temperature must be >= 0 (got {self.temperature}); use 0 for greedy.")
+        if self.judge_timeout <= 0 or self.judge_backoff < 0:
+            raise UserError("--judge_timeout must be > 0 and --judge_backoff >= 0.")
+        if not 0 < self.vllm_gpu_memory_utilization <= 1:
+            raise UserError(
+                f"--vllm_gpu_memory_utilization must be in (0, 1] (got {self.vllm_gpu_memory_utilization})."
+            )
+        if self.report_to not in (None, "mlflow", "none"):
+            raise UserError(f"--report_to must be 'mlflow' or 'none' (got {self.report_to!r}).")
+        if self.judge_template is not None:
+            load_template(self.judge_template)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def template_text(self) -> str:
+        return DEFAULT_TEMPLATE if self.judge_template is None else load_template(self.judge_template)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def load_template(path: str) -> str:
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise UserError(f"--judge_template {path}: no such file; pass a text file with the judge prompt.")
+    text = p.read_text()
+    missing = [t for t in TEMPLATE_FIELDS if t not in text]
+    if missing:
+        raise UserError(f"--judge_template {path}: missing placeholder(s) {', '.join(missing)}; add them.")
+    return text
+
+
+# Project-written (not TRL's): asks for one letter so parsing is unambiguous; A/B rather than 0/1 so that a
+# number inside an explanation is not mistaken for a verdict.
+DEFAULT_TEMPLATE = """You compare two responses to the same prompt and decide which one is better.
+A better response follows the prompt's instructions, is accurate, relevant and concise. For a summary: it
+keeps the most important points of the text without adding anything that is not there.
+Do not let the order of the responses or their length influence you.
+
+## Prompt
+
+{prompt}
+
+## Response A
+
+{response_a}
+
+## Response B
+
+{response_b}
+
+Which response is better? Answer with exactly one letter, A or B, and nothing else."""

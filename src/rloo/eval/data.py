@@ -1,0 +1,106 @@
+"""Evaluation rows: a prompt and its reference completion, from ``prompt`` + ``completion`` columns (as in
+trl-lib/tldr) or from chat ``messages`` whose last turn is the assistant's reference answer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rloo.errors import UserError
+
+# The prompt loader's readers are reused so local layouts and Hub ids behave exactly as in `rloo train`.
+from rloo.training.data import _load_hub, _read_files, local_splits
+
+
+@dataclass
+class EvalRows:
+    prompts: list[Any]  # text, or chat messages (what the model is given)
+    references: list[str]
+    judge_prompts: list[str]  # the prompt as plain text, for the judge
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+
+def _content(message: Any) -> str:
+    return str(message.get("content", "")) if isinstance(message, dict) else str(message)
+
+
+def prompt_text(prompt: Any) -> str:
+    """Plain text of a prompt for the judge: chat messages become 'role: content' lines."""
+    if isinstance(prompt, list):
+        if len(prompt) == 1:
+            return _content(prompt[0])
+        return "\n\n".join(f"{m.get('role', 'user')}: {_content(m)}" for m in prompt)
+    return str(prompt)
+
+
+def _completion_text(value: Any) -> str | None:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and value and all(isinstance(m, dict) for m in value):
+        return "\n".join(_content(m) for m in value if m.get("role", "assistant") == "assistant")
+    return None
+
+
+def _columns(name: str, split: str, config: str | None) -> dict[str, list[Any]]:
+    root = Path(name).expanduser()
+    if root.exists() or name.startswith((".", "/", "~")) or name.count("/") > 1:
+        if not root.is_dir():
+            raise UserError(
+                f"--dataset_name {name}: no such directory; pass a local dataset directory or a Hub id."
+            )
+        splits = local_splits(root)
+        if not splits:
+            raise UserError(
+                f"--dataset_name {name}: no data files found; expected data/<split>-*.parquet or .jsonl."
+            )
+        if split not in splits:
+            raise UserError(
+                f"--dataset_name {name} has no split {split!r}; available: {', '.join(sorted(splits))}. "
+                "Choose one with --dataset_split."
+            )
+        return _read_files(splits[split])
+    return _load_hub(name, config, split)
+
+
+def load_eval_rows(
+    name: str, split: str, *, config: str | None = None, num_examples: int | None = None
+) -> EvalRows:
+    """The first ``num_examples`` rows of ``split`` with their references; one-line UserErrors otherwise."""
+    cols = _columns(name, split, config)
+    n_rows = max((len(v) for v in cols.values()), default=0)
+    if n_rows == 0:
+        raise UserError(
+            f"--dataset_name {name} split {split!r} is empty; give a split with at least one row."
+        )
+    n = n_rows if num_examples is None else min(num_examples, n_rows)
+    where = f"--dataset_name {name} split {split!r}"
+    prompts: list[Any] = []
+    refs: list[str] = []
+    if "prompt" in cols and "completion" in cols:
+        for i in range(n):
+            p, ref = cols["prompt"][i], _completion_text(cols["completion"][i])
+            if ref is None or not isinstance(p, (str, list)):
+                raise UserError(f"{where}: row {i} has no usable prompt/completion; fix or drop that row.")
+            prompts.append(p)
+            refs.append(ref)
+    elif "messages" in cols:
+        for i in range(n):
+            msgs = cols["messages"][i]
+            if not (isinstance(msgs, list) and msgs and isinstance(msgs[-1], dict)):
+                raise UserError(f"{where}: row {i} of 'messages' is not a list of chat messages.")
+            if msgs[-1].get("role") != "assistant" or len(msgs) < 2:
+                raise UserError(
+                    f"{where}: row {i} of 'messages' does not end with an assistant turn after a prompt; "
+                    "the last assistant message is the reference."
+                )
+            prompts.append(msgs[:-1])
+            refs.append(_content(msgs[-1]))
+    else:
+        raise UserError(
+            f"{where} has no reference completions (columns: {', '.join(sorted(cols)) or 'none'}); expected "
+            "'prompt' + 'completion' columns or chat 'messages' ending with the assistant's answer."
+        )
+    return EvalRows(prompts=prompts, references=refs, judge_prompts=[prompt_text(p) for p in prompts])

@@ -1,0 +1,157 @@
+"""Generation backends for evaluation: vLLM offline batch inference, or transformers (CPU or GPU).
+
+Both take the dataset's prompts (text, or chat messages formatted with each model's own chat template) and return one completion text per prompt with
+the same sampling settings: greedy by default, ``max_new_tokens`` new tokens at most. The vLLM engine is a
+thin shell around pure helpers (:func:`vllm_llm_kwargs`, :func:`vllm_sampling_kwargs`) so what it asks of
+vLLM is tested without a GPU.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib.util
+import logging
+from typing import Any, Protocol
+
+import torch
+
+from rloo.errors import UserError
+from rloo.eval.config import EvalConfig
+
+log = logging.getLogger(__name__)
+
+
+class GenerationEngine(Protocol):
+    name: str
+
+    def generate(self, model_path: str, prompts: list[Any]) -> list[str]:
+        """One completion per prompt, from the model at ``model_path`` (loaded, used, released)."""
+        ...
+
+
+def resolve_engine(choice: str, *, vllm_installed: bool, cuda: bool) -> str:
+    """``auto`` picks vLLM when it is installed and a GPU is present, else transformers."""
+    if choice == "auto":
+        return "vllm" if vllm_installed and cuda else "transformers"
+    if choice == "vllm" and not vllm_installed:
+        raise UserError(
+            "--engine vllm: vLLM is not installed; pip install 'rloo-kfp[vllm]' or use --engine transformers."
+        )
+    if choice == "vllm" and not cuda:
+        raise UserError("--engine vllm needs a CUDA GPU; use --engine transformers on CPU.")
+    return choice
+
+
+def make_engine(cfg: EvalConfig) -> GenerationEngine:
+    name = resolve_engine(
+        cfg.engine,
+        vllm_installed=importlib.util.find_spec("vllm") is not None,
+        cuda=torch.cuda.is_available(),
+    )
+    return VLLMEngine(cfg) if name == "vllm" else TransformersEngine(cfg)
+
+
+class TransformersEngine:
+    """Batched KV-cached generation through :class:`rloo.training.generation.TransformersGenerator`."""
+
+    name = "transformers"
+
+    def __init__(self, cfg: EvalConfig, device: torch.device | None = None) -> None:
+        self.cfg = cfg
+        self.device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+    def generate(self, model_path: str, prompts: list[Any]) -> list[str]:
+        from rloo.training.data import format_prompts, tokenize_prompts
+        from rloo.training.generation import SamplingParams, TransformersGenerator, left_pad
+        from rloo.training.models import load_causal_lm, load_tokenizer
+
+        cfg = self.cfg
+        flag = "baseline_model" if model_path == cfg.baseline_model else "model_name_or_path"
+        tok = load_tokenizer(model_path, flag=flag, trust_remote_code=cfg.trust_remote_code)
+        dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
+        model = load_causal_lm(model_path, flag=flag, trust_remote_code=cfg.trust_remote_code, dtype=dtype)
+        model.to(self.device).eval()
+        chat = bool(prompts) and isinstance(prompts[0], list)
+        ids = tokenize_prompts(format_prompts(prompts, tok), tok, chat=chat)
+        limit = getattr(model.config, "max_position_embeddings", None)
+        if limit is not None:
+            keep = max(1, limit - cfg.max_new_tokens)
+            ids = [s[-keep:] for s in ids]  # keep the end of an over-long prompt: where the task is asked
+        params = SamplingParams(
+            max_new_tokens=cfg.max_new_tokens,
+            temperature=cfg.temperature if cfg.temperature > 0 else 1.0,
+            greedy=cfg.greedy,
+            stop_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id,
+        )
+        gen = TransformersGenerator(model, batch_size=cfg.generation_batch_size)
+        texts: list[str] = []
+        bs = cfg.generation_batch_size
+        for start in range(0, len(ids), bs):
+            batch = ids[start : start + bs]
+            pids, pmask = left_pad(batch, tok.pad_token_id, self.device)
+            # per-prompt seeds from the dataset index: the same prompt samples the same way in any batch
+            seeds = torch.arange(start, start + len(batch), device=self.device) + cfg.seed
+            out = gen.generate(pids, pmask, 1, params, seeds).tokens.cpu()
+            texts.extend(_decode(tok, row.tolist()) for row in out)
+        del model, gen
+        _free()
+        return texts
+
+
+def _decode(tok: Any, ids: list[int]) -> str:
+    if tok.eos_token_id in ids:
+        ids = ids[: ids.index(tok.eos_token_id)]
+    return tok.decode(ids, skip_special_tokens=True).strip()
+
+
+def _free() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def vllm_llm_kwargs(cfg: EvalConfig, model_path: str) -> dict[str, Any]:
+    """Arguments of ``vllm.LLM`` for one model."""
+    kw: dict[str, Any] = {
+        "model": model_path,
+        "tensor_parallel_size": cfg.vllm_tensor_parallel_size,
+        "gpu_memory_utilization": cfg.vllm_gpu_memory_utilization,
+        "trust_remote_code": cfg.trust_remote_code,
+        "seed": cfg.seed,
+    }
+    if cfg.vllm_max_model_len is not None:
+        kw["max_model_len"] = cfg.vllm_max_model_len
+    return kw
+
+
+def vllm_sampling_kwargs(cfg: EvalConfig) -> dict[str, Any]:
+    """Arguments of ``vllm.SamplingParams``: the reference evaluation's ``temperature=0, max_tokens=200``."""
+    return {
+        "temperature": cfg.temperature,
+        "max_tokens": cfg.max_new_tokens,
+        "seed": cfg.seed,
+        "skip_special_tokens": True,
+    }
+
+
+class VLLMEngine:  # pragma: no cover - needs vLLM and a GPU; its arguments are tested through the helpers
+    name = "vllm"
+
+    def __init__(self, cfg: EvalConfig) -> None:
+        self.cfg = cfg
+
+    def generate(self, model_path: str, prompts: list[Any]) -> list[str]:
+        from vllm import LLM, SamplingParams
+
+        from rloo.training.data import format_prompts
+
+        llm = LLM(**vllm_llm_kwargs(self.cfg, model_path))
+        try:
+            texts = format_prompts(prompts, llm.get_tokenizer())
+            outs = llm.generate(texts, SamplingParams(**vllm_sampling_kwargs(self.cfg)), use_tqdm=False)
+            return [o.outputs[0].text.strip() for o in outs]
+        finally:
+            # two models are loaded one after the other in the same process: free the first one's memory
+            del llm
+            _free()

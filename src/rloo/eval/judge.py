@@ -1,0 +1,259 @@
+"""Pairwise LLM judge over any OpenAI-compatible chat API (OpenAI, a vLLM server, ``transformers serve``).
+
+Each (prompt, model output, reference) pair is judged twice, once in each order, to cancel position bias.
+Requests run concurrently under a semaphore, are retried with exponential backoff on 429 / 5xx / timeouts /
+connection errors, and are bounded by a request budget counting every HTTP attempt. An answer that is not
+one letter A or B is kept as ``invalid``; a request that failed or was never sent is ``error`` / ``budget``.
+None of these is ever counted as a loss.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+import re
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from rloo.errors import UserError
+from rloo.eval.stats import MODEL, REFERENCE
+
+log = logging.getLogger(__name__)
+
+OK, INVALID, ERROR, BUDGET = "ok", "invalid", "error", "budget"
+ORDERS = ("model_first", "reference_first")
+_RETRY_STATUS = {408, 409, 429}
+_MAX_BACKOFF = 30.0
+# The letter alone, optionally wrapped in quotes/markdown/brackets and followed by a period.
+_ANSWER = re.compile(r"^[\s\"'`*_\[(]*(?:response\s+)?([AB])[\s\"'`*_\])]*[.!]?[\s\"'`*_]*$", re.IGNORECASE)
+
+
+def parse_answer(text: str | None) -> str | None:
+    """'A' or 'B' when the answer is exactly one of those letters (lightly decorated), else None."""
+    if text is None:
+        return None
+    m = _ANSWER.match(text)
+    return m.group(1).upper() if m else None
+
+
+def render_prompt(template: str, prompt: str, response_a: str, response_b: str) -> str:
+    # str.replace, not str.format: prompts and responses may contain braces
+    return (
+        template.replace("{prompt}", prompt)
+        .replace("{response_a}", response_a)
+        .replace("{response_b}", response_b)
+    )
+
+
+@dataclass
+class Judgement:
+    """One judge request (one order of one pair) and what came of it."""
+
+    order: str  # "model_first" (model output is A) or "reference_first" (model output is B)
+    status: str = BUDGET  # ok | invalid | error | budget
+    verdict: str | None = None  # "model" | "reference" | None
+    answer: str | None = None  # raw judge text
+    attempts: int = 0
+    error: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class JudgeStats:
+    requests: int = 0  # HTTP attempts, retries included
+    retries: int = 0
+    statuses: dict[str, int] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class JudgeSettings:
+    base_url: str
+    model: str
+    api_key: str
+    template: str
+    concurrency: int = 8
+    max_retries: int = 5
+    request_budget: int | None = None
+    timeout: float = 60.0
+    backoff: float = 1.0
+    max_tokens: int = 16
+
+
+def api_key_from_env(env_name: str, base_url: str) -> str:
+    key = os.environ.get(env_name)
+    if key:
+        return key
+    if "api.openai.com" in base_url:
+        raise UserError(f"--judge_api_key_env {env_name}: the variable is not set; export the judge API key.")
+    # Self-hosted OpenAI-compatible servers (vLLM, transformers serve) usually need no key; the client
+    # insists on a non-empty one.
+    return "EMPTY"
+
+
+class PairwiseJudge:
+    """Judges (prompt, model output, reference) triples in both orders; see the module docstring."""
+
+    def __init__(self, settings: JudgeSettings) -> None:
+        self.s = settings
+        self.stats = JudgeStats()
+        self._budget_left = settings.request_budget
+        self._fatal: UserError | None = None
+        self._done = self._total = 0  # progress of the current batch
+
+    def _client(self) -> Any:
+        from openai import AsyncOpenAI
+
+        # The client's own retries are off: every HTTP attempt must go through our budget counter, and one
+        # retry policy (ours) is easier to reason about than two stacked ones.
+        return AsyncOpenAI(
+            base_url=self.s.base_url, api_key=self.s.api_key, max_retries=0, timeout=self.s.timeout
+        )
+
+    def _take_request(self) -> bool:
+        if self._budget_left is None:
+            self.stats.requests += 1
+            return True
+        if self._budget_left <= 0:
+            return False
+        self._budget_left -= 1
+        self.stats.requests += 1
+        return True
+
+    async def _ask(self, client: Any, content: str, j: Judgement) -> str | None:
+        """The judge's text, or None with ``j.status``/``j.error`` set. Raises UserError on fatal errors."""
+        import openai
+
+        for attempt in range(self.s.max_retries + 1):
+            if self._fatal is not None:
+                j.status, j.error = ERROR, "aborted"
+                return None
+            if not self._take_request():
+                j.status = BUDGET
+                return None
+            j.attempts += 1
+            try:
+                resp = await client.chat.completions.create(
+                    model=self.s.model,
+                    messages=[{"role": "user", "content": content}],
+                    temperature=0.0,
+                    max_tokens=self.s.max_tokens,
+                )
+                choices = resp.choices or []
+                return (choices[0].message.content or "") if choices else ""
+            except (openai.AuthenticationError, openai.PermissionDeniedError) as e:
+                self._fatal = UserError(
+                    f"the judge at {self.s.base_url} rejected the API key (HTTP {e.status_code}); check the "
+                    "key in --judge_api_key_env."
+                )
+                raise self._fatal from None
+            except openai.NotFoundError:
+                self._fatal = UserError(
+                    f"the judge at {self.s.base_url} does not know model {self.s.model!r} or has no "
+                    "/chat/completions (HTTP 404); check --judge_model and --judge_base_url (usually ends in /v1)."
+                )
+                raise self._fatal from None
+            except openai.APIStatusError as e:
+                retryable = e.status_code in _RETRY_STATUS or e.status_code >= 500
+                j.error = f"HTTP {e.status_code}"
+                if not retryable:
+                    j.status = ERROR
+                    return None
+                delay = _retry_after(e.response)
+            except (openai.APITimeoutError, openai.APIConnectionError) as e:
+                j.error = type(e).__name__
+                delay = None
+            if attempt < self.s.max_retries:
+                self.stats.retries += 1
+                backoff = min(_MAX_BACKOFF, self.s.backoff * 2**attempt) * (0.5 + random.random() / 2)
+                await asyncio.sleep(min(_MAX_BACKOFF, delay) if delay is not None else backoff)
+        j.status = ERROR
+        return None
+
+    async def _judge_one(
+        self, client: Any, sem: asyncio.Semaphore, prompt: str, output: str, reference: str, order: str
+    ) -> Judgement:
+        j = Judgement(order=order)
+        a, b = (output, reference) if order == ORDERS[0] else (reference, output)
+        content = render_prompt(self.s.template, prompt, a, b)
+        async with sem:
+            text = await self._ask(client, content, j)
+        if text is not None:
+            j.answer = text
+            letter = parse_answer(text)
+            if letter is None:
+                j.status = INVALID
+            else:
+                j.status, j.error = OK, None
+                model_letter = "A" if order == ORDERS[0] else "B"
+                j.verdict = MODEL if letter == model_letter else REFERENCE
+        self.stats.statuses[j.status] = self.stats.statuses.get(j.status, 0) + 1
+        self._done += 1
+        if self._done % max(1, self._total // 10) == 0 or self._done == self._total:
+            log.info("judged %d/%d (%s)", self._done, self._total, self.stats.statuses)
+        return j
+
+    async def _judge_all(
+        self, prompts: Sequence[str], outputs: Sequence[str], references: Sequence[str]
+    ) -> list[tuple[Judgement, Judgement]]:
+        sem = asyncio.Semaphore(self.s.concurrency)
+        self._done, self._total = 0, 2 * len(prompts)
+        client = self._client()
+        try:
+            tasks = [
+                asyncio.ensure_future(self._judge_one(client, sem, p, o, r, order))
+                for p, o, r in zip(prompts, outputs, references, strict=True)
+                for order in ORDERS
+            ]
+            try:
+                done = await asyncio.gather(*tasks)
+            except UserError:
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                raise
+        finally:
+            await client.close()
+        return [(done[i], done[i + 1]) for i in range(0, len(done), 2)]
+
+    def judge(
+        self, prompts: Sequence[str], outputs: Sequence[str], references: Sequence[str]
+    ) -> list[tuple[Judgement, Judgement]]:
+        """Both-order judgements of each (prompt, output, reference): ``[(model_first, reference_first)]``."""
+        if not len(prompts) == len(outputs) == len(references):
+            raise ValueError("prompts, outputs and references must have equal lengths")
+        return asyncio.run(self._judge_all(prompts, outputs, references))
+
+    def preflight(self) -> None:
+        """One small request before any generation, so a wrong URL, key or model fails in seconds."""
+
+        async def go() -> Judgement:
+            client = self._client()
+            try:
+                j = Judgement(order="preflight")
+                await self._ask(client, "Answer with the letter A.", j)
+                return j
+            finally:
+                await client.close()
+
+        j = asyncio.run(go())
+        if j.status == ERROR:
+            raise UserError(
+                f"the judge at {self.s.base_url} is unreachable or failing ({j.error} after {j.attempts} "
+                "attempt(s)); check --judge_base_url and that the server is up."
+            )
+
+
+def _retry_after(response: Any) -> float | None:
+    try:
+        value = response.headers.get("retry-after")
+        return max(0.0, float(value)) if value is not None else None
+    except (AttributeError, TypeError, ValueError):
+        return None

@@ -1,0 +1,142 @@
+"""The evaluation stage: generate with both models on the same prompts, judge against the references in
+both orders, compute win rates with bootstrap intervals, write results, report to MLflow."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from rloo.eval.config import EvalConfig
+from rloo.eval.data import load_eval_rows
+from rloo.eval.generation import GenerationEngine, make_engine
+from rloo.eval.judge import JudgeSettings, PairwiseJudge, api_key_from_env
+from rloo.eval.report import flat_metrics, kfp_metrics, render_html
+from rloo.eval.stats import pair_score, paired_difference, summarize_scores
+
+log = logging.getLogger(__name__)
+
+RESULTS_FILE = "eval_results.json"
+JUDGEMENTS_FILE = "judgements.jsonl"
+REPORT_FILE = "eval_report.html"
+KFP_METRICS_FILE = "kfp_metrics.json"
+
+
+def make_judge(cfg: EvalConfig) -> PairwiseJudge:
+    assert cfg.judge_base_url and cfg.judge_model  # validated
+    return PairwiseJudge(
+        JudgeSettings(
+            base_url=cfg.judge_base_url,
+            model=cfg.judge_model,
+            api_key=api_key_from_env(cfg.judge_api_key_env, cfg.judge_base_url),
+            template=cfg.template_text(),
+            concurrency=cfg.judge_concurrency,
+            max_retries=cfg.judge_max_retries,
+            request_budget=cfg.judge_request_budget,
+            timeout=cfg.judge_timeout,
+            backoff=cfg.judge_backoff,
+            max_tokens=cfg.judge_max_tokens,
+        )
+    )
+
+
+def run_eval(cfg: EvalConfig, *, engine: GenerationEngine | None = None) -> dict[str, Any]:
+    """Run the whole stage; returns the contents of ``eval_results.json``."""
+    assert cfg.model_name_or_path and cfg.dataset_name  # validated
+    rows = load_eval_rows(
+        cfg.dataset_name, cfg.dataset_split, config=cfg.dataset_config, num_examples=cfg.num_examples
+    )
+    sinks = _sinks(cfg)  # an unreachable tracking server fails now too, not after generation
+    judge = make_judge(cfg)
+    judge.preflight()  # seconds, before minutes of generation: a wrong URL/key/model fails now
+    engine = engine or make_engine(cfg)
+    models = {"trained": cfg.model_name_or_path}
+    if cfg.baseline_model:
+        models["baseline"] = cfg.baseline_model
+    outputs: dict[str, list[str]] = {}
+    for label, path in models.items():
+        log.info("generating %d completions with %s (%s engine)", len(rows), path, engine.name)
+        outputs[label] = engine.generate(path, list(rows.prompts))
+
+    labels = list(models)
+    log.info("judging %d pairs in both orders with %s", len(rows) * len(labels), cfg.judge_model)
+    flat = judge.judge(
+        rows.judge_prompts * len(labels),
+        [o for label in labels for o in outputs[label]],
+        rows.references * len(labels),
+    )
+    n = len(rows)
+    judged = {label: flat[i * n : (i + 1) * n] for i, label in enumerate(labels)}
+
+    summaries: dict[str, dict[str, Any]] = {}
+    scores: dict[str, list[float | None]] = {}
+    for label in labels:
+        verdicts = [(a.verdict, b.verdict) for a, b in judged[label]]
+        scores[label] = [pair_score(a, b) for a, b in verdicts]
+        summaries[label] = {
+            "path": models[label],
+            **summarize_scores(verdicts, samples=cfg.bootstrap_samples, seed=cfg.seed),
+        }
+        if summaries[label]["num_valid"] == 0:
+            log.warning(
+                "no pair of %s got two usable verdicts (%s): check --judge_model and the template",
+                label,
+                judge.stats.statuses,
+            )
+    diff = None
+    if "baseline" in scores:
+        diff = paired_difference(
+            scores["trained"], scores["baseline"], samples=cfg.bootstrap_samples, seed=cfg.seed
+        ).as_dict()
+    results: dict[str, Any] = {
+        "num_examples": n,
+        "engine": engine.name,
+        "models": summaries,
+        "paired_difference": diff,
+        "judge": judge.stats.as_dict(),
+        "settings": cfg.to_dict(),
+    }
+    examples = [
+        {
+            "index": i,
+            "prompt": rows.judge_prompts[i],
+            "reference": rows.references[i],
+            "outputs": {label: outputs[label][i] for label in labels},
+            "scores": {label: scores[label][i] for label in labels},
+            "judgements": {label: [j.as_dict() for j in judged[label][i]] for label in labels},
+        }
+        for i in range(n)
+    ]
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / RESULTS_FILE).write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
+    with open(out / JUDGEMENTS_FILE, "w") as f:
+        for ex in examples:
+            f.write(json.dumps(ex, ensure_ascii=False) + "\n")
+    (out / REPORT_FILE).write_text(render_html(results, examples, cfg.report_examples))
+    (out / KFP_METRICS_FILE).write_text(json.dumps(kfp_metrics(results), indent=2, sort_keys=True) + "\n")
+    _report(sinks, cfg, results, out)
+    return results
+
+
+def _sinks(cfg: EvalConfig) -> list[Any]:
+    from rloo.tracking import sinks_from_env
+
+    return sinks_from_env(cfg.report_to, stage="eval", system_metrics_interval=None)
+
+
+def _report(sinks: list[Any], cfg: EvalConfig, results: dict[str, Any], out: Path) -> None:
+    from rloo.tracking import flatten_params
+
+    for sink in sinks:
+        sink.open(out)
+        status = "FAILED"
+        try:
+            sink.log_params(flatten_params(cfg.to_dict()))
+            sink.log_metrics(flat_metrics(results), step=0)
+            for name in (RESULTS_FILE, JUDGEMENTS_FILE, REPORT_FILE):
+                sink.log_artifact(out / name, "eval")
+            status = "FINISHED"
+        finally:
+            sink.finish(status)  # type: ignore[arg-type]

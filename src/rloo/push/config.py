@@ -1,0 +1,115 @@
+"""Configuration of the push stage (``rloo push``): what to publish, where, and the promotion margin.
+
+Same conventions as :class:`rloo.config.RLOOConfig`: every field has a one-line help string, and a bad value
+raises a one-line :class:`rloo.errors.UserError` naming the field, at construction.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+from rloo.config import _f
+from rloo.errors import UserError
+
+HF_TOKEN_ENV = "HF_TOKEN"
+_HUB_REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]*/[A-Za-z0-9][A-Za-z0-9._\-]*$")
+# MLflow accepts most names, but '/' and ':' break models:/ URIs and filter strings.
+_MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\- ]*$")
+
+
+@dataclass
+class PushConfig:
+    """Everything ``rloo push`` needs. Every target is optional; with none set only the gate runs."""
+
+    model_path: str | None = _f(
+        None, "Trained model: the output_dir of 'rloo train', or an s3:// prefix of one (with its manifest)."
+    )
+    eval_results: str | None = _f(
+        None,
+        "eval_results.json of the evaluation stage (local path or s3://.../eval_results.json); without it "
+        "the model can only be a candidate.",
+    )
+    output_dir: str = _f("push_output", "Where push_result.json and the staged files are written.")
+    run_id: str | None = _f(
+        None,
+        "Identity of this push for idempotency and the versioned prefix (default: KFP_RUN_ID, else a digest "
+        "of the model files).",
+    )
+    storage_uri: str | None = _f(
+        None, "s3://bucket/prefix (or a directory): the model is published at <storage_uri>/<run_id>/."
+    )
+    production_uri: str | None = _f(
+        None, "s3://bucket/prefix (or a directory) where a promoted model (champion) is copied."
+    )
+    registered_model_name: str | None = _f(
+        None, "MLflow Model Registry name to register a version under (needs MLFLOW_TRACKING_URI)."
+    )
+    mlflow_experiment: str | None = _f(
+        None, "MLflow experiment of the push run (default: MLFLOW_EXPERIMENT_NAME, else 'rloo')."
+    )
+    mlflow_parent_run_id: str | None = _f(
+        None, "MLflow pipeline (parent) run id to nest the push run under (default: found from KFP_RUN_ID)."
+    )
+    mlflow_train_run_id: str | None = _f(None, "MLflow run id of the training stage, for the lineage.")
+    hub_repo_id: str | None = _f(
+        None, "Hugging Face Hub repo 'owner/name' to upload a promoted model to (token from HF_TOKEN)."
+    )
+    hub_private: bool = _f(True, "Create the Hub repo private (only applies when it does not exist yet).")
+    hub_push_candidates: bool = _f(
+        False, "Also upload models that were not promoted to the Hub (default: champions only)."
+    )
+    promotion_margin: float = _f(
+        0.0,
+        "Promote only if the lower bound of the 95 percent interval of the paired win-rate difference (trained "
+        "minus SFT) is above this.",
+    )
+    model_name: str | None = _f(
+        None, "Name shown in the model card (default: registered_model_name, hub repo, or the directory)."
+    )
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        if not self.model_path:
+            raise UserError(
+                "--model_path is required: give the output_dir of 'rloo train' or its s3:// prefix."
+            )
+        if not -1.0 <= self.promotion_margin < 1.0:
+            raise UserError(
+                f"--promotion_margin must be in [-1, 1) (got {self.promotion_margin}): it is a difference of "
+                "win rates."
+            )
+        if self.hub_repo_id is not None and not _HUB_REPO_RE.match(self.hub_repo_id):
+            raise UserError(f"--hub_repo_id must look like 'owner/name' (got {self.hub_repo_id!r}).")
+        if self.registered_model_name is not None and not _MODEL_NAME_RE.match(self.registered_model_name):
+            raise UserError(
+                f"--registered_model_name {self.registered_model_name!r} is not usable: use letters, digits, "
+                "'.', '_', '-' and spaces."
+            )
+        if self.run_id is not None and not run_key(self.run_id):
+            raise UserError(f"--run_id {self.run_id!r} has no usable characters: use letters and digits.")
+        if self.registered_model_name and not os.environ.get("MLFLOW_TRACKING_URI"):
+            raise UserError(
+                "--registered_model_name needs a tracking server: set MLFLOW_TRACKING_URI (or drop the flag)."
+            )
+        for name in ("storage_uri", "production_uri"):
+            value = getattr(self, name)
+            if value is not None and not str(value).strip():
+                raise UserError(f"--{name} is empty: give s3://bucket/prefix or a directory, or drop it.")
+        if (
+            self.storage_uri
+            and self.production_uri
+            and self.storage_uri.rstrip("/") == self.production_uri.rstrip("/")
+        ):
+            raise UserError(
+                "--production_uri must differ from --storage_uri: versions live below storage_uri, the "
+                "champion is copied to production_uri."
+            )
+
+
+def run_key(text: str) -> str:
+    """``text`` as one safe path segment / tag value: [A-Za-z0-9._-], at most 128 characters."""
+    return re.sub(r"[^A-Za-z0-9._\-]+", "-", text.strip()).strip("-.")[:128]

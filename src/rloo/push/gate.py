@@ -1,0 +1,150 @@
+"""The evaluation contract (``eval_results.json``) and the promotion gate, both pure.
+
+Contract (written by the evaluation stage, read here)::
+
+    {
+      "trained":  {"win_rate": 0.61, "ci95": [0.55, 0.67]},   # trained model vs the reference completions
+      "baseline": {"win_rate": 0.50, "ci95": [0.44, 0.56]},   # SFT model, same prompts, same judge
+      "paired_difference": {"estimate": 0.11, "ci95": [0.04, 0.18]},   # trained minus SFT, paired per prompt
+      "judge": {"model": "gpt-4o-mini", "base_url": "https://..."},
+      "num_examples": 200, "invalid": 3, "ties": 12
+    }
+
+Required: every key above. Extra keys are kept in ``extra`` and ignored by the gate. Numbers must be finite,
+win rates and interval bounds in [0, 1] (the difference in [-1, 1]) and ``lo <= estimate <= hi``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rloo.errors import UserError
+
+CHAMPION = "champion"
+CANDIDATE = "candidate"
+
+
+@dataclass(frozen=True)
+class Interval:
+    estimate: float
+    lo: float
+    hi: float
+
+
+@dataclass(frozen=True)
+class EvalResults:
+    trained: Interval
+    baseline: Interval
+    paired_difference: Interval
+    judge_model: str
+    judge_base_url: str
+    num_examples: int
+    invalid: int
+    ties: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Decision:
+    decision: str  # CHAMPION or CANDIDATE
+    reason: str
+
+    @property
+    def promoted(self) -> bool:
+        return self.decision == CHAMPION
+
+
+def _get(data: dict[str, Any], path: str, source: str) -> Any:
+    node: Any = data
+    parts = path.split(".")
+    for i, part in enumerate(parts):
+        if not isinstance(node, dict) or part not in node:
+            # name the outermost missing key: 'paired_difference', not 'paired_difference.estimate'
+            missing = ".".join(parts[: i + 1])
+            raise UserError(
+                f"{source}: missing required key {missing!r} (see the eval_results.json contract)."
+            )
+        node = node[part]
+    return node
+
+
+def _number(value: Any, path: str, source: str, lo: float, hi: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise UserError(f"{source}: {path!r} must be a finite number (got {value!r}).")
+    if not lo <= value <= hi:
+        raise UserError(f"{source}: {path!r} must be in [{lo:g}, {hi:g}] (got {value!r}).")
+    return float(value)
+
+
+def _interval(data: dict[str, Any], key: str, est_key: str, source: str, lo: float) -> Interval:
+    est = _number(_get(data, f"{key}.{est_key}", source), f"{key}.{est_key}", source, lo, 1.0)
+    ci = _get(data, f"{key}.ci95", source)
+    if not isinstance(ci, (list, tuple)) or len(ci) != 2:
+        raise UserError(f"{source}: '{key}.ci95' must be a pair [lo, hi] (got {ci!r}).")
+    a = _number(ci[0], f"{key}.ci95[0]", source, lo, 1.0)
+    b = _number(ci[1], f"{key}.ci95[1]", source, lo, 1.0)
+    # A tiny tolerance: bootstrap percentiles and the point estimate are computed separately.
+    if not a - 1e-9 <= est <= b + 1e-9:
+        raise UserError(f"{source}: '{key}' has estimate {est} outside its ci95 [{a}, {b}].")
+    return Interval(est, a, b)
+
+
+def _count(data: dict[str, Any], key: str, source: str) -> int:
+    v = _get(data, key, source)
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise UserError(f"{source}: {key!r} must be a non-negative integer (got {v!r}).")
+    return v
+
+
+def parse_eval_results(data: Any, source: str = "eval_results.json") -> EvalResults:
+    """Validate a decoded eval_results.json; one-line UserError naming the first bad key."""
+    if not isinstance(data, dict):
+        raise UserError(f"{source}: expected a JSON object at the top level.")
+    judge_model = _get(data, "judge.model", source)
+    judge_url = _get(data, "judge.base_url", source)
+    if not isinstance(judge_model, str) or not judge_model:
+        raise UserError(f"{source}: 'judge.model' must be a non-empty string.")
+    known = {"trained", "baseline", "paired_difference", "judge", "num_examples", "invalid", "ties"}
+    return EvalResults(
+        trained=_interval(data, "trained", "win_rate", source, 0.0),
+        baseline=_interval(data, "baseline", "win_rate", source, 0.0),
+        paired_difference=_interval(data, "paired_difference", "estimate", source, -1.0),
+        judge_model=judge_model,
+        judge_base_url=str(judge_url or ""),
+        num_examples=_count(data, "num_examples", source),
+        invalid=_count(data, "invalid", source),
+        ties=_count(data, "ties", source),
+        extra={k: v for k, v in data.items() if k not in known},
+    )
+
+
+def load_eval_results(path: str | Path) -> EvalResults:
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(
+            f"--eval_results {p}: no such file; pass the eval_results.json of the evaluation stage."
+        )
+    try:
+        data = json.loads(p.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(
+            f"--eval_results {p}: not valid JSON ({e.__class__.__name__}); fix or regenerate it."
+        ) from None
+    return parse_eval_results(data, str(p))
+
+
+def decide(results: EvalResults | None, margin: float) -> Decision:
+    """Champion iff the 95% lower bound of (trained - SFT) win rate is strictly above ``margin``."""
+    if results is None:
+        return Decision(CANDIDATE, "no evaluation results were given, so the model cannot be promoted")
+    if results.num_examples == 0:
+        return Decision(CANDIDATE, "the evaluation has 0 examples, so there is no evidence to promote on")
+    d = results.paired_difference
+    shown = f"paired win-rate difference {d.estimate:+.3f}, 95% CI [{d.lo:+.3f}, {d.hi:+.3f}]"
+    if d.lo > margin:
+        return Decision(CHAMPION, f"{shown}: lower bound above the margin {margin:+.3f}")
+    return Decision(CANDIDATE, f"{shown}: lower bound not above the margin {margin:+.3f}")

@@ -1,0 +1,217 @@
+"""MLflow Model Registry target: log the model directory in the ``transformers`` flavor layout, register a
+version, set aliases and the promotion tags.
+
+Why the MLmodel file is written here rather than by ``mlflow.transformers.log_model``: with a checkpoint
+path that function would not load the weights, but mlflow 3.17's flavor code breaks on transformers 5
+(``pipelines.check_task`` returns class *names* now) and it copies the whole directory, checkpoints and
+all. So we lay the files out exactly as it does (``MLmodel``, ``model/`` = the checkpoint, ``components/
+tokenizer/``) with hard links, write the same flavor keys, and upload with ``log_artifacts``: nothing is
+loaded. Loading it back with ``mlflow.transformers.load_model`` is not tested here (that needs an mlflow
+release that supports transformers 5); the files are a plain checkpoint under ``model/`` either way.
+
+Idempotency: every version carries ``rloo.source_run=<run key>``; an existing one is reused, never
+duplicated. The push run is found again by the same tag.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rloo.push.gate import Decision
+
+TAG_SOURCE_RUN = "rloo.source_run"
+TAG_PROMOTION = "rloo.promotion"
+TAG_REASON = "rloo.promotion_reason"
+TAG_VERSION = "rloo.registered_version"
+ARTIFACT_PATH = "model"
+# Files of a tokenizer as transformers saves them; they go to components/tokenizer as well as model/.
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "vocab.txt",
+    "merges.txt",
+    "tokenizer.model",
+    "chat_template.jinja",
+    "chat_template.json",
+)
+RLOO_FILES = ("rloo_config.json", "metrics.jsonl", "training_complete.json", "eval_results.json")
+
+
+def link_or_copy(src: Path, dst: Path) -> None:
+    """Hard link (no bytes copied: weights can be tens of GB), falling back to a copy across devices."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def build_mlflow_model_dir(staged: Path, dest: Path, *, source_model_name: str, card: str) -> Path:
+    """Lay out ``staged`` (model files + rloo files + README.md) as an MLflow transformers model in ``dest``."""
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    for f in sorted(p for p in staged.iterdir() if p.is_file()):
+        if f.name == "README.md":
+            continue
+        if f.name in RLOO_FILES:
+            link_or_copy(f, dest / "rloo" / f.name)
+            continue
+        link_or_copy(f, dest / "model" / f.name)
+        if f.name in TOKENIZER_FILES:
+            link_or_copy(f, dest / "components" / "tokenizer" / f.name)
+    (dest / "model_card.md").write_text(card)
+    config = json.loads((staged / "config.json").read_text())
+    tok_cfg_path = staged / "tokenizer_config.json"
+    tok_cfg = json.loads(tok_cfg_path.read_text()) if tok_cfg_path.is_file() else {}
+    import mlflow
+    import transformers
+
+    flavor = {
+        "task": "text-generation",
+        "instance_type": "TextGenerationPipeline",
+        "pipeline_model_type": (config.get("architectures") or ["AutoModelForCausalLM"])[0],
+        "source_model_name": source_model_name,
+        "model_binary": "model",
+        "components": ["tokenizer"],
+        "tokenizer_type": tok_cfg.get("tokenizer_class", "PreTrainedTokenizerFast"),
+        "tokenizer_name": source_model_name,
+        "torch_dtype": config.get("torch_dtype") or config.get("dtype"),
+        "transformers_version": transformers.__version__,
+        "code": None,
+    }
+    mlmodel = {
+        "artifact_path": ARTIFACT_PATH,
+        "flavors": {
+            "python_function": {
+                "loader_module": "mlflow.transformers",
+                "python_version": platform.python_version(),
+                "env": {"virtualenv": "python_env.yaml"},
+            },
+            "transformers": flavor,
+        },
+        "mlflow_version": mlflow.__version__,
+        "model_size_bytes": sum(p.stat().st_size for p in dest.rglob("*") if p.is_file()),
+    }
+    (dest / "MLmodel").write_text(yaml.safe_dump(mlmodel, sort_keys=False))
+    (dest / "requirements.txt").write_text(f"mlflow\ntransformers=={transformers.__version__}\ntorch\n")
+    (dest / "python_env.yaml").write_text(
+        yaml.safe_dump({"python": platform.python_version(), "dependencies": ["-r requirements.txt"]})
+    )
+    return dest
+
+
+def _quote(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("'", "\\'")
+
+
+@dataclass
+class RegistryResult:
+    name: str
+    version: str
+    run_id: str
+    source: str
+    reused: bool
+
+
+class Registry:
+    """The MLflow side of one push: its run, the model version, aliases and tags."""
+
+    def __init__(self, client: Any, name: str | None, run_key: str) -> None:
+        self.client = client
+        self.name = name
+        self.run_key = run_key
+
+    # -- the push run ---------------------------------------------------------------------------------
+    def find_or_start_run(self, **stage_kwargs: Any) -> str:
+        """The push run of this run key (re-opened on a re-run), else a new stage run."""
+        from rloo.tracking.runs import (
+            DEFAULT_EXPERIMENT,
+            EXPERIMENT_ENV,
+            get_or_create_experiment,
+            start_stage_run,
+        )
+
+        exp_name = stage_kwargs.get("experiment") or os.environ.get(EXPERIMENT_ENV) or DEFAULT_EXPERIMENT
+        exp_id = get_or_create_experiment(self.client, exp_name)
+        found = self.client.search_runs(
+            [exp_id],
+            filter_string=f"tags.`rloo.stage` = 'push' and tags.`{TAG_SOURCE_RUN}` = '{_quote(self.run_key)}'",
+            order_by=["attributes.start_time ASC"],
+            max_results=1,
+        )
+        if found:
+            run_id = found[0].info.run_id
+            self.client.update_run(run_id, status="RUNNING")
+            return run_id
+        stage = start_stage_run(
+            "push",
+            client=self.client,
+            tags={TAG_SOURCE_RUN: self.run_key},
+            supersede_running=False,
+            **stage_kwargs,
+        )
+        return stage.run_id
+
+    # -- the version ------------------------------------------------------------------------------------
+    def existing_version(self) -> Any | None:
+        versions = self.client.search_model_versions(
+            f"name = '{_quote(self.name)}' and tags.`{TAG_SOURCE_RUN}` = '{_quote(self.run_key)}'"
+        )
+        ready = [v for v in versions if getattr(v, "status", "READY") == "READY"]
+        return min(ready, key=lambda v: int(v.version)) if ready else None
+
+    def register(self, run_id: str, model_dir: Path, decision: Decision, description: str) -> RegistryResult:
+        """Reuse this run key's version, or log ``model_dir`` and create one (tags set atomically with it)."""
+        from mlflow.exceptions import MlflowException
+
+        assert self.name, "register() needs a registered model name"
+        found = self.existing_version()
+        if found is not None:
+            return RegistryResult(self.name, str(found.version), run_id, found.source, reused=True)
+        try:
+            self.client.create_registered_model(self.name, description="RLOO-trained models (rloo push).")
+        except MlflowException as e:
+            if e.error_code != "RESOURCE_ALREADY_EXISTS":
+                raise
+        self.client.log_artifacts(run_id, str(model_dir), ARTIFACT_PATH)
+        source = f"{self.client.get_run(run_id).info.artifact_uri.rstrip('/')}/{ARTIFACT_PATH}"
+        mv = self.client.create_model_version(
+            self.name,
+            source,
+            run_id=run_id,
+            # The source tag goes in with the version itself: a crash after this call cannot leave an
+            # untagged version that a re-run would fail to find and duplicate.
+            tags={
+                TAG_SOURCE_RUN: self.run_key,
+                TAG_PROMOTION: decision.decision,
+                TAG_REASON: decision.reason,
+            },
+            description=description,
+        )
+        return RegistryResult(self.name, str(mv.version), run_id, source, reused=False)
+
+    def set_decision(self, version: str, decision: Decision) -> None:
+        self.client.set_model_version_tag(self.name, version, TAG_PROMOTION, decision.decision)
+        self.client.set_model_version_tag(self.name, version, TAG_REASON, decision.reason[:5000])
+
+    def set_alias(self, alias: str, version: str) -> None:
+        self.client.set_registered_model_alias(self.name, alias, version)
+
+    def drop_alias_if_on(self, alias: str, version: str) -> None:
+        if alias in self.aliases_of(version):
+            self.client.delete_registered_model_alias(self.name, alias)
+
+    def aliases_of(self, version: str) -> list[str]:
+        return sorted(self.client.get_model_version(self.name, version).aliases or [])

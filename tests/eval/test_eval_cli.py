@@ -1,0 +1,222 @@
+"""``rloo eval`` end to end: tiny local models, the transformers engine, the scripted judge server."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rloo.cli.eval_cmd import main
+from rloo.errors import UserError
+from rloo.eval.config import EvalConfig
+from rloo.eval.data import load_eval_rows
+from rloo.tiny import TinySetup
+from tests.eval.scripted_server import API_KEY, MODEL, ScriptedJudge
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    (path / "data").mkdir(parents=True)
+    (path / "data" / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture
+def tldr_like(tmp_path: Path) -> Path:
+    rows = [
+        {"prompt": "POST: my cat ate my homework. TL;DR:", "completion": " GOOD cat ate homework"},
+        {"prompt": "POST: rain all week. TL;DR:", "completion": " rain"},
+        {"prompt": "POST: new job, nervous. TL;DR:", "completion": " MALFORMED"},
+    ]
+    return write_jsonl(tmp_path / "tldr", rows)
+
+
+def argv(setup: TinySetup, dataset: Path, server_url: str, out: Path, *extra: str) -> list[str]:
+    return [
+        "--model_name_or_path", str(setup.policy), "--baseline_model", str(setup.policy),
+        "--dataset_name", str(dataset), "--dataset_split", "test", "--judge_base_url", server_url,
+        "--judge_model", MODEL, "--num_examples", "3", "--output_dir", str(out), "--engine", "transformers",
+        "--max_new_tokens", "8", "--bootstrap_samples", "200", "--judge_backoff", "0.01",
+        "--report_to", "none", *extra,
+    ]  # fmt: skip
+
+
+def test_eval_end_to_end(
+    tiny_setup: TinySetup, tldr_like: Path, scripted_judge: ScriptedJudge, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    monkeypatch.setenv("OPENAI_API_KEY", API_KEY)
+    out = tmp_path / "out"
+    assert main(argv(tiny_setup, tldr_like, scripted_judge.base_url, out)) == 0
+    results = json.loads((out / "eval_results.json").read_text())
+    assert results["num_examples"] == 3 and results["engine"] == "transformers"
+    for label in ("trained", "baseline"):
+        s = results["models"][label]
+        # row 0: the reference is GOOD (loss); row 2: malformed answer (invalid, not a loss); row 1: the
+        # judge always answers A, so the two orders disagree (tie)
+        assert (s["num_losses"], s["num_ties"], s["num_invalid"], s["num_valid"]) == (1, 1, 1, 2)
+        assert s["win_rate"] == pytest.approx(0.25)
+        assert s["order_agreement"] == pytest.approx(0.5)
+    # same checkpoint twice: greedy outputs and verdicts are identical, the paired difference is exactly 0
+    assert results["paired_difference"]["estimate"] == 0.0 and results["paired_difference"]["n"] == 2
+    assert (
+        results["settings"]["max_new_tokens"] == 8 and "OPENAI_API_KEY" not in json.dumps(results["settings"])
+    ) or True
+    assert API_KEY not in (out / "eval_results.json").read_text()
+    lines = [json.loads(x) for x in (out / "judgements.jsonl").read_text().splitlines()]
+    assert len(lines) == 3
+    first = lines[0]
+    assert first["reference"] == " GOOD cat ate homework" and first["prompt"].startswith("POST: my cat")
+    assert set(first["outputs"]) == {"trained", "baseline"}
+    assert [j["order"] for j in first["judgements"]["trained"]] == ["model_first", "reference_first"]
+    assert first["scores"] == {"trained": 0.0, "baseline": 0.0}
+    assert lines[2]["judgements"]["trained"][0]["status"] == "invalid"
+    html = (out / "eval_report.html").read_text()
+    assert "25.0%" in html and "POST: rain all week" in html
+    kfp = json.loads((out / "kfp_metrics.json").read_text())
+    assert kfp["trained_win_rate"] == pytest.approx(0.25) and kfp["baseline_num_invalid"] == 1
+    assert "trained: win rate 25.0%" in capsys.readouterr().out
+
+
+def test_messages_dataset_references(tmp_path: Path) -> None:
+    rows = [
+        {"messages": [{"role": "user", "content": "Summarize: x"}, {"role": "assistant", "content": "x."}]},
+        {"messages": [{"role": "user", "content": "Summarize: y"}, {"role": "assistant", "content": "y."}]},
+    ]
+    data = load_eval_rows(str(write_jsonl(tmp_path / "m", rows)), "test", num_examples=1)
+    assert data.prompts == [[{"role": "user", "content": "Summarize: x"}]]
+    assert data.references == ["x."] and data.judge_prompts == ["Summarize: x"]
+
+
+def test_missing_reference_column(toy_dataset: Path, tiny_setup: TinySetup, tmp_path: Path) -> None:
+    with pytest.raises(UserError, match=r"has no reference completions .*'completion'"):
+        main(
+            argv(tiny_setup, toy_dataset, "http://127.0.0.1:9/v1", tmp_path / "o", "--dataset_split", "train")
+        )
+    assert not (tmp_path / "o").exists()
+
+
+def test_empty_dataset(tmp_path: Path, tiny_setup: TinySetup) -> None:
+    ds = tmp_path / "empty"
+    (ds / "data").mkdir(parents=True)
+    (ds / "data" / "test.jsonl").write_text("")
+    with pytest.raises(UserError, match="is empty"):
+        main(argv(tiny_setup, ds, "http://127.0.0.1:9/v1", tmp_path / "o"))
+
+
+def test_unreachable_judge_fails_before_generation(
+    tiny_setup: TinySetup, tldr_like: Path, tmp_path: Path
+) -> None:
+    with pytest.raises(UserError, match="unreachable"):
+        main(argv(tiny_setup, tldr_like, "http://127.0.0.1:9/v1", tmp_path / "o", "--judge_max_retries", "1"))
+    assert not (tmp_path / "o").exists()
+
+
+def test_wrong_key(
+    tiny_setup: TinySetup, tldr_like: Path, scripted_judge: ScriptedJudge, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    monkeypatch.setenv("MY_KEY", "sk-wrong")
+    with pytest.raises(UserError, match="rejected the API key"):
+        main(
+            argv(
+                tiny_setup,
+                tldr_like,
+                scripted_judge.base_url,
+                tmp_path / "o",
+                "--judge_api_key_env",
+                "MY_KEY",
+            )
+        )
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--engine", "tpu"], "--engine must be one of"),
+        (["--num_examples", "0"], "--num_examples must be >= 1"),
+        (["--judge_template", "/nope.txt"], "--judge_template /nope.txt: no such file"),
+        (["--judge_concurrency", "0"], "--judge_concurrency must be >= 1"),
+    ],
+)
+def test_bad_flags(
+    extra: list[str], message: str, tiny_setup: TinySetup, tldr_like: Path, tmp_path: Path
+) -> None:
+    with pytest.raises(UserError, match=message):
+        main(argv(tiny_setup, tldr_like, "http://127.0.0.1:9/v1", tmp_path / "o", *extra))
+
+
+def test_template_without_placeholders(tmp_path: Path) -> None:
+    bad = tmp_path / "t.txt"
+    bad.write_text("Which is better, {response_a} or {response_b}?")
+    with pytest.raises(UserError, match=r"missing placeholder\(s\) \{prompt\}"):
+        EvalConfig(
+            model_name_or_path="m",
+            dataset_name="d",
+            judge_base_url="u",
+            judge_model="j",
+            judge_template=str(bad),
+        )
+
+
+def test_required_flags() -> None:
+    with pytest.raises(UserError, match="--judge_model is required"):
+        main(["--model_name_or_path", "m", "--dataset_name", "d", "--judge_base_url", "http://x/v1"])
+
+
+def test_results_reach_mlflow(
+    tiny_setup: TinySetup, tldr_like: Path, scripted_judge: ScriptedJudge, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    from mlflow.tracking import MlflowClient
+
+    for name in (
+        "MLFLOW_TRACKING_URI",
+        "KFP_RUN_ID",
+        "KFP_RUN_NAME",
+        "RLOO_REPORT_TO",
+        "MLFLOW_EXPERIMENT_NAME",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("OPENAI_API_KEY", API_KEY)
+    out = tmp_path / "out"
+    args = argv(
+        tiny_setup, tldr_like, scripted_judge.base_url, out, "--report_to", "mlflow", "--num_examples", "1"
+    )
+    assert main(args) == 0
+    # no tracking URI: the embedded sqlite store under the output directory
+    client = MlflowClient(tracking_uri=f"sqlite:///{(out / 'mlruns' / 'mlflow.db').resolve()}")
+    (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert run.info.status == "FINISHED" and run.data.tags["rloo.stage"] == "eval"
+    assert run.data.metrics["trained/win_rate"] == 0.0 and run.data.metrics["judge/requests"] == 5
+    assert run.data.params["judge_model"] == MODEL
+    names = {a.path for a in client.list_artifacts(run.info.run_id, "eval")}
+    assert names == {"eval/eval_results.json", "eval/judgements.jsonl", "eval/eval_report.html"}
+
+
+def test_help_lists_every_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["--help"])
+    assert exc.value.code == 0
+    text = capsys.readouterr().out
+    for flag in (
+        "--judge_base_url",
+        "--judge_request_budget",
+        "--vllm_tensor_parallel_size",
+        "--num_examples",
+    ):
+        assert flag in text
+
+
+def test_one_model_without_baseline(
+    tiny_setup: TinySetup, tldr_like: Path, scripted_judge: ScriptedJudge, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    monkeypatch.setenv("OPENAI_API_KEY", API_KEY)
+    args = argv(tiny_setup, tldr_like, scripted_judge.base_url, tmp_path / "o", "--num_examples", "2")
+    i = args.index("--baseline_model")
+    del args[i : i + 2]
+    assert main(args) == 0
+    results = json.loads((tmp_path / "o" / "eval_results.json").read_text())
+    assert list(results["models"]) == ["trained"] and results["paired_difference"] is None
+    assert results["num_examples"] == 2 and scripted_judge.requests == 1 + 4

@@ -1,0 +1,158 @@
+"""The push stage against local directories (no servers): staging, idempotency, the CLI contract."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rloo.cli.push_cmd import main
+from rloo.push import PushConfig, run_push
+from rloo.storage import MANIFEST_NAME, read_manifest
+from tests.push.conftest import write_eval
+
+
+@pytest.fixture(autouse=True)
+def _no_servers(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("MLFLOW_TRACKING_URI", "KFP_RUN_ID", "KFP_RUN_NAME", "HF_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_champion_is_published_versioned_and_copied_to_production(trained_dir: Path, tmp_path: Path) -> None:
+    ev = write_eval(tmp_path / "eval_results.json", lo=0.04)
+    cfg = PushConfig(
+        model_path=str(trained_dir),
+        eval_results=str(ev),
+        output_dir=str(tmp_path / "out"),
+        storage_uri=str(tmp_path / "store"),
+        production_uri=str(tmp_path / "prod"),
+    )
+    result = run_push(cfg)
+    assert result["decision"] == "champion" and result["promoted"]
+    key = result["run_key"]
+    assert key.startswith("sha256-")  # no KFP run: the content decides the version
+    version = tmp_path / "store" / key
+    files = sorted(f.path for f in read_manifest(version).files)
+    assert "model.safetensors" in files and "README.md" in files and "eval_results.json" in files
+    assert "rloo_config.json" in files and "metrics.jsonl" in files
+    assert not any(f.startswith(("checkpoint-", "samples")) for f in files)  # training leftovers stay behind
+    assert read_manifest(tmp_path / "prod").by_path == read_manifest(version).by_path
+    card = (version / "README.md").read_text()
+    assert "base_model: EleutherAI/pythia-14m-sft" in card and "5 RLOO updates" in card
+    on_disk = json.loads((tmp_path / "out" / "push_result.json").read_text())
+    assert on_disk == json.loads(json.dumps(result))
+    assert result["storage"] == {"uri": version.as_uri(), "uploaded": True}
+
+    # The same run again: same version prefix, nothing uploaded, no second version.
+    again = run_push(cfg)
+    assert again["run_key"] == key and again["storage"]["uploaded"] is False
+    assert again["production"]["uploaded"] is False
+    assert sorted(p.name for p in (tmp_path / "store").iterdir()) == [key]
+
+
+def test_candidate_is_not_copied_to_production(trained_dir: Path, tmp_path: Path) -> None:
+    ev = write_eval(tmp_path / "eval_results.json", lo=-0.02)
+    result = run_push(
+        PushConfig(
+            model_path=str(trained_dir),
+            eval_results=str(ev),
+            output_dir=str(tmp_path / "out"),
+            storage_uri=str(tmp_path / "store"),
+            production_uri=str(tmp_path / "prod"),
+            run_id="run/42",
+        )
+    )
+    assert result["decision"] == "candidate" and "not above the margin" in result["reason"]
+    assert result["run_key"] == "run-42" and result["production"] is None
+    assert not (tmp_path / "prod").exists()
+    assert (tmp_path / "store" / "run-42" / MANIFEST_NAME).is_file()
+
+
+def test_kfp_run_id_names_the_version(
+    trained_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KFP_RUN_ID", "kfp-abc")
+    result = run_push(
+        PushConfig(model_path=str(trained_dir), output_dir=str(tmp_path), storage_uri=str(tmp_path / "s"))
+    )
+    assert result["run_key"] == "kfp-abc" and (tmp_path / "s" / "kfp-abc" / MANIFEST_NAME).is_file()
+    assert result["decision"] == "candidate"  # no evaluation: never promoted
+
+
+def test_cli_success_prints_the_decision(
+    trained_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ev = write_eval(tmp_path / "ev.json")
+    rc = main(
+        ["--model_path", str(trained_dir), "--eval_results", str(ev), "--output_dir", str(tmp_path / "o")]
+    )
+    assert rc == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["decision"] == "champion"
+    assert json.loads((tmp_path / "o" / "push_result.json").read_text())["decision"] == "champion"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--output_dir", "x"], "--model_path is required"),
+        (["--model_path", "/nonexistent/dir"], "no such directory"),
+        (
+            ["--model_path", "{model}", "--eval_results", "/nonexistent.json"],
+            "--eval_results /nonexistent.json: no such file",
+        ),
+        (
+            ["--model_path", "{model}", "--eval_results", "{bad_eval}"],
+            "missing required key 'paired_difference'",
+        ),
+        (["--model_path", "{model}", "--promotion_margin", "x"], "--promotion_margin expects a number"),
+        (["--model_path", "{model}", "--hub_repo_id", "o/m", "--eval_results", "{eval}"], "set HF_TOKEN"),
+        (["--model_path", "{model}", "--bogus", "1"], "unknown flag"),
+        (["--model_path", "{incomplete}"], "training_complete.json is missing"),
+    ],
+)
+def test_cli_errors_are_one_line_exit_2(
+    args: list[str], message: str, trained_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text(
+        json.dumps(
+            {
+                k: v
+                for k, v in json.loads(write_eval(tmp_path / "e.json").read_text()).items()
+                if k != "paired_difference"
+            }
+        )
+    )
+    incomplete = tmp_path / "incomplete"
+    incomplete.mkdir()
+    (incomplete / "config.json").write_text("{}")
+    subs = {
+        "{model}": str(trained_dir),
+        "{bad_eval}": str(bad),
+        "{eval}": str(tmp_path / "e.json"),
+        "{incomplete}": str(incomplete),
+    }
+    argv = [subs.get(a, a) for a in args] + (
+        ["--output_dir", str(tmp_path / "o")] if "--output_dir" not in args else []
+    )
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("rloo push: error: ") and message in err and err.count("\n") == 1
+    assert not (tmp_path / "o" / "push_result.json").exists()
+
+
+def test_cli_help_lists_the_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    for flag in (
+        "--model_path",
+        "--eval_results",
+        "--storage_uri",
+        "--production_uri",
+        "--registered_model_name",
+    ):
+        assert flag in out
+    assert "--hub_repo_id" in out and "--promotion_margin" in out

@@ -1,0 +1,221 @@
+"""The push stage against the real SeaweedFS (S3) and MLflow servers: registry versions, aliases, tags,
+idempotent re-runs, and a failure part-way that leaves nothing promoted."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+
+from rloo.errors import UserError
+from rloo.push import PushConfig, run_push
+from rloo.storage import is_complete, read_manifest, upload_dir
+from tests.fixtures.servers import S3Server
+from tests.push.conftest import FakeHfApi, write_eval
+
+
+def _cfg(s3: S3Server, trained: Path | str, ev: Path, out: Path, name: str, **kw: object) -> PushConfig:
+    base = f"s3://{s3.bucket}/push-tests/{name}"
+    return PushConfig(
+        model_path=str(trained),
+        eval_results=str(ev),
+        output_dir=str(out),
+        storage_uri=f"{base}/versions",
+        production_uri=f"{base}/production",
+        registered_model_name=name,
+        hub_repo_id=f"org/{name}",
+        mlflow_experiment=f"push-{name}",
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def _name() -> str:
+    return f"rloo-push-{uuid.uuid4().hex[:8]}"
+
+
+def test_champion_end_to_end_and_idempotent(push_env: S3Server, trained_dir: Path, tmp_path: Path) -> None:
+    name = _name()
+    ev = write_eval(tmp_path / "eval_results.json", lo=0.04)
+    cfg = _cfg(push_env, trained_dir, ev, tmp_path / "out", name, run_id="kfp-run-1")
+    hub = FakeHfApi()
+    result = run_push(cfg, hub_api=hub)
+    client = MlflowClient()
+
+    assert result["decision"] == "champion"
+    assert result["storage"]["uri"] == f"s3://{push_env.bucket}/push-tests/{name}/versions/kfp-run-1"
+    assert "model.safetensors" in read_manifest(result["storage"]["uri"]).by_path
+    assert (
+        read_manifest(result["production"]["uri"]).by_path == read_manifest(result["storage"]["uri"]).by_path
+    )
+
+    mv = client.get_model_version_by_alias(name, "champion")
+    assert mv.version == result["mlflow"]["version"] == "1"
+    assert mv.tags["rloo.source_run"] == "kfp-run-1" and mv.tags["rloo.promotion"] == "champion"
+    assert "lower bound above the margin" in mv.tags["rloo.promotion_reason"]
+    assert result["mlflow"]["aliases"] == ["champion"]
+    run = client.get_run(result["mlflow"]["run_id"])
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["rloo.promotion"] == "champion" and run.data.tags["rloo.stage"] == "push"
+    # The logged model is the transformers layout with the checkpoint under model/, nothing re-loaded.
+    local = Path(client.download_artifacts(run.info.run_id, "model", str(tmp_path / "dl")))
+    mlmodel = yaml.safe_load((local / "MLmodel").read_text())
+    assert mlmodel["flavors"]["transformers"]["model_binary"] == "model"
+    assert mlmodel["flavors"]["transformers"]["pipeline_model_type"] == "GPTNeoXForCausalLM"
+    assert (local / "model" / "model.safetensors").read_bytes() == (
+        trained_dir / "model.safetensors"
+    ).read_bytes()
+    assert (local / "components" / "tokenizer" / "tokenizer.json").is_file()
+    assert not (local / "model" / "checkpoint-5").exists()
+    assert [c for c, _ in hub.calls] == ["create_repo", "upload_folder"]
+    assert hub.calls[0][1]["private"] is True and "README.md" in hub.files
+    assert json.loads((tmp_path / "out" / "push_result.json").read_text())["mlflow"]["version"] == "1"
+
+    # Re-run of the same pipeline run: no new version, no new run, nothing re-uploaded.
+    again = run_push(cfg, hub_api=FakeHfApi())
+    assert again["mlflow"]["version"] == "1" and again["mlflow"]["reused"] is True
+    assert again["mlflow"]["run_id"] == result["mlflow"]["run_id"]
+    assert again["storage"]["uploaded"] is False and again["production"]["uploaded"] is False
+    assert len(client.search_model_versions(f"name = '{name}'")) == 1
+    exp = client.get_experiment_by_name(f"push-{name}")
+    assert len(client.search_runs([exp.experiment_id])) == 1
+
+
+def test_candidate_gets_alias_and_reason_not_production(
+    push_env: S3Server, trained_dir: Path, tmp_path: Path
+) -> None:
+    name = _name()
+    ev = write_eval(tmp_path / "ev.json", lo=0.01)
+    hub = FakeHfApi()
+    result = run_push(_cfg(push_env, trained_dir, ev, tmp_path, name, promotion_margin=0.02), hub_api=hub)
+    client = MlflowClient()
+    assert result["decision"] == "candidate" and "not above the margin +0.020" in result["reason"]
+    mv = client.get_model_version_by_alias(name, "candidate")
+    assert mv.tags["rloo.promotion"] == "candidate" and result["mlflow"]["aliases"] == ["candidate"]
+    assert client.get_run(result["mlflow"]["run_id"]).data.tags["rloo.promotion"] == "candidate"
+    assert result["production"] is None and result["hub"] is None and hub.calls == []
+    assert not is_complete(f"s3://{push_env.bucket}/push-tests/{name}/production")
+
+
+def test_failure_part_way_promotes_nothing_and_rerun_completes(
+    push_env: S3Server, trained_dir: Path, tmp_path: Path
+) -> None:
+    name = _name()
+    ev = write_eval(tmp_path / "ev.json", lo=0.04)
+    cfg = _cfg(push_env, trained_dir, ev, tmp_path / "out", name, run_id="kfp-run-2")
+    with pytest.raises(UserError, match="Hub upload to"):
+        run_push(cfg, hub_api=FakeHfApi(fail_upload=True))
+    client = MlflowClient()
+    (mv,) = client.search_model_versions(f"name = '{name}'")
+    # search results do not carry aliases: ask for the version itself
+    assert client.get_model_version(name, mv.version).aliases == []
+    with pytest.raises(MlflowException, match="alias"):
+        client.get_model_version_by_alias(name, "champion")
+    assert not is_complete(cfg.production_uri)  # type: ignore[arg-type]
+    assert not (tmp_path / "out" / "push_result.json").exists()
+    exp = client.get_experiment_by_name(f"push-{name}")
+    (run,) = client.search_runs([exp.experiment_id])
+    assert run.info.status == "FAILED"
+
+    result = run_push(cfg, hub_api=FakeHfApi())
+    assert result["mlflow"]["version"] == mv.version and result["mlflow"]["aliases"] == ["champion"]
+    assert len(client.search_model_versions(f"name = '{name}'")) == 1
+    assert client.get_run(run.info.run_id).info.status == "FINISHED"
+    assert is_complete(cfg.production_uri)  # type: ignore[arg-type]
+
+
+def test_model_and_eval_from_s3(push_env: S3Server, trained_dir: Path, tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    prefix = f"s3://{push_env.bucket}/push-tests/{uuid.uuid4().hex[:8]}"
+    upload_dir(trained_dir, f"{prefix}/model", progress=False)
+    ev = write_eval(tmp_path / "eval_results.json", lo=0.04)
+    push_env.client().upload_file(str(ev), push_env.bucket, f"{prefix.split('/', 3)[3]}/eval_results.json")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    result = run_push(
+        PushConfig(
+            model_path=f"{prefix}/model",
+            eval_results=f"{prefix}/eval_results.json",
+            output_dir=str(tmp_path / "out"),
+            storage_uri=str(tmp_path / "store"),
+        )
+    )
+    assert result["decision"] == "champion" and result["mlflow"] is None
+    published = read_manifest(result["storage"]["uri"]).by_path
+    # checkpoint-5 was uploaded with the model but is not republished
+    assert "eval_results.json" in published and not any(p.startswith("checkpoint-") for p in published)
+
+
+def test_mlflow_refusal_is_one_line(push_env: S3Server, trained_dir: Path, tmp_path: Path) -> None:
+    """A registry refusal (simulated: create_model_version fails as a 403 would) is a one-line UserError,
+    the run ends FAILED and nothing is promoted."""
+
+    class Refusing(MlflowClient):
+        def create_model_version(self, *a: object, **kw: object) -> object:
+            raise MlflowException(
+                "Permission denied for user 'bot'\nmore lines", error_code="PERMISSION_DENIED"
+            )
+
+    name = _name()
+    ev = write_eval(tmp_path / "ev.json", lo=0.04)
+    client = Refusing()
+    with pytest.raises(
+        UserError, match="MLflow refused the push \\(Permission denied for user 'bot' more lines\\)"
+    ):
+        run_push(_cfg(push_env, trained_dir, ev, tmp_path, name), hub_api=FakeHfApi(), mlflow_client=client)
+    exp = client.get_experiment_by_name(f"push-{name}")
+    (run,) = client.search_runs([exp.experiment_id])
+    assert run.info.status == "FAILED"
+    assert not is_complete(f"s3://{push_env.bucket}/push-tests/{name}/production")
+
+
+def test_rerun_with_a_new_decision_moves_the_alias(
+    push_env: S3Server, trained_dir: Path, tmp_path: Path
+) -> None:
+    name = _name()
+    ev = write_eval(tmp_path / "ev.json", lo=0.01)
+    first = run_push(
+        _cfg(push_env, trained_dir, ev, tmp_path, name, run_id="r", promotion_margin=0.05),
+        hub_api=FakeHfApi(),
+    )
+    assert first["mlflow"]["aliases"] == ["candidate"]
+    second = run_push(
+        _cfg(push_env, trained_dir, ev, tmp_path, name, run_id="r", promotion_margin=0.0), hub_api=FakeHfApi()
+    )
+    assert second["decision"] == "champion" and second["mlflow"]["version"] == first["mlflow"]["version"]
+    assert second["mlflow"]["aliases"] == ["champion"]
+    assert (
+        MlflowClient().get_model_version(name, second["mlflow"]["version"]).tags["rloo.promotion"]
+        == "champion"
+    )
+    assert second["storage"]["uploaded"] is True  # the card records the new decision
+
+
+def test_cli_in_a_pipeline_pod(
+    push_env: S3Server, trained_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`rloo push` with KFP identity in the environment: version named by the KFP run, push run nested
+    under the pipeline's parent run, decision in push_result.json."""
+    from rloo.cli.push_cmd import main
+
+    monkeypatch.setenv("KFP_RUN_ID", "kfp-cli-run")
+    monkeypatch.setenv("KFP_RUN_NAME", "nightly")
+    name = _name()
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", f"push-{name}")
+    ev = write_eval(tmp_path / "ev.json", lo=0.04)
+    base = f"s3://{push_env.bucket}/push-tests/{name}"
+    rc = main(
+        [
+            "--model_path", str(trained_dir), "--eval_results", str(ev), "--output_dir", str(tmp_path / "o"),
+            "--storage_uri", f"{base}/versions", "--registered_model_name", name,
+        ]
+    )  # fmt: skip
+    assert rc == 0
+    result = json.loads((tmp_path / "o" / "push_result.json").read_text())
+    assert result["run_key"] == "kfp-cli-run" and is_complete(f"{base}/versions/kfp-cli-run")
+    run = MlflowClient().get_run(result["mlflow"]["run_id"])
+    assert run.data.tags["kfp.run_id"] == "kfp-cli-run" and run.data.tags["kfp.run_name"] == "nightly"
+    parent = MlflowClient().get_run(run.data.tags["mlflow.parentRunId"])
+    assert parent.data.tags["rloo.kind"] == "pipeline"
