@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from rloo.tiny import TinySetup
-from tests.fixtures.servers import MlflowServer, S3Server, release, shared_mlflow, shared_s3
+from tests.fixtures.servers import MlflowServer, S3Server, release, shared_mlflow, shared_s3, use_s3
 
 TRAIN_CONFIG = {
     "model_name_or_path": "EleutherAI/pythia-14m-sft",
@@ -83,16 +83,7 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowSe
 @pytest.fixture
 def push_env(s3_server: S3Server, mlflow_server: MlflowServer, monkeypatch: pytest.MonkeyPatch) -> S3Server:
     """A push pod's environment: S3 and MLflow test servers, a Hub token, no KFP run."""
-    for name in (
-        "AWS_ENDPOINT_URL",
-        "AWS_ENDPOINT_URL_S3",
-        "AWS_PROFILE",
-        "AWS_SESSION_TOKEN",
-        "AWS_MAX_ATTEMPTS",
-    ):
-        monkeypatch.delenv(name, raising=False)
-    for k, v in s3_server.env().items():
-        monkeypatch.setenv(k, v)
+    use_s3(s3_server, monkeypatch)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server.uri)
     monkeypatch.setenv("HF_TOKEN", "hf_test_token_abcdef123")
     for name in ("KFP_RUN_ID", "KFP_RUN_NAME", "RLOO_REPORT_TO", "MLFLOW_EXPERIMENT_NAME"):

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.fixtures.servers import S3Server, release, shared_s3
+from tests.fixtures.servers import S3Server, release, shared_s3, use_s3
 
 
 @pytest.fixture(scope="session")
@@ -19,14 +19,4 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
 @pytest.fixture
 def s3_env(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> S3Server:
     """The AWS environment of a pod that reaches the test server (and nothing else)."""
-    for name in (
-        "AWS_ENDPOINT_URL",
-        "AWS_ENDPOINT_URL_S3",
-        "AWS_PROFILE",
-        "AWS_SESSION_TOKEN",
-        "AWS_MAX_ATTEMPTS",
-    ):
-        monkeypatch.delenv(name, raising=False)
-    for k, v in s3_server.env().items():
-        monkeypatch.setenv(k, v)
-    return s3_server
+    return use_s3(s3_server, monkeypatch)

@@ -4,13 +4,12 @@ trl-lib/tldr) or from chat ``messages`` whose last turn is the assistant's refer
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from rloo.errors import UserError
 
 # The prompt loader's readers are reused so local layouts and Hub ids behave exactly as in `rloo train`.
-from rloo.training.data import _load_hub, _read_files, local_splits
+from rloo.training.data import read_split
 
 
 @dataclass
@@ -44,32 +43,11 @@ def _completion_text(value: Any) -> str | None:
     return None
 
 
-def _columns(name: str, split: str, config: str | None) -> dict[str, list[Any]]:
-    root = Path(name).expanduser()
-    if root.exists() or name.startswith((".", "/", "~")) or name.count("/") > 1:
-        if not root.is_dir():
-            raise UserError(
-                f"--dataset_name {name}: no such directory; pass a local dataset directory or a Hub id."
-            )
-        splits = local_splits(root)
-        if not splits:
-            raise UserError(
-                f"--dataset_name {name}: no data files found; expected data/<split>-*.parquet or .jsonl."
-            )
-        if split not in splits:
-            raise UserError(
-                f"--dataset_name {name} has no split {split!r}; available: {', '.join(sorted(splits))}. "
-                "Choose one with --dataset_split."
-            )
-        return _read_files(splits[split])
-    return _load_hub(name, config, split)
-
-
 def load_eval_rows(
     name: str, split: str, *, config: str | None = None, num_examples: int | None = None
 ) -> EvalRows:
     """The first ``num_examples`` rows of ``split`` with their references; one-line UserErrors otherwise."""
-    cols = _columns(name, split, config)
+    cols, _ = read_split(name, split, config=config, split_flags="--dataset_split")
     n_rows = max((len(v) for v in cols.values()), default=0)
     if n_rows == 0:
         raise UserError(

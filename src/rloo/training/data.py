@@ -112,41 +112,52 @@ def _load_hub(name: str, config: str | None, split: str) -> dict[str, list[Any]]
     return ds.to_dict()
 
 
-def load_prompt_dataset(
-    name: str, split: str, *, config: str | None = None, fallback_split: str | None = None
-) -> PromptDataset:
-    """Load one split; if it is absent and ``fallback_split`` is given, load that split instead."""
+def read_split(
+    name: str,
+    split: str,
+    *,
+    config: str | None = None,
+    fallback_split: str | None = None,
+    split_flags: str = "--dataset_train_split / --dataset_test_split",
+) -> tuple[dict[str, list[Any]], str]:
+    """The columns of one split of a local Hub-layout directory or a Hub dataset, and the split's name
+    (``fallback_split`` when ``split`` is absent and a fallback is given). ``split_flags`` names the
+    flags a user changes to pick another split, for the error message."""
     root = Path(name).expanduser()
     looks_local = root.exists() or name.startswith((".", "/", "~")) or name.count("/") > 1
-    if looks_local:
-        if not root.is_dir():
-            raise UserError(
-                f"--dataset_name {name}: no such directory; pass a local dataset directory or a Hub id."
-            )
-        splits = local_splits(root)
-        if not splits:
-            raise UserError(
-                f"--dataset_name {name}: no data files found; expected data/<split>-*.parquet or .jsonl files."
-            )
-        if split not in splits:
-            if fallback_split is not None and fallback_split in splits:
-                log.warning("dataset has no split %r; using %r for it", split, fallback_split)
-                split = fallback_split
-            else:
-                raise UserError(
-                    f"--dataset_name {name} has no split {split!r}; available: {', '.join(sorted(splits))}. "
-                    "Choose one with --dataset_train_split / --dataset_test_split."
-                )
-        columns = _read_files(splits[split])
-    else:
+    if not looks_local:
         try:
-            columns = _load_hub(name, config, split)
+            return _load_hub(name, config, split), split
         except UserError:
             if fallback_split is None:
                 raise
             log.warning("dataset has no split %r; using %r for it", split, fallback_split)
-            columns = _load_hub(name, config, fallback_split)
-            split = fallback_split
+            return _load_hub(name, config, fallback_split), fallback_split
+    if not root.is_dir():
+        raise UserError(
+            f"--dataset_name {name}: no such directory; pass a local dataset directory or a Hub id."
+        )
+    splits = local_splits(root)
+    if not splits:
+        raise UserError(
+            f"--dataset_name {name}: no data files found; expected data/<split>-*.parquet or .jsonl files."
+        )
+    if split not in splits:
+        if fallback_split is None or fallback_split not in splits:
+            raise UserError(
+                f"--dataset_name {name} has no split {split!r}; available: {', '.join(sorted(splits))}. "
+                f"Choose one with {split_flags}."
+            )
+        log.warning("dataset has no split %r; using %r for it", split, fallback_split)
+        split = fallback_split
+    return _read_files(splits[split]), split
+
+
+def load_prompt_dataset(
+    name: str, split: str, *, config: str | None = None, fallback_split: str | None = None
+) -> PromptDataset:
+    """Load one split; if it is absent and ``fallback_split`` is given, load that split instead."""
+    columns, split = read_split(name, split, config=config, fallback_split=fallback_split)
     if not any(columns.values()):  # no rows at all (an empty .jsonl has no columns either)
         raise UserError(
             f"--dataset_name {name} split {split!r} is empty; give a split with at least one prompt."
