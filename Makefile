@@ -13,24 +13,24 @@ $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -c constraints.txt -e '.[train,tracking,dev,eval]'
+	$(BIN)/pip install -q -c constraints.txt -e '.[train,tracking,dev,eval,kfp]'
 	touch $(STAMP)
 
 demo: install
 	$(BIN)/rloo demo --output_dir runs/demo
 
 test: install
-	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks components pipelines
+	$(BIN)/ruff format --check src tests benchmarks components pipelines
 	$(BIN)/python -m pytest -q
 
 lint: install
-	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks components pipelines
+	$(BIN)/ruff format --check src tests benchmarks components pipelines
 
 format: install
-	$(BIN)/ruff format src tests benchmarks
-	$(BIN)/ruff check --fix src tests benchmarks
+	$(BIN)/ruff format src tests benchmarks components pipelines
+	$(BIN)/ruff check --fix src tests benchmarks components pipelines
 
 bench: install
 	$(BIN)/pip install -q -c constraints.txt -e '.[bench]'

@@ -17,6 +17,7 @@ commands:
   train   RLOO training (flags as the classic TRL RLOO trainer; see 'rloo train --help')
   eval    win rates of a trained model and its SFT baseline against references, by an LLM judge
   push    publish a trained model (object storage, MLflow registry, Hub) behind a promotion gate
+  pipeline  compile the Kubeflow pipeline, or run it locally (see 'rloo pipeline --help')
   demo    build a tiny model and toy task locally and train on it for a few updates
 """
 
@@ -72,10 +73,18 @@ def _push(argv: list[str]) -> int:
     return push_main(argv)
 
 
+def _pipeline(argv: list[str]) -> int:
+    from rloo.cli.pipeline_cmd import main as pipeline_main
+
+    _setup_logging()
+    return pipeline_main(argv)
+
+
 COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "train": _train,
     "eval": _eval,
     "push": _push,
+    "pipeline": _pipeline,
     "demo": _demo,
 }
 

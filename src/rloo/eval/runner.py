@@ -93,8 +93,15 @@ def run_eval(cfg: EvalConfig, *, engine: GenerationEngine | None = None) -> dict
         "num_examples": n,
         "engine": engine.name,
         "models": summaries,
-        "paired_difference": diff,
-        "judge": judge.stats.as_dict(),
+        "paired_difference": None if diff is None else {**diff, "ci95": [diff["low"], diff["high"]]},
+        "judge": {"model": cfg.judge_model, "base_url": cfg.judge_base_url, **judge.stats.as_dict()},
+        # the contract the push stage's promotion gate reads (rloo.push.gate.parse_eval_results)
+        **{
+            label: {"win_rate": m["win_rate"], "ci95": [m["win_rate_ci_low"], m["win_rate_ci_high"]]}
+            for label, m in summaries.items()
+        },
+        "invalid": sum(m["num_invalid"] for m in summaries.values()),
+        "ties": sum(m["num_ties"] for m in summaries.values()),
         "settings": cfg.to_dict(),
     }
     examples = [

@@ -1,0 +1,49 @@
+"""Judge the trained model and its SFT baseline; KFP metrics and the HTML report as artifacts."""
+
+from kfp import dsl
+from kfp.dsl import HTML, Input, Metrics, Model, Output
+
+from rloo.pipeline.images import EVAL_IMAGE
+
+
+@dsl.component(base_image=EVAL_IMAGE, install_kfp_package=False)
+def evaluate(
+    trained_model_uri: str,
+    sft_model: Input[Model],
+    dataset_name: str,
+    dataset_split: str,
+    num_examples: int,
+    judge_base_url: str,
+    judge_model: str,
+    output_uri: str,
+    kfp_run_id: str,
+    kfp_run_name: str,
+    mlflow_experiment: str,
+    metrics: Output[Metrics],
+    report: Output[HTML],
+) -> str:
+    import os
+    import shutil
+    import tempfile
+
+    from rloo.pipeline.steps import evaluate_stage
+
+    os.environ.update(
+        KFP_RUN_ID=kfp_run_id, KFP_RUN_NAME=kfp_run_name, MLFLOW_EXPERIMENT_NAME=mlflow_experiment
+    )
+    results_uri = f"{output_uri.rstrip('/')}/{kfp_run_id}/eval"
+    values, html = evaluate_stage(
+        trained_uri=trained_model_uri,
+        sft_uri=sft_model.metadata["uri"],
+        results_uri=results_uri,
+        dataset_name=dataset_name,
+        dataset_split=dataset_split,
+        num_examples=num_examples,
+        judge_base_url=judge_base_url,
+        judge_model=judge_model,
+        work=tempfile.mkdtemp(prefix="rloo-eval-"),
+    )
+    for name, value in values.items():
+        metrics.log_metric(name, value)
+    shutil.copyfile(html, report.path)
+    return f"{results_uri}/eval_results.json"

@@ -1,0 +1,22 @@
+"""Fetch the SFT checkpoint (Hub id, s3:// prefix or local directory) into object storage, verified."""
+
+from kfp import dsl
+from kfp.dsl import Model, Output
+
+from rloo.pipeline.images import SLIM_IMAGE
+
+
+@dsl.component(base_image=SLIM_IMAGE, install_kfp_package=False)
+def fetch_sft(model: str, output_uri: str, kfp_run_id: str, sft_model: Output[Model]):
+    import json
+    import os
+
+    from rloo.pipeline.steps import fetch_model
+
+    os.environ["KFP_RUN_ID"] = kfp_run_id
+    meta = fetch_model(model, f"{output_uri.rstrip('/')}/{kfp_run_id}/sft")
+    # The weights stay in our bucket (metadata "uri"); the KFP artifact itself is only this small record, so
+    # the KFP launcher never copies gigabytes between its own store and ours.
+    sft_model.metadata.update(meta)
+    with open(sft_model.path, "w") as f:
+        json.dump(meta, f)

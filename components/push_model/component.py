@@ -1,0 +1,42 @@
+"""Publish the trained model behind the promotion gate; the decision is the step's output."""
+
+from kfp import dsl
+
+from rloo.pipeline.images import SLIM_IMAGE
+
+
+@dsl.component(base_image=SLIM_IMAGE, install_kfp_package=False)
+def push_model(
+    trained_model_uri: str,
+    eval_results: str,
+    output_uri: str,
+    production_uri: str,
+    registered_model_name: str,
+    hub_repo_id: str,
+    promotion_margin: float,
+    kfp_run_id: str,
+    kfp_run_name: str,
+    mlflow_experiment: str,
+) -> str:
+    import os
+    import tempfile
+
+    from rloo.push.config import PushConfig
+    from rloo.push.stage import run_push
+
+    os.environ.update(
+        KFP_RUN_ID=kfp_run_id, KFP_RUN_NAME=kfp_run_name, MLFLOW_EXPERIMENT_NAME=mlflow_experiment
+    )
+    cfg = PushConfig(
+        model_path=trained_model_uri,
+        eval_results=eval_results,
+        output_dir=tempfile.mkdtemp(prefix="rloo-push-"),
+        run_id=kfp_run_id,
+        storage_uri=f"{output_uri.rstrip('/')}/published",
+        production_uri=production_uri or None,
+        registered_model_name=registered_model_name or None,
+        hub_repo_id=hub_repo_id or None,
+        promotion_margin=promotion_margin,
+        mlflow_experiment=mlflow_experiment,
+    )
+    return run_push(cfg)["decision"]

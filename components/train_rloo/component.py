@@ -1,0 +1,108 @@
+"""RLOO training: on this pod's GPUs (one node) or as a multi-node PyTorchJob launched from a CPU pod."""
+
+from kfp import dsl
+from kfp.dsl import Input, Model, Output
+
+from rloo.pipeline.images import SLIM_IMAGE, TRAIN_IMAGE
+
+
+@dsl.component(base_image=TRAIN_IMAGE, install_kfp_package=False)
+def train_rloo(
+    sft_model: Input[Model],
+    train_args_json: str,
+    gpu_count: int,
+    output_uri: str,
+    kfp_run_id: str,
+    kfp_run_name: str,
+    mlflow_experiment: str,
+    trained_model: Output[Model],
+) -> str:
+    """Returns the trained model's URI (a parameter, so the pipeline can pick it with dsl.OneOf in every
+    runner; the Model artifact records it for lineage)."""
+    import json
+    import os
+
+    from rloo.pipeline.node import main as node_main
+
+    os.environ.update(
+        KFP_RUN_ID=kfp_run_id, KFP_RUN_NAME=kfp_run_name, MLFLOW_EXPERIMENT_NAME=mlflow_experiment
+    )
+    base = f"{output_uri.rstrip('/')}/{kfp_run_id}"
+    argv = ["--sft_uri", sft_model.metadata["uri"], "--model_uri", f"{base}/model"]
+    argv += [
+        "--checkpoint_uri",
+        f"{base}/checkpoints",
+        "--nproc_per_node",
+        str(gpu_count),
+        "--num_nodes",
+        "1",
+    ]
+    rc = node_main([*argv, "--", *json.loads(train_args_json)])
+    if rc != 0:
+        raise SystemExit(rc)
+    trained_model.metadata.update(
+        {"uri": f"{base}/model", "sft_manifest_digest": sft_model.metadata.get("manifest_digest", "")}
+    )
+    with open(trained_model.path, "w") as f:
+        json.dump(dict(trained_model.metadata), f)
+    return trained_model.metadata["uri"]
+
+
+@dsl.component(base_image=SLIM_IMAGE, install_kfp_package=False)
+def train_rloo_multinode(
+    sft_model: Input[Model],
+    train_args_json: str,
+    gpu_count: int,
+    num_nodes: int,
+    gpu_resource: str,
+    node_selector: dict,
+    output_uri: str,
+    namespace: str,
+    train_image: str,
+    s3_secret: str,
+    mlflow_secret: str,
+    hf_secret: str,
+    kfp_run_id: str,
+    kfp_run_name: str,
+    mlflow_experiment: str,
+    trained_model: Output[Model],
+) -> str:
+    """Returns the trained model's URI (a parameter, so the pipeline can pick it with dsl.OneOf in every
+    runner; the Model artifact records it for lineage)."""
+    import json
+    from pathlib import Path
+
+    from rloo.pipeline import constants
+    from rloo.pipeline.steps import run_multi_node
+    from rloo.pipeline.trainjob import TrainJobSpec, build_pytorchjob, job_name
+
+    base = f"{output_uri.rstrip('/')}/{kfp_run_id}"
+    spec = TrainJobSpec(
+        name=job_name(kfp_run_id),
+        namespace=namespace
+        or Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace").read_text().strip(),
+        image=train_image,  # the compile-time train image: the same one the single-node step uses
+        train_args=json.loads(train_args_json),
+        sft_uri=sft_model.metadata["uri"],
+        model_uri=f"{base}/model",
+        checkpoint_uri=f"{base}/checkpoints",
+        num_nodes=num_nodes,
+        gpus_per_node=gpu_count,
+        gpu_resource=gpu_resource,
+        env={
+            "KFP_RUN_ID": kfp_run_id,
+            "KFP_RUN_NAME": kfp_run_name,
+            "MLFLOW_EXPERIMENT_NAME": mlflow_experiment,
+        },
+        secret_env=constants.secret_env(
+            s3_secret=s3_secret, mlflow_secret=mlflow_secret, hf_secret=hf_secret
+        ),
+        tolerations=[dict(constants.GPU_TOLERATION)],
+        node_selector={str(k): str(v) for k, v in node_selector.items()},
+        active_deadline_seconds=constants.TRAIN_TIMEOUT_S,
+    )
+    run_multi_node(build_pytorchjob(spec))
+    trained_model.metadata.update({"uri": spec.model_uri, "num_nodes": num_nodes})
+    with open(trained_model.path, "w") as f:
+        json.dump(dict(trained_model.metadata), f)
+    return trained_model.metadata["uri"]

@@ -1,0 +1,236 @@
+"""The RLOO RLHF pipeline: validate -> fetch SFT -> train (1 node, or a multi-node PyTorchJob) -> evaluate -> push,
+inside an exit handler that closes the MLflow parent run (FAILED when a step failed).
+
+Compile with ``rloo pipeline compile`` (writes ``pipelines/rloo_pipeline.yaml``, which is committed).
+"""
+
+# no "from __future__ import annotations": KFP reads the parameter annotations as types
+
+from typing import Any
+
+from kfp import dsl, kubernetes
+
+from components.evaluate.component import evaluate
+from components.fetch_sft.component import fetch_sft
+from components.finish_run.component import finish_run
+from components.push_model.component import push_model
+from components.train_rloo.component import train_rloo, train_rloo_multinode
+from components.validate.component import validate_params
+from rloo.pipeline import constants as C
+from rloo.pipeline import images
+
+RUN_ID = dsl.PIPELINE_JOB_ID_PLACEHOLDER
+RUN_NAME = dsl.PIPELINE_JOB_NAME_PLACEHOLDER
+
+
+def _secrets(task: dsl.PipelineTask, name: str, keys: dict[str, str], optional: bool = False) -> None:
+    kubernetes.use_secret_as_env(task, secret_name=name, secret_key_to_env=keys, optional=optional)
+
+
+def _io_step(task: dsl.PipelineTask, timeout_s: int = C.IO_TIMEOUT_S) -> dsl.PipelineTask:
+    """Object storage / Hub / registry traffic: transient failures are retried with exponential backoff."""
+    task.set_retry(
+        num_retries=C.IO_RETRIES,
+        backoff_duration=C.IO_BACKOFF,
+        backoff_factor=C.IO_BACKOFF_FACTOR,
+        backoff_max_duration=C.IO_BACKOFF_MAX,
+    )
+    kubernetes.set_timeout(task, timeout_s)
+    return task
+
+
+def _gpu_step(
+    task: dsl.PipelineTask, gpu_resource: Any, gpu_count: Any, node_selector: Any, timeout_s: int
+) -> None:
+    # gpu_*/node_selector: pipeline parameters (channels) or constants
+    """GPU pods: GPUs requested, GPU taint tolerated, GPU nodes selected, /dev/shm in memory, no caching (a
+    cached 'training' would silently reuse another run's model), a hard timeout."""
+    task.set_accelerator_type(gpu_resource).set_accelerator_limit(gpu_count)
+    task.set_caching_options(enable_caching=False)
+    kubernetes.add_toleration(task, **C.GPU_TOLERATION)
+    kubernetes.add_node_selector_json(task, node_selector_json=node_selector)
+    kubernetes.empty_dir_mount(
+        task, volume_name=C.SHM_VOLUME, mount_path="/dev/shm", medium="Memory", size_limit=C.SHM_SIZE
+    )
+    kubernetes.set_timeout(task, timeout_s)
+
+
+@dsl.pipeline(name=C.PIPELINE_NAME, description="RLHF with RLOO: fetch SFT, train, judge, push.")
+def rloo_pipeline(
+    model: str,
+    dataset_name: str,
+    eval_dataset_name: str,
+    judge_base_url: str,
+    judge_model: str,
+    output_uri: str,
+    dataset_train_split: str = "train",
+    eval_dataset_split: str = "test",
+    eval_num_examples: int = 0,
+    reward_model_path: str = "",
+    learning_rate: float = 3e-6,
+    total_episodes: int = 10000,
+    rloo_k: int = 2,
+    kl_coef: float = 0.05,
+    per_device_train_batch_size: int = 8,
+    gradient_accumulation_steps: int = 1,
+    response_length: int = 53,
+    seed: int = 42,
+    extra_train_args: str = "",
+    gpu_resource: str = "nvidia.com/gpu",
+    gpu_count: int = 1,
+    num_nodes: int = 1,
+    gpu_node_selector: dict = {},  # noqa: B006 - KFP reads the default, it is never mutated
+    namespace: str = "",
+    mlflow_experiment: str = "rloo",
+    production_uri: str = "",
+    registered_model_name: str = "",
+    hub_repo_id: str = "",
+    promotion_margin: float = 0.0,
+    s3_secret: str = "rloo-s3",
+    mlflow_secret: str = "rloo-mlflow",
+    hf_secret: str = "rloo-hf",
+    judge_secret: str = "rloo-judge",
+) -> None:
+    """RLHF with RLOO: fetch the SFT model, train it, judge it against the SFT model, push it.
+
+    Args:
+        model: SFT checkpoint: Hub id, s3://bucket/prefix (an rloo upload with its manifest) or a directory.
+        dataset_name: Training prompts: Hub id or directory in the 'rloo train' layout.
+        eval_dataset_name: Evaluation prompts with reference completions (Hub id or directory).
+        judge_base_url: OpenAI-compatible endpoint of the judge; its API key is in judge_secret.
+        judge_model: Judge model name as the endpoint knows it.
+        output_uri: s3://bucket/prefix; this run writes under <output_uri>/<run id>/ (sft, model, checkpoints, eval).
+        dataset_train_split: Split of dataset_name used for training.
+        eval_dataset_split: Split of eval_dataset_name that is judged.
+        eval_num_examples: Judge the first N rows only (0 = all rows).
+        reward_model_path: Reward model (Hub id or directory); or give --reward_funcs in extra_train_args.
+        learning_rate: AdamW learning rate.
+        total_episodes: Completions to train on in total.
+        rloo_k: Completions per prompt (>= 2: the leave-one-out baseline needs two).
+        kl_coef: KL penalty against the SFT (reference) policy.
+        per_device_train_batch_size: Completions per micro-batch per GPU.
+        gradient_accumulation_steps: Micro-batches per optimizer step.
+        response_length: New tokens per completion.
+        seed: Seed of data order, sampling and initialisation.
+        extra_train_args: Any other 'rloo train' flags, shell-quoted (e.g. "--bf16 --gradient_checkpointing").
+        gpu_resource: Kubernetes resource name of the GPUs.
+        gpu_count: GPUs per training node (>= 0); evaluation uses one.
+        num_nodes: Training nodes; more than one runs a training-operator PyTorchJob.
+        gpu_node_selector: Node labels GPU pods must match, e.g. {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}.
+        namespace: Namespace of the multi-node PyTorchJob (default: the pipeline's own).
+        mlflow_experiment: MLflow experiment of the pipeline (parent) run and the stage runs.
+        production_uri: Where a promoted model is copied (empty: nowhere).
+        registered_model_name: MLflow Model Registry name (empty: not registered).
+        hub_repo_id: Hugging Face Hub repo 'owner/name' for a promoted model (empty: not uploaded).
+        promotion_margin: Promote when the 95% lower bound of (trained - SFT) win rate is above this.
+        s3_secret: Kubernetes secret with AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, S3_ENDPOINT_URL.
+        mlflow_secret: Kubernetes secret with MLFLOW_TRACKING_URI (optional).
+        hf_secret: Kubernetes secret with HF_TOKEN (optional).
+        judge_secret: Kubernetes secret with OPENAI_API_KEY, the judge's API key.
+    """
+    finish = finish_run(kfp_run_id=RUN_ID, mlflow_experiment=mlflow_experiment).set_display_name(
+        "close MLflow run"
+    )
+    finish.set_caching_options(enable_caching=False)
+    _secrets(finish, mlflow_secret, C.MLFLOW_SECRET_KEYS, optional=True)
+    with dsl.ExitHandler(exit_task=finish, name="rloo"):
+        check = validate_params(
+            model=model,
+            dataset_name=dataset_name,
+            dataset_train_split=dataset_train_split,
+            reward_model_path=reward_model_path,
+            learning_rate=learning_rate,
+            total_episodes=total_episodes,
+            rloo_k=rloo_k,
+            kl_coef=kl_coef,
+            per_device_train_batch_size=per_device_train_batch_size,
+            gradient_accumulation_steps=gradient_accumulation_steps,
+            response_length=response_length,
+            seed=seed,
+            extra_train_args=extra_train_args,
+            eval_dataset_name=eval_dataset_name,
+            judge_base_url=judge_base_url,
+            judge_model=judge_model,
+            gpu_count=gpu_count,
+            num_nodes=num_nodes,
+            output_uri=output_uri,
+            promotion_margin=promotion_margin,
+            registered_model_name=registered_model_name,
+            hub_repo_id=hub_repo_id,
+        ).set_display_name("validate parameters")
+        kubernetes.set_timeout(check, C.VALIDATE_TIMEOUT_S)
+
+        fetch = fetch_sft(model=model, output_uri=output_uri, kfp_run_id=RUN_ID).after(check)
+        fetch.set_display_name("fetch SFT model")
+        _io_step(fetch)
+        _secrets(fetch, s3_secret, C.S3_SECRET_KEYS)
+        _secrets(fetch, hf_secret, C.HF_SECRET_KEYS, optional=True)
+
+        common = dict(kfp_run_id=RUN_ID, kfp_run_name=RUN_NAME, mlflow_experiment=mlflow_experiment)
+        with dsl.If(num_nodes == 1, name="single-node"):
+            single = train_rloo(
+                sft_model=fetch.outputs["sft_model"],
+                train_args_json=check.output,
+                gpu_count=gpu_count,
+                output_uri=output_uri,
+                **common,
+            ).set_display_name("train (RLOO)")
+            _gpu_step(single, gpu_resource, gpu_count, gpu_node_selector, C.TRAIN_TIMEOUT_S)
+            for task_secrets in (
+                (s3_secret, C.S3_SECRET_KEYS, False),
+                (mlflow_secret, C.MLFLOW_SECRET_KEYS, True),
+            ):
+                _secrets(single, *task_secrets)
+            _secrets(single, hf_secret, C.HF_SECRET_KEYS, optional=True)
+        with dsl.Else(name="multi-node"):
+            multi = train_rloo_multinode(
+                sft_model=fetch.outputs["sft_model"],
+                train_args_json=check.output,
+                gpu_count=gpu_count,
+                num_nodes=num_nodes,
+                gpu_resource=gpu_resource,
+                node_selector=gpu_node_selector,
+                output_uri=output_uri,
+                namespace=namespace,
+                train_image=images.TRAIN_IMAGE,
+                s3_secret=s3_secret,
+                mlflow_secret=mlflow_secret,
+                hf_secret=hf_secret,
+                **common,
+            ).set_display_name("train (RLOO, PyTorchJob)")
+            # the launcher holds no GPU; the job's own pods get the GPU settings from the manifest
+            multi.set_caching_options(enable_caching=False)
+            kubernetes.set_timeout(multi, C.TRAIN_TIMEOUT_S)
+        # a parameter, not the Model artifacts: kfp.local (rloo pipeline run --local) selects only parameters
+        trained = dsl.OneOf(single.outputs["Output"], multi.outputs["Output"])
+
+        judge = evaluate(
+            trained_model_uri=trained,
+            sft_model=fetch.outputs["sft_model"],
+            dataset_name=eval_dataset_name,
+            dataset_split=eval_dataset_split,
+            num_examples=eval_num_examples,
+            judge_base_url=judge_base_url,
+            judge_model=judge_model,
+            output_uri=output_uri,
+            **common,
+        ).set_display_name("evaluate (LLM judge)")
+        _gpu_step(judge, gpu_resource, 1, gpu_node_selector, C.EVAL_TIMEOUT_S)
+        _secrets(judge, s3_secret, C.S3_SECRET_KEYS)
+        _secrets(judge, mlflow_secret, C.MLFLOW_SECRET_KEYS, optional=True)
+        _secrets(judge, judge_secret, C.JUDGE_SECRET_KEYS)
+
+        push = push_model(
+            trained_model_uri=trained,
+            eval_results=judge.outputs["Output"],
+            output_uri=output_uri,
+            production_uri=production_uri,
+            registered_model_name=registered_model_name,
+            hub_repo_id=hub_repo_id,
+            promotion_margin=promotion_margin,
+            **common,
+        ).set_display_name("push")
+        _io_step(push)
+        _secrets(push, s3_secret, C.S3_SECRET_KEYS)
+        _secrets(push, mlflow_secret, C.MLFLOW_SECRET_KEYS, optional=True)
+        _secrets(push, hf_secret, C.HF_SECRET_KEYS, optional=True)

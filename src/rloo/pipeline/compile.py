@@ -1,0 +1,110 @@
+"""Compile the pipeline to its YAML (the committed ``pipelines/rloo_pipeline.yaml``) and load it back.
+
+``components/`` and ``pipelines/`` live at the repository root, next to ``src/``: they are imported from the
+checkout this package is installed from (an editable install), or from ``RLOO_REPO_ROOT``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from rloo.errors import UserError
+
+PIPELINE_MODULE = "pipelines.rloo_pipeline"
+PIPELINE_FUNC = "rloo_pipeline"
+
+
+def repo_root() -> Path:
+    root = Path(os.environ.get("RLOO_REPO_ROOT") or Path(__file__).resolve().parents[3])
+    if not (root / "pipelines" / "rloo_pipeline.py").is_file():
+        raise UserError(
+            f"no pipelines/rloo_pipeline.py under {root}: run from a checkout (pip install -e .) or set RLOO_REPO_ROOT."
+        )
+    return root
+
+
+def default_yaml() -> Path:
+    return repo_root() / "pipelines" / "rloo_pipeline.yaml"
+
+
+def load_pipeline() -> Any:
+    """The ``@dsl.pipeline`` function (imports kfp; needs the ``kfp`` extra)."""
+    try:
+        import kfp  # noqa: F401
+    except ImportError:
+        raise UserError("the pipeline needs kfp: pip install -c constraints.txt -e '.[kfp]'.") from None
+    root = str(repo_root())
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    return getattr(importlib.import_module(PIPELINE_MODULE), PIPELINE_FUNC)
+
+
+def compile_pipeline(output: str | os.PathLike[str] | None = None) -> Path:
+    """Write the compiled pipeline YAML to ``output`` (default: the committed file) and return its path."""
+    from kfp import compiler
+
+    out = Path(output) if output else default_yaml()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    compiler.Compiler().compile(pipeline_func=load_pipeline(), package_path=str(out))
+    return out
+
+
+def load_yaml(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The documents of a compiled pipeline: the pipeline spec, then the platform (Kubernetes) spec."""
+    import yaml
+
+    with open(path) as f:
+        return [d for d in yaml.safe_load_all(f) if d]
+
+
+def parse_params(pairs: list[str], params_file: str | None = None) -> dict[str, Any]:
+    """Pipeline parameters from a YAML file and ``key=value`` pairs (values parsed as YAML: ints, floats,
+    dicts; the pairs win)."""
+    import yaml
+
+    params: dict[str, Any] = {}
+    if params_file:
+        p = Path(params_file)
+        if not p.is_file():
+            raise UserError(
+                f"--params {params_file}: no such file; pass a YAML mapping of pipeline parameters."
+            )
+        loaded = yaml.safe_load(p.read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise UserError(f"--params {params_file}: expected a mapping of parameter names to values.")
+        params.update(loaded)
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise UserError(f"--param {pair!r}: expected key=value.")
+        params[key.strip()] = yaml.safe_load(value) if value.strip() else ""
+    return params
+
+
+def run_local(params: dict[str, Any], pipeline_root: str | os.PathLike[str]) -> None:
+    """Run the whole pipeline on this machine with ``kfp.local``: every step in a subprocess of this
+    interpreter (no containers, no Kubernetes settings). Raises UserError when a step fails."""
+    from kfp import local
+
+    func = load_pipeline()
+    accepted = func.component_spec.inputs or {}
+    unknown = sorted(set(params) - set(accepted))
+    if unknown:
+        raise UserError(
+            f"unknown pipeline parameter(s) {', '.join(unknown)}; see pipelines/rloo_pipeline.py."
+        )
+    missing = sorted(set(func.required_inputs) - set(params))
+    if missing:
+        raise UserError(f"missing pipeline parameter(s) {', '.join(missing)}: pass --param NAME=VALUE.")
+    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(pipeline_root))
+    try:
+        func(**params)
+    except RuntimeError as e:
+        # kfp.local reports a failed step as RuntimeError; the step's own message is in the log above
+        plain = re.sub(r"\x1b\[[0-9;]*m", "", str(e))  # kfp.local colours its messages
+        raise UserError(f"local pipeline run failed: {' '.join(plain.split())[:300]}") from None

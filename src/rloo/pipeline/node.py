@@ -1,0 +1,73 @@
+"""One training node: download the SFT model, launch ``rloo train`` on this pod's GPUs, publish the result.
+
+``python -m rloo.pipeline.node --sft_uri S --model_uri M --checkpoint_uri C --nproc_per_node N
+--num_nodes K -- <rloo train flags>``. Used by the single-node train step (``accelerate launch``) and by
+every pod of the multi-node PyTorchJob (``torchrun``, rendezvous from the operator's ``PET_*`` variables).
+Node 0 uploads the final model; re-running after a preemption resumes from ``--checkpoint_uri``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+
+def launch_command(
+    train_args: list[str], *, model_dir: str, output_dir: str, checkpoint_uri: str, nproc: int, num_nodes: int
+) -> list[str]:
+    """The launcher command: ``accelerate launch`` on one node, ``torchrun`` across nodes."""
+    rloo = [
+        "-m", "rloo.cli", "train",
+        "--model_name_or_path", model_dir,
+        "--output_dir", output_dir,
+        "--checkpoint_uri", checkpoint_uri,
+        *train_args,
+    ]  # fmt: skip
+    if num_nodes > 1:
+        # no --standalone: torchrun takes nnodes / node_rank / master address from the PET_* variables
+        return ["torchrun", f"--nproc_per_node={nproc}", *rloo]
+    launch = ["accelerate", "launch", "--num_machines", "1", "--num_processes", str(max(nproc, 1))]
+    launch += ["--multi_gpu"] if nproc > 1 else []
+    return [*launch, *rloo]
+
+
+def node_rank() -> int:
+    return int(os.environ.get("PET_NODE_RANK") or os.environ.get("RANK") or 0)
+
+
+def main(argv: list[str] | None = None) -> int:  # pragma: no cover - runs in the training pods
+    parser = argparse.ArgumentParser(prog="python -m rloo.pipeline.node")
+    for name in ("sft_uri", "model_uri", "checkpoint_uri"):
+        parser.add_argument(f"--{name}", required=True)
+    parser.add_argument("--nproc_per_node", type=int, default=1)
+    parser.add_argument("--num_nodes", type=int, default=1)
+    parser.add_argument("--work_dir", default=os.environ.get("RLOO_WORK_DIR", "/tmp/rloo"))
+    parser.add_argument("train_args", nargs=argparse.REMAINDER)
+    ns = parser.parse_args(argv)
+    extra = ns.train_args[1:] if ns.train_args[:1] == ["--"] else ns.train_args
+
+    from rloo.storage import download_dir, upload_dir
+
+    work = Path(ns.work_dir)
+    sft, out = work / "sft", work / "output"
+    download_dir(ns.sft_uri, sft, progress=False, overwrite=True)
+    cmd = launch_command(
+        extra,
+        model_dir=str(sft),
+        output_dir=str(out),
+        checkpoint_uri=ns.checkpoint_uri,
+        nproc=ns.nproc_per_node,
+        num_nodes=ns.num_nodes,
+    )
+    print("[rloo] " + " ".join(cmd), flush=True)
+    rc = subprocess.call(cmd)
+    if rc == 0 and node_rank() == 0:
+        upload_dir(out, ns.model_uri, progress=False, exclude=["checkpoint-*", "checkpoint-*/*"])
+    return rc
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,240 @@
+"""What the pipeline's components do, as library functions (the components only unpack KFP types).
+
+:func:`validate_params` runs first in the pipeline, on a CPU pod: a bad parameter fails there in one line,
+before any GPU is requested.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import shlex
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rloo.errors import UserError
+
+log = logging.getLogger(__name__)
+
+# The model and dataset placeholders validation substitutes: their real values are only known at run time.
+_PLACEHOLDER_MODEL = "placeholder-model"
+
+
+@dataclass(frozen=True)
+class TrainParams:
+    """The RLOO hyper-parameters the pipeline exposes; everything else comes from ``extra_train_args``."""
+
+    dataset_name: str
+    dataset_train_split: str = "train"
+    reward_model_path: str = ""
+    learning_rate: float = 3e-6
+    total_episodes: int = 10000
+    rloo_k: int = 2
+    kl_coef: float = 0.05
+    per_device_train_batch_size: int = 8
+    gradient_accumulation_steps: int = 1
+    response_length: int = 53
+    seed: int = 42
+    extra_train_args: str = ""
+
+
+def train_args(p: TrainParams) -> list[str]:
+    """The ``rloo train`` flags for these parameters; model, output and checkpoint locations are added by
+    :mod:`rloo.pipeline.node`, which knows the pod-local paths."""
+    args = [
+        "--dataset_name", p.dataset_name,
+        "--dataset_train_split", p.dataset_train_split,
+        "--learning_rate", repr(p.learning_rate),
+        "--total_episodes", str(p.total_episodes),
+        "--rloo_k", str(p.rloo_k),
+        "--kl_coef", repr(p.kl_coef),
+        "--per_device_train_batch_size", str(p.per_device_train_batch_size),
+        "--gradient_accumulation_steps", str(p.gradient_accumulation_steps),
+        "--response_length", str(p.response_length),
+        "--seed", str(p.seed),
+    ]  # fmt: skip
+    if p.reward_model_path:
+        args += ["--reward_model_path", p.reward_model_path]
+    return args + shlex.split(p.extra_train_args)
+
+
+def validate_params(
+    *,
+    model: str,
+    train: TrainParams,
+    eval_dataset_name: str,
+    judge_base_url: str,
+    judge_model: str,
+    gpu_count: int,
+    num_nodes: int,
+    output_uri: str,
+    promotion_margin: float,
+    registered_model_name: str = "",
+    hub_repo_id: str = "",
+    check_paths: bool = True,
+) -> None:
+    """Build the stages' configs from the pipeline parameters; raise a one-line UserError for the first bad
+    one. ``check_paths``: a local model path must exist (a Hub id or s3:// is resolved by the fetch step)."""
+    from rloo.cli.args import parse_config
+    from rloo.config import ALIASES, RLOOConfig
+    from rloo.eval.config import EvalConfig
+    from rloo.push.config import PushConfig
+
+    if not model:
+        raise UserError("model is required: a Hub id, s3://bucket/prefix or a local directory.")
+    if check_paths and _looks_local(model) and not Path(model).is_dir():
+        raise UserError(f"model {model!r}: no such directory; give a Hub id, an s3:// prefix or a directory.")
+    if gpu_count < 0:
+        raise UserError(f"gpu_count must be >= 0 (got {gpu_count}).")
+    if num_nodes < 1:
+        raise UserError(f"num_nodes must be >= 1 (got {num_nodes}).")
+    if num_nodes > 1 and gpu_count < 1:
+        raise UserError("num_nodes > 1 needs gpu_count >= 1 per node.")
+    if not output_uri:
+        raise UserError("output_uri is required: s3://bucket/prefix where models and results are written.")
+    if num_nodes > 1 and not output_uri.startswith("s3://"):
+        raise UserError(f"multi-node training needs an s3:// output_uri (got {output_uri!r}).")
+    # parse_config is the CLI's own parser: extra_train_args get exactly the checks 'rloo train' applies.
+    parse_config(
+        RLOOConfig,
+        ["--model_name_or_path", _PLACEHOLDER_MODEL, "--output_dir", "validate", *train_args(train)],
+        prog="pipeline parameters",
+        description="",
+        aliases=ALIASES,
+    )
+    if not judge_base_url:
+        raise UserError("judge_base_url is required: the OpenAI-compatible endpoint of the judge.")
+    EvalConfig(
+        model_name_or_path=_PLACEHOLDER_MODEL,
+        baseline_model=_PLACEHOLDER_MODEL,
+        dataset_name=eval_dataset_name or None,
+        judge_base_url=judge_base_url,
+        judge_model=judge_model or None,
+        report_to="none",
+    )
+    PushConfig(
+        model_path=_PLACEHOLDER_MODEL,
+        promotion_margin=promotion_margin,
+        registered_model_name=registered_model_name or None,
+        hub_repo_id=hub_repo_id or None,
+    )
+
+
+def _looks_local(model: str) -> bool:
+    return not model.startswith("s3://") and (
+        model.startswith(("/", ".", "~", "file://")) or model.count("/") != 1
+    )
+
+
+def manifest_digest(manifest: Any) -> str:
+    """One digest for a published directory: SHA-256 over its files' paths, sizes and SHA-256s (not the
+    manifest's timestamp, so the same files always give the same digest)."""
+    h = hashlib.sha256()
+    for f in sorted(manifest.files, key=lambda f: f.path):
+        h.update(f"{f.path}\0{f.size}\0{f.sha256}\n".encode())
+    return "sha256:" + h.hexdigest()
+
+
+def fetch_model(source: str, dest_uri: str, *, work: str | None = None) -> dict[str, Any]:
+    """Copy an SFT model (Hub id, s3:// prefix or local directory) to ``dest_uri`` as a verified upload.
+
+    Returns the metadata of the KFP ``Model`` artifact: source, uri, manifest digest, file count, bytes.
+    """
+    from rloo.storage import download_dir, upload_dir, verify_prefix
+
+    with tempfile.TemporaryDirectory(dir=work) as tmp:
+        if source.startswith("s3://"):
+            local = Path(tmp) / "model"
+            download_dir(source, local, progress=False)  # verifies every SHA-256 against the manifest
+        elif _looks_local(source):
+            local = Path(source.removeprefix("file://")).expanduser()
+            if not local.is_dir():
+                raise UserError(f"model {source!r}: no such directory.")
+        else:
+            from huggingface_hub import snapshot_download
+
+            local = Path(snapshot_download(source, local_dir=Path(tmp) / "model"))
+        if not (local / "config.json").is_file():
+            raise UserError(f"model {source!r} has no config.json: not a transformers model directory.")
+        upload_dir(local, dest_uri, progress=False, exclude=[".cache", ".cache/*"])
+    manifest = verify_prefix(dest_uri)  # what readers will see, not what we meant to write
+    return {
+        "source": source,
+        "uri": dest_uri,
+        "manifest_digest": manifest_digest(manifest),
+        "num_files": len(manifest.files),
+        "total_bytes": manifest.total_bytes,
+    }
+
+
+def run_multi_node(manifest: dict[str, Any], *, poll_seconds: float = 30.0) -> None:  # pragma: no cover
+    """Create the PyTorchJob (or adopt it when a retried step finds it) and wait until it ends.
+
+    Thin on purpose: everything it submits comes from :func:`rloo.pipeline.trainjob.build_pytorchjob`.
+    """
+    from kubernetes import client, config
+    from kubernetes.client.rest import ApiException
+
+    config.load_incluster_config()
+    api = client.CustomObjectsApi()
+    group, version = manifest["apiVersion"].split("/")
+    ns, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
+    try:
+        api.create_namespaced_custom_object(group, version, ns, "pytorchjobs", manifest)
+    except ApiException as e:
+        if e.status != 409:  # 409: this run's job exists already (the step was retried): wait for it
+            raise
+    while True:
+        job = api.get_namespaced_custom_object(group, version, ns, "pytorchjobs", name)
+        for cond in (job.get("status") or {}).get("conditions") or []:
+            if cond.get("status") == "True" and cond.get("type") == "Succeeded":
+                return
+            if cond.get("status") == "True" and cond.get("type") == "Failed":
+                raise RuntimeError(f"PyTorchJob {ns}/{name} failed: {cond.get('message', '')}")
+        time.sleep(poll_seconds)
+
+
+def evaluate_stage(
+    *,
+    trained_uri: str,
+    sft_uri: str,
+    results_uri: str,
+    dataset_name: str,
+    dataset_split: str,
+    num_examples: int,
+    judge_base_url: str,
+    judge_model: str,
+    work: str,
+) -> tuple[dict[str, float], Path]:
+    """Download both models, run ``rloo eval``, publish its output directory to ``results_uri``.
+
+    Returns the KFP metrics (``kfp_metrics.json``) and the local path of the HTML report.
+    """
+    import json
+
+    from rloo.eval.config import EvalConfig
+    from rloo.eval.runner import KFP_METRICS_FILE, REPORT_FILE, run_eval
+    from rloo.storage import download_dir, upload_dir
+
+    root = Path(work)
+    models = {}
+    for label, uri in (("trained", trained_uri), ("sft", sft_uri)):
+        models[label] = root / label
+        download_dir(uri, models[label], progress=False, overwrite=True)
+    out = root / "eval"
+    cfg = EvalConfig(
+        model_name_or_path=str(models["trained"]),
+        baseline_model=str(models["sft"]),
+        dataset_name=dataset_name,
+        dataset_split=dataset_split,
+        num_examples=num_examples or None,
+        judge_base_url=judge_base_url,
+        judge_model=judge_model,
+        output_dir=str(out),
+    )
+    run_eval(cfg)
+    upload_dir(out, results_uri, progress=False)
+    return json.loads((out / KFP_METRICS_FILE).read_text()), out / REPORT_FILE

@@ -1,0 +1,176 @@
+"""The compiled pipeline: the committed YAML is current, and its DAG and platform spec say what we mean."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("kfp")
+pytest.importorskip("kfp.kubernetes")
+
+from rloo.cli.pipeline_cmd import main as pipeline_main
+from rloo.pipeline import constants as C
+from rloo.pipeline.compile import default_yaml, load_yaml
+from rloo.pipeline.images import DEFAULT_REGISTRY, DEFAULT_TAG
+
+COMMITTED = default_yaml()
+
+
+def image(name: str) -> str:
+    """The default reference: the committed YAML is compiled without RLOO_IMAGE_* overrides."""
+    return f"{DEFAULT_REGISTRY}/rloo-{name}:{DEFAULT_TAG}"
+
+
+@pytest.fixture(scope="module")
+def docs() -> tuple[dict[str, Any], dict[str, Any]]:
+    spec, platform = load_yaml(COMMITTED)
+    return spec, platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+
+
+def test_committed_yaml_is_current(tmp_path: Path) -> None:
+    # A fresh process without RLOO_IMAGE_* overrides: image names are fixed when the components are imported.
+    out = tmp_path / "p.yaml"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RLOO_IMAGE_")}
+    code = f"from rloo.cli.pipeline_cmd import main; raise SystemExit(main(['compile', '--output', {str(out)!r}]))"
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == str(out)
+    assert out.read_text() == COMMITTED.read_text(), (
+        "pipelines/rloo_pipeline.yaml is stale: run 'rloo pipeline compile' and commit the result."
+    )
+
+
+def _tasks(spec: dict[str, Any], comp: str) -> dict[str, Any]:
+    return spec["components"][comp]["dag"]["tasks"]
+
+
+def test_dag_edges(docs: tuple[dict[str, Any], dict[str, Any]]) -> None:
+    spec, _ = docs
+    root = spec["root"]["dag"]["tasks"]
+    assert root["finish-run"]["triggerPolicy"]["strategy"] == "ALL_UPSTREAM_TASKS_COMPLETED"  # exit handler
+    assert root["finish-run"]["dependentTasks"] == ["exit-handler-1"]
+    inner = _tasks(spec, "comp-exit-handler-1")
+    assert set(inner) == {"validate-params", "fetch-sft", "condition-branches-2", "evaluate", "push-model"}
+    assert inner["fetch-sft"]["dependentTasks"] == ["validate-params"]  # nothing else runs before validation
+    assert "validate-params" in inner["condition-branches-2"]["dependentTasks"]
+    assert "fetch-sft" in inner["condition-branches-2"]["dependentTasks"]
+    assert set(inner["evaluate"]["dependentTasks"]) == {"condition-branches-2", "fetch-sft"}
+    assert set(inner["push-model"]["dependentTasks"]) == {"condition-branches-2", "evaluate"}
+    branches = _tasks(spec, "comp-condition-branches-2")
+    conditions = sorted(t["triggerPolicy"]["condition"] for t in branches.values())
+    assert conditions == [
+        "!(int(inputs.parameter_values['pipelinechannel--num_nodes']) == 1)",
+        "int(inputs.parameter_values['pipelinechannel--num_nodes']) == 1",
+    ]
+
+
+def test_gpu_requests_and_images(docs: tuple[dict[str, Any], dict[str, Any]]) -> None:
+    spec, _ = docs
+    execs = spec["deploymentSpec"]["executors"]
+    train = execs["exec-train-rloo"]["container"]
+    assert train["image"] == image("train")
+    acc = train["resources"]["accelerator"]
+    assert acc["resourceCount"] == "{{$.inputs.parameters['pipelinechannel--gpu_count']}}"
+    assert acc["resourceType"] == "{{$.inputs.parameters['pipelinechannel--gpu_resource']}}"
+    assert execs["exec-evaluate"]["container"]["image"] == image("eval")
+    assert execs["exec-evaluate"]["container"]["resources"]["accelerator"]["resourceCount"] == "1"
+    for cpu_step in ("validate-params", "fetch-sft", "train-rloo-multinode", "push-model", "finish-run"):
+        container = execs[f"exec-{cpu_step}"]["container"]
+        assert container["image"] == image("slim")
+        assert "accelerator" not in container.get("resources", {}), cpu_step
+
+
+def test_caching_retries_and_run_ids(docs: tuple[dict[str, Any], dict[str, Any]]) -> None:
+    spec, _ = docs
+    inner = _tasks(spec, "comp-exit-handler-1")
+    single = _tasks(spec, "comp-condition-3")["train-rloo"]
+    multi = _tasks(spec, "comp-condition-4")["train-rloo-multinode"]
+    for task in (single, multi, inner["evaluate"]):
+        assert task["cachingOptions"] == {}, "GPU/training steps must not be cached"
+    for task in (inner["fetch-sft"], inner["push-model"]):
+        assert task["retryPolicy"] == {
+            "backoffDuration": C.IO_BACKOFF,
+            "backoffFactor": C.IO_BACKOFF_FACTOR,
+            "backoffMaxDuration": C.IO_BACKOFF_MAX,
+            "maxRetryCount": C.IO_RETRIES,
+        }
+    assert "retryPolicy" not in single  # a training retry is a resume from checkpoints, done by the job
+    run_id = single["inputs"]["parameters"]["kfp_run_id"]["runtimeValue"]["constant"]
+    run_name = single["inputs"]["parameters"]["kfp_run_name"]["runtimeValue"]["constant"]
+    assert (run_id, run_name) == ("{{$.pipeline_job_uuid}}", "{{$.pipeline_job_name}}")
+
+
+def _secret_names(executor: dict[str, Any]) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for s in executor.get("secretAsEnv", []):
+        param = s["secretNameParameter"]["componentInputParameter"]
+        out[param] = {k["envVar"] for k in s["keyToEnv"]}
+    return out
+
+
+def test_platform_spec(docs: tuple[dict[str, Any], dict[str, Any]]) -> None:
+    _, execs = docs
+    s3 = set(C.S3_SECRET_KEYS.values())
+    assert _secret_names(execs["exec-fetch-sft"]) == {
+        "pipelinechannel--s3_secret": s3,
+        "pipelinechannel--hf_secret": {"HF_TOKEN"},
+    }
+    assert _secret_names(execs["exec-evaluate"]) == {
+        "pipelinechannel--s3_secret": s3,
+        "pipelinechannel--mlflow_secret": {"MLFLOW_TRACKING_URI"},
+        "pipelinechannel--judge_secret": {"OPENAI_API_KEY"},
+    }
+    assert "pipelinechannel--judge_secret" not in _secret_names(execs["exec-train-rloo"])  # least privilege
+    assert _secret_names(execs["exec-finish-run"]) == {"mlflow_secret": {"MLFLOW_TRACKING_URI"}}
+    for gpu in ("exec-train-rloo", "exec-evaluate"):
+        e = execs[gpu]
+        assert e["emptyDirMounts"] == [
+            {"medium": "Memory", "mountPath": "/dev/shm", "sizeLimit": C.SHM_SIZE, "volumeName": "dshm"}
+        ]
+        assert e["tolerations"] == [{"effect": "NoSchedule", "key": "nvidia.com/gpu", "operator": "Exists"}]
+        assert (
+            e["nodeSelector"]["nodeSelectorJson"]["componentInputParameter"]
+            == "pipelinechannel--gpu_node_selector"
+        )
+    assert execs["exec-train-rloo"]["activeDeadlineSeconds"] == str(C.TRAIN_TIMEOUT_S)
+    assert execs["exec-validate-params"]["activeDeadlineSeconds"] == str(C.VALIDATE_TIMEOUT_S)
+    for cpu in ("exec-validate-params", "exec-fetch-sft", "exec-push-model"):
+        assert "emptyDirMounts" not in execs[cpu] and "tolerations" not in execs[cpu]
+
+
+def test_components_import_nothing_heavy_at_module_level() -> None:
+    """A component's module may import kfp, the stdlib and rloo.pipeline.images; anything else (torch...)
+    would only be importable at compile time, not inside KFP's serialized function body."""
+    import ast
+
+    root = COMMITTED.parents[1] / "components"
+    files = sorted(root.glob("*/component.py"))
+    assert {f.parent.name for f in files} >= {"fetch_sft", "train_rloo", "evaluate", "push_model", "validate"}
+    for f in files:
+        tree = ast.parse(f.read_text())
+        for node in tree.body:
+            if isinstance(node, ast.ImportFrom):
+                assert node.module in ("kfp", "kfp.dsl", "rloo.pipeline.images"), f"{f}: {node.module}"
+            elif isinstance(node, ast.Import):
+                assert all(a.name.split(".")[0] == "kfp" for a in node.names), f
+
+
+def test_cli_errors_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert pipeline_main(["submit"]) == 2
+    assert capsys.readouterr().err.strip().count("\n") == 0
+    assert pipeline_main(["nonsense"]) == 2
+
+
+def test_every_parameter_is_documented(docs: tuple[dict[str, Any], dict[str, Any]]) -> None:
+    spec, _ = docs
+    params = spec["root"]["inputDefinitions"]["parameters"]
+    assert {"model", "rloo_k", "gpu_count", "num_nodes", "judge_base_url", "mlflow_experiment"} <= set(params)
+    undocumented = [name for name, p in params.items() if not p.get("description")]
+    assert not undocumented
+    assert params["gpu_count"]["parameterType"] == "NUMBER_INTEGER"
+    assert params["gpu_node_selector"]["parameterType"] == "STRUCT"

@@ -1,0 +1,124 @@
+"""The thin components really run: kfp.local executes their serialized bodies in a subprocess (this venv)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rloo.pipeline.compile import repo_root
+
+local = pytest.importorskip("kfp.local")
+
+# The SubprocessRunner warns that our images are not plain Python ones: here this venv stands in for them.
+pytestmark = pytest.mark.filterwarnings("ignore:You may be attemping:RuntimeWarning")
+
+GOOD: dict[str, Any] = dict(
+    model="org/m",
+    dataset_name="org/d",
+    dataset_train_split="train",
+    reward_model_path="org/rm",
+    learning_rate=1e-5,
+    total_episodes=100,
+    rloo_k=4,
+    kl_coef=0.05,
+    per_device_train_batch_size=8,
+    gradient_accumulation_steps=1,
+    response_length=53,
+    seed=1,
+    extra_train_args="--bf16",
+    eval_dataset_name="org/e",
+    judge_base_url="http://judge/v1",
+    judge_model="j",
+    gpu_count=1,
+    num_nodes=1,
+    output_uri="s3://b/p",
+    promotion_margin=0.0,
+    registered_model_name="",
+    hub_repo_id="",
+)
+
+
+@pytest.fixture(scope="module")
+def components(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    local.init(
+        runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path_factory.mktemp("root"))
+    )
+    sys.path.insert(0, str(repo_root()))
+    from components.fetch_sft.component import fetch_sft
+    from components.validate.component import validate_params
+
+    return validate_params, fetch_sft
+
+
+def test_validate_returns_the_training_flags(components: Any) -> None:
+    validate_params, _ = components
+    args = json.loads(validate_params(**GOOD).output)
+    assert args[args.index("--rloo_k") + 1] == "4" and args[-1] == "--bf16"
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [({"rloo_k": 1}, "--rloo_k must be >= 2"), ({"judge_base_url": ""}, "judge_base_url is required")],
+)
+def test_validate_fails_with_the_reason(
+    components: Any, capfd: pytest.CaptureFixture[str], change: dict[str, Any], message: str
+) -> None:
+    validate_params, _ = components
+    with pytest.raises(RuntimeError, match="FAILURE"):
+        validate_params(**{**GOOD, **change})
+    assert f"invalid pipeline parameters: {message}" in capfd.readouterr().out
+
+
+def test_fetch_publishes_the_model_with_its_digest(components: Any, tmp_path: Path) -> None:
+    from rloo.pipeline.steps import manifest_digest
+    from rloo.storage import read_manifest
+
+    _, fetch_sft = components
+    src = tmp_path / "sft"
+    src.mkdir()
+    (src / "config.json").write_text("{}")
+    (src / "model.safetensors").write_bytes(b"weights")
+    task = fetch_sft(model=str(src), output_uri=str(tmp_path / "store"), kfp_run_id="run-1")
+    meta = task.outputs["sft_model"].metadata
+    dest = tmp_path / "store" / "run-1" / "sft"
+    assert meta["uri"] == str(dest) and (dest / "model.safetensors").read_bytes() == b"weights"
+    assert meta["manifest_digest"] == manifest_digest(read_manifest(dest))
+
+
+def test_local_pipeline_run_stops_at_validation(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """The whole DAG under kfp.local: a bad parameter fails the first step, nothing is fetched or trained,
+    and the exit handler still runs."""
+    from rloo.cli.pipeline_cmd import main
+
+    params = {
+        k: GOOD[k] for k in ("model", "dataset_name", "eval_dataset_name", "judge_base_url", "judge_model")
+    }
+    params |= {"reward_model_path": "org/rm", "rloo_k": 1, "output_uri": str(tmp_path / "out")}
+    argv = ["run", "--local", "--pipeline_root", str(tmp_path / "root")]
+    for key, value in params.items():
+        argv += ["--param", f"{key}={value}"]
+    assert main(argv) == 2
+    captured = capfd.readouterr()
+    assert "invalid pipeline parameters: --rloo_k must be >= 2" in captured.out
+    err = captured.err.strip().splitlines()[-1]
+    assert err.startswith("rloo pipeline: error: local pipeline run failed") and "validate-params" in err
+    assert "\x1b[" not in err
+    (run_dir,) = (tmp_path / "root").iterdir()
+    steps = {p.name for p in run_dir.iterdir()}  # a step's directory holds its outputs
+    assert "finish-run" in steps and not steps & {"fetch-sft", "train-rloo", "evaluate", "push-model"}
+    assert not (tmp_path / "out").exists()
+
+
+def test_local_run_rejects_unknown_and_missing_parameters(capsys: pytest.CaptureFixture[str]) -> None:
+    from rloo.cli.pipeline_cmd import main
+
+    assert main(["run", "--local", "--param", "nope=1"]) == 2
+    assert "unknown pipeline parameter(s) nope" in capsys.readouterr().err
+    assert main(["run", "--local", "--param", "model=x"]) == 2
+    assert "missing pipeline parameter(s) dataset_name" in capsys.readouterr().err
+    assert main(["run"]) == 2
+    assert "pass --local" in capsys.readouterr().err

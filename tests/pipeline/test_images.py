@@ -1,0 +1,76 @@
+"""images/: every image the pipeline references is built here, installs its components' extras, runs as a
+non-root user, pins its base and carries no secrets."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from rloo.pipeline.images import DEFAULT_REGISTRY, DEFAULT_TAG, IMAGE_EXTRAS, image
+
+ROOT = Path(__file__).resolve().parents[2]
+IMAGES = ROOT / "images"
+
+
+def _dockerfile(name: str) -> str:
+    """The Dockerfile without its comment lines (comments may mention extras or secrets by name)."""
+    lines = (IMAGES / name / "Dockerfile").read_text().splitlines()
+    return "\n".join(line for line in lines if not line.lstrip().startswith("#"))
+
+
+def test_images_and_dockerfiles_match_both_ways() -> None:
+    assert {p.parent.name for p in IMAGES.glob("*/Dockerfile")} == set(IMAGE_EXTRAS)
+
+
+def test_every_image_in_the_compiled_pipeline_has_a_dockerfile() -> None:
+    yaml = (ROOT / "pipelines" / "rloo_pipeline.yaml").read_text()
+    # container images, and image names passed as constants (the multi-node job's pods)
+    used = set(re.findall(r"^\s+image: (\S+)$", yaml, flags=re.M))
+    used |= set(re.findall(r"^\s+constant: (\S+/rloo-\w+:\S+)$", yaml, flags=re.M))
+    assert used, "no images found in the compiled pipeline"
+    names = {
+        re.fullmatch(rf"{re.escape(DEFAULT_REGISTRY)}/rloo-(\w+):{re.escape(DEFAULT_TAG)}", u)[1]
+        for u in used
+    }  # type: ignore[index]
+    assert names == set(IMAGE_EXTRAS)
+    assert all((IMAGES / n / "Dockerfile").is_file() for n in names)
+
+
+@pytest.mark.parametrize("name", sorted(IMAGE_EXTRAS))
+def test_dockerfile_installs_its_extras(name: str) -> None:
+    text = _dockerfile(name)
+    installs = re.findall(r"'\.\[([a-z,]+)\]'", text)
+    assert len(installs) == 1, f"{name}: expected one '.[extras]' install"
+    assert set(installs[0].split(",")) >= set(IMAGE_EXTRAS[name])
+    assert "-c " in text and "constraints.txt" in text, "installs must use the pinned constraints"
+
+
+@pytest.mark.parametrize("name", sorted(IMAGE_EXTRAS))
+def test_dockerfile_hygiene(name: str) -> None:
+    text = _dockerfile(name)
+    base = re.search(r"ARG BASE_IMAGE=(\S+)", text)
+    assert base and ":" in base[1] and not base[1].endswith(":latest"), "pin the base image"
+    users = re.findall(r"^USER (\S+)", text, flags=re.M)
+    assert users and users[-1] not in ("root", "0"), "the image must end as a non-root user"
+    for word in ("TOKEN=", "SECRET", "PASSWORD", "AWS_ACCESS_KEY_ID"):
+        assert word not in text.upper(), f"{name}: looks like a secret ({word})"
+
+
+def test_components_use_the_images_their_work_needs() -> None:
+    """The train step needs the train extra, evaluation the eval extra; the rest only tracking."""
+    assert "train" in IMAGE_EXTRAS["train"] and "eval" in IMAGE_EXTRAS["eval"]
+    assert "train" not in IMAGE_EXTRAS["slim"] and "eval" not in IMAGE_EXTRAS["slim"]
+    assert all("kfp" in extras for extras in IMAGE_EXTRAS.values())  # install_kfp_package=False
+    assert "deepspeed" in _dockerfile("train") and "vllm" in _dockerfile("eval")
+
+
+def test_image_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RLOO_IMAGE_REGISTRY", "my.reg/x/")
+    monkeypatch.setenv("RLOO_IMAGE_TAG", "dev")
+    assert image("slim") == "my.reg/x/rloo-slim:dev"
+    monkeypatch.setenv("RLOO_IMAGE_TRAIN", "other/train:1")
+    assert image("train") == "other/train:1"
+    with pytest.raises(KeyError):
+        image("gpu")

@@ -1,0 +1,109 @@
+"""Pure pieces of the steps: launch commands, training flags, manifest digest, parameter validation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rloo.errors import UserError
+from rloo.pipeline.node import launch_command
+from rloo.pipeline.steps import TrainParams, fetch_model, manifest_digest, train_args, validate_params
+
+
+def test_launch_commands() -> None:
+    kw = dict(model_dir="/w/sft", output_dir="/w/out", checkpoint_uri="s3://b/ck")
+    one = launch_command(["--rloo_k", "4"], nproc=4, num_nodes=1, **kw)
+    assert one[:7] == ["accelerate", "launch", "--num_machines", "1", "--num_processes", "4", "--multi_gpu"]
+    assert one[one.index("--checkpoint_uri") + 1] == "s3://b/ck" and one[-2:] == ["--rloo_k", "4"]
+    assert "--multi_gpu" not in launch_command([], nproc=1, num_nodes=1, **kw)
+    multi = launch_command([], nproc=8, num_nodes=2, **kw)
+    assert multi[:5] == ["torchrun", "--nproc_per_node=8", "-m", "rloo.cli", "train"]
+    assert "--standalone" not in multi  # the rendezvous comes from the operator's PET_* variables
+
+
+def test_train_args_roundtrip_through_the_cli_parser() -> None:
+    from rloo.cli.args import parse_config
+    from rloo.config import ALIASES, RLOOConfig
+
+    p = TrainParams(
+        dataset_name="d",
+        reward_model_path="org/rm",
+        rloo_k=4,
+        learning_rate=1e-5,
+        extra_train_args="--bf16 --kl_coef 0.1",
+    )
+    args = ["--model_name_or_path", "m", "--output_dir", "o", *train_args(p)]
+    cfg = parse_config(RLOOConfig, args, prog="t", description="", aliases=ALIASES)
+    assert (cfg.rloo_k, cfg.learning_rate, cfg.bf16, cfg.kl_coef) == (4, 1e-5, True, 0.1)
+
+
+GOOD = dict(
+    model="org/sft",
+    train=TrainParams(dataset_name="org/data", reward_model_path="org/rm"),
+    eval_dataset_name="org/eval",
+    judge_base_url="http://judge:8000/v1",
+    judge_model="j",
+    gpu_count=1,
+    num_nodes=1,
+    output_uri="s3://b/p",
+    promotion_margin=0.0,
+)
+
+
+def test_good_parameters_pass() -> None:
+    validate_params(**GOOD)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"model": "/no/such/model"}, "no such directory"),
+        ({"train": TrainParams(dataset_name="d", reward_model_path="r", rloo_k=1)}, "rloo_k"),
+        ({"gpu_count": -1}, "gpu_count must be >= 0"),
+        ({"judge_base_url": ""}, "judge_base_url is required"),
+        ({"judge_model": ""}, "judge_model is required"),
+        ({"train": TrainParams(dataset_name="d")}, "no reward source"),
+        ({"num_nodes": 0}, "num_nodes must be >= 1"),
+        ({"num_nodes": 2, "output_uri": "/local"}, "s3:// output_uri"),
+        (
+            {"train": TrainParams(dataset_name="d", reward_model_path="r", extra_train_args="--nope 1")},
+            "unknown flag",
+        ),
+        ({"promotion_margin": 2.0}, "promotion_margin"),
+    ],
+)
+def test_bad_parameters_fail_in_one_line(change: dict[str, object], message: str) -> None:
+    with pytest.raises(UserError, match=message) as err:
+        validate_params(**{**GOOD, **change})  # type: ignore[arg-type]
+    assert "\n" not in str(err.value)
+
+
+def test_fetch_local_model_publishes_verified_copy(tmp_path: Path) -> None:
+    src = tmp_path / "sft"
+    src.mkdir()
+    (src / "config.json").write_text("{}")
+    (src / "model.safetensors").write_bytes(b"w" * 100)
+    meta = fetch_model(str(src), str(tmp_path / "store" / "sft"))
+    assert (tmp_path / "store" / "sft" / "config.json").is_file()
+    assert meta["num_files"] == 2 and meta["total_bytes"] == 102
+    # the digest ignores the manifest timestamp: publishing the same files again gives the same digest
+    again = fetch_model(str(src), str(tmp_path / "store2" / "sft"))
+    assert again["manifest_digest"] == meta["manifest_digest"]
+    assert meta["manifest_digest"].startswith("sha256:")
+    (src / "model.safetensors").write_bytes(b"x" * 100)
+    changed = fetch_model(str(src), str(tmp_path / "store3" / "sft"))
+    assert changed["manifest_digest"] != meta["manifest_digest"]
+
+
+def test_fetch_rejects_non_model_dir(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match=r"config\.json"):
+        fetch_model(str(tmp_path), str(tmp_path / "out"))
+
+
+def test_manifest_digest_is_order_independent() -> None:
+    from rloo.storage import FileEntry, Manifest
+
+    a = Manifest(files=(FileEntry("a", 1, "x"), FileEntry("b", 2, "y")), created_at="t1")
+    b = Manifest(files=(FileEntry("b", 2, "y"), FileEntry("a", 1, "x")), created_at="t2")
+    assert manifest_digest(a) == manifest_digest(b)
