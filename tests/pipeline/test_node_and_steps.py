@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,11 +15,20 @@ from rloo.pipeline.steps import TrainParams, fetch_model, manifest_digest, train
 def test_launch_commands() -> None:
     kw = dict(model_dir="/w/sft", output_dir="/w/out", checkpoint_uri="s3://b/ck")
     one = launch_command(["--rloo_k", "4"], nproc=4, num_nodes=1, **kw)
-    assert one[:7] == ["accelerate", "launch", "--num_machines", "1", "--num_processes", "4", "--multi_gpu"]
+    launcher = [sys.executable, "-m", "accelerate.commands.launch"]
+    assert one[:8] == [*launcher, "--num_machines", "1", "--num_processes", "4", "--multi_gpu"]
     assert one[one.index("--checkpoint_uri") + 1] == "s3://b/ck" and one[-2:] == ["--rloo_k", "4"]
     assert "--multi_gpu" not in launch_command([], nproc=1, num_nodes=1, **kw)
     multi = launch_command([], nproc=8, num_nodes=2, **kw)
-    assert multi[:5] == ["torchrun", "--nproc_per_node=8", "-m", "rloo.cli", "train"]
+    assert multi[:7] == [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=8",
+        "-m",
+        "rloo.cli",
+        "train",
+    ]
     assert "--standalone" not in multi  # the rendezvous comes from the operator's PET_* variables
 
 

@@ -26,10 +26,13 @@ def launch_command(
         "--checkpoint_uri", checkpoint_uri,
         *train_args,
     ]  # fmt: skip
+    # launchers run as modules of this interpreter: their console scripts are only on PATH when the
+    # environment is activated, which a pod or a CI job does not promise
     if num_nodes > 1:
         # no --standalone: torchrun takes nnodes / node_rank / master address from the PET_* variables
-        return ["torchrun", f"--nproc_per_node={nproc}", *rloo]
-    launch = ["accelerate", "launch", "--num_machines", "1", "--num_processes", str(max(nproc, 1))]
+        return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", *rloo]
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--num_machines", "1"]
+    launch += ["--num_processes", str(max(nproc, 1))]
     launch += ["--multi_gpu"] if nproc > 1 else []
     return [*launch, *rloo]
 
