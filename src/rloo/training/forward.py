@@ -19,6 +19,27 @@ import torch
 SHARE_THRESHOLD = 0.75
 
 
+def prefill(
+    model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, ctx: Any
+) -> tuple[Any, torch.Tensor]:
+    """Run left-padded prompts (P, L) into a fresh KV cache; return the model output (its cache in
+    ``past_key_values``, logits of the last position only) and the position ids (P, L), which count real
+    tokens only so that left padding does not shift them."""
+    from transformers import DynamicCache
+
+    position_ids = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
+    with ctx():
+        out = model(
+            input_ids=prompt_ids,
+            attention_mask=prompt_mask,
+            position_ids=position_ids,
+            past_key_values=DynamicCache(config=model.config),
+            use_cache=True,
+            logits_to_keep=1,
+        )
+    return out, position_ids
+
+
 def response_logits(
     model: Any,
     prompt_ids: torch.Tensor,
@@ -49,21 +70,9 @@ def response_logits(
             logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False).logits
         return logits[:, prompt_ids.size(1) - 1 : -1]  # (b, T, V)
 
-    from transformers import DynamicCache
-
     uniq, inverse = torch.unique(rows, return_inverse=True)  # (U,), (b,)
-    p_ids, p_mask = prompt_ids[uniq], prompt_mask[uniq]  # (U, L)
-    p_pos = (p_mask.cumsum(-1) - 1).clamp(min=0)  # (U, L)
-    cache = DynamicCache(config=model.config)
-    with ctx():
-        out = model(
-            input_ids=p_ids,
-            attention_mask=p_mask,
-            position_ids=p_pos,
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
+    p_mask = prompt_mask[uniq]  # (U, L)
+    out, p_pos = prefill(model, prompt_ids[uniq], p_mask, ctx)
     first = out.logits[:, -1][inverse]  # (b, V): predicts response token 0
     t = responses.size(1)
     if t == 1:

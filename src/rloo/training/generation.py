@@ -184,7 +184,7 @@ class TransformersGenerator:
         seeds: torch.Tensor,
         return_logprobs: bool,
     ) -> Generated:
-        from transformers import DynamicCache
+        from rloo.training.forward import prefill
 
         model = self.model
         ctx = self.autocast or contextlib.nullcontext  # a factory: autocast contexts are not re-entrant
@@ -192,18 +192,7 @@ class TransformersGenerator:
         steps = params.max_new_tokens
         # (B, T) all of this chunk's uniforms in one vectorised hash rather than one call per step
         u = torch.stack([uniforms(seeds.to(device), t) for t in range(steps)], dim=1)
-        # (P, L): positions count real tokens only, so left padding does not shift them
-        position_ids = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache(config=model.config)
-        with ctx():
-            out = model(
-                input_ids=prompt_ids,
-                attention_mask=prompt_mask,
-                position_ids=position_ids,
-                past_key_values=cache,
-                use_cache=True,
-                logits_to_keep=1,
-            )
+        out, position_ids = prefill(model, prompt_ids, prompt_mask, ctx)  # (P, L) positions
         cache = out.past_key_values
         cache.batch_repeat_interleave(k)  # one prefill serves all K samples of a prompt
         logits = out.logits[:, -1].repeat_interleave(k, dim=0)  # (B, V)
