@@ -16,8 +16,9 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/pip install -q -c constraints.txt -e '.[train,tracking,dev,eval,kfp]'
 	touch $(STAMP)
 
+# the whole KFP pipeline on this machine (kfp.local): tiny model, toy data, toy judge, sqlite MLflow
 demo: install
-	$(BIN)/rloo demo --output_dir runs/demo
+	$(BIN)/rloo pipeline run --local --workdir rloo-local
 
 test: install
 	$(BIN)/ruff check src tests benchmarks components pipelines
@@ -37,4 +38,4 @@ bench: install
 	$(BIN)/python benchmarks/bench_vs_trl.py
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache .ruff_cache
+	rm -rf $(VENV) runs rloo-local .pytest_cache .ruff_cache

@@ -66,6 +66,7 @@ def rloo_pipeline(
     dataset_train_split: str = "train",
     eval_dataset_split: str = "test",
     eval_num_examples: int = 0,
+    eval_max_new_tokens: int = 200,
     reward_model_path: str = "",
     learning_rate: float = 3e-6,
     total_episodes: int = 10000,
@@ -103,6 +104,7 @@ def rloo_pipeline(
         dataset_train_split: Split of dataset_name used for training.
         eval_dataset_split: Split of eval_dataset_name that is judged.
         eval_num_examples: Judge the first N rows only (0 = all rows).
+        eval_max_new_tokens: New tokens per evaluation completion (greedy; the reference evaluation uses 200).
         reward_model_path: Reward model (Hub id or directory); or give --reward_funcs in extra_train_args.
         learning_rate: AdamW learning rate.
         total_episodes: Completions to train on in total.
@@ -149,6 +151,7 @@ def rloo_pipeline(
             seed=seed,
             extra_train_args=extra_train_args,
             eval_dataset_name=eval_dataset_name,
+            eval_max_new_tokens=eval_max_new_tokens,
             judge_base_url=judge_base_url,
             judge_model=judge_model,
             gpu_count=gpu_count,
@@ -210,6 +213,7 @@ def rloo_pipeline(
             dataset_name=eval_dataset_name,
             dataset_split=eval_dataset_split,
             num_examples=eval_num_examples,
+            max_new_tokens=eval_max_new_tokens,
             judge_base_url=judge_base_url,
             judge_model=judge_model,
             output_uri=output_uri,

@@ -131,3 +131,19 @@ def test_sometimes_none_reward() -> None:
     # "aXe b" has 5 chars (odd) -> letter_reward 0.5 ; "ab" 2 (even) -> None ; "" 0 (even) -> None ;
     # "aei" 3 (odd) -> 1.0 ; "x" 1 (odd) -> 0.0
     assert out == [0.5, None, None, 1.0, 0.0]
+
+
+def test_toy_eval_dataset_loads_as_evaluation_rows(tmp_path: Path) -> None:
+    from rloo.eval.data import load_eval_rows
+    from rloo.toy import letter_reward, write_toy_eval_dataset
+
+    path = write_toy_eval_dataset(tmp_path / "ev", num_test=8, seed=3)
+    rows = load_eval_rows(str(path), "test", config=None, num_examples=None)
+    assert len(rows.prompts) == 8 and all(" is " in r and " and " in r for r in rows.references)
+    # ordinary words: far from the all-vowel text a trained toy policy writes
+    assert all(0.1 < s < 0.6 for s in letter_reward(rows.references))
+    assert write_toy_eval_dataset(tmp_path / "again", num_test=8, seed=3).joinpath("data").is_dir()
+    again = load_eval_rows(str(tmp_path / "again"), "test", config=None, num_examples=None)
+    assert again.references == rows.references  # same seed, same rows
+    with pytest.raises(ValueError, match="num_test"):
+        write_toy_eval_dataset(tmp_path / "bad", num_test=0)

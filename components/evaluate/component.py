@@ -1,7 +1,7 @@
 """Judge the trained model and its SFT baseline; KFP metrics and the HTML report as artifacts."""
 
 from kfp import dsl
-from kfp.dsl import HTML, Input, Metrics, Model, Output
+from kfp.dsl import HTML, Input, Markdown, Metrics, Model, Output
 
 from rloo.pipeline.images import EVAL_IMAGE
 
@@ -13,6 +13,7 @@ def evaluate(
     dataset_name: str,
     dataset_split: str,
     num_examples: int,
+    max_new_tokens: int,
     judge_base_url: str,
     judge_model: str,
     output_uri: str,
@@ -21,11 +22,13 @@ def evaluate(
     mlflow_experiment: str,
     metrics: Output[Metrics],
     report: Output[HTML],
+    summary: Output[Markdown],
 ) -> str:
     import os
     import shutil
     import tempfile
 
+    from rloo.pipeline.reports import eval_markdown, stage_run_link
     from rloo.pipeline.steps import evaluate_stage
 
     os.environ.update(
@@ -39,6 +42,7 @@ def evaluate(
         dataset_name=dataset_name,
         dataset_split=dataset_split,
         num_examples=num_examples,
+        max_new_tokens=max_new_tokens,
         judge_base_url=judge_base_url,
         judge_model=judge_model,
         work=tempfile.mkdtemp(prefix="rloo-eval-"),
@@ -46,4 +50,6 @@ def evaluate(
     for name, value in values.items():
         metrics.log_metric(name, value)
     shutil.copyfile(html, report.path)
+    with open(summary.path, "w") as f:
+        f.write(eval_markdown(values, results_uri, stage_run_link("eval", kfp_run_id)))
     return f"{results_uri}/eval_results.json"

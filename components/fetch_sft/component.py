@@ -1,16 +1,19 @@
 """Fetch the SFT checkpoint (Hub id, s3:// prefix or local directory) into object storage, verified."""
 
 from kfp import dsl
-from kfp.dsl import Model, Output
+from kfp.dsl import Markdown, Model, Output
 
 from rloo.pipeline.images import SLIM_IMAGE
 
 
 @dsl.component(base_image=SLIM_IMAGE, install_kfp_package=False)
-def fetch_sft(model: str, output_uri: str, kfp_run_id: str, sft_model: Output[Model]):
+def fetch_sft(
+    model: str, output_uri: str, kfp_run_id: str, sft_model: Output[Model], summary: Output[Markdown]
+):
     import json
     import os
 
+    from rloo.pipeline.reports import fetch_markdown
     from rloo.pipeline.steps import fetch_model
 
     os.environ["KFP_RUN_ID"] = kfp_run_id
@@ -20,3 +23,5 @@ def fetch_sft(model: str, output_uri: str, kfp_run_id: str, sft_model: Output[Mo
     sft_model.metadata.update(meta)
     with open(sft_model.path, "w") as f:
         json.dump(meta, f)
+    with open(summary.path, "w") as f:
+        f.write(fetch_markdown(meta))

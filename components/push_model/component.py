@@ -1,6 +1,7 @@
 """Publish the trained model behind the promotion gate; the decision is the step's output."""
 
 from kfp import dsl
+from kfp.dsl import Markdown, Output
 
 from rloo.pipeline.images import SLIM_IMAGE
 
@@ -17,10 +18,12 @@ def push_model(
     kfp_run_id: str,
     kfp_run_name: str,
     mlflow_experiment: str,
+    summary: Output[Markdown],
 ) -> str:
     import os
     import tempfile
 
+    from rloo.pipeline.reports import push_markdown, stage_run_link
     from rloo.push.config import PushConfig
     from rloo.push.stage import run_push
 
@@ -39,4 +42,7 @@ def push_model(
         promotion_margin=promotion_margin,
         mlflow_experiment=mlflow_experiment,
     )
-    return run_push(cfg)["decision"]
+    result = run_push(cfg)
+    with open(summary.path, "w") as f:
+        f.write(push_markdown(result, stage_run_link("push", kfp_run_id)))
+    return result["decision"]

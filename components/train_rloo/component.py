@@ -1,7 +1,7 @@
 """RLOO training: on this pod's GPUs (one node) or as a multi-node PyTorchJob launched from a CPU pod."""
 
 from kfp import dsl
-from kfp.dsl import Input, Model, Output
+from kfp.dsl import Input, Markdown, Metrics, Model, Output
 
 from rloo.pipeline.images import SLIM_IMAGE, TRAIN_IMAGE
 
@@ -16,12 +16,17 @@ def train_rloo(
     kfp_run_name: str,
     mlflow_experiment: str,
     trained_model: Output[Model],
+    metrics: Output[Metrics],
+    summary: Output[Markdown],
 ) -> str:
     """Returns the trained model's URI (a parameter, so the pipeline can pick it with dsl.OneOf in every
     runner; the Model artifact records it for lineage)."""
     import json
     import os
+    import tempfile
+    from pathlib import Path
 
+    from rloo.pipeline import reports
     from rloo.pipeline.node import main as node_main
 
     os.environ.update(
@@ -37,6 +42,8 @@ def train_rloo(
         "--num_nodes",
         "1",
     ]
+    work = os.environ.get("RLOO_WORK_DIR") or tempfile.mkdtemp(prefix="rloo-train-")
+    argv += ["--work_dir", work]
     rc = node_main([*argv, "--", *json.loads(train_args_json)])
     if rc != 0:
         raise SystemExit(rc)
@@ -45,6 +52,13 @@ def train_rloo(
     )
     with open(trained_model.path, "w") as f:
         json.dump(dict(trained_model.metadata), f)
+    out = Path(work) / "output"
+    headline = reports.train_headline(reports.read_history(out))
+    for name, value in headline.items():
+        metrics.log_metric(name, value)
+    link = reports.stage_run_link("train", kfp_run_id)
+    with open(summary.path, "w") as f:
+        f.write(reports.train_markdown(headline, f"{base}/model", link, reports.latest_samples(out)))
     return trained_model.metadata["uri"]
 
 

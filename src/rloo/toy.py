@@ -23,6 +23,7 @@ __all__ = [
     "sometimes_none_reward",
     "target_letter_reward",
     "write_toy_dataset",
+    "write_toy_eval_dataset",
 ]
 
 VOWELS = frozenset("aeiou")
@@ -105,6 +106,39 @@ def write_toy_dataset(
     for name, tbl in splits.items():
         pq.write_table(tbl, data / f"{name}-00000-of-00001.parquet")
     return path
+
+
+_REFERENCE_WORDS = (
+    "calm", "bright", "slow", "cold", "green", "soft", "deep", "still", "wild", "warm", "dark", "clear",
+    "quiet", "strong", "small", "grand", "light", "sweet", "long", "gentle",
+)  # fmt: skip
+
+
+def write_toy_eval_dataset(path: str | Path, *, num_test: int = 32, seed: int = 1) -> Path:
+    """Write toy evaluation rows to ``path`` (``data/test-00000-of-00001.parquet``) and return ``path``.
+
+    Columns ``prompt`` and ``completion``, the layout ``rloo eval`` reads: the completion is a plain reference
+    answer of a few ordinary English words ("the sea is calm and deep"), whose vowel fraction (about 0.3)
+    sits near what an untrained tiny policy writes, so a judge applying :func:`letter_reward` gives the SFT
+    model a win rate near one half and a trained one more. Rows come from ``random.Random(seed)``.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if num_test < 1:
+        raise ValueError(f"num_test must be >= 1 (got {num_test})")
+    rng = random.Random(seed)
+    prompts, refs = [], []
+    for _ in range(num_test):
+        topic = rng.choice(_TOPICS)
+        prompts.append(f"{rng.choice(_INSTRUCTIONS)} {topic}:")
+        a, b = rng.sample(_REFERENCE_WORDS, 2)
+        refs.append(f"{topic} is {a} and {b}")
+    data = Path(path) / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    table = pa.table({"prompt": pa.array(prompts, type=pa.string()), "completion": pa.array(refs)})
+    pq.write_table(table, data / "test-00000-of-00001.parquet")
+    return Path(path)
 
 
 def _text(completion: Any) -> str:

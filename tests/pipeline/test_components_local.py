@@ -31,6 +31,7 @@ GOOD: dict[str, Any] = dict(
     seed=1,
     extra_train_args="--bf16",
     eval_dataset_name="org/e",
+    eval_max_new_tokens=200,
     judge_base_url="http://judge/v1",
     judge_model="j",
     gpu_count=1,
@@ -98,7 +99,7 @@ def test_local_pipeline_run_stops_at_validation(tmp_path: Path, capfd: pytest.Ca
         k: GOOD[k] for k in ("model", "dataset_name", "eval_dataset_name", "judge_base_url", "judge_model")
     }
     params |= {"reward_model_path": "org/rm", "rloo_k": 1, "output_uri": str(tmp_path / "out")}
-    argv = ["run", "--local", "--pipeline_root", str(tmp_path / "root")]
+    argv = ["run", "--local", "--workdir", str(tmp_path / "work")]
     for key, value in params.items():
         argv += ["--param", f"{key}={value}"]
     assert main(argv) == 2
@@ -107,18 +108,23 @@ def test_local_pipeline_run_stops_at_validation(tmp_path: Path, capfd: pytest.Ca
     err = captured.err.strip().splitlines()[-1]
     assert err.startswith("rloo pipeline: error: local pipeline run failed") and "validate-params" in err
     assert "\x1b[" not in err
-    (run_dir,) = (tmp_path / "root").iterdir()
+    (run_dir,) = (tmp_path / "work" / "kfp").iterdir()
     steps = {p.name for p in run_dir.iterdir()}  # a step's directory holds its outputs
     assert "finish-run" in steps and not steps & {"fetch-sft", "train-rloo", "evaluate", "push-model"}
     assert not (tmp_path / "out").exists()
 
 
-def test_local_run_rejects_unknown_and_missing_parameters(capsys: pytest.CaptureFixture[str]) -> None:
+def test_local_run_rejects_unknown_and_missing_parameters(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from rloo.cli.pipeline_cmd import main
 
-    assert main(["run", "--local", "--param", "nope=1"]) == 2
+    work = ["--workdir", str(tmp_path / "work")]
+    assert main(["run", "--local", *work, "--param", "nope=1"]) == 2
     assert "unknown pipeline parameter(s) nope" in capsys.readouterr().err
-    assert main(["run", "--local", "--param", "model=x"]) == 2
+    assert not (tmp_path / "work").exists()  # checked before anything was built
+    # with a model of their own, users give the rest too: the toy datasets are only the embedded defaults
+    assert main(["run", "--local", *work, "--param", "model=x"]) == 2
     assert "missing pipeline parameter(s) dataset_name" in capsys.readouterr().err
     assert main(["run"]) == 2
     assert "pass --local" in capsys.readouterr().err

@@ -1,65 +1,124 @@
-"""The whole pipeline on this machine (``rloo pipeline run --local``): tiny model, toy data, scripted judge.
+"""The whole pipeline on this machine, as ``make demo`` runs it (``rloo pipeline run --local``), at its
+smallest: tiny model, toy data, toy judge, sqlite MLflow store under the work directory.
 
-About 25 s of CPU training, generation and judging. A failing step is retried with the pipeline's real
-backoff, so a regression here shows up as a slow failure rather than a quick one.
+About 40 s of subprocess start-up, CPU training, generation and judging. A failing step is retried with the
+pipeline's real backoff, so a regression here shows up as a slow failure rather than a quick one.
 """
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.filterwarnings("ignore:You may be attemping:RuntimeWarning"),
+    # display names and GPU requests are cluster settings; kfp.local says it ignores them
+    pytest.mark.filterwarnings("ignore:Task .* have no effect in the current local runner:UserWarning"),
 ]
 
+STEPS = {"validate-params", "fetch-sft", "train-rloo", "evaluate", "push-model", "finish-run"}
 
-def test_local_run_end_to_end(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tiny_setup: object, toy_dataset: Path
-) -> None:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+
+@pytest.fixture(scope="module")
+def local_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    import io
+    from contextlib import redirect_stdout
 
     from rloo.cli.pipeline_cmd import main
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from tests.eval.scripted_server import API_KEY, MODEL, ScriptedJudge
+    work = tmp_path_factory.mktemp("local")
+    mp = pytest.MonkeyPatch()
+    mp.delenv("MLFLOW_TRACKING_URI", raising=False)
+    out = io.StringIO()
+    try:
+        with redirect_stdout(out):
+            rc = main(["run", "--local", "--workdir", str(work), "--updates", "3"])
+    finally:
+        mp.undo()
+    return {"rc": rc, "stdout": out.getvalue(), "work": work}
 
-    evalds = tmp_path / "evalds" / "data"
-    evalds.mkdir(parents=True)
-    table = pa.table({"prompt": ["Say hi", "Count to 3"], "completion": ["hi GOOD", "1 2 3"]})
-    pq.write_table(table, evalds / "test-00000-of-00001.parquet")
-    monkeypatch.setenv("OPENAI_API_KEY", API_KEY)
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    out = tmp_path / "out"
-    with ScriptedJudge() as judge:
-        params = {
-            "model": tiny_setup.policy,  # type: ignore[attr-defined]
-            "reward_model_path": tiny_setup.reward_model,  # type: ignore[attr-defined]
-            "dataset_name": toy_dataset,
-            "eval_dataset_name": tmp_path / "evalds",
-            "judge_base_url": judge.base_url,
-            "judge_model": MODEL,
-            "output_uri": out,
-            "total_episodes": 16,
-            "per_device_train_batch_size": 4,
-            "response_length": 8,
-            "gpu_count": 0,
-            "extra_train_args": "--num_ppo_epochs 1 --num_sample_generations 0 --save_steps 0",
-        }
-        argv = ["run", "--local", "--pipeline_root", str(tmp_path / "root")]
-        for key, value in params.items():
-            argv += ["--param", f"{key}={value}"]
-        assert main(argv) == 0
-    (run,) = (p for p in out.iterdir() if p.name != "published")
-    assert (run / "model" / "_MANIFEST.json").is_file() and (run / "sft" / "_MANIFEST.json").is_file()
+
+def _outputs(run_dir: Path, step: str) -> dict[str, Any]:
+    return json.loads((run_dir / step / "executor_output.json").read_text())
+
+
+def test_every_step_ran_and_the_summary_says_where_things_are(local_run: dict[str, Any]) -> None:
+    assert local_run["rc"] == 0, local_run["stdout"][-2000:]
+    work: Path = local_run["work"]
+    (run_dir,) = (work / "kfp").iterdir()
+    assert {p.name for p in run_dir.iterdir()} == STEPS
+    model = Path(_outputs(run_dir, "train-rloo")["parameterValues"]["Output"])
+    assert model.parent.parent == work / "store"
+    lines = local_run["stdout"].strip().splitlines()
+    summary = "\n".join(lines[lines.index(next(x for x in lines if x.startswith("pipeline run "))) :])
+    assert f"trained model:   {model}" in summary
+    assert f"mlflow ui --backend-store-uri sqlite:///{work / 'mlruns' / 'mlflow.db'}" in summary
+    assert "push decision:" in summary and "win rate vs references: trained" in summary
+
+
+def test_object_store_holds_verified_models_and_results(local_run: dict[str, Any]) -> None:
+    from rloo.storage import verify_prefix
+
+    store: Path = local_run["work"] / "store"
+    (run,) = (p for p in store.iterdir() if p.name != "published")
+    for part in ("sft", "model", "eval"):
+        verify_prefix(str(run / part))  # every file matches its manifest's SHA-256
+    assert (run / "model" / "training_complete.json").is_file() and (
+        run / "model" / "metrics.jsonl"
+    ).is_file()
     results = json.loads((run / "eval" / "eval_results.json").read_text())
-    assert results["num_examples"] == 2
-    assert any((out / "published").rglob("_MANIFEST.json"))
-    # the push stage ran its gate on the evaluation's own results file and published a model card
-    cards = list((out / "published").rglob("README.md"))
-    assert cards and "rloo" in cards[0].read_text()
+    assert results["num_examples"] == 32  # the toy evaluation split, judged in full
+    (published,) = (store / "published").iterdir()
+    assert "rloo" in (published / "README.md").read_text()  # the model card
+    verify_prefix(str(published))
+
+
+def test_kfp_ui_artifacts(local_run: dict[str, Any]) -> None:
+    """Metrics for the KFP UI, and a Markdown summary per stage with its MLflow run."""
+    (run_dir,) = (local_run["work"] / "kfp").iterdir()
+    train = _outputs(run_dir, "train-rloo")["artifacts"]
+    headline = train["metrics"]["artifacts"][0]["metadata"]
+    assert headline["updates"] == 3 and headline["episodes"] == 3 * 32
+    assert 0.0 <= headline["final_score"] <= 1.0  # the toy reward is a fraction of letters
+    fetch_meta = _outputs(run_dir, "fetch-sft")["artifacts"]["sft_model"]["artifacts"][0]["metadata"]
+    assert fetch_meta["manifest_digest"].startswith("sha256:")
+    evaluation = _outputs(run_dir, "evaluate")["artifacts"]["metrics"]["artifacts"][0]["metadata"]
+    assert evaluation["trained_num_valid"] == 32 and evaluation["baseline_num_valid"] == 32
+    for step in ("fetch-sft", "train-rloo", "evaluate", "push-model"):
+        text = (run_dir / step / "summary").read_text()
+        assert text.startswith("## ")
+        if step != "fetch-sft":
+            assert "MLflow run `" in text, (step, text)
+    assert "### Sample generations" in (run_dir / "train-rloo" / "summary").read_text()
+    assert (run_dir / "evaluate" / "report").read_text().lstrip().lower().startswith("<!doctype html")
+
+
+def test_mlflow_has_the_pipeline_run_and_its_stages(local_run: dict[str, Any]) -> None:
+    from mlflow.tracking import MlflowClient
+
+    work: Path = local_run["work"]
+    client = MlflowClient(tracking_uri=f"sqlite:///{work / 'mlruns' / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("rloo")
+    assert exp is not None and exp.artifact_location.startswith((work / "mlruns").as_uri())
+    runs = client.search_runs([exp.experiment_id])
+    (parent,) = (r for r in runs if r.data.tags.get("rloo.kind") == "pipeline")
+    assert parent.info.status == "FINISHED"  # closed by the exit handler
+    stages = {
+        r.data.tags["rloo.stage"]: r
+        for r in runs
+        if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id
+    }
+    assert set(stages) == {"train", "eval", "push"}
+    assert all(r.info.status == "FINISHED" for r in stages.values())
+    history = client.get_metric_history(stages["train"].info.run_id, "objective/scores")
+    assert [m.step for m in history] == [1, 2, 3]
+    assert "trained/win_rate" in stages["eval"].data.metrics
+    eval_files = {a.path for a in client.list_artifacts(stages["eval"].info.run_id, "eval")}
+    assert "eval/eval_results.json" in eval_files and "eval/eval_report.html" in eval_files
+    assert stages["push"].data.tags.get("rloo.promotion") in {"champion", "candidate", "rejected"}
+    # artifacts live under the work directory, not in some step's temporary cwd
+    assert any(Path(exp.artifact_location.removeprefix("file://")).rglob("eval_results.json"))

@@ -44,6 +44,9 @@ class _Parser(argparse.ArgumentParser):
         raise UserError(f"{self.prog}: {message}.")
 
 
+OneLineParser = _Parser  # for commands with their own hand-written flags
+
+
 @dataclasses.dataclass(frozen=True)
 class _Kind:
     base: type  # bool, int, float or str

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -44,14 +43,26 @@ def load_pipeline() -> Any:
     return getattr(importlib.import_module(PIPELINE_MODULE), PIPELINE_FUNC)
 
 
-def compile_pipeline(output: str | os.PathLike[str] | None = None) -> Path:
-    """Write the compiled pipeline YAML to ``output`` (default: the committed file) and return its path."""
+def chart_copy() -> Path:
+    """The Helm chart's copy of the compiled pipeline (its upload Job reads it from a ConfigMap; Helm can only
+    read files inside the chart)."""
+    return repo_root() / "helm" / "files" / "rloo_pipeline.yaml"
+
+
+def compile_pipeline(output: str | os.PathLike[str] | None = None) -> list[Path]:
+    """Write the compiled pipeline YAML to ``output``; by default to the committed file and, when the chart
+    is there, the chart's copy. Returns the paths written."""
     from kfp import compiler
 
     out = Path(output) if output else default_yaml()
     out.parent.mkdir(parents=True, exist_ok=True)
     compiler.Compiler().compile(pipeline_func=load_pipeline(), package_path=str(out))
-    return out
+    written = [out]
+    if output is None and chart_copy().parent.parent.joinpath("Chart.yaml").is_file():
+        chart_copy().parent.mkdir(exist_ok=True)
+        chart_copy().write_bytes(out.read_bytes())
+        written.append(chart_copy())
+    return written
 
 
 def load_yaml(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
@@ -84,27 +95,3 @@ def parse_params(pairs: list[str], params_file: str | None = None) -> dict[str, 
             raise UserError(f"--param {pair!r}: expected key=value.")
         params[key.strip()] = yaml.safe_load(value) if value.strip() else ""
     return params
-
-
-def run_local(params: dict[str, Any], pipeline_root: str | os.PathLike[str]) -> None:
-    """Run the whole pipeline on this machine with ``kfp.local``: every step in a subprocess of this
-    interpreter (no containers, no Kubernetes settings). Raises UserError when a step fails."""
-    from kfp import local
-
-    func = load_pipeline()
-    accepted = func.component_spec.inputs or {}
-    unknown = sorted(set(params) - set(accepted))
-    if unknown:
-        raise UserError(
-            f"unknown pipeline parameter(s) {', '.join(unknown)}; see pipelines/rloo_pipeline.py."
-        )
-    missing = sorted(set(func.required_inputs) - set(params))
-    if missing:
-        raise UserError(f"missing pipeline parameter(s) {', '.join(missing)}: pass --param NAME=VALUE.")
-    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(pipeline_root))
-    try:
-        func(**params)
-    except RuntimeError as e:
-        # kfp.local reports a failed step as RuntimeError; the step's own message is in the log above
-        plain = re.sub(r"\x1b\[[0-9;]*m", "", str(e))  # kfp.local colours its messages
-        raise UserError(f"local pipeline run failed: {' '.join(plain.split())[:300]}") from None

@@ -75,6 +75,7 @@ def validate_params(
     registered_model_name: str = "",
     hub_repo_id: str = "",
     check_paths: bool = True,
+    eval_max_new_tokens: int = 200,
 ) -> None:
     """Build the stages' configs from the pipeline parameters; raise a one-line UserError for the first bad
     one. ``check_paths``: a local model path must exist (a Hub id or s3:// is resolved by the fetch step)."""
@@ -113,6 +114,7 @@ def validate_params(
         dataset_name=eval_dataset_name or None,
         judge_base_url=judge_base_url,
         judge_model=judge_model or None,
+        max_new_tokens=eval_max_new_tokens,
         report_to="none",
     )
     PushConfig(
@@ -208,6 +210,7 @@ def evaluate_stage(
     judge_base_url: str,
     judge_model: str,
     work: str,
+    max_new_tokens: int = 200,
 ) -> tuple[dict[str, float], Path]:
     """Download both models, run ``rloo eval``, publish its output directory to ``results_uri``.
 
@@ -231,6 +234,7 @@ def evaluate_stage(
         dataset_name=dataset_name,
         dataset_split=dataset_split,
         num_examples=num_examples or None,
+        max_new_tokens=max_new_tokens,
         judge_base_url=judge_base_url,
         judge_model=judge_model,
         output_dir=str(out),

@@ -1,0 +1,225 @@
+"""``rloo pipeline run --local``: the whole pipeline on this machine, on embedded defaults.
+
+Every step of the real pipeline runs as a subprocess of this interpreter through ``kfp.local`` (the same
+component definitions the cluster runs). Without a ``model`` parameter the run is self-contained: a tiny
+random-initialised policy and reward model built here (:mod:`rloo.tiny`), the toy prompt and evaluation
+datasets (:mod:`rloo.toy`), and the toy judge served from this process (:mod:`rloo.toy_judge`), all under
+``--workdir``. Models and results go to ``<workdir>/store`` (or the ``output_uri`` parameter, e.g. an
+``s3://`` prefix with the usual ``AWS_*`` / ``S3_ENDPOINT_URL`` variables), MLflow runs to a sqlite store
+under ``<workdir>/mlruns`` unless ``MLFLOW_TRACKING_URI`` names a server.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rloo.errors import UserError
+
+# Training settings of the embedded run: the ones `rloo demo` uses (a tiny model learns the toy task in
+# about 30 updates of 32 completions on a laptop CPU).
+DEMO_UPDATES = 30
+DEMO_BATCH = 32
+DEMO_EXTRA_ARGS = (
+    "--num_ppo_epochs 2 --temperature 1.0 --reward_funcs rloo.toy:letter_reward --reward_weights 0 1 "
+    "--num_sample_generations 3 --save_steps 0"
+)
+STORE_DIR, KFP_DIR, ASSETS_DIR, MLFLOW_DIR = "store", "kfp", "assets", "mlruns"
+
+
+@dataclass
+class LocalResult:
+    """What a local run produced: its KFP run name, its directory of step outputs, and each step's outputs
+    (``executor_output.json`` by task name)."""
+
+    run_name: str
+    run_dir: Path
+    outputs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    seconds: float = 0.0
+    tracking_uri: str | None = None
+
+    def parameter(self, task: str, name: str = "Output") -> Any:
+        return self.outputs.get(task, {}).get("parameterValues", {}).get(name)
+
+    def artifact_metadata(self, task: str, name: str) -> dict[str, Any]:
+        arts = self.outputs.get(task, {}).get("artifacts", {}).get(name, {}).get("artifacts") or [{}]
+        return dict(arts[0].get("metadata") or {})
+
+
+def embedded_params(workdir: Path, *, updates: int = DEMO_UPDATES, seed: int = 0) -> dict[str, Any]:
+    """The parameters of a self-contained run: build the tiny models and toy datasets under ``workdir``."""
+    from rloo.tiny import build_tiny_setup
+    from rloo.toy import write_toy_dataset, write_toy_eval_dataset
+
+    assets = workdir / ASSETS_DIR
+    setup = build_tiny_setup(assets / "models", arch="gpt_neox", seed=seed)
+    return {
+        "model": str(setup.policy),
+        "reward_model_path": str(setup.reward_model),
+        "dataset_name": str(write_toy_dataset(assets / "prompts", seed=seed)),
+        "eval_dataset_name": str(write_toy_eval_dataset(assets / "eval", seed=seed + 1)),
+        "eval_max_new_tokens": 16,
+        "total_episodes": updates * DEMO_BATCH,
+        "per_device_train_batch_size": DEMO_BATCH,
+        "rloo_k": 4,
+        "learning_rate": 5e-3,
+        "kl_coef": 0.01,
+        "response_length": 8,
+        "seed": seed,
+        "extra_train_args": DEMO_EXTRA_ARGS,
+        "gpu_count": 0,
+    }
+
+
+def check_names(params: dict[str, Any], *, required: bool) -> None:
+    """One-line UserErrors for parameters the pipeline does not have and (``required``) ones it needs."""
+    from rloo.pipeline.compile import load_pipeline
+
+    func = load_pipeline()
+    unknown = sorted(set(params) - set(func.component_spec.inputs or {}))
+    if unknown:
+        raise UserError(
+            f"unknown pipeline parameter(s) {', '.join(unknown)}; see pipelines/rloo_pipeline.py."
+        )
+    missing = sorted(set(func.required_inputs) - set(params))
+    if required and missing:
+        raise UserError(f"missing pipeline parameter(s) {', '.join(missing)}: pass --param NAME=VALUE.")
+
+
+def run_local(params: dict[str, Any], pipeline_root: str | os.PathLike[str]) -> LocalResult:
+    """Run the pipeline once with ``kfp.local``; raise a one-line UserError when a step fails."""
+    from kfp import local
+
+    from rloo.pipeline.compile import load_pipeline
+
+    func = load_pipeline()
+    check_names(params, required=True)
+    root = Path(pipeline_root).resolve()
+    root.mkdir(parents=True, exist_ok=True)
+    before = set(os.listdir(root))
+    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(root))
+    start = time.perf_counter()
+    try:
+        func(**params)
+    except RuntimeError as e:
+        # kfp.local reports a failed step as RuntimeError; the step's own message is in the log above
+        plain = re.sub(r"\x1b\[[0-9;]*m", "", str(e))  # kfp.local colours its messages
+        raise UserError(f"local pipeline run failed: {' '.join(plain.split())[:300]}") from None
+    new = sorted(set(os.listdir(root)) - before)
+    if not new:
+        raise UserError(f"the local run wrote nothing under {root}; is another run using it?")
+    run_dir = root / new[-1]
+    outputs = {}
+    for f in run_dir.glob("*/executor_output.json"):
+        outputs[f.parent.name] = json.loads(f.read_text())
+    return LocalResult(new[-1], run_dir, outputs, time.perf_counter() - start)
+
+
+def prepare_tracking(workdir: Path, experiment: str) -> str:
+    """Point every step at one MLflow store: ``MLFLOW_TRACKING_URI`` when set, else a sqlite store under
+    ``<workdir>/mlruns`` whose experiment keeps its artifacts next to it (not in each step's cwd)."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI")
+    if uri:
+        return uri
+    from rloo.tracking.runs import resolve_tracking_uri
+
+    uri, artifacts = resolve_tracking_uri(work_dir=workdir)
+    Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    if client.get_experiment_by_name(experiment) is None:
+        client.create_experiment(experiment, artifact_location=artifacts)
+    return uri
+
+
+def run_pipeline_locally(
+    workdir: str | os.PathLike[str], user_params: dict[str, Any], *, updates: int = DEMO_UPDATES
+) -> LocalResult:
+    """The ``rloo pipeline run --local`` command: embedded defaults (unless ``model`` is given), one
+    tracking store, the toy judge while the run needs it."""
+    from rloo.toy_judge import MODEL, ToyJudge
+
+    check_names(user_params, required=False)  # before anything is built
+    work = Path(workdir).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    params: dict[str, Any] = {} if "model" in user_params else embedded_params(work, updates=updates)
+    params.setdefault("output_uri", str(work / STORE_DIR))
+    params.update(user_params)
+    with ExitStack() as stack:
+        if not params.get("judge_base_url"):
+            judge = stack.enter_context(ToyJudge())
+            params.update(judge_base_url=judge.base_url, judge_model=MODEL)
+        uri = None
+        try:
+            import mlflow  # noqa: F401
+
+            uri = prepare_tracking(work, str(params.get("mlflow_experiment") or "rloo"))
+        except ImportError:
+            pass  # without the tracking extra the steps log to metrics.jsonl only
+        if uri:  # inherited by every step's subprocess; this process's environment is left as it was
+            stack.enter_context(_env(MLFLOW_TRACKING_URI=uri))
+        result = run_local(params, work / KFP_DIR)
+    result.tracking_uri = uri
+    return result
+
+
+@contextmanager
+def _env(**values: str) -> Iterator[None]:
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def summary(result: LocalResult) -> list[str]:
+    """The lines printed at the end of a local run: where the model, the metrics and the MLflow UI are."""
+    from rloo.storage.redact import redact
+
+    model = result.parameter("train-rloo")
+    metrics = result.artifact_metadata("evaluate", "metrics")
+    lines = [f"pipeline run {result.run_name} succeeded in {result.seconds:.0f}s"]
+    lines.append(f"  trained model:   {model}")
+    lines.append(f"  training curves: {model}/metrics.jsonl, {model}/plots/")
+    if metrics:
+        lines.append(
+            "  evaluation:      win rate vs references: trained "
+            f"{_rate(metrics, 'trained')}, SFT {_rate(metrics, 'baseline')}"
+        )
+    results = result.parameter("evaluate")
+    if results:
+        lines.append(f"  eval results:    {results} (report: eval_report.html next to it)")
+    decision = result.parameter("push-model")
+    if decision:
+        lines.append(f"  push decision:   {decision}")
+    lines.append(f"  KFP step outputs: {result.run_dir}")
+    if result.tracking_uri:
+        uri = redact(result.tracking_uri)
+        if uri.startswith(("http://", "https://")):
+            lines.append(f"  MLflow:          {uri} (experiment of the run, parent run {result.run_name})")
+        else:
+            lines.append(
+                f"  MLflow UI:       mlflow ui --backend-store-uri {uri}  (then open http://127.0.0.1:5000)"
+            )
+    return lines
+
+
+def _rate(metrics: dict[str, Any], who: str) -> str:
+    rate = metrics.get(f"{who}_win_rate")
+    lo, hi = metrics.get(f"{who}_win_rate_ci_low"), metrics.get(f"{who}_win_rate_ci_high")
+    if rate is None:
+        return "n/a"
+    return f"{rate:.2f} [{lo:.2f}, {hi:.2f}]" if lo is not None and hi is not None else f"{rate:.2f}"

@@ -1,0 +1,194 @@
+"""Upload the compiled pipeline to a Kubeflow Pipelines installation and start runs there.
+
+``rloo pipeline upload`` (also what the Helm chart's post-install Job runs) is idempotent: the pipeline is
+created when its name is new, otherwise the package becomes a new version named after its digest, and
+nothing happens when that version exists already. ``rloo pipeline submit`` uploads the same way, then starts
+a run of exactly that version and prints its URL.
+
+The KFP API is reached with ``kfp.Client``; this module only decides what to call, so it is tested with a
+stand-in client (no KFP API server runs outside a cluster). In a cluster, ``kfp.Client`` authenticates with
+the projected service-account token at ``/var/run/secrets/kubeflow/pipelines/token`` when it is mounted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rloo.errors import UserError
+
+DESCRIPTION = "RLHF with RLOO: fetch SFT, train, judge, push (rloo-kfp)."
+
+
+@dataclass(frozen=True)
+class Uploaded:
+    pipeline_id: str
+    version_id: str
+    version_name: str
+    created: str  # "pipeline" | "version" | "nothing" (this package was there already)
+
+
+def package_digest(path: str | Path) -> str:
+    """SHA-256 of the pipeline package, the identity of a version."""
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(
+            f"--package {path}: no such file; run 'rloo pipeline compile' or pass the compiled YAML."
+        )
+    return hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+def version_name(digest: str) -> str:
+    return f"sha256-{digest[:16]}"
+
+
+def _versions(client: Any, pipeline_id: str) -> list[Any]:
+    out, token = [], ""
+    while True:
+        resp = client.list_pipeline_versions(pipeline_id=pipeline_id, page_token=token, page_size=100)
+        out += list(getattr(resp, "pipeline_versions", None) or [])
+        token = getattr(resp, "next_page_token", "") or ""
+        if not token:
+            return out
+
+
+def _newest_version_id(client: Any, pipeline_id: str) -> str:
+    versions = sorted(_versions(client, pipeline_id), key=lambda v: str(getattr(v, "created_at", "") or ""))
+    if not versions:
+        raise UserError(f"pipeline {pipeline_id} has no versions; delete it in the KFP UI and upload again.")
+    return str(versions[-1].pipeline_version_id)
+
+
+def ensure_uploaded(client: Any, package: str | Path, name: str, *, namespace: str | None = None) -> Uploaded:
+    """Make sure the KFP installation behind ``client`` has ``package`` as a version of pipeline ``name``.
+
+    The first upload creates the pipeline (its first version gets the pipeline's name, and the digest is
+    recorded in the pipeline description); later uploads of a changed package add a version named
+    ``sha256-<digest prefix>``; an unchanged package is found and nothing is created.
+    """
+    digest = package_digest(package)
+    vname = version_name(digest)
+    pipeline_id = client.get_pipeline_id(name)
+    if pipeline_id is None:
+        pipeline = client.upload_pipeline(
+            str(package), pipeline_name=name, description=f"{DESCRIPTION} {vname}", namespace=namespace
+        )
+        pid = str(pipeline.pipeline_id)
+        return Uploaded(pid, _newest_version_id(client, pid), name, "pipeline")
+    for v in _versions(client, pipeline_id):
+        if getattr(v, "display_name", None) == vname:
+            return Uploaded(pipeline_id, str(v.pipeline_version_id), vname, "nothing")
+    versions = _versions(client, pipeline_id)
+    pipeline = client.get_pipeline(pipeline_id)
+    if len(versions) == 1 and vname in str(getattr(pipeline, "description", "") or ""):
+        # the pipeline's first version, uploaded with this very package
+        return Uploaded(pipeline_id, str(versions[0].pipeline_version_id), name, "nothing")
+    version = client.upload_pipeline_version(
+        str(package),
+        pipeline_version_name=vname,
+        pipeline_id=pipeline_id,
+        description=f"{DESCRIPTION} {vname}",
+    )
+    return Uploaded(pipeline_id, str(version.pipeline_version_id), vname, "version")
+
+
+def start_run(
+    client: Any,
+    uploaded: Uploaded,
+    params: dict[str, Any],
+    *,
+    experiment: str,
+    run_name: str,
+    namespace: str | None = None,
+    service_account: str | None = None,
+) -> str:
+    """Start a run of the uploaded version in ``experiment`` (created when missing); returns the run id."""
+    exp = client.create_experiment(experiment, namespace=namespace)  # returns the existing one if any
+    run = client.run_pipeline(
+        experiment_id=exp.experiment_id,
+        job_name=run_name,
+        params=params,
+        pipeline_id=uploaded.pipeline_id,
+        version_id=uploaded.version_id,
+        service_account=service_account,
+    )
+    return str(run.run_id)
+
+
+def run_url(ui_host: str, run_id: str) -> str:
+    return f"{ui_host.rstrip('/')}/#/runs/details/{run_id}"
+
+
+@contextmanager
+def api_errors(host: str) -> Iterator[None]:
+    """Turn the KFP API client's errors (HTTP status, connection refused, TLS) into one-line UserErrors."""
+    try:
+        yield
+    except UserError:
+        raise
+    except Exception as e:
+        status = getattr(e, "status", None)
+        if status in (401, 403):
+            why = f"HTTP {status}: not authorised; mount the pipelines token in a cluster, or reach KFP through an authenticating proxy"
+        elif status is not None:
+            why = f"HTTP {status} {getattr(e, 'reason', '')}".strip()
+        else:
+            why = type(e).__name__
+        raise UserError(
+            f"Kubeflow Pipelines API at {host} failed ({why}); check --host and that KFP is running."
+        ) from None
+
+
+def connect(
+    host: str, *, namespace: str | None = None, ui_host: str | None = None
+) -> Any:  # pragma: no cover
+    """A ``kfp.Client`` for ``host``, or a one-line UserError when the API cannot be reached."""
+    import warnings
+
+    from kfp import Client
+
+    if not host.startswith(("http://", "https://")):
+        raise UserError(
+            f"--host {host}: give the KFP API URL, e.g. http://localhost:8080 (kubectl port-forward)."
+        )
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # "only works with KFP v2.0.0-beta.2 and later"
+            return Client(host=host, namespace=namespace or "kubeflow", ui_host=ui_host)
+    except Exception as e:  # urllib3 / kfp_server_api errors: one line, not a traceback
+        raise UserError(
+            f"Kubeflow Pipelines at {host} is unreachable ({type(e).__name__}): check --host."
+        ) from None
+
+
+def params_for_submit(params: dict[str, Any]) -> dict[str, Any]:
+    """Check parameters against the pipeline (names, required ones, the validate step's checks) before
+    anything is sent; returns them unchanged."""
+    from rloo.pipeline.compile import load_pipeline
+    from rloo.pipeline.local import check_names
+    from rloo.pipeline.steps import TrainParams, validate_params
+
+    check_names(params, required=True)
+    inputs = load_pipeline().component_spec.inputs or {}
+    full = {k: v.default for k, v in inputs.items() if v.default is not None} | params
+    train_fields = set(TrainParams.__dataclass_fields__)
+    validate_params(
+        model=str(full["model"]),
+        train=TrainParams(**{k: full[k] for k in train_fields if k in full}),
+        eval_dataset_name=str(full["eval_dataset_name"]),
+        judge_base_url=str(full["judge_base_url"]),
+        judge_model=str(full["judge_model"]),
+        gpu_count=int(full["gpu_count"]),
+        num_nodes=int(full["num_nodes"]),
+        output_uri=str(full["output_uri"]),
+        promotion_margin=float(full["promotion_margin"]),
+        registered_model_name=str(full.get("registered_model_name") or ""),
+        hub_repo_id=str(full.get("hub_repo_id") or ""),
+        check_paths=False,  # a local path names a path inside the cluster's pods
+        eval_max_new_tokens=int(full["eval_max_new_tokens"]),
+    )
+    return params

@@ -1,0 +1,181 @@
+"""Upload / submit decisions against a stand-in for ``kfp.Client`` (no KFP API server runs here): the
+stand-in keeps pipelines and versions like the API does and records every call."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from rloo.errors import UserError
+from rloo.pipeline import submit as S
+
+
+class FakeKFP:
+    """The subset of kfp.Client the module calls, with the API's bookkeeping (ids, versions, pages of 2)."""
+
+    def __init__(self) -> None:
+        self.pipelines: dict[str, dict[str, Any]] = {}  # id -> {name, description, versions: [...]}
+        self.calls: list[str] = []
+        self.runs: list[dict[str, Any]] = []
+
+    def _version(self, pid: str, name: str) -> SimpleNamespace:
+        versions = self.pipelines[pid]["versions"]
+        v = SimpleNamespace(
+            display_name=name,
+            pipeline_version_id=f"{pid}-v{len(versions)}",
+            created_at=f"t{len(versions):03d}",
+        )
+        versions.append(v)
+        return v
+
+    def get_pipeline_id(self, name: str) -> str | None:
+        return next((pid for pid, p in self.pipelines.items() if p["name"] == name), None)
+
+    def upload_pipeline(self, path: str, pipeline_name: str, description: str, namespace: Any) -> Any:
+        self.calls.append("upload_pipeline")
+        assert Path(path).is_file()
+        pid = f"p{len(self.pipelines)}"
+        self.pipelines[pid] = {"name": pipeline_name, "description": description, "versions": []}
+        self._version(pid, pipeline_name)  # KFP names the first version after the pipeline
+        return SimpleNamespace(pipeline_id=pid)
+
+    def upload_pipeline_version(
+        self, path: str, pipeline_version_name: str, pipeline_id: str, description: str
+    ) -> Any:
+        self.calls.append("upload_pipeline_version")
+        assert all(v.display_name != pipeline_version_name for v in self.pipelines[pipeline_id]["versions"])
+        return self._version(pipeline_id, pipeline_version_name)
+
+    def list_pipeline_versions(self, pipeline_id: str, page_token: str, page_size: int) -> Any:
+        start = int(page_token or 0)
+        versions = self.pipelines[pipeline_id]["versions"]
+        nxt = str(start + 2) if start + 2 < len(versions) else ""
+        return SimpleNamespace(pipeline_versions=versions[start : start + 2], next_page_token=nxt)
+
+    def get_pipeline(self, pipeline_id: str) -> Any:
+        return SimpleNamespace(description=self.pipelines[pipeline_id]["description"])
+
+    def create_experiment(self, name: str, namespace: Any = None) -> Any:
+        return SimpleNamespace(experiment_id=f"exp-{name}")
+
+    def run_pipeline(self, **kwargs: Any) -> Any:
+        self.runs.append(kwargs)
+        return SimpleNamespace(run_id=f"run-{len(self.runs)}")
+
+
+def _package(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / f"pkg-{abs(hash(text))}.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_upload_is_idempotent_and_versions_changes(tmp_path: Path) -> None:
+    kfp = FakeKFP()
+    a, b, c = (_package(tmp_path, t) for t in ("spec: 1\n", "spec: 2\n", "spec: 3\n"))
+    first = S.ensure_uploaded(kfp, a, "rloo-rlhf")
+    assert first.created == "pipeline" and first.version_id == "p0-v0"
+    again = S.ensure_uploaded(kfp, a, "rloo-rlhf")  # e.g. a helm upgrade without changes
+    assert again.created == "nothing" and again.version_id == "p0-v0"
+    second = S.ensure_uploaded(kfp, b, "rloo-rlhf")
+    assert second.created == "version" and second.version_name == S.version_name(S.package_digest(b))
+    third = S.ensure_uploaded(kfp, c, "rloo-rlhf")  # a third version: found across pages of 2 below
+    assert S.ensure_uploaded(kfp, c, "rloo-rlhf").created == "nothing"
+    assert S.ensure_uploaded(kfp, b, "rloo-rlhf").version_id == second.version_id  # older version reused
+    assert kfp.calls == ["upload_pipeline", "upload_pipeline_version", "upload_pipeline_version"]
+    assert third.version_id == "p0-v2"
+
+
+def test_reverting_to_the_first_package_after_other_versions_adds_a_named_version(tmp_path: Path) -> None:
+    # the digest in the pipeline description only identifies the first version while it is the only one
+    kfp = FakeKFP()
+    a, b = _package(tmp_path, "spec: 1\n"), _package(tmp_path, "spec: 2\n")
+    S.ensure_uploaded(kfp, a, "rloo-rlhf")
+    S.ensure_uploaded(kfp, b, "rloo-rlhf")
+    back = S.ensure_uploaded(kfp, a, "rloo-rlhf")
+    assert back.created == "version" and back.version_name == S.version_name(S.package_digest(a))
+
+
+def test_start_run_uses_the_uploaded_version(tmp_path: Path) -> None:
+    kfp = FakeKFP()
+    up = S.ensure_uploaded(kfp, _package(tmp_path, "spec: 1\n"), "rloo-rlhf")
+    run_id = S.start_run(kfp, up, {"rloo_k": 4}, experiment="rloo", run_name="r1", service_account="sa")
+    (call,) = kfp.runs
+    assert call == {
+        "experiment_id": "exp-rloo",
+        "job_name": "r1",
+        "params": {"rloo_k": 4},
+        "pipeline_id": up.pipeline_id,
+        "version_id": up.version_id,
+        "service_account": "sa",
+    }
+    assert S.run_url("http://kfp.example/", run_id) == "http://kfp.example/#/runs/details/run-1"
+
+
+def test_missing_package_is_a_user_error(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="no such file"):
+        S.package_digest(tmp_path / "nope.yaml")
+
+
+GOOD = {
+    "model": "org/sft",
+    "dataset_name": "org/prompts",
+    "eval_dataset_name": "org/eval",
+    "judge_base_url": "http://judge:8000/v1",
+    "judge_model": "judge",
+    "output_uri": "s3://bucket/rloo",
+    "reward_model_path": "org/rm",
+}
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"rloo_k": 1}, "--rloo_k must be >= 2"),
+        ({"gpu_count": -1}, "gpu_count must be >= 0"),
+        ({"judge_base_url": ""}, "judge_base_url is required"),
+        ({"nope": 1}, "unknown pipeline parameter(s) nope"),
+        ({"eval_max_new_tokens": 0}, "max_new_tokens"),
+    ],
+)
+def test_submit_validates_before_contacting_kfp(change: dict[str, Any], message: str) -> None:
+    with pytest.raises(UserError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        S.params_for_submit(GOOD | change)
+
+
+def test_submit_accepts_good_parameters_unchanged() -> None:
+    params = GOOD | {"gpu_node_selector": {"nvidia.com/gpu.product": "H100"}, "num_nodes": 2}
+    assert S.params_for_submit(params) == params
+
+
+def test_cli_submit_checks_parameters_first(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from rloo.cli.pipeline_cmd import main
+
+    # a closed port: had the parameters been accepted, the error would be about the connection
+    argv = ["submit", "--host", "http://127.0.0.1:9"]
+    argv += [x for k, v in (GOOD | {"rloo_k": 1}).items() for x in ("--param", f"{k}={v}")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--rloo_k must be >= 2" in err
+
+
+def test_cli_upload_to_an_unreachable_api_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    from rloo.cli.pipeline_cmd import main
+    from rloo.pipeline.compile import default_yaml
+
+    # the real kfp.Client against a closed port (its own retries take about a second)
+    assert main(["upload", "--host", "http://127.0.0.1:9", "--package", str(default_yaml())]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("rloo pipeline: error: Kubeflow Pipelines") and "http://127.0.0.1:9" in err
+
+
+def test_api_errors_name_the_status() -> None:
+    class Forbidden(Exception):
+        status, reason = 403, "Forbidden"
+
+    with pytest.raises(UserError, match="HTTP 403: not authorised"), S.api_errors("http://kfp"):
+        raise Forbidden()
+    with pytest.raises(UserError, match=r"failed \(ConnectionError\)"), S.api_errors("http://kfp"):
+        raise ConnectionError("refused")
