@@ -1,0 +1,182 @@
+{{/* Names ---------------------------------------------------------------------------------------- */}}
+
+{{- define "rloo-kfp.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Resource name prefix, 40 characters at most: with the longest suffix of a StatefulSet (-postgresql) it
+stays within 52, which leaves room for the controller-revision-hash label of its pods (63 at most). */}}
+{{- define "rloo-kfp.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "rloo-kfp.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/name: {{ include "rloo-kfp.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: rloo-kfp
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* Selector labels of one component: (dict "ctx" $ "component" "mlflow") */}}
+{{- define "rloo-kfp.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "rloo-kfp.name" .ctx }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "rloo-kfp.componentLabels" -}}
+{{ include "rloo-kfp.labels" .ctx }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "rloo-kfp.serviceAccountName" -}}
+{{- include "rloo-kfp.fullname" . -}}
+{{- end -}}
+
+{{- define "rloo-kfp.pipelineNamespace" -}}
+{{- default .Release.Namespace .Values.pipeline.namespace -}}
+{{- end -}}
+
+{{/* "repository:tag", the tag defaulting to appVersion: (dict "ctx" $ "image" .Values.upload.image) */}}
+{{- define "rloo-kfp.image" -}}
+{{- printf "%s:%s" .image.repository (default .ctx.Chart.AppVersion .image.tag) -}}
+{{- end -}}
+
+{{/* Security -------------------------------------------------------------------------------------- */}}
+
+{{/* Pod securityContext meeting the "restricted" Pod Security Standard: (dict "ids" .Values.x.podSecurityContext) */}}
+{{- define "rloo-kfp.podSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: {{ .ids.runAsUser }}
+runAsGroup: {{ .ids.runAsGroup }}
+fsGroup: {{ .ids.fsGroup }}
+fsGroupChangePolicy: OnRootMismatch
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
+
+{{/* Container securityContext meeting the "restricted" standard, root filesystem read-only. */}}
+{{- define "rloo-kfp.containerSecurityContext" -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+runAsNonRoot: true
+capabilities:
+  drop:
+    - ALL
+{{- end -}}
+
+{{/* Empty without pull secrets; use as: with include "rloo-kfp.imagePullSecrets" . | nindent N */}}
+{{- define "rloo-kfp.imagePullSecrets" -}}
+{{- with .Values.imagePullSecrets -}}
+imagePullSecrets:
+{{- range . }}
+  - name: {{ . }}
+{{- end }}
+{{- end -}}
+{{- end -}}
+
+{{/* Object storage -------------------------------------------------------------------------------- */}}
+
+{{/* The S3 endpoint every component uses: SeaweedFS's S3 gateway, or s3.endpoint (empty: AWS). */}}
+{{- define "rloo-kfp.s3Endpoint" -}}
+{{- if .Values.seaweedfs.enabled -}}
+{{- printf "http://%s-seaweedfs.%s.svc:8333" (include "rloo-kfp.fullname" .) .Release.Namespace -}}
+{{- else -}}
+{{- .Values.s3.endpoint -}}
+{{- end -}}
+{{- end -}}
+
+{{/* AWS_* credentials from the referenced Secret (never a literal value). */}}
+{{- define "rloo-kfp.s3CredentialsEnv" -}}
+- name: AWS_ACCESS_KEY_ID
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Values.s3.existingSecret }}
+      key: {{ .Values.s3.accessKeyIdKey }}
+- name: AWS_SECRET_ACCESS_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Values.s3.existingSecret }}
+      key: {{ .Values.s3.secretAccessKeyKey }}
+{{- end -}}
+
+{{/* Database ------------------------------------------------------------------------------------- */}}
+
+{{- define "rloo-kfp.db.host" -}}
+{{- if .Values.postgresql.enabled -}}
+{{- printf "%s-postgresql" (include "rloo-kfp.fullname" .) -}}
+{{- else -}}
+{{- .Values.externalDatabase.host -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "rloo-kfp.db.port" -}}
+{{- if .Values.postgresql.enabled -}}5432{{- else -}}{{ .Values.externalDatabase.port }}{{- end -}}
+{{- end -}}
+
+{{- define "rloo-kfp.db.name" -}}
+{{- if .Values.postgresql.enabled -}}{{ .Values.postgresql.database }}{{- else -}}{{ .Values.externalDatabase.database }}{{- end -}}
+{{- end -}}
+
+{{- define "rloo-kfp.db.user" -}}
+{{- if .Values.postgresql.enabled -}}{{ .Values.postgresql.username }}{{- else -}}{{ .Values.externalDatabase.username }}{{- end -}}
+{{- end -}}
+
+{{- define "rloo-kfp.db.secret" -}}
+{{- if .Values.postgresql.enabled -}}{{ .Values.postgresql.existingSecret }}{{- else -}}{{ .Values.externalDatabase.existingSecret }}{{- end -}}
+{{- end -}}
+
+{{- define "rloo-kfp.db.passwordKey" -}}
+{{- if .Values.postgresql.enabled -}}{{ .Values.postgresql.passwordKey }}{{- else -}}{{ .Values.externalDatabase.passwordKey }}{{- end -}}
+{{- end -}}
+
+{{- define "rloo-kfp.db.sslMode" -}}
+{{- if .Values.postgresql.enabled -}}disable{{- else -}}{{ .Values.externalDatabase.sslMode }}{{- end -}}
+{{- end -}}
+
+{{/* URLs ------------------------------------------------------------------------------------------ */}}
+
+{{- define "rloo-kfp.mlflowUrl" -}}
+{{- printf "http://%s-mlflow.%s.svc:%d" (include "rloo-kfp.fullname" .) .Release.Namespace (int .Values.mlflow.service.port) -}}
+{{- end -}}
+
+{{- define "rloo-kfp.judgeUrl" -}}
+{{- printf "http://%s-judge.%s.svc:8000/v1" (include "rloo-kfp.fullname" .) .Release.Namespace -}}
+{{- end -}}
+
+{{- define "rloo-kfp.judgeModelName" -}}
+{{- default .Values.judge.model .Values.judge.servedModelName -}}
+{{- end -}}
+
+{{/* Checks the schema cannot express: one message naming the values and the fix. --------------------- */}}
+{{- define "rloo-kfp.validate" -}}
+{{- if and .Values.postgresql.enabled .Values.externalDatabase.host -}}
+{{- fail "both databases enabled: externalDatabase.host is set and postgresql.enabled is true; set postgresql.enabled=false to use the external database, or clear externalDatabase.host to use the in-chart one" -}}
+{{- end -}}
+{{- if and (not .Values.postgresql.enabled) (not .Values.externalDatabase.host) -}}
+{{- fail "no database: set externalDatabase.host (with externalDatabase.existingSecret) or postgresql.enabled=true" -}}
+{{- end -}}
+{{- if and .Values.externalDatabase.host (not .Values.externalDatabase.existingSecret) -}}
+{{- fail "externalDatabase.existingSecret is empty: name the existing Secret holding the database password (key externalDatabase.passwordKey)" -}}
+{{- end -}}
+{{- if and .Values.seaweedfs.enabled .Values.s3.endpoint -}}
+{{- fail "both object stores enabled: seaweedfs.enabled is true and s3.endpoint is set; set seaweedfs.enabled=false to use the external S3 endpoint, or clear s3.endpoint to use the in-chart SeaweedFS" -}}
+{{- end -}}
+{{- if and .Values.mlflow.ingress.enabled (not .Values.mlflow.ingress.host) -}}
+{{- fail "mlflow.ingress.enabled is true but mlflow.ingress.host is empty: set the host name the Ingress serves" -}}
+{{- end -}}
+{{- end -}}

