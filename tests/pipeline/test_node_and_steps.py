@@ -117,3 +117,33 @@ def test_manifest_digest_is_order_independent() -> None:
     a = Manifest(files=(FileEntry("a", 1, "x"), FileEntry("b", 2, "y")), created_at="t1")
     b = Manifest(files=(FileEntry("b", 2, "y"), FileEntry("a", 1, "x")), created_at="t2")
     assert manifest_digest(a) == manifest_digest(b)
+
+
+def _job(*conds: tuple[str, str, str, str]) -> dict[str, object]:
+    return {
+        "status": {
+            "conditions": [
+                {"type": t, "status": st, "lastTransitionTime": ts, "reason": "R" + t, "message": msg}
+                for t, st, ts, msg in conds
+            ]
+        }
+    }
+
+
+def test_job_outcome_follows_the_newest_terminal_condition() -> None:
+    from rloo.pipeline.steps import job_outcome, on_existing_job
+
+    assert job_outcome({}) == ("running", "")
+    created = ("Created", "True", "2026-01-01T00:00:00Z", "")
+    running = ("Running", "True", "2026-01-01T00:01:00Z", "")
+    assert job_outcome(_job(created, running)) == ("running", "")
+    failed = ("Failed", "True", "2026-01-01T00:05:00Z", "master exited\n with code 137")
+    assert job_outcome(_job(created, running, failed)) == ("failed", "RFailed: master exited with code 137")
+    # listed out of order, a later success (after a restart) wins over an earlier failure
+    succeeded = ("Succeeded", "True", "2026-01-01T00:09:00Z", "done")
+    assert job_outcome(_job(succeeded, created, failed))[0] == "succeeded"
+    # a condition that is no longer true does not count
+    assert job_outcome(_job(("Failed", "False", "2026-01-01T00:05:00Z", "x"), running))[0] == "running"
+    assert on_existing_job(_job(created, running, failed)) == "replace"
+    assert on_existing_job(_job(created, running)) == "wait"
+    assert on_existing_job(_job(created, succeeded)) == "wait"

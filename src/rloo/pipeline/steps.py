@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import shlex
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -172,31 +173,118 @@ def fetch_model(source: str, dest_uri: str, *, work: str | None = None) -> dict[
     }
 
 
-def run_multi_node(manifest: dict[str, Any], *, poll_seconds: float = 30.0) -> None:  # pragma: no cover
-    """Create the PyTorchJob (or adopt it when a retried step finds it) and wait until it ends.
+# Labels the training operator puts on a PyTorchJob's pods (kubeflow/training-operator v1).
+JOB_NAME_LABEL = "training.kubeflow.org/job-name"
+REPLICA_TYPE_LABEL = "training.kubeflow.org/replica-type"
 
-    Thin on purpose: everything it submits comes from :func:`rloo.pipeline.trainjob.build_pytorchjob`.
+
+def job_outcome(job: dict[str, Any]) -> tuple[str, str]:
+    """``("succeeded" | "failed" | "running", reason)`` from a PyTorchJob's status conditions.
+
+    The operator appends conditions (Created, Running, Restarting, Succeeded, Failed); the newest true
+    terminal one decides, and its reason and message are what the user needs to see.
     """
+    conds = [c for c in (job.get("status") or {}).get("conditions") or [] if c.get("status") == "True"]
+    conds.sort(key=lambda c: str(c.get("lastTransitionTime") or c.get("lastUpdateTime") or ""))
+    for cond in reversed(conds):
+        kind = cond.get("type")
+        if kind in ("Succeeded", "Failed"):
+            why = ": ".join(x for x in (cond.get("reason"), cond.get("message")) if x) or kind
+            return kind.lower(), " ".join(str(why).split())
+    return "running", ""
+
+
+def on_existing_job(job: dict[str, Any]) -> str:
+    """What a (retried) step does with this run's PyTorchJob that it finds already there: ``wait`` for a
+    running or finished one, ``replace`` a failed one (the new job resumes from the checkpoints in object
+    storage)."""
+    return "replace" if job_outcome(job)[0] == "failed" else "wait"
+
+
+def run_multi_node(manifest: dict[str, Any], *, poll_seconds: float = 30.0) -> None:  # pragma: no cover
+    """Create the PyTorchJob (or adopt it when a retried step finds it), stream its master's log into this
+    step's log, and return when it succeeds; raise with the operator's reason when it fails.
+
+    Thin on purpose: the job comes from :func:`rloo.pipeline.trainjob.build_pytorchjob`, decisions from
+    :func:`job_outcome` and :func:`on_existing_job`.
+    """
+    import threading
+
     from kubernetes import client, config
     from kubernetes.client.rest import ApiException
 
     config.load_incluster_config()
-    api = client.CustomObjectsApi()
+    api, core = client.CustomObjectsApi(), client.CoreV1Api()
     group, version = manifest["apiVersion"].split("/")
     ns, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
+    plural = "pytorchjobs"
+
+    def get() -> dict[str, Any]:
+        return api.get_namespaced_custom_object(group, version, ns, plural, name)
+
     try:
-        api.create_namespaced_custom_object(group, version, ns, "pytorchjobs", manifest)
+        api.create_namespaced_custom_object(group, version, ns, plural, manifest)
+        print(f"[rloo] created PyTorchJob {ns}/{name}", flush=True)
     except ApiException as e:
-        if e.status != 409:  # 409: this run's job exists already (the step was retried): wait for it
+        if e.status != 409:
             raise
-    while True:
-        job = api.get_namespaced_custom_object(group, version, ns, "pytorchjobs", name)
-        for cond in (job.get("status") or {}).get("conditions") or []:
-            if cond.get("status") == "True" and cond.get("type") == "Succeeded":
+        if on_existing_job(get()) == "replace":
+            print(f"[rloo] PyTorchJob {ns}/{name} failed before this retry: replacing it", flush=True)
+            api.delete_namespaced_custom_object(
+                group, version, ns, plural, name, body=client.V1DeleteOptions(propagation_policy="Foreground")
+            )
+            while True:  # the name is free only once the old job is gone
+                try:
+                    get()
+                except ApiException as gone:
+                    if gone.status == 404:
+                        break
+                    raise
+                time.sleep(5)
+            api.create_namespaced_custom_object(group, version, ns, plural, manifest)
+        else:
+            print(f"[rloo] adopting PyTorchJob {ns}/{name} (this step was retried)", flush=True)
+
+    done = threading.Event()
+
+    def follow_master_log() -> None:
+        selector = f"{JOB_NAME_LABEL}={name},{REPLICA_TYPE_LABEL}=master"
+        seen: set[tuple[str, str]] = set()  # (pod, uid): a restarted master pod is followed again
+        while not done.is_set():
+            try:
+                for pod in core.list_namespaced_pod(ns, label_selector=selector).items:
+                    key = (pod.metadata.name, pod.metadata.uid)
+                    if key in seen or pod.status.phase not in ("Running", "Succeeded", "Failed"):
+                        continue
+                    seen.add(key)
+                    stream = core.read_namespaced_pod_log(
+                        pod.metadata.name, ns, follow=True, _preload_content=False
+                    )
+                    for line in stream.stream():
+                        sys.stdout.write(f"[master] {line.decode(errors='replace')}")
+                        sys.stdout.flush()
+            except Exception as e:  # logs are a convenience: status polling decides the outcome
+                log.warning("following the master's log: %s", e)
+            done.wait(10)
+
+    threading.Thread(target=follow_master_log, daemon=True, name="job-log").start()
+    try:
+        while True:
+            try:
+                state, reason = job_outcome(get())
+            except ApiException as e:
+                if e.status == 404:
+                    raise RuntimeError(
+                        f"PyTorchJob {ns}/{name} was deleted while the step waited for it"
+                    ) from None
+                raise
+            if state == "succeeded":
                 return
-            if cond.get("status") == "True" and cond.get("type") == "Failed":
-                raise RuntimeError(f"PyTorchJob {ns}/{name} failed: {cond.get('message', '')}")
-        time.sleep(poll_seconds)
+            if state == "failed":
+                raise RuntimeError(f"PyTorchJob {ns}/{name} failed: {reason}")
+            time.sleep(poll_seconds)
+    finally:
+        done.set()
 
 
 def evaluate_stage(
