@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import http.client
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ import pytest
 
 from rloo.pipeline.constants import HF_SECRET_KEYS, JUDGE_SECRET_KEYS, MLFLOW_SECRET_KEYS, PIPELINE_NAME
 from rloo.pipeline.trainjob import API_VERSION, KIND
+from tests.fixtures.servers import free_port, stop_process
 from tests.helm.helpers import CHART, NAMESPACE, documents, env_of, find, pod_spec, render, variant_values
 
 
@@ -309,18 +309,12 @@ def test_notes_explain_secrets_mlflow_and_submit() -> None:
     assert "https://mlflow.example.com/" in other
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_mlflow_accepts_the_hosts_the_chart_allows(tmp_path: Path) -> None:
     """The pinned MLflow, run with the chart's MLFLOW_SERVER_ALLOWED_HOSTS, answers the Service's names (what the
     pipeline's `rloo-mlflow` Secret and a port-forward use) and rejects other hosts."""
     docs = _docs(variant_values("external-db-values.yaml"))
     allowed = env_of(_container(find(docs, "Deployment", "-mlflow")))["MLFLOW_SERVER_ALLOWED_HOSTS"]["value"]
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "MLFLOW_SERVER_ALLOWED_HOSTS": allowed}
     cmd = [
         str(Path(sys.executable).with_name("mlflow")),
@@ -333,7 +327,9 @@ def test_mlflow_accepts_the_hosts_the_chart_allows(tmp_path: Path) -> None:
     cmd += ["--workers", "1", "--backend-store-uri", f"sqlite:///{tmp_path / 'mlflow.db'}"]
     cmd += ["--serve-artifacts", "--artifacts-destination", str(tmp_path / "artifacts")]
     with open(tmp_path / "mlflow.log", "wb") as log:
-        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
+        proc = subprocess.Popen(
+            cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path, start_new_session=True
+        )
     try:
 
         def status(host: str) -> int:
@@ -365,9 +361,4 @@ def test_mlflow_accepts_the_hosts_the_chart_allows(tmp_path: Path) -> None:
             assert status(host) == 200, host
         assert status("evil.example.com") == 403
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
