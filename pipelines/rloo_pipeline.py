@@ -162,6 +162,9 @@ def rloo_pipeline(
             hub_repo_id=hub_repo_id,
         ).set_display_name("validate parameters")
         kubernetes.set_timeout(check, C.VALIDATE_TIMEOUT_S)
+        # optional here: a missing secret should fail as "cannot read the model", not as a pod that never starts
+        _secrets(check, s3_secret, C.S3_SECRET_KEYS, optional=True)
+        _secrets(check, hf_secret, C.HF_SECRET_KEYS, optional=True)
 
         fetch = fetch_sft(model=model, output_uri=output_uri, kfp_run_id=RUN_ID).after(check)
         fetch.set_display_name("fetch SFT model")

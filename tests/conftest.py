@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
+# Nothing may reach the Hub at test time; code that would try meets huggingface_hub's offline mode instead
+# (set before huggingface_hub is first imported: it reads the variable once).
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
 from pathlib import Path
 
 import pytest

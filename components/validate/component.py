@@ -54,7 +54,7 @@ def validate_params(
         extra_train_args=extra_train_args,
     )
     try:
-        # check_paths=False: a local path in the parameters names a path of the fetch pod, not this one
+        # the model is looked up here (directory, s3:// upload or Hub repo), before any GPU is requested
         check(
             model=model,
             train=train,
@@ -68,7 +68,7 @@ def validate_params(
             promotion_margin=promotion_margin,
             registered_model_name=registered_model_name,
             hub_repo_id=hub_repo_id,
-            check_paths=False,
+            check_hub=True,
         )
     except UserError as e:
         print(f"invalid pipeline parameters: {e}", file=sys.stderr)

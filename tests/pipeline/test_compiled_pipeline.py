@@ -125,6 +125,12 @@ def test_platform_spec(docs: tuple[dict[str, Any], dict[str, Any]]) -> None:
         "pipelinechannel--mlflow_secret": {"MLFLOW_TRACKING_URI"},
         "pipelinechannel--judge_secret": {"OPENAI_API_KEY"},
     }
+    # validation looks the model up (s3:// upload, Hub repo); optional, so a missing secret fails as a message
+    assert _secret_names(execs["exec-validate-params"]) == {
+        "pipelinechannel--s3_secret": s3,
+        "pipelinechannel--hf_secret": {"HF_TOKEN"},
+    }
+    assert all(s["optional"] for s in execs["exec-validate-params"]["secretAsEnv"])
     assert "pipelinechannel--judge_secret" not in _secret_names(execs["exec-train-rloo"])  # least privilege
     assert _secret_names(execs["exec-finish-run"]) == {"mlflow_secret": {"MLFLOW_TRACKING_URI"}}
     for gpu in ("exec-train-rloo", "exec-evaluate"):

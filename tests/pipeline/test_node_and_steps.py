@@ -147,3 +147,62 @@ def test_job_outcome_follows_the_newest_terminal_condition() -> None:
     assert on_existing_job(_job(created, running, failed)) == "replace"
     assert on_existing_job(_job(created, running)) == "wait"
     assert on_existing_job(_job(created, succeeded)) == "wait"
+
+
+class FakeHub:
+    """Stands in for HfApi.model_info (the Hub cannot be reached from tests)."""
+
+    def __init__(self, error: Exception | None) -> None:
+        self.error, self.asked = error, []
+
+    def model_info(self, repo_id: str) -> object:
+        self.asked.append(repo_id)
+        if self.error:
+            raise self.error
+        return object()
+
+
+def _hub_error(kind: str) -> Exception:
+    import httpx2 as httpx  # the HTTP client huggingface_hub builds its errors on
+    from huggingface_hub import errors
+
+    response = httpx.Response(404, request=httpx.Request("GET", "https://huggingface.co/api/models/x"))
+    return getattr(errors, kind)("nope", response=response)
+
+
+def test_model_source_checks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from rloo.pipeline.steps import check_model_source
+
+    with pytest.raises(UserError, match="no such directory"):
+        check_model_source(str(tmp_path / "missing"))
+    with pytest.raises(UserError, match=r"has no config\.json"):
+        check_model_source(str(tmp_path))
+    (tmp_path / "config.json").write_text("{}")
+    check_model_source(str(tmp_path))
+    check_model_source("org/model")  # Hub ids are left to the fetch step unless asked
+    ok = FakeHub(None)
+    check_model_source("org/model", hub=True, hub_api=ok)
+    assert ok.asked == ["org/model"]
+    with pytest.raises(UserError, match="not found on the Hugging Face Hub"):
+        check_model_source("org/typo", hub=True, hub_api=FakeHub(_hub_error("RepositoryNotFoundError")))
+    with pytest.raises(UserError, match="gated"):
+        check_model_source("org/gated", hub=True, hub_api=FakeHub(_hub_error("GatedRepoError")))
+    check_model_source("org/model", hub=True, hub_api=FakeHub(ConnectionError("no route")))  # logged only
+
+
+def test_model_source_s3_needs_a_complete_upload(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from rloo.pipeline.steps import check_model_source, fetch_model
+    from tests.fixtures.servers import release, shared_s3, use_s3
+
+    server = use_s3(shared_s3(tmp_path / "s3"), monkeypatch)
+    try:
+        src = tmp_path / "sft"
+        src.mkdir()
+        (src / "config.json").write_text("{}")
+        target = f"s3://{server.bucket}/{tmp_path.name}/sft"
+        with pytest.raises(UserError, match=r"has no _MANIFEST\.json"):
+            check_model_source(target)
+        fetch_model(str(src), target)
+        check_model_source(target)
+    finally:
+        release("s3")

@@ -77,9 +77,10 @@ def validate_params(
     hub_repo_id: str = "",
     check_paths: bool = True,
     eval_max_new_tokens: int = 200,
+    check_hub: bool = False,
 ) -> None:
     """Build the stages' configs from the pipeline parameters; raise a one-line UserError for the first bad
-    one. ``check_paths``: a local model path must exist (a Hub id or s3:// is resolved by the fetch step)."""
+    one. ``check_paths``: the model must exist (:func:`check_model_source`; ``check_hub``: Hub ids too)."""
     from rloo.cli.args import parse_config
     from rloo.config import ALIASES, RLOOConfig
     from rloo.eval.config import EvalConfig
@@ -87,8 +88,8 @@ def validate_params(
 
     if not model:
         raise UserError("model is required: a Hub id, s3://bucket/prefix or a local directory.")
-    if check_paths and _looks_local(model) and not Path(model).is_dir():
-        raise UserError(f"model {model!r}: no such directory; give a Hub id, an s3:// prefix or a directory.")
+    if check_paths:
+        check_model_source(model, hub=check_hub)
     if gpu_count < 0:
         raise UserError(f"gpu_count must be >= 0 (got {gpu_count}).")
     if num_nodes < 1:
@@ -124,6 +125,47 @@ def validate_params(
         registered_model_name=registered_model_name or None,
         hub_repo_id=hub_repo_id or None,
     )
+
+
+def check_model_source(model: str, *, hub: bool = False, hub_api: Any = None) -> None:
+    """Fail in one line when the SFT model cannot be fetched: a directory without ``config.json``, an
+    ``s3://`` prefix without a complete upload, or (``hub``) a Hub id the Hub does not know or will not
+    serve. A Hub that cannot be reached is only logged: the fetch step retries, and it may be a mirror."""
+    if model.startswith("s3://"):
+        from rloo.storage import read_manifest
+
+        try:
+            read_manifest(model)
+        except UserError as e:
+            raise UserError(f"model {model}: {e}") from None
+        return
+    if _looks_local(model):
+        path = Path(model.removeprefix("file://")).expanduser()
+        if not path.is_dir():
+            raise UserError(
+                f"model {model!r}: no such directory; give a Hub id, an s3:// prefix or a directory."
+            )
+        if not (path / "config.json").is_file():
+            raise UserError(f"model {model!r} has no config.json: not a transformers model directory.")
+        return
+    if not hub:
+        return
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
+
+    try:
+        (hub_api or HfApi()).model_info(model)
+    except GatedRepoError:
+        raise UserError(
+            f"model {model}: gated on the Hugging Face Hub; accept its terms and put a token in the hf_secret."
+        ) from None
+    except (RepositoryNotFoundError, RevisionNotFoundError):
+        raise UserError(
+            f"model {model}: not found on the Hugging Face Hub (a private repo needs HF_TOKEN in the hf_secret); "
+            "check the id, or give an s3:// prefix or a directory."
+        ) from None
+    except Exception as e:  # unreachable Hub, proxy, mirror quirks: the fetch step will tell
+        log.warning("could not check %s on the Hub (%s); the fetch step will try", model, type(e).__name__)
 
 
 def _looks_local(model: str) -> bool:
