@@ -130,9 +130,9 @@ def rloo_pipeline(
         hf_secret: Kubernetes secret with HF_TOKEN (optional).
         judge_secret: Kubernetes secret with OPENAI_API_KEY, the judge's API key.
     """
-    finish = finish_run(kfp_run_id=RUN_ID, mlflow_experiment=mlflow_experiment).set_display_name(
-        "close MLflow run"
-    )
+    finish = finish_run(
+        kfp_run_id=RUN_ID, kfp_run_name=RUN_NAME, mlflow_experiment=mlflow_experiment
+    ).set_display_name("close MLflow run")
     finish.set_caching_options(enable_caching=False)
     _secrets(finish, mlflow_secret, C.MLFLOW_SECRET_KEYS, optional=True)
     with dsl.ExitHandler(exit_task=finish, name="rloo"):

@@ -112,6 +112,13 @@ def test_local_pipeline_run_stops_at_validation(tmp_path: Path, capfd: pytest.Ca
     steps = {p.name for p in run_dir.iterdir()}  # a step's directory holds its outputs
     assert "finish-run" in steps and not steps & {"fetch-sft", "train-rloo", "evaluate", "push-model"}
     assert not (tmp_path / "out").exists()
+    # the failure is in MLflow too: the exit handler creates the pipeline run it never got, marked FAILED
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'work' / 'mlruns' / 'mlflow.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name("rloo").experiment_id])
+    assert run.info.status == "FAILED" and run.data.tags["rloo.kind"] == "pipeline"
+    assert run.data.tags["kfp.run_name"] == run_dir.name
 
 
 def test_local_run_rejects_unknown_and_missing_parameters(

@@ -303,3 +303,27 @@ def test_a_crashing_stage_process_leaves_a_failed_run(
     assert proc.returncode == (1 if how == "raise" else 143), proc.stderr
     run_id = proc.stdout.split()[0]
     assert MlflowClient(tracking_env.uri).get_run(run_id).info.status == "FAILED"
+
+
+def test_a_pipeline_that_failed_before_any_stage_still_shows_up_failed(
+    tracking_env: MlflowServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mlflow.tracking import MlflowClient
+
+    exp = _experiment()  # not created yet: validation failed before anything was tracked
+    kfp_id = f"kfp-{uuid.uuid4()}"
+    client = MlflowClient(tracking_uri=tracking_env.uri)
+    assert finish_pipeline_run("FINISHED", pipeline_run_id=kfp_id, experiment=exp) is None  # nothing to close
+    assert client.get_experiment_by_name(exp) is None  # and nothing created for it
+    run_id = finish_pipeline_run(
+        "FAILED",
+        pipeline_run_id=kfp_id,
+        pipeline_run_name="nightly",
+        experiment=exp,
+        error="rloo_k must be >= 2",
+    )
+    run = client.get_run(run_id)
+    assert run.info.status == "FAILED" and run.info.run_name == "nightly"
+    assert run.data.tags["rloo.error"] == "rloo_k must be >= 2" and run.data.tags["kfp.run_id"] == kfp_id
+    # the exit handler of a retried run finds the same parent rather than adding another
+    assert finish_pipeline_run("FAILED", pipeline_run_id=kfp_id, experiment=exp) == run_id

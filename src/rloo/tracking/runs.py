@@ -36,6 +36,7 @@ TAG_KFP_RUN_ID = "kfp.run_id"
 TAG_KFP_RUN_NAME = "kfp.run_name"
 TAG_PARENT = "mlflow.parentRunId"
 TAG_OUTPUT_DIR = "rloo.output_dir"
+TAG_ERROR = "rloo.error"
 
 
 @dataclass(frozen=True)
@@ -266,27 +267,42 @@ def finish_pipeline_run(
     status: str = "FINISHED",
     *,
     pipeline_run_id: str | None = None,
+    pipeline_run_name: str | None = None,
     experiment: str | None = None,
     tracking_uri: str | None = None,
     client: Any = None,
+    error: str | None = None,
 ) -> str | None:
-    """Mark the parent run of a pipeline run FINISHED/FAILED (e.g. from the last stage or an exit handler)."""
+    """Mark the parent run of a pipeline run FINISHED/FAILED (e.g. from the last stage or an exit handler).
+
+    A FAILED pipeline without a parent run yet (it failed before any stage reported, e.g. in validation)
+    gets one, so every failure is visible in MLflow; ``error`` is kept in its ``rloo.error`` tag.
+    """
     from mlflow.tracking import MlflowClient
 
-    pipeline_run_id = pipeline_run_id or pipeline_run_from_env()[0]
+    env_id, env_name = pipeline_run_from_env()
+    pipeline_run_id = pipeline_run_id or env_id
     if not pipeline_run_id:
         return None
     client = client or MlflowClient(tracking_uri=tracking_uri or os.environ.get("MLFLOW_TRACKING_URI"))
-    exp = client.get_experiment_by_name(experiment or os.environ.get(EXPERIMENT_ENV) or DEFAULT_EXPERIMENT)
-    if exp is None:
+    exp_name = experiment or os.environ.get(EXPERIMENT_ENV) or DEFAULT_EXPERIMENT
+    exp = client.get_experiment_by_name(exp_name)
+    if exp is None and status == "FINISHED":
         return None
+    exp_id = exp.experiment_id if exp is not None else get_or_create_experiment(client, exp_name)
     runs = client.search_runs(
-        [exp.experiment_id],
+        [exp_id],
         filter_string=f"tags.`{TAG_PIPELINE_RUN_ID}` = '{_quote(pipeline_run_id)}' and tags.`{TAG_KIND}` = 'pipeline'",
         order_by=["attributes.start_time ASC"],
         max_results=1,
     )
-    if not runs:
+    if runs:
+        run_id = runs[0].info.run_id
+    elif status != "FINISHED":
+        run_id = get_or_create_parent_run(client, exp_id, pipeline_run_id, pipeline_run_name or env_name)
+    else:
         return None
-    client.set_terminated(runs[0].info.run_id, status=status)
-    return runs[0].info.run_id
+    if error:
+        client.set_tag(run_id, TAG_ERROR, error[:5000])
+    client.set_terminated(run_id, status=status)
+    return run_id
