@@ -1,4 +1,5 @@
-"""Shared fixtures: one tiny local model setup and one toy Hub-layout dataset per test session."""
+"""Shared fixtures: one tiny local model setup and one toy Hub-layout dataset per test session, and the real
+SeaweedFS / MLflow servers (started on first use, stopped when the session ends)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,14 @@ import os
 # (set before huggingface_hub is first imported: it reads the variable once).
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from rloo.tiny import TinySetup, build_tiny_setup
 from rloo.toy import write_toy_dataset
+from tests.fixtures.servers import MlflowServer, S3Server, release, shared_mlflow, shared_s3
 
 
 @pytest.fixture(scope="session")
@@ -28,3 +31,17 @@ def toy_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_toy_dataset(
         tmp_path_factory.mktemp("toy_dataset"), num_train=16, num_test=4, extra_split="descriptiveness"
     )
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    server = shared_s3(tmp_path_factory.mktemp("servers"))
+    yield server
+    release("s3")
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
+    server = shared_mlflow(tmp_path_factory.mktemp("servers"))
+    yield server
+    release("mlflow")

@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 
+from tests.fixtures.servers import MlflowServer, use_s3
+
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.filterwarnings("ignore:You may be attemping:RuntimeWarning"),
@@ -125,7 +127,7 @@ def test_mlflow_has_the_pipeline_run_and_its_stages(local_run: dict[str, Any]) -
 
 
 def test_same_command_reports_to_a_real_mlflow_server_and_bucket(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mlflow_server: MlflowServer
 ) -> None:
     """MLFLOW_TRACKING_URI and the S3 variables of the environment reach every step: models and results
     land in the bucket (verified uploads), runs on the server with their artifacts proxied to S3."""
@@ -136,38 +138,33 @@ def test_same_command_reports_to_a_real_mlflow_server_and_bucket(
 
     from rloo.cli.pipeline_cmd import main
     from rloo.storage import verify_prefix
-    from tests.fixtures.servers import release, shared_mlflow, use_s3
 
-    mlflow_server = shared_mlflow(tmp_path / "servers")
-    try:
-        use_s3(mlflow_server.s3, monkeypatch)
-        monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server.uri)
-        prefix = f"s3://{mlflow_server.s3.bucket}/{tmp_path.name}"
-        experiment = f"local-{tmp_path.name}"
-        argv = ["run", "--local", "--workdir", str(tmp_path / "work"), "--updates", "1"]
-        for k, v in {"output_uri": prefix, "mlflow_experiment": experiment, "eval_num_examples": 4}.items():
-            argv += ["--param", f"{k}={v}"]
-        out = io.StringIO()
-        with redirect_stdout(out):
-            assert main(argv) == 0, out.getvalue()[-2000:]
-        assert f"MLflow:          {mlflow_server.uri}" in out.getvalue()
-        assert not (tmp_path / "work" / "store").exists() and not (tmp_path / "work" / "mlruns").exists()
-        (run_dir,) = (tmp_path / "work" / "kfp").iterdir()
-        model = json.loads((run_dir / "train-rloo" / "executor_output.json").read_text())["parameterValues"]
-        assert model["Output"].startswith(prefix)
-        run_prefix = model["Output"].rsplit("/", 1)[0]
-        for part in ("sft", "model", "eval"):
-            verify_prefix(f"{run_prefix}/{part}")
+    use_s3(mlflow_server.s3, monkeypatch)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server.uri)
+    prefix = f"s3://{mlflow_server.s3.bucket}/{tmp_path.name}"
+    experiment = f"local-{tmp_path.name}"
+    argv = ["run", "--local", "--workdir", str(tmp_path / "work"), "--updates", "1"]
+    for k, v in {"output_uri": prefix, "mlflow_experiment": experiment, "eval_num_examples": 4}.items():
+        argv += ["--param", f"{k}={v}"]
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert main(argv) == 0, out.getvalue()[-2000:]
+    assert f"MLflow:          {mlflow_server.uri}" in out.getvalue()
+    assert not (tmp_path / "work" / "store").exists() and not (tmp_path / "work" / "mlruns").exists()
+    (run_dir,) = (tmp_path / "work" / "kfp").iterdir()
+    model = json.loads((run_dir / "train-rloo" / "executor_output.json").read_text())["parameterValues"]
+    assert model["Output"].startswith(prefix)
+    run_prefix = model["Output"].rsplit("/", 1)[0]
+    for part in ("sft", "model", "eval"):
+        verify_prefix(f"{run_prefix}/{part}")
 
-        client = MlflowClient(tracking_uri=mlflow_server.uri)
-        exp = client.get_experiment_by_name(experiment)
-        assert exp is not None
-        runs = client.search_runs([exp.experiment_id])
-        (parent,) = (r for r in runs if r.data.tags.get("rloo.kind") == "pipeline")
-        assert parent.info.status == "FINISHED"
-        stages = {r.data.tags.get("rloo.stage") for r in runs if r is not parent}
-        assert stages == {"train", "eval", "push"}
-        (ev,) = (r for r in runs if r.data.tags.get("rloo.stage") == "eval")
-        assert {a.path for a in client.list_artifacts(ev.info.run_id, "eval")} >= {"eval/eval_results.json"}
-    finally:
-        release("mlflow")  # and, with it, its S3 server
+    client = MlflowClient(tracking_uri=mlflow_server.uri)
+    exp = client.get_experiment_by_name(experiment)
+    assert exp is not None
+    runs = client.search_runs([exp.experiment_id])
+    (parent,) = (r for r in runs if r.data.tags.get("rloo.kind") == "pipeline")
+    assert parent.info.status == "FINISHED"
+    stages = {r.data.tags.get("rloo.stage") for r in runs if r is not parent}
+    assert stages == {"train", "eval", "push"}
+    (ev,) = (r for r in runs if r.data.tags.get("rloo.stage") == "eval")
+    assert {a.path for a in client.list_artifacts(ev.info.run_id, "eval")} >= {"eval/eval_results.json"}

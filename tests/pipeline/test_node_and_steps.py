@@ -10,6 +10,7 @@ import pytest
 from rloo.errors import UserError
 from rloo.pipeline.node import launch_command
 from rloo.pipeline.steps import TrainParams, fetch_model, manifest_digest, train_args, validate_params
+from tests.fixtures.servers import S3Server, use_s3
 
 
 def test_launch_commands() -> None:
@@ -190,19 +191,17 @@ def test_model_source_checks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     check_model_source("org/model", hub=True, hub_api=FakeHub(ConnectionError("no route")))  # logged only
 
 
-def test_model_source_s3_needs_a_complete_upload(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from rloo.pipeline.steps import check_model_source, fetch_model
-    from tests.fixtures.servers import release, shared_s3, use_s3
+def test_model_source_s3_needs_a_complete_upload(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, s3_server: S3Server
+) -> None:
+    from rloo.pipeline.steps import check_model_source
 
-    server = use_s3(shared_s3(tmp_path / "s3"), monkeypatch)
-    try:
-        src = tmp_path / "sft"
-        src.mkdir()
-        (src / "config.json").write_text("{}")
-        target = f"s3://{server.bucket}/{tmp_path.name}/sft"
-        with pytest.raises(UserError, match=r"has no _MANIFEST\.json"):
-            check_model_source(target)
-        fetch_model(str(src), target)
+    server = use_s3(s3_server, monkeypatch)
+    src = tmp_path / "sft"
+    src.mkdir()
+    (src / "config.json").write_text("{}")
+    target = f"s3://{server.bucket}/{tmp_path.name}/sft"
+    with pytest.raises(UserError, match=r"has no _MANIFEST\.json"):
         check_model_source(target)
-    finally:
-        release("s3")
+    fetch_model(str(src), target)
+    check_model_source(target)

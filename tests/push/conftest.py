@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from rloo.tiny import TinySetup
-from tests.fixtures.servers import MlflowServer, S3Server, release, shared_mlflow, shared_s3, use_s3
+from tests.fixtures.servers import MlflowServer, S3Server, use_s3
 
 TRAIN_CONFIG = {
     "model_name_or_path": "EleutherAI/pythia-14m-sft",
@@ -64,20 +63,6 @@ def trained_dir(tiny_setup: TinySetup, tmp_path_factory: pytest.TempPathFactory)
     (out / "samples").mkdir()
     (out / "samples" / "update-5.jsonl").write_text("{}\n")
     return out
-
-
-@pytest.fixture(scope="session")
-def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
-    server = shared_s3(tmp_path_factory.mktemp("servers"))
-    yield server
-    release("s3")
-
-
-@pytest.fixture(scope="session")
-def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
-    server = shared_mlflow(tmp_path_factory.mktemp("servers"))
-    yield server
-    release("mlflow")
 
 
 @pytest.fixture

@@ -1,19 +1,10 @@
-"""A real SeaweedFS S3 server for the storage tests (shared with tests/tracking, started once)."""
+"""The AWS environment of the storage tests: the shared SeaweedFS server (tests/conftest.py) and nothing else."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
-from tests.fixtures.servers import S3Server, release, shared_s3, use_s3
-
-
-@pytest.fixture(scope="session")
-def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
-    server = shared_s3(tmp_path_factory.mktemp("servers"))
-    yield server
-    release("s3")
+from tests.fixtures.servers import S3Server, use_s3
 
 
 @pytest.fixture

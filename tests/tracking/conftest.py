@@ -1,19 +1,10 @@
-"""A real MLflow tracking server (artifacts proxied to SeaweedFS) for the tracking tests, started once."""
+"""A stage's tracking environment for the tracking tests: the shared MLflow server of tests/conftest.py."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
-from tests.fixtures.servers import MlflowServer, release, shared_mlflow
-
-
-@pytest.fixture(scope="session")
-def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
-    server = shared_mlflow(tmp_path_factory.mktemp("servers"))
-    yield server
-    release("mlflow")
+from tests.fixtures.servers import MlflowServer
 
 
 @pytest.fixture
