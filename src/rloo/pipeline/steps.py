@@ -127,6 +127,32 @@ def validate_params(
     )
 
 
+def check_pipeline_params(
+    params: dict[str, Any], *, check_paths: bool = True, check_hub: bool = False
+) -> list[str]:
+    """:func:`validate_params` on flat pipeline parameters (the names of ``rloo_pipeline``, defaults filled
+    in): a one-line UserError for the first bad one, else the ``rloo train`` flags they give. The validate
+    step and ``rloo pipeline submit`` both call this, so a run is refused for the same reasons in both."""
+    train = TrainParams(**{f: params[f] for f in TrainParams.__dataclass_fields__ if f in params})
+    validate_params(
+        model=str(params["model"]),
+        train=train,
+        eval_dataset_name=str(params["eval_dataset_name"]),
+        eval_max_new_tokens=int(params["eval_max_new_tokens"]),
+        judge_base_url=str(params["judge_base_url"]),
+        judge_model=str(params["judge_model"]),
+        gpu_count=int(params["gpu_count"]),
+        num_nodes=int(params["num_nodes"]),
+        output_uri=str(params["output_uri"]),
+        promotion_margin=float(params["promotion_margin"]),
+        registered_model_name=str(params.get("registered_model_name") or ""),
+        hub_repo_id=str(params.get("hub_repo_id") or ""),
+        check_paths=check_paths,
+        check_hub=check_hub,
+    )
+    return train_args(train)
+
+
 def check_model_source(model: str, *, hub: bool = False, hub_api: Any = None) -> None:
     """Fail in one line when the SFT model cannot be fetched: a directory without ``config.json``, an
     ``s3://`` prefix without a complete upload, or (``hub``) a Hub id the Hub does not know or will not
@@ -195,9 +221,8 @@ def fetch_model(source: str, dest_uri: str, *, work: str | None = None) -> dict[
             local = Path(tmp) / "model"
             download_dir(source, local, progress=False)  # verifies every SHA-256 against the manifest
         elif _looks_local(source):
+            check_model_source(source)
             local = Path(source.removeprefix("file://")).expanduser()
-            if not local.is_dir():
-                raise UserError(f"model {source!r}: no such directory.")
         else:
             from huggingface_hub import snapshot_download
 

@@ -79,10 +79,10 @@ def ensure_uploaded(client: Any, package: str | Path, name: str, *, namespace: s
         )
         pid = str(pipeline.pipeline_id)
         return Uploaded(pid, _newest_version_id(client, pid), name, "pipeline")
-    for v in _versions(client, pipeline_id):
+    versions = _versions(client, pipeline_id)
+    for v in versions:
         if getattr(v, "display_name", None) == vname:
             return Uploaded(pipeline_id, str(v.pipeline_version_id), vname, "nothing")
-    versions = _versions(client, pipeline_id)
     pipeline = client.get_pipeline(pipeline_id)
     if len(versions) == 1 and vname in str(getattr(pipeline, "description", "") or ""):
         # the pipeline's first version, uploaded with this very package
@@ -170,25 +170,10 @@ def params_for_submit(params: dict[str, Any]) -> dict[str, Any]:
     anything is sent; returns them unchanged."""
     from rloo.pipeline.compile import load_pipeline
     from rloo.pipeline.local import check_names
-    from rloo.pipeline.steps import TrainParams, validate_params
+    from rloo.pipeline.steps import check_pipeline_params
 
     check_names(params, required=True)
     inputs = load_pipeline().component_spec.inputs or {}
     full = {k: v.default for k, v in inputs.items() if v.default is not None} | params
-    train_fields = set(TrainParams.__dataclass_fields__)
-    validate_params(
-        model=str(full["model"]),
-        train=TrainParams(**{k: full[k] for k in train_fields if k in full}),
-        eval_dataset_name=str(full["eval_dataset_name"]),
-        judge_base_url=str(full["judge_base_url"]),
-        judge_model=str(full["judge_model"]),
-        gpu_count=int(full["gpu_count"]),
-        num_nodes=int(full["num_nodes"]),
-        output_uri=str(full["output_uri"]),
-        promotion_margin=float(full["promotion_margin"]),
-        registered_model_name=str(full.get("registered_model_name") or ""),
-        hub_repo_id=str(full.get("hub_repo_id") or ""),
-        check_paths=False,  # a local path names a path inside the cluster's pods
-        eval_max_new_tokens=int(full["eval_max_new_tokens"]),
-    )
+    check_pipeline_params(full, check_paths=False)  # a local path names a path inside the cluster's pods
     return params
