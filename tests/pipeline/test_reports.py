@@ -85,7 +85,7 @@ def test_stage_run_link(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = MlflowClient(tracking_uri=uri)
     stage = start_stage_run("train", tracking_uri=uri, client=client, pipeline_run_id="run-1", experiment="e")
-    link = R.stage_run_link("train", "run-1", uri)
+    link = R.stage_run_link("train", "run-1", uri, experiment="e")
     assert f"MLflow run `{stage.run_id}`" in link and f"mlflow ui --backend-store-uri {uri}" in link
-    assert "no run of stage `eval`" in R.stage_run_link("eval", "run-1", uri)
-    assert "no run of stage `train`" in R.stage_run_link("train", "run-2", uri)
+    assert "no run of stage `eval`" in R.stage_run_link("eval", "run-1", uri, experiment="e")
+    assert "no run of stage `train`" in R.stage_run_link("train", "run-2", uri, experiment="e")

@@ -58,10 +58,11 @@ def compile_pipeline(output: str | os.PathLike[str] | None = None) -> list[Path]
     out.parent.mkdir(parents=True, exist_ok=True)
     compiler.Compiler().compile(pipeline_func=load_pipeline(), package_path=str(out))
     written = [out]
-    if output is None and chart_copy().parent.parent.joinpath("Chart.yaml").is_file():
-        chart_copy().parent.mkdir(exist_ok=True)
-        chart_copy().write_bytes(out.read_bytes())
-        written.append(chart_copy())
+    chart = chart_copy()
+    if output is None and (chart.parent.parent / "Chart.yaml").is_file():
+        chart.parent.mkdir(exist_ok=True)
+        chart.write_bytes(out.read_bytes())
+        written.append(chart)
     return written
 
 

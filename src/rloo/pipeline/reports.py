@@ -78,24 +78,43 @@ def table(header: list[str], rows: list[list[Any]]) -> str:
     return "\n".join(lines)
 
 
-def stage_run_link(stage: str, kfp_run_id: str, tracking_uri: str | None = None) -> str:
-    """A Markdown line pointing at the MLflow run of ``stage`` in this pipeline run (or saying why not)."""
+def stage_run_link(
+    stage: str, kfp_run_id: str, tracking_uri: str | None = None, experiment: str | None = None
+) -> str:
+    """A Markdown line pointing at the MLflow run of ``stage`` in this pipeline run (or saying why not).
+
+    The run is looked for in the stages' experiment: ``experiment``, else ``MLFLOW_EXPERIMENT_NAME`` (which
+    the components set), else the default one, as :func:`rloo.tracking.runs.start_stage_run` chooses it.
+    """
     uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
     if not uri:
         return "MLflow: not configured for this run (no MLFLOW_TRACKING_URI)."
     from rloo.storage.redact import redact
-    from rloo.tracking.runs import TAG_PIPELINE_RUN_ID, TAG_STAGE
+    from rloo.tracking.runs import (
+        DEFAULT_EXPERIMENT,
+        EXPERIMENT_ENV,
+        TAG_PIPELINE_RUN_ID,
+        TAG_STAGE,
+        filter_value,
+    )
 
     try:
         from mlflow.tracking import MlflowClient
 
         client = MlflowClient(tracking_uri=uri)
-        exps = [e.experiment_id for e in client.search_experiments()]
-        runs = client.search_runs(
-            exps,
-            filter_string=f"tags.`{TAG_PIPELINE_RUN_ID}` = '{kfp_run_id}' and tags.`{TAG_STAGE}` = '{stage}'",
-            order_by=["attributes.start_time DESC"],
-            max_results=1,
+        exp = client.get_experiment_by_name(
+            experiment or os.environ.get(EXPERIMENT_ENV) or DEFAULT_EXPERIMENT
+        )
+        filt = f"tags.`{TAG_PIPELINE_RUN_ID}` = '{filter_value(kfp_run_id)}' and tags.`{TAG_STAGE}` = '{filter_value(stage)}'"
+        runs = (
+            client.search_runs(
+                [exp.experiment_id],
+                filter_string=filt,
+                order_by=["attributes.start_time DESC"],
+                max_results=1,
+            )
+            if exp is not None
+            else []
         )
     except Exception as e:  # a summary must never fail the step whose work is done
         log.warning("could not look up the MLflow run of stage %s: %s", stage, e)

@@ -163,7 +163,8 @@ def get_or_create_experiment(client: Any, name: str, artifact_location: str | No
     return exp.experiment_id
 
 
-def _quote(value: str) -> str:
+def filter_value(value: str) -> str:
+    """``value`` made safe inside a quoted literal of an MLflow search filter (quotes and backslashes go)."""
     return value.replace("\\", "").replace("'", "")
 
 
@@ -181,7 +182,9 @@ def get_or_create_parent_run(
     client: Any, experiment_id: str, pipeline_run_id: str, pipeline_run_name: str | None = None
 ) -> str:
     """The parent run of pipeline run ``pipeline_run_id``, created by whichever stage comes first."""
-    filt = f"tags.`{TAG_PIPELINE_RUN_ID}` = '{_quote(pipeline_run_id)}' and tags.`{TAG_KIND}` = 'pipeline'"
+    filt = (
+        f"tags.`{TAG_PIPELINE_RUN_ID}` = '{filter_value(pipeline_run_id)}' and tags.`{TAG_KIND}` = 'pipeline'"
+    )
 
     def find() -> list[Any]:
         return client.search_runs(
@@ -245,12 +248,12 @@ def start_stage_run(
     }
     # The same stage of the same pipeline run, or (outside a pipeline) of the same output directory: a run
     # of it still RUNNING belongs to a process that died, and this one takes over.
-    same = f"tags.`{TAG_STAGE}` = '{_quote(stage)}' and attributes.status = 'RUNNING'"
+    same = f"tags.`{TAG_STAGE}` = '{filter_value(stage)}' and attributes.status = 'RUNNING'"
     if parent_run_id:
         run_tags[TAG_PARENT] = parent_run_id
-        same += f" and tags.`{TAG_PARENT}` = '{_quote(parent_run_id)}'"
+        same += f" and tags.`{TAG_PARENT}` = '{filter_value(parent_run_id)}'"
     elif run_tags.get(TAG_OUTPUT_DIR):
-        same += f" and tags.`{TAG_OUTPUT_DIR}` = '{_quote(run_tags[TAG_OUTPUT_DIR])}'"
+        same += f" and tags.`{TAG_OUTPUT_DIR}` = '{filter_value(run_tags[TAG_OUTPUT_DIR])}'"
     else:
         supersede_running = False
     if supersede_running:
@@ -292,7 +295,7 @@ def finish_pipeline_run(
     exp_id = exp.experiment_id if exp is not None else get_or_create_experiment(client, exp_name)
     runs = client.search_runs(
         [exp_id],
-        filter_string=f"tags.`{TAG_PIPELINE_RUN_ID}` = '{_quote(pipeline_run_id)}' and tags.`{TAG_KIND}` = 'pipeline'",
+        filter_string=f"tags.`{TAG_PIPELINE_RUN_ID}` = '{filter_value(pipeline_run_id)}' and tags.`{TAG_KIND}` = 'pipeline'",
         order_by=["attributes.start_time ASC"],
         max_results=1,
     )
