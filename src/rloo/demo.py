@@ -17,11 +17,12 @@ from rich.console import Console
 
 from rloo.config import RLOOConfig
 from rloo.errors import UserError
+from rloo.toy import TOY_UPDATES
 
 
 def build_config(output_dir: Path, *, updates: int, arch: str, seed: int) -> RLOOConfig:
     from rloo.tiny import build_tiny_setup
-    from rloo.toy import write_toy_dataset
+    from rloo.toy import TOY_TRAINING, write_toy_dataset
 
     assets = output_dir.parent / f"{output_dir.name}-assets"
     setup = build_tiny_setup(assets / "models", arch=arch, seed=seed)
@@ -29,22 +30,11 @@ def build_config(output_dir: Path, *, updates: int, arch: str, seed: int) -> RLO
     return RLOOConfig(
         model_name_or_path=str(setup.policy),
         reward_model_path=str(setup.reward_model),
-        reward_funcs=["rloo.toy:letter_reward"],
-        reward_weights=[0.0, 1.0],
         dataset_name=str(data),
         output_dir=str(output_dir),
         seed=seed,
         max_steps=updates,
-        per_device_train_batch_size=32,
-        rloo_k=4,
-        num_ppo_epochs=2,
-        response_length=8,
-        learning_rate=5e-3,
-        temperature=1.0,
-        kl_coef=0.01,
-        missing_eos_penalty=None,
-        num_sample_generations=3,
-        save_steps=0,
+        **TOY_TRAINING,
         # MLflow without a server: a sqlite store under output_dir unless MLFLOW_TRACKING_URI names one
         report_to="mlflow" if importlib.util.find_spec("mlflow") else "none",
     )
@@ -53,7 +43,7 @@ def build_config(output_dir: Path, *, updates: int, arch: str, seed: int) -> RLO
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="rloo demo", description=__doc__)
     parser.add_argument("--output_dir", default="runs/demo", help="Where the trained model and metrics go.")
-    parser.add_argument("--updates", type=int, default=30, help="RLOO updates to run.")
+    parser.add_argument("--updates", type=int, default=TOY_UPDATES, help="RLOO updates to run.")
     parser.add_argument("--arch", default="gpt_neox", choices=["gpt_neox", "llama", "qwen2"])
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)

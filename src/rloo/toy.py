@@ -29,6 +29,24 @@ __all__ = [
 VOWELS = frozenset("aeiou")
 TARGET_LETTERS = "aeiou"
 
+# How the toy task is trained by `rloo demo` and by `make demo` (the local pipeline): a tiny policy learns
+# it in about TOY_UPDATES updates of 32 completions on a laptop CPU. Keys are `rloo train` flags; the tiny
+# reward model comes first in the weights, at 0, so its code path runs while the letters decide.
+TOY_UPDATES = 30
+TOY_TRAINING: dict[str, Any] = {
+    "per_device_train_batch_size": 32,
+    "rloo_k": 4,
+    "num_ppo_epochs": 2,
+    "response_length": 8,
+    "learning_rate": 5e-3,
+    "temperature": 1.0,
+    "kl_coef": 0.01,
+    "reward_funcs": ["rloo.toy:letter_reward"],
+    "reward_weights": [0.0, 1.0],
+    "num_sample_generations": 3,
+    "save_steps": 0,
+}
+
 _INSTRUCTIONS = (
     "Write about", "Describe", "Tell me about", "Sing of", "Say something about", "Write a poem about",
     "Talk about", "Think of", "Dream of", "Write a line about",

@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 
 from rloo.errors import UserError
+from rloo.toy import TOY_UPDATES
 
 
 def _params_args(p: argparse.ArgumentParser) -> None:
@@ -48,7 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run the whole pipeline on this machine (kfp.local)")
     run.add_argument("--local", action="store_true", help="required: run every step here, in subprocesses")
     run.add_argument("--workdir", default="rloo-local", help="where models, results and MLflow runs go")
-    run.add_argument("--updates", type=int, default=30, help="RLOO updates of the embedded (tiny-model) run")
+    run.add_argument(
+        "--updates", type=int, default=TOY_UPDATES, help="RLOO updates of the embedded (tiny-model) run"
+    )
     _params_args(run)
     up = sub.add_parser("upload", help="upload the pipeline (or a new version of it) to KFP")
     _kfp_args(up)

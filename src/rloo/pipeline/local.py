@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -22,15 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from rloo.errors import UserError
+from rloo.toy import TOY_UPDATES
 
-# Training settings of the embedded run: the ones `rloo demo` uses (a tiny model learns the toy task in
-# about 30 updates of 32 completions on a laptop CPU).
-DEMO_UPDATES = 30
-DEMO_BATCH = 32
-DEMO_EXTRA_ARGS = (
-    "--num_ppo_epochs 2 --temperature 1.0 --reward_funcs rloo.toy:letter_reward --reward_weights 0 1 "
-    "--num_sample_generations 3 --save_steps 0"
-)
 STORE_DIR, KFP_DIR, ASSETS_DIR, MLFLOW_DIR = "store", "kfp", "assets", "mlruns"
 
 
@@ -53,27 +47,31 @@ class LocalResult:
         return dict(arts[0].get("metadata") or {})
 
 
-def embedded_params(workdir: Path, *, updates: int = DEMO_UPDATES, seed: int = 0) -> dict[str, Any]:
-    """The parameters of a self-contained run: build the tiny models and toy datasets under ``workdir``."""
+def embedded_params(workdir: Path, *, updates: int = TOY_UPDATES, seed: int = 0) -> dict[str, Any]:
+    """The parameters of a self-contained run: build the tiny models and toy datasets under ``workdir`` and
+    train with the toy recipe of ``rloo demo`` (:data:`rloo.toy.TOY_TRAINING`): the settings the pipeline
+    exposes as parameters, the others as ``extra_train_args``."""
+    from rloo.pipeline.steps import TrainParams
     from rloo.tiny import build_tiny_setup
-    from rloo.toy import write_toy_dataset, write_toy_eval_dataset
+    from rloo.toy import TOY_TRAINING, write_toy_dataset, write_toy_eval_dataset
 
     assets = workdir / ASSETS_DIR
     setup = build_tiny_setup(assets / "models", arch="gpt_neox", seed=seed)
+    exposed = set(TrainParams.__dataclass_fields__)
+    extra: list[str] = []
+    for flag, value in TOY_TRAINING.items():
+        if flag not in exposed:
+            extra += [f"--{flag}", *(map(str, value) if isinstance(value, list) else [str(value)])]
     return {
         "model": str(setup.policy),
         "reward_model_path": str(setup.reward_model),
         "dataset_name": str(write_toy_dataset(assets / "prompts", seed=seed)),
         "eval_dataset_name": str(write_toy_eval_dataset(assets / "eval", seed=seed + 1)),
         "eval_max_new_tokens": 16,
-        "total_episodes": updates * DEMO_BATCH,
-        "per_device_train_batch_size": DEMO_BATCH,
-        "rloo_k": 4,
-        "learning_rate": 5e-3,
-        "kl_coef": 0.01,
-        "response_length": 8,
+        "total_episodes": updates * TOY_TRAINING["per_device_train_batch_size"],
+        **{k: v for k, v in TOY_TRAINING.items() if k in exposed},
         "seed": seed,
-        "extra_train_args": DEMO_EXTRA_ARGS,
+        "extra_train_args": shlex.join(extra),
         "gpu_count": 0,
     }
 
@@ -128,24 +126,23 @@ def prepare_tracking(workdir: Path, experiment: str) -> str:
     uri = os.environ.get("MLFLOW_TRACKING_URI")
     if uri:
         return uri
-    from rloo.tracking.runs import resolve_tracking_uri
+    import mlflow
+
+    from rloo.tracking.runs import get_or_create_experiment, resolve_tracking_uri
 
     uri, artifacts = resolve_tracking_uri(work_dir=workdir)
     Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-    import mlflow
-
-    client = mlflow.MlflowClient(tracking_uri=uri)
-    if client.get_experiment_by_name(experiment) is None:
-        client.create_experiment(experiment, artifact_location=artifacts)
+    get_or_create_experiment(mlflow.MlflowClient(tracking_uri=uri), experiment, artifacts)
     return uri
 
 
 def run_pipeline_locally(
-    workdir: str | os.PathLike[str], user_params: dict[str, Any], *, updates: int = DEMO_UPDATES
+    workdir: str | os.PathLike[str], user_params: dict[str, Any], *, updates: int = TOY_UPDATES
 ) -> LocalResult:
     """The ``rloo pipeline run --local`` command: embedded defaults (unless ``model`` is given), one
     tracking store, the toy judge while the run needs it."""
     from rloo.toy_judge import MODEL, ToyJudge
+    from rloo.tracking.runs import DEFAULT_EXPERIMENT
 
     check_names(user_params, required=False)  # before anything is built
     work = Path(workdir).resolve()
@@ -161,7 +158,7 @@ def run_pipeline_locally(
         try:
             import mlflow  # noqa: F401
 
-            uri = prepare_tracking(work, str(params.get("mlflow_experiment") or "rloo"))
+            uri = prepare_tracking(work, str(params.get("mlflow_experiment") or DEFAULT_EXPERIMENT))
         except ImportError:
             pass  # without the tracking extra the steps log to metrics.jsonl only
         if uri:  # inherited by every step's subprocess; this process's environment is left as it was
