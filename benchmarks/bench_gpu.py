@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -329,29 +327,7 @@ def build_inputs(preset: Preset, root: Path, args: argparse.Namespace) -> dict[s
 
 
 def run_one(trainer: str, spec: dict[str, Any], run_dir: Path) -> dict[str, Any]:
-    if run_dir.exists():
-        shutil.rmtree(run_dir)
-    run_dir.mkdir(parents=True)
-    spec = {**spec, "output_dir": str(run_dir / "output")}
-    spec_file, out_file, log_file = run_dir / "spec.json", run_dir / "result.json", run_dir / "log.txt"
-    spec_file.write_text(json.dumps(spec, indent=2))
-    env = {
-        **os.environ,
-        "TOKENIZERS_PARALLELISM": "false",
-        "HF_HUB_OFFLINE": "1",
-        "HF_DATASETS_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-        "WANDB_MODE": "disabled",
-        "PYTHONWARNINGS": "ignore",
-    }
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--_worker", trainer]
-    cmd += ["--_spec", str(spec_file), "--_out", str(out_file)]
-    with open(log_file, "w") as log:
-        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, check=False)
-    if proc.returncode != 0 or not out_file.is_file():
-        tail = "\n".join(log_file.read_text(errors="replace").splitlines()[-40:])
-        raise SystemExit(f"{LABELS[trainer]} run failed (exit {proc.returncode}); log {log_file}:\n{tail}")
-    return json.loads(out_file.read_text())
+    return bench_vs_trl.launch_worker(__file__, trainer, LABELS[trainer], spec, run_dir)[0]
 
 
 def figures(

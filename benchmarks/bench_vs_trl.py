@@ -304,37 +304,63 @@ def build_inputs(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     return {"policy": str(setup.policy), "dataset": str(data)}
 
 
-def run_one(trainer: str, spec: dict[str, Any], root: Path, tag: str) -> dict[str, Any]:
-    run_dir = root / "runs" / f"{trainer}-{tag}"
+# Workers never reach the network or a logger service, and print only their own output.
+WORKER_ENV = {
+    "TOKENIZERS_PARALLELISM": "false",
+    "HF_HUB_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "WANDB_DISABLED": "true",
+    "WANDB_MODE": "disabled",
+    "PYTHONWARNINGS": "ignore",
+}
+
+
+def launch_worker(
+    script: str,
+    trainer: str,
+    label: str,
+    spec: dict[str, Any],
+    run_dir: Path,
+    env: dict[str, str] | None = None,
+) -> tuple[dict[str, Any], float]:
+    """Run ``script --_worker trainer`` on ``spec`` in a fresh process (its own imports, threads and memory)
+    writing under ``run_dir``; returns its result file and the process's wall time, or exits with the tail
+    of its log. Shared by this benchmark and bench_gpu.py."""
     if run_dir.exists():
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True)
     spec = {**spec, "output_dir": str(run_dir / "output")}
     spec_file, out_file, log_file = run_dir / "spec.json", run_dir / "result.json", run_dir / "log.txt"
     spec_file.write_text(json.dumps(spec, indent=2))
-    threads = str(spec["threads"])
-    env = {
-        **os.environ,
-        "OMP_NUM_THREADS": threads,
-        "MKL_NUM_THREADS": threads,
-        "TOKENIZERS_PARALLELISM": "false",
-        "HF_HUB_OFFLINE": "1",
-        "HF_DATASETS_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-        "WANDB_DISABLED": "true",
-        "WANDB_MODE": "disabled",
-        "PYTHONWARNINGS": "ignore",
-    }
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--_worker", trainer]
+    cmd = [sys.executable, str(Path(script).resolve()), "--_worker", trainer]
     cmd += ["--_spec", str(spec_file), "--_out", str(out_file)]
     t0 = time.perf_counter()
     with open(log_file, "w") as log:
-        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, check=False)
+        proc = subprocess.run(
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **WORKER_ENV, **(env or {})},
+            check=False,
+        )
     wall = time.perf_counter() - t0
     if proc.returncode != 0 or not out_file.is_file():
         tail = "\n".join(log_file.read_text(errors="replace").splitlines()[-40:])
-        raise SystemExit(f"{LABELS[trainer]} run failed (exit {proc.returncode}); log {log_file}:\n{tail}")
-    result = json.loads(out_file.read_text())
+        raise SystemExit(f"{label} run failed (exit {proc.returncode}); log {log_file}:\n{tail}")
+    return json.loads(out_file.read_text()), wall
+
+
+def run_one(trainer: str, spec: dict[str, Any], root: Path, tag: str) -> dict[str, Any]:
+    threads = str(spec["threads"])
+    result, wall = launch_worker(
+        __file__,
+        trainer,
+        LABELS[trainer],
+        spec,
+        root / "runs" / f"{trainer}-{tag}",
+        env={"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads},
+    )
     result["process_seconds"] = wall
     result["eps"] = result["episodes"] / result["seconds"]
     return result
