@@ -51,6 +51,7 @@ from rloo.training.generation import (
     row_seeds,
 )
 from rloo.training.metrics import METRICS_FILE, MetricsLogger
+from rloo.training.minibatches import minibatch_rows
 from rloo.training.models import load_causal_lm, load_reward_model, load_tokenizer
 from rloo.training.rewards import (
     RewardBatch,
@@ -596,11 +597,17 @@ class RLOOTrainer:
         g = torch.Generator().manual_seed(cfg.seed * 7919 + update)
         self.policy.train()
         for _ in range(cfg.num_ppo_epochs):
-            # Shuffle prompt groups, not completions: a micro-batch then holds whole groups and each
-            # prompt is computed once in it (see forward.response_logits).
-            order = (torch.randperm(p, generator=g)[:, None] * k + torch.arange(k)).reshape(-1)  # (B,)
-            for mb_start in range(0, p * k, self.plan.local_mini_batch_size):
-                mb = order[mb_start : mb_start + self.plan.local_mini_batch_size]
+            # Mini-batches from global positions (see minibatches.py): the same optimizer steps over the
+            # same completions on 1 or N processes; whole groups, so each prompt is computed once per
+            # micro-batch (see forward.response_logits).
+            for mb in minibatch_rows(
+                local_batch_size=p * k,
+                world_size=self.world,
+                rank=self.rank,
+                rloo_k=k,
+                num_mini_batches=cfg.num_mini_batches,
+                generator=g,
+            ):
                 for mc_start in range(0, mb.numel(), cfg.per_device_train_batch_size):
                     idx = mb[mc_start : mc_start + cfg.per_device_train_batch_size].to(self.device)
                     logprobs, ent = self.forward_logprobs(self.policy, ro, idx, entropy=True)
