@@ -46,7 +46,10 @@ GOOD: dict[str, Any] = dict(
 @pytest.fixture(scope="module")
 def components(tmp_path_factory: pytest.TempPathFactory) -> Any:
     local.init(
-        runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path_factory.mktemp("root"))
+        runner=local.SubprocessRunner(use_venv=False),
+        pipeline_root=str(tmp_path_factory.mktemp("root")),
+        # not the system temp dir: only a whole pipeline run removes its workspace, single components don't
+        workspace_root=str(tmp_path_factory.mktemp("workspace")),
     )
     sys.path.insert(0, str(repo_root()))
     from components.fetch_sft.component import fetch_sft
