@@ -8,7 +8,6 @@ shows the reward climbing within a minute on a laptop CPU.
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import os
 from pathlib import Path
@@ -18,6 +17,9 @@ from rich.console import Console
 from rloo.config import RLOOConfig
 from rloo.errors import UserError
 from rloo.toy import TOY_UPDATES
+
+# What 'rloo demo --help' prints: the module docstring without its reST markup.
+DESCRIPTION = " ".join(__doc__.replace("``", "").split())
 
 
 def build_config(output_dir: Path, *, updates: int, arch: str, seed: int) -> RLOOConfig:
@@ -41,11 +43,26 @@ def build_config(output_dir: Path, *, updates: int, arch: str, seed: int) -> RLO
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="rloo demo", description=__doc__)
-    parser.add_argument("--output_dir", default="runs/demo", help="Where the trained model and metrics go.")
-    parser.add_argument("--updates", type=int, default=TOY_UPDATES, help="RLOO updates to run.")
-    parser.add_argument("--arch", default="gpt_neox", choices=["gpt_neox", "llama", "qwen2"])
-    parser.add_argument("--seed", type=int, default=0)
+    from rloo.cli.args import OneLineParser
+
+    parser = OneLineParser(prog="rloo demo", description=DESCRIPTION)
+    parser.add_argument(
+        "--output_dir",
+        default="runs/demo",
+        help="Where the trained model and metrics go (default: runs/demo).",
+    )
+    parser.add_argument(
+        "--updates", type=int, default=TOY_UPDATES, help=f"RLOO updates to run (default: {TOY_UPDATES})."
+    )
+    parser.add_argument(
+        "--arch",
+        default="gpt_neox",
+        choices=["gpt_neox", "llama", "qwen2"],
+        help="Architecture of the tiny policy and reward model (default: gpt_neox).",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=0, help="Seed of the models, the toy dataset and training (default: 0)."
+    )
     args = parser.parse_args(argv)
     if args.updates < 1:
         raise UserError(f"--updates must be >= 1 (got {args.updates}).")

@@ -366,3 +366,83 @@ def test_main_reports_user_errors_in_one_line(capsys: pytest.CaptureFixture[str]
     out, err = capsys.readouterr()
     assert err.count("\n") == 1 and err.startswith("rloo train: error: --rloo_k must be >= 2")
     assert "Traceback" not in out + err
+
+
+@pytest.mark.parametrize("value", ["-1e-3", "-1E-3", "-.5", "-0.001", "-2", "-inf"])
+def test_negative_numbers_are_values_not_flags(base: list[str], value: str) -> None:
+    # argparse's own pattern misses exponent notation: '-1e-3' was "expected one argument"
+    with pytest.raises(UserError, match=r"^--learning_rate must be"):
+        parse([*base, "--learning_rate", value])
+    cfg = parse([*base, "--reward_funcs", "rloo.toy:letter_reward", "--reward_weights", "1", value])
+    assert cfg.reward_weights == [1.0, float(value)]
+
+
+def test_parser_errors_carry_one_prefix(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", "--learning_rate"]) == 2
+    err = capsys.readouterr().err
+    assert err == "rloo train: error: --learning_rate: expected one argument.\n"
+
+
+def test_unknown_flag_suggests_the_closest(base: list[str]) -> None:
+    with pytest.raises(UserError) as info:
+        parse([*base, "--learning_rat", "1e-5", "--zzz", "1"])
+    message = str(info.value)
+    assert message.startswith("unknown flag(s) --learning_rat (did you mean --learning_rate?) 1e-5 --zzz 1")
+    assert "--zzz (did you mean" not in message  # nothing close: no guess
+
+
+def test_yaml_unknown_keys_are_all_named(tmp_path: Path, base: list[str]) -> None:
+    cfg_file = tmp_path / "typos.yaml"
+    cfg_file.write_text("lerning_rate: 1.0e-5\nrloo_k: 4\nrlo_k: 2\nnot_a_key_at_all: 1\n")
+    with pytest.raises(UserError) as info:
+        parse([*base, "--config", str(cfg_file)])
+    message = str(info.value)
+    assert (
+        "unknown keys 'lerning_rate' (did you mean learning_rate?), 'rlo_k' (did you mean rloo_k?)" in message
+    )
+    assert "'not_a_key_at_all';" in message
+
+
+def _help_entries(text: str) -> dict[str, str]:
+    """Option -> its help text, from argparse's --help output."""
+    entries: dict[str, str] = {}
+    current = None
+    for line in text.split("options:", 1)[1].splitlines():
+        if line.startswith("  -"):
+            current = line.split()[0].rstrip(",")
+            entries[current] = line
+        elif current:
+            entries[current] += line
+    return {k: " ".join(v.split()) for k, v in entries.items()}
+
+
+def test_train_help_states_each_default_once(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", "--help"]) == 0
+    entries = _help_entries(capsys.readouterr().out)
+    for text in entries.values():
+        assert text.count("default") <= 1, text
+        assert "(default: None)" not in text and "(default: [])" not in text, text
+    assert "(default: model_name_or_path)." in entries["--sft_model_path"]
+    assert entries["--seed"].endswith("(default: 42)")
+
+
+def test_demo_help_is_plain_text_and_documents_every_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "``" not in out
+    entries = _help_entries(out)
+    assert set(entries) == {"-h", "--output_dir", "--updates", "--arch", "--seed"}
+    for flag, text in entries.items():
+        assert len(text.split()) > 3, f"{flag} has no help text"
+    assert main(["demo", "--updates", "x"]) == 2
+    assert capsys.readouterr().err == "rloo demo: error: --updates: invalid int value: 'x'.\n"
+
+
+def test_top_level_usage_aligns_the_commands(capsys: pytest.CaptureFixture[str]) -> None:
+    from rloo.cli import COMMANDS
+
+    assert main(["--help"]) == 0
+    lines = capsys.readouterr().out.split("commands:\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    assert [line.split()[0] for line in lines] == list(COMMANDS)
+    starts = {len(line) - len(line[2:].split(maxsplit=1)[1]) for line in lines}
+    assert len(starts) == 1, lines  # every description starts in the same column

@@ -273,6 +273,20 @@ def test_judge_model_cache_claim_and_emptydir() -> None:
 # helm test and NOTES -----------------------------------------------------------------------------------
 
 
+def test_install_namespace_is_the_one_kfp_runs_pipelines_in() -> None:
+    """Both READMEs install into kubeflow: standalone KFP runs pipelines there (as pipeline-runner), so the
+    steps' Secrets and the chart's RBAC (pipeline.namespace defaults to the release's) belong there."""
+    import re
+
+    for readme in (CHART.parent / "README.md", CHART / "README.md"):
+        installs = re.findall(r"helm install rloo \./helm -n ([\w-]+)", readme.read_text())
+        assert installs and set(installs) == {"kubeflow"}, (readme, installs)
+    warning = "standalone\nKubeflow Pipelines runs pipelines in namespace kubeflow"
+    assert warning in _notes()  # rendered in namespace rloo
+    assert warning not in render(namespace="kubeflow")["rloo-kfp/templates/NOTES.txt"]
+    assert warning not in _notes({"pipeline": {"namespace": "kubeflow-user-example-com"}})
+
+
 @pytest.mark.parametrize(("judge", "expected"), [(False, {"mlflow"}), (True, {"mlflow", "judge"})])
 def test_helm_test_pods(judge: bool, expected: set[str]) -> None:
     docs = _docs({"judge": {"enabled": judge}})

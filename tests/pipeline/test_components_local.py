@@ -46,7 +46,10 @@ GOOD: dict[str, Any] = dict(
 @pytest.fixture(scope="module")
 def components(tmp_path_factory: pytest.TempPathFactory) -> Any:
     local.init(
-        runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path_factory.mktemp("root"))
+        runner=local.SubprocessRunner(use_venv=False),
+        pipeline_root=str(tmp_path_factory.mktemp("root")),
+        # not the system temp dir: only a whole pipeline run removes its workspace, single components don't
+        workspace_root=str(tmp_path_factory.mktemp("workspace")),
     )
     sys.path.insert(0, str(repo_root()))
     from components.fetch_sft.component import fetch_sft
@@ -63,7 +66,7 @@ def test_validate_returns_the_training_flags(components: Any) -> None:
 
 @pytest.mark.parametrize(
     ("change", "message"),
-    [({"rloo_k": 1}, "--rloo_k must be >= 2"), ({"judge_base_url": ""}, "judge_base_url is required")],
+    [({"rloo_k": 1}, "rloo_k must be >= 2"), ({"judge_base_url": ""}, "judge_base_url is required")],
 )
 def test_validate_fails_with_the_reason(
     components: Any, capfd: pytest.CaptureFixture[str], change: dict[str, Any], message: str
@@ -104,10 +107,13 @@ def test_local_pipeline_run_stops_at_validation(tmp_path: Path, capfd: pytest.Ca
         argv += ["--param", f"{key}={value}"]
     assert main(argv) == 2
     captured = capfd.readouterr()
-    assert "invalid pipeline parameters: --rloo_k must be >= 2" in captured.out
-    err = captured.err.strip().splitlines()[-1]
-    assert err.startswith("rloo pipeline: error: local pipeline run failed") and "validate-params" in err
-    assert "\x1b[" not in err
+    assert "invalid pipeline parameters: rloo_k must be >= 2" in captured.out
+    # the last line says what is wrong (the step's reason, not only which step failed), in plain text
+    assert captured.err.strip().splitlines()[-1] == (
+        "rloo pipeline: error: local pipeline run failed at step validate-params: invalid pipeline "
+        "parameters: rloo_k must be >= 2 (got 1): the leave-one-out baseline needs at least two completions "
+        "per prompt."
+    )
     (run_dir,) = (tmp_path / "work" / "kfp").iterdir()
     steps = {p.name for p in run_dir.iterdir()}  # a step's directory holds its outputs
     assert "finish-run" in steps and not steps & {"fetch-sft", "train-rloo", "evaluate", "push-model"}
@@ -135,3 +141,32 @@ def test_local_run_rejects_unknown_and_missing_parameters(
     assert "missing pipeline parameter(s) dataset_name" in capsys.readouterr().err
     assert main(["run"]) == 2
     assert "pass --local" in capsys.readouterr().err
+
+
+def test_failed_step_reason_is_read_from_its_own_log() -> None:
+    """The reason comes from the failed step's part of the console (kfp.local's frames), not another's."""
+    from rloo.pipeline.failure import run_failure
+
+    console = "\n".join(
+        [
+            "12:00:00.000 - INFO - Executing task \x1b[96m'fetch-sft'\x1b[0m",
+            "    rloo train: error: not this one",
+            "12:00:01.000 - INFO - Task \x1b[96m'fetch-sft'\x1b[0m finished with status \x1b[92mSUCCESS\x1b[0m",
+            "12:00:02.000 - INFO - Executing task \x1b[96m'train-rloo'\x1b[0m",
+            "    Traceback (most recent call last):",
+            '      File "x.py", line 1, in <module>',
+            "    rloo.errors.UserError: --dataset_name d: no 'prompt' column; rename the column",
+            "12:00:03.000 - ERROR - Task \x1b[96m'train-rloo'\x1b[0m finished with status \x1b[91mFAILURE\x1b[0m",
+            "12:00:04.000 - INFO - Executing task \x1b[96m'finish-run'\x1b[0m",
+            "    ValueError: not this one either",
+        ]
+    )
+    error = "Pipeline \x1b[95m'rloo-rlhf'\x1b[0m finished with status FAILURE. Inner task failed: \x1b[96m'train-rloo'\x1b[0m inside 'condition-1'."
+    assert run_failure(error, console) == (
+        "local pipeline run failed at step train-rloo: --dataset_name d: no 'prompt' column; rename the column"
+    )
+    # no reason in the log: kfp.local's own message, without its colours
+    assert run_failure(error, "") == (
+        "local pipeline run failed: Pipeline 'rloo-rlhf' finished with status FAILURE. Inner task failed: "
+        "'train-rloo' inside 'condition-1'."
+    )

@@ -133,7 +133,7 @@ GOOD = {
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"rloo_k": 1}, "--rloo_k must be >= 2"),
+        ({"rloo_k": 1}, "rloo_k must be >= 2"),
         ({"gpu_count": -1}, "gpu_count must be >= 0"),
         ({"judge_base_url": ""}, "judge_base_url is required"),
         ({"nope": 1}, "unknown pipeline parameter(s) nope"),
@@ -158,7 +158,67 @@ def test_cli_submit_checks_parameters_first(tmp_path: Path, capsys: pytest.Captu
     argv += [x for k, v in (GOOD | {"rloo_k": 1}).items() for x in ("--param", f"{k}={v}")]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and "--rloo_k must be >= 2" in err
+    assert err.count("\n") == 0 and "error: rloo_k must be >= 2" in err
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"learning_rate": "abc"}, "pipeline parameter learning_rate expects a number (got 'abc')."),
+        ({"rloo_k": "four"}, "pipeline parameter rloo_k expects an integer (got 'four')."),
+        ({"rloo_k": 2.5}, "pipeline parameter rloo_k expects an integer (got 2.5)."),
+        ({"gpu_node_selector": "gpu"}, "pipeline parameter gpu_node_selector expects a mapping"),
+        ({"hub_repo_id": True}, "pipeline parameter hub_repo_id expects a string (got True); quote it"),
+        ({"seed": None}, "pipeline parameter seed expects an integer (got null)."),
+        ({"rloo_kk": 4}, "unknown pipeline parameter(s) rloo_kk (did you mean rloo_k?)"),
+    ],
+)
+def test_submit_checks_types_first(change: dict[str, Any], message: str) -> None:
+    with pytest.raises(UserError) as info:
+        S.params_for_submit(GOOD | change)
+    assert str(info.value).startswith(message), str(info.value)
+
+
+def test_submit_converts_values_to_the_parameter_types() -> None:
+    # YAML 1.1 reads 1e-5 (no dot) as a string, 2024 as a number: both are what the user meant
+    got = S.params_for_submit(
+        GOOD | {"learning_rate": "1e-5", "rloo_k": "4", "kl_coef": 1, "judge_model": 2024, "seed": 7.0}
+    )
+    assert got == GOOD | {
+        "learning_rate": 1e-5,
+        "rloo_k": 4,
+        "kl_coef": 1.0,
+        "judge_model": "2024",
+        "seed": 7,
+    }
+    assert isinstance(got["kl_coef"], float) and isinstance(got["seed"], int)
+
+
+def test_submit_names_pipeline_parameters_not_train_flags() -> None:
+    no_reward = {k: v for k, v in GOOD.items() if k != "reward_model_path"}
+    with pytest.raises(UserError) as info:
+        S.params_for_submit(no_reward)
+    assert str(info.value) == (
+        "no reward source: set the pipeline parameter reward_model_path (a reward model) and/or put "
+        "--reward_funcs pkg.module:fn in extra_train_args."
+    )
+    with pytest.raises(UserError, match=r"^rloo_k must be >= 2 \(got 1\)"):
+        S.params_for_submit(GOOD | {"rloo_k": 1})
+    # a flag of extra_train_args keeps its '--'
+    with pytest.raises(UserError, match=r"^--temperature must be > 0"):
+        S.params_for_submit(GOOD | {"extra_train_args": "--temperature 0"})
+    S.params_for_submit(no_reward | {"extra_train_args": "--reward_funcs rloo.toy:letter_reward"})
+
+
+def test_cli_submit_reports_a_bad_type_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    from rloo.cli.pipeline_cmd import main
+
+    argv = ["submit", "--host", "http://127.0.0.1:9", "--param", "learning_rate=abc"]
+    argv += [x for k, v in GOOD.items() for x in ("--param", f"{k}={v}")]
+    assert main(argv) == 2
+    assert capsys.readouterr().err == (
+        "rloo pipeline: error: pipeline parameter learning_rate expects a number (got 'abc').\n"
+    )
 
 
 def test_cli_upload_to_an_unreachable_api_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:

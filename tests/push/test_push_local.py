@@ -139,7 +139,7 @@ def test_cli_errors_are_one_line_exit_2(
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("rloo push: error: ") and message in err and err.count("\n") == 1
-    assert not (tmp_path / "o" / "push_result.json").exists()
+    assert not (tmp_path / "o").exists()  # bad input leaves no output_dir behind
 
 
 def test_cli_help_lists_the_flags(capsys: pytest.CaptureFixture[str]) -> None:

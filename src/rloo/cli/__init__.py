@@ -1,6 +1,6 @@
 """``rloo``: the package's one command.
 
-Sub-commands: ``train`` (RLOO training) and ``demo`` (a short local run on a tiny model it builds).
+Sub-commands: ``train``, ``eval``, ``push``, ``pipeline`` and ``demo`` (see :data:`USAGE`).
 User errors print one line on stderr and exit 2; they never show a traceback.
 """
 
@@ -14,11 +14,13 @@ from rloo.errors import UserError
 USAGE = """usage: rloo <command> [flags]
 
 commands:
-  train   RLOO training (flags as the classic TRL RLOO trainer; see 'rloo train --help')
-  eval    win rates of a trained model and its SFT baseline against references, by an LLM judge
-  push    publish a trained model (object storage, MLflow registry, Hub) behind a promotion gate
-  pipeline  compile the Kubeflow pipeline, or run it locally (see 'rloo pipeline --help')
-  demo    build a tiny model and toy task locally and train on it for a few updates
+  train      RLOO training (flags as the classic TRL RLOO trainer; see 'rloo train --help')
+  eval       win rates of a trained model and its SFT baseline against references, by an LLM judge
+  push       publish a trained model (object storage, MLflow registry, Hub) behind a promotion gate
+  pipeline   compile the Kubeflow pipeline, run it locally, or upload and run it on Kubeflow Pipelines
+  demo       build a tiny model and toy task locally and train on it for a few updates
+
+'rloo <command> --help' lists a command's flags.
 """
 
 

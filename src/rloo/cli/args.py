@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
+import re
 import types
 import typing
 from pathlib import Path
@@ -34,14 +36,35 @@ def parse_bool(text: str) -> bool:
     raise ValueError(text)
 
 
+# A number, also in exponent notation or infinite: argparse's own pattern ('-1', '-.5') misses '-1e-3' and
+# takes it for a flag ("expected one argument").
+_NEGATIVE_NUMBER = re.compile(r"^-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$|^-inf(inity)?$", re.IGNORECASE)
+
+
+def did_you_mean(name: str, choices: typing.Iterable[str]) -> str:
+    """`` (did you mean X?)`` for the closest of ``choices`` to a mistyped ``name``, else ``''``."""
+    close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.7)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
 class _Parser(argparse.ArgumentParser):
-    """argparse that reports errors as one-line UserErrors instead of usage dumps."""
+    """argparse that reports errors as one-line UserErrors instead of usage dumps, and reads negative
+    numbers in any notation as values."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = _NEGATIVE_NUMBER  # argparse's hook for what a negative number is
 
     def error(self, message: str) -> typing.NoReturn:
+        # No program name here: the command prints the message after its own "rloo <command>: error: ".
         if message.startswith("unrecognized arguments:"):
-            flags = message.split(":", 1)[1].strip()
+            words = message.split(":", 1)[1].split()
+            flags = " ".join(
+                w + did_you_mean(w.split("=")[0], self._option_string_actions) if w.startswith("--") else w
+                for w in words
+            )
             raise UserError(f"unknown flag(s) {flags}: see '{self.prog} --help' for the accepted flags.")
-        raise UserError(f"{self.prog}: {message}.")
+        raise UserError(f"{message.removeprefix('argument ')}.")
 
 
 OneLineParser = _Parser  # for commands with their own hand-written flags
@@ -102,7 +125,9 @@ def build_parser(cls: type, prog: str, description: str, aliases: dict[str, str]
         kind = _kind(hints[f.name])
         names = [f"--{f.name}"] + [f"--{a}" for a, canon in aliases.items() if canon == f.name]
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-        help_text = f"{f.metadata.get('help', '')} (default: {default})"
+        help_text = f.metadata.get("help", "")
+        if default not in (None, []) and "default" not in help_text:  # no "(default: None)", no repeats
+            help_text += f" (default: {default})"
         kw: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS, "help": help_text}
         conv = _converter(f.name, kind)
         if kind.is_list:
@@ -151,13 +176,16 @@ def load_yaml_config(cls: type, path: str, aliases: dict[str, str]) -> dict[str,
         raise UserError(f"--config {path}: expected a mapping of flag names to values at the top level.")
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
+    unknown = [str(k) for k in data if aliases.get(str(k), str(k)) not in names]
+    if unknown:
+        keys = ", ".join(f"{k!r}{did_you_mean(k, [*names, *aliases])}" for k in unknown)
+        raise UserError(
+            f"--config {path}: unknown key{'s' if len(unknown) > 1 else ''} {keys}; keys are the flag names "
+            "without '--'."
+        )
     out: dict[str, Any] = {}
     for raw_key, value in data.items():
         key = aliases.get(str(raw_key), str(raw_key))
-        if key not in names:
-            raise UserError(
-                f"--config {path}: unknown key {raw_key!r}; keys are the flag names without '--'."
-            )
         if key in out:
             raise UserError(f"--config {path}: {key!r} is given twice (once under an alias); keep one.")
         out[key] = _coerce_yaml(cls, key, value, hints)

@@ -49,9 +49,15 @@ def chart_copy() -> Path:
     return repo_root() / "helm" / "files" / "rloo_pipeline.yaml"
 
 
+def readme_path() -> Path:
+    """``pipelines/README.md``: its parameter table is generated from the pipeline's signature."""
+    return repo_root() / "pipelines" / "README.md"
+
+
 def compile_pipeline(output: str | os.PathLike[str] | None = None) -> list[Path]:
     """Write the compiled pipeline YAML to ``output``; by default to the committed file and, when the chart
-    is there, the chart's copy. Returns the paths written."""
+    is there, the chart's copy, and refresh the parameter table of ``pipelines/README.md``. Returns the
+    paths written."""
     from kfp import compiler
 
     out = Path(output) if output else default_yaml()
@@ -63,6 +69,14 @@ def compile_pipeline(output: str | os.PathLike[str] | None = None) -> list[Path]
         chart.parent.mkdir(exist_ok=True)
         chart.write_bytes(out.read_bytes())
         written.append(chart)
+    readme = readme_path()
+    if output is None and readme.is_file():
+        from rloo.pipeline.params import readme_with_table
+
+        text = readme.read_text()
+        if readme_with_table(text) != text:
+            readme.write_text(readme_with_table(text))
+            written.append(readme)
     return written
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shlex
 import time
 from collections.abc import Iterator
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from rloo.errors import UserError
+from rloo.pipeline.failure import recording_stdout, run_failure
 from rloo.toy import TOY_UPDATES
 
 STORE_DIR, KFP_DIR, ASSETS_DIR, MLFLOW_DIR = "store", "kfp", "assets", "mlruns"
@@ -76,19 +76,13 @@ def embedded_params(workdir: Path, *, updates: int = TOY_UPDATES, seed: int = 0)
     }
 
 
-def check_names(params: dict[str, Any], *, required: bool) -> None:
-    """One-line UserErrors for parameters the pipeline does not have and (``required``) ones it needs."""
-    from rloo.pipeline.compile import load_pipeline
+def check_names(params: dict[str, Any], *, required: bool) -> dict[str, Any]:
+    """One-line UserErrors for parameters the pipeline does not have, (``required``) ones it needs, and
+    values of the wrong type; returns the values converted to the parameters' types
+    (:func:`rloo.pipeline.params.check_params`)."""
+    from rloo.pipeline.params import check_params
 
-    func = load_pipeline()
-    unknown = sorted(set(params) - set(func.component_spec.inputs or {}))
-    if unknown:
-        raise UserError(
-            f"unknown pipeline parameter(s) {', '.join(unknown)}; see pipelines/rloo_pipeline.py."
-        )
-    missing = sorted(set(func.required_inputs) - set(params))
-    if required and missing:
-        raise UserError(f"missing pipeline parameter(s) {', '.join(missing)}: pass --param NAME=VALUE.")
+    return check_params(params, required=required)
 
 
 def run_local(params: dict[str, Any], pipeline_root: str | os.PathLike[str]) -> LocalResult:
@@ -98,18 +92,18 @@ def run_local(params: dict[str, Any], pipeline_root: str | os.PathLike[str]) -> 
     from rloo.pipeline.compile import load_pipeline
 
     func = load_pipeline()
-    check_names(params, required=True)
+    params = check_names(params, required=True)  # before local.init: KFP's type check is a traceback
     root = Path(pipeline_root).resolve()
     root.mkdir(parents=True, exist_ok=True)
     before = set(os.listdir(root))
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(root))
     start = time.perf_counter()
+    console: list[str] = []
     try:
-        func(**params)
+        with recording_stdout(console):
+            func(**params)
     except RuntimeError as e:
-        # kfp.local reports a failed step as RuntimeError; the step's own message is in the log above
-        plain = re.sub(r"\x1b\[[0-9;]*m", "", str(e))  # kfp.local colours its messages
-        raise UserError(f"local pipeline run failed: {' '.join(plain.split())[:300]}") from None
+        raise UserError(run_failure(str(e), "".join(console))) from None
     new = sorted(set(os.listdir(root)) - before)
     if not new:
         raise UserError(f"the local run wrote nothing under {root}; is another run using it?")
@@ -144,7 +138,7 @@ def run_pipeline_locally(
     from rloo.toy_judge import MODEL, ToyJudge
     from rloo.tracking.runs import DEFAULT_EXPERIMENT
 
-    check_names(user_params, required=False)  # before anything is built
+    user_params = check_names(user_params, required=False)  # before anything is built
     work = Path(workdir).resolve()
     work.mkdir(parents=True, exist_ok=True)
     params: dict[str, Any] = {} if "model" in user_params else embedded_params(work, updates=updates)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 import shlex
 import sys
 import tempfile
@@ -101,13 +102,16 @@ def validate_params(
     if num_nodes > 1 and not output_uri.startswith("s3://"):
         raise UserError(f"multi-node training needs an s3:// output_uri (got {output_uri!r}).")
     # parse_config is the CLI's own parser: extra_train_args get exactly the checks 'rloo train' applies.
-    parse_config(
-        RLOOConfig,
-        ["--model_name_or_path", _PLACEHOLDER_MODEL, "--output_dir", "validate", *train_args(train)],
-        prog="pipeline parameters",
-        description="",
-        aliases=ALIASES,
-    )
+    try:
+        parse_config(
+            RLOOConfig,
+            ["--model_name_or_path", _PLACEHOLDER_MODEL, "--output_dir", "validate", *train_args(train)],
+            prog="pipeline parameters",
+            description="",
+            aliases=ALIASES,
+        )
+    except UserError as e:
+        raise UserError(_in_pipeline_terms(str(e), train)) from None
     if not judge_base_url:
         raise UserError("judge_base_url is required: the OpenAI-compatible endpoint of the judge.")
     EvalConfig(
@@ -125,6 +129,18 @@ def validate_params(
         registered_model_name=registered_model_name or None,
         hub_repo_id=hub_repo_id or None,
     )
+
+
+def _in_pipeline_terms(message: str, train: TrainParams) -> str:
+    """A message of 'rloo train' in the pipeline's terms: its flags that are pipeline parameters named as the
+    parameters (``--rloo_k`` -> ``rloo_k``); the others are flags of ``extra_train_args``."""
+    if message.startswith("no reward source") and not train.reward_model_path:
+        return (
+            "no reward source: set the pipeline parameter reward_model_path (a reward model) and/or put "
+            "--reward_funcs pkg.module:fn in extra_train_args."
+        )
+    names = "|".join(f for f in TrainParams.__dataclass_fields__ if f != "extra_train_args")
+    return re.sub(rf"--({names})\b", r"\1", message)
 
 
 def check_pipeline_params(

@@ -166,14 +166,12 @@ def connect(
 
 
 def params_for_submit(params: dict[str, Any]) -> dict[str, Any]:
-    """Check parameters against the pipeline (names, required ones, the validate step's checks) before
-    anything is sent; returns them unchanged."""
-    from rloo.pipeline.compile import load_pipeline
-    from rloo.pipeline.local import check_names
+    """Check parameters against the pipeline (names, required ones, types, the validate step's checks)
+    before anything is sent; returns them converted to the parameters' types."""
+    from rloo.pipeline.params import check_params, with_defaults
     from rloo.pipeline.steps import check_pipeline_params
 
-    check_names(params, required=True)
-    inputs = load_pipeline().component_spec.inputs or {}
-    full = {k: v.default for k, v in inputs.items() if v.default is not None} | params
-    check_pipeline_params(full, check_paths=False)  # a local path names a path inside the cluster's pods
+    params = check_params(params, required=True)
+    # check_paths=False: a local path names a path inside the cluster's pods
+    check_pipeline_params(with_defaults(params), check_paths=False)
     return params

@@ -77,6 +77,29 @@ def resolve_model_dir(model_path: str, work: Path) -> Path:
     return path
 
 
+def check_model_source(model_path: str) -> None:
+    """:func:`resolve_model_dir`'s checks without downloading: a local directory is checked in place, an
+    ``s3://`` prefix by its manifest (complete, with the files a finished training run writes)."""
+    loc = Location.parse(model_path)
+    if not loc.is_s3:
+        resolve_model_dir(model_path, Path())  # a local directory is only read
+        return
+    try:
+        files = set(read_manifest(loc).by_path)
+    except UserError as e:
+        raise UserError(f"--model_path {model_path}: {e}") from None
+    for name in REQUIRED_MODEL_FILES:
+        if name not in files:
+            why = "training did not finish" if name == "training_complete.json" else "not a model directory"
+            raise UserError(
+                f"--model_path {model_path}: {name} is missing ({why}); push a finished 'rloo train' output_dir."
+            )
+    if not any(f.endswith(".safetensors") and "/" not in f for f in files):
+        raise UserError(
+            f"--model_path {model_path}: no *.safetensors weights; push a finished 'rloo train' output_dir."
+        )
+
+
 def read_eval_results(uri: str | None) -> EvalResults | None:
     if not uri:
         return None
@@ -187,17 +210,19 @@ def _raise_mlflow_as_user_error(exc: BaseException) -> None:
 def run_push(cfg: PushConfig, *, hub_api: Any = None, mlflow_client: Any = None) -> dict[str, Any]:
     """Run the push stage; returns (and writes to ``<output_dir>/push_result.json``) the result."""
     out = Path(cfg.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
     result_path = out / RESULT_FILE
     result_path.unlink(missing_ok=True)  # a stale result must not outlive a failed re-run
 
-    model_dir = resolve_model_dir(str(cfg.model_path), out)
+    # every input is checked before output_dir is created: bad input leaves nothing behind
+    check_model_source(str(cfg.model_path))
     eval_results = read_eval_results(cfg.eval_results)
     decision = decide(eval_results, cfg.promotion_margin)
     if cfg.hub_repo_id and (decision.promoted or cfg.hub_push_candidates):
         from rloo.push.hub import hub_token
 
         hub_token()  # fail on a missing token now, before anything is published
+    out.mkdir(parents=True, exist_ok=True)
+    model_dir = resolve_model_dir(str(cfg.model_path), out)
 
     staged = stage_files(model_dir, cfg.eval_results, eval_results, out / "publish")
     digests = {f.name: sha256_file(f) for f in sorted(staged.iterdir())}

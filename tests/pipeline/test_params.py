@@ -1,0 +1,88 @@
+"""The pipeline's parameters: the README table and the example file match the pipeline, and values of the
+wrong type are refused in one line before KFP (or kfp.local) sees them."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rloo.errors import UserError
+from rloo.pipeline.compile import parse_params, readme_path, repo_root
+from rloo.pipeline.params import TABLE_BEGIN, TABLE_END, pipeline_params, readme_with_table
+
+EXAMPLE = repo_root() / "pipelines" / "params.example.yaml"
+
+
+def test_readme_table_is_the_pipelines_parameters() -> None:
+    """pipelines/README.md carries the table generated from rloo_pipeline.py ('rloo pipeline compile'
+    refreshes it): it cannot drift from the pipeline."""
+    text = readme_path().read_text()
+    assert text.count(TABLE_BEGIN) == 1 and text.count(TABLE_END) == 1
+    assert readme_with_table(text) == text, "stale parameter table: run 'rloo pipeline compile'"
+    table = text.split(TABLE_BEGIN, 1)[1].split(TABLE_END, 1)[0]
+    rows = [line for line in table.splitlines() if line.startswith("| `")]
+    params = pipeline_params()
+    assert [row.split("`")[1] for row in rows] == [p.name for p in params]
+    for row, p in zip(rows, params, strict=True):
+        assert p.help and p.type in row, row
+        assert ("*required*" in row) == p.required
+
+
+def test_example_params_file_validates() -> None:
+    from rloo.pipeline.params import check_params
+    from rloo.pipeline.submit import params_for_submit
+
+    params = parse_params([], str(EXAMPLE))
+    assert set(params) >= {p.name for p in pipeline_params() if p.required}
+    assert check_params(params, required=True) == params  # every value already has its parameter's type
+    assert params_for_submit(params) == params  # the validate step's checks too
+
+
+def test_example_params_file_is_accepted_by_submit(capsys: pytest.CaptureFixture[str]) -> None:
+    from rloo.cli.pipeline_cmd import main
+
+    # a closed port: the parameters were accepted when the error is about the connection
+    assert main(["submit", "--host", "http://127.0.0.1:9", "--params", str(EXAMPLE)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("rloo pipeline: error: Kubeflow Pipelines") and "127.0.0.1:9" in err
+
+
+@pytest.fixture
+def own_tempdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The system temp dir of this test alone (kfp.local makes its kfp-workspace-* directories there)."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    return tmp
+
+
+@pytest.mark.parametrize(
+    ("param", "message"),
+    [
+        ("learning_rate=abc", "pipeline parameter learning_rate expects a number (got 'abc')."),
+        ("rloo_k=four", "pipeline parameter rloo_k expects an integer (got 'four')."),
+    ],
+)
+def test_local_run_refuses_a_bad_type_in_one_line(
+    own_tempdir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], param: str, message: str
+) -> None:
+    from rloo.cli.pipeline_cmd import main
+
+    work = tmp_path / "work"
+    assert main(["run", "--local", "--workdir", str(work), "--param", param]) == 2
+    out, err = capsys.readouterr()
+    assert err == f"rloo pipeline: error: {message}\n" and "Traceback" not in out
+    assert not work.exists()  # refused before anything was built
+    assert list(own_tempdir.iterdir()) == []
+
+
+def test_run_local_checks_types_before_kfp_local_starts(own_tempdir: Path, tmp_path: Path) -> None:
+    from rloo.pipeline.local import run_local
+
+    params: dict[str, Any] = {p.name: "x" for p in pipeline_params() if p.required}
+    with pytest.raises(UserError, match=r"^pipeline parameter rloo_k expects an integer \(got 'four'\)\.$"):
+        run_local(params | {"rloo_k": "four"}, tmp_path / "kfp")
+    assert list(own_tempdir.iterdir()) == []  # no kfp-workspace-* left behind
