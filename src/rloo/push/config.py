@@ -72,6 +72,11 @@ class PushConfig:
         "Promote only if the lower bound of the 95 percent interval of the paired win-rate difference (trained "
         "minus SFT) is above this.",
     )
+    base_model: str | None = _f(
+        None,
+        "Base (SFT) model named in the model card: a Hub id or the store URI it was fetched to (default: the "
+        "training config's model, which is a local path when training ran on a copy).",
+    )
     model_name: str | None = _f(
         None, "Name shown in the model card (default: registered_model_name, hub repo, or the directory)."
     )

@@ -288,11 +288,7 @@ def _push(
 
     train_cfg = _read_json(model_dir / "rloo_config.json")
     metrics = _read_metrics(model_dir / "metrics.jsonl")
-    base_model = (
-        train_cfg.get("model_source")
-        or train_cfg.get("sft_model_path")
-        or train_cfg.get("model_name_or_path")
-    )
+    base_model = cfg.base_model or train_cfg.get("sft_model_path") or train_cfg.get("model_name_or_path")
     name = (
         cfg.model_name
         or (registry.name if registry is not None else None)
