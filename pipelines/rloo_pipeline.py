@@ -85,6 +85,7 @@ def rloo_pipeline(
     mlflow_experiment: str = "rloo",
     production_uri: str = "",
     registered_model_name: str = "",
+    register_model: bool = True,
     hub_repo_id: str = "",
     promotion_margin: float = 0.0,
     s3_secret: str = "rloo-s3",
@@ -122,7 +123,8 @@ def rloo_pipeline(
         namespace: Namespace of the multi-node PyTorchJob (default: the pipeline's own).
         mlflow_experiment: MLflow experiment of the pipeline (parent) run and the stage runs.
         production_uri: Where a promoted model is copied (empty: nowhere).
-        registered_model_name: MLflow Model Registry name (empty: not registered).
+        registered_model_name: MLflow Model Registry name (empty: named after mlflow_experiment).
+        register_model: Register a version when the MLflow secret names a tracking server (False: do not).
         hub_repo_id: Hugging Face Hub repo 'owner/name' for a promoted model (empty: not uploaded).
         promotion_margin: Promote when the 95% lower bound of (trained - SFT) win rate is above this.
         s3_secret: Kubernetes secret with AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, S3_ENDPOINT_URL.
@@ -159,6 +161,7 @@ def rloo_pipeline(
             output_uri=output_uri,
             promotion_margin=promotion_margin,
             registered_model_name=registered_model_name,
+            register_model=register_model,
             hub_repo_id=hub_repo_id,
         ).set_display_name("validate parameters")
         kubernetes.set_timeout(check, C.VALIDATE_TIMEOUT_S)
@@ -229,10 +232,12 @@ def rloo_pipeline(
 
         push = push_model(
             trained_model_uri=trained,
+            sft_model=fetch.outputs["sft_model"],
             eval_results=judge.outputs["Output"],
             output_uri=output_uri,
             production_uri=production_uri,
             registered_model_name=registered_model_name,
+            register_model=register_model,
             hub_repo_id=hub_repo_id,
             promotion_margin=promotion_margin,
             **common,

@@ -147,3 +147,8 @@ def test_toy_eval_dataset_loads_as_evaluation_rows(tmp_path: Path) -> None:
     assert again.references == rows.references  # same seed, same rows
     with pytest.raises(ValueError, match="num_test"):
         write_toy_eval_dataset(tmp_path / "bad", num_test=0)
+    # the demo's set (32 rows, seed 1) has no repeated prompt: each would be judged and counted twice
+    demo = load_eval_rows(
+        str(write_toy_eval_dataset(tmp_path / "demo", seed=1)), "test", config=None, num_examples=None
+    )
+    assert len(set(demo.prompts)) == len(demo.prompts) == 32

@@ -29,27 +29,29 @@ def evaluate(
     import tempfile
 
     from rloo.pipeline.reports import eval_markdown, stage_run_link
-    from rloo.pipeline.steps import evaluate_stage
+    from rloo.pipeline.steps import durable_model_name, evaluate_stage
 
     os.environ.update(
         KFP_RUN_ID=kfp_run_id, KFP_RUN_NAME=kfp_run_name, MLFLOW_EXPERIMENT_NAME=mlflow_experiment
     )
     results_uri = f"{output_uri.rstrip('/')}/{kfp_run_id}/eval"
-    values, html = evaluate_stage(
-        trained_uri=trained_model_uri,
-        sft_uri=sft_model.metadata["uri"],
-        results_uri=results_uri,
-        dataset_name=dataset_name,
-        dataset_split=dataset_split,
-        num_examples=num_examples,
-        max_new_tokens=max_new_tokens,
-        judge_base_url=judge_base_url,
-        judge_model=judge_model,
-        work=tempfile.mkdtemp(prefix="rloo-eval-"),
-    )
+    with tempfile.TemporaryDirectory(prefix="rloo-eval-") as work:  # both models' downloads: removed after
+        values, html = evaluate_stage(
+            trained_uri=trained_model_uri,
+            sft_uri=sft_model.metadata["uri"],
+            sft_name=durable_model_name(dict(sft_model.metadata)),
+            results_uri=results_uri,
+            dataset_name=dataset_name,
+            dataset_split=dataset_split,
+            num_examples=num_examples,
+            max_new_tokens=max_new_tokens,
+            judge_base_url=judge_base_url,
+            judge_model=judge_model,
+            work=work,
+        )
+        shutil.copyfile(html, report.path)
     for name, value in values.items():
         metrics.log_metric(name, value)
-    shutil.copyfile(html, report.path)
     with open(summary.path, "w") as f:
         f.write(eval_markdown(values, results_uri, stage_run_link("eval", kfp_run_id)))
     return f"{results_uri}/eval_results.json"

@@ -1,7 +1,7 @@
 """Publish the trained model behind the promotion gate; the decision is the step's output."""
 
 from kfp import dsl
-from kfp.dsl import Markdown, Output
+from kfp.dsl import Input, Markdown, Model, Output
 
 from rloo.pipeline.images import SLIM_IMAGE
 
@@ -9,10 +9,12 @@ from rloo.pipeline.images import SLIM_IMAGE
 @dsl.component(base_image=SLIM_IMAGE, install_kfp_package=False)
 def push_model(
     trained_model_uri: str,
+    sft_model: Input[Model],
     eval_results: str,
     output_uri: str,
     production_uri: str,
     registered_model_name: str,
+    register_model: bool,
     hub_repo_id: str,
     promotion_margin: float,
     kfp_run_id: str,
@@ -21,28 +23,26 @@ def push_model(
     summary: Output[Markdown],
 ) -> str:
     import os
-    import tempfile
 
     from rloo.pipeline.reports import push_markdown, stage_run_link
-    from rloo.push.config import PushConfig
-    from rloo.push.stage import run_push
+    from rloo.pipeline.steps import durable_model_name, push_stage
 
     os.environ.update(
         KFP_RUN_ID=kfp_run_id, KFP_RUN_NAME=kfp_run_name, MLFLOW_EXPERIMENT_NAME=mlflow_experiment
     )
-    cfg = PushConfig(
-        model_path=trained_model_uri,
-        eval_results=eval_results,
-        output_dir=tempfile.mkdtemp(prefix="rloo-push-"),
-        run_id=kfp_run_id,
-        storage_uri=f"{output_uri.rstrip('/')}/published",
+    result = push_stage(
+        trained_uri=trained_model_uri,
+        eval_results_uri=eval_results,
+        output_uri=output_uri,
+        kfp_run_id=kfp_run_id,
+        base_model=durable_model_name(dict(sft_model.metadata)),
         production_uri=production_uri or None,
         registered_model_name=registered_model_name or None,
+        register_model=register_model,
         hub_repo_id=hub_repo_id or None,
         promotion_margin=promotion_margin,
         mlflow_experiment=mlflow_experiment,
     )
-    result = run_push(cfg)
     with open(summary.path, "w") as f:
         f.write(push_markdown(result, stage_run_link("push", kfp_run_id)))
     return result["decision"]

@@ -23,6 +23,7 @@ def train_rloo(
     runner; the Model artifact records it for lineage)."""
     import json
     import os
+    import shutil
     import tempfile
     from pathlib import Path
 
@@ -44,21 +45,27 @@ def train_rloo(
     ]
     work = os.environ.get("RLOO_WORK_DIR") or tempfile.mkdtemp(prefix="rloo-train-")
     argv += ["--work_dir", work]
-    rc = node_main([*argv, "--", *json.loads(train_args_json)])
-    if rc != 0:
-        raise SystemExit(rc)
-    trained_model.metadata.update(
-        {"uri": f"{base}/model", "sft_manifest_digest": sft_model.metadata.get("manifest_digest", "")}
-    )
-    with open(trained_model.path, "w") as f:
-        json.dump(dict(trained_model.metadata), f)
-    out = Path(work) / "output"
-    headline = reports.train_headline(reports.read_history(out))
-    for name, value in headline.items():
-        metrics.log_metric(name, value)
-    link = reports.stage_run_link("train", kfp_run_id)
-    with open(summary.path, "w") as f:
-        f.write(reports.train_markdown(headline, f"{base}/model", link, reports.latest_samples(out)))
+    try:
+        rc = node_main([*argv, "--", *json.loads(train_args_json)])
+        if rc != 0:
+            raise SystemExit(rc)
+        trained_model.metadata.update(
+            {"uri": f"{base}/model", "sft_manifest_digest": sft_model.metadata.get("manifest_digest", "")}
+        )
+        with open(trained_model.path, "w") as f:
+            json.dump(dict(trained_model.metadata), f)
+        out = Path(work) / "output"
+        headline = reports.train_headline(reports.read_history(out))
+        for name, value in headline.items():
+            metrics.log_metric(name, value)
+        link = reports.stage_run_link("train", kfp_run_id)
+        with open(summary.path, "w") as f:
+            f.write(reports.train_markdown(headline, f"{base}/model", link, reports.latest_samples(out)))
+    finally:
+        if not os.environ.get(
+            "RLOO_WORK_DIR"
+        ):  # a temporary copy: the model and checkpoints are in the store
+            shutil.rmtree(work, ignore_errors=True)
     return trained_model.metadata["uri"]
 
 

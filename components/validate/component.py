@@ -29,6 +29,7 @@ def validate_params(
     output_uri: str,
     promotion_margin: float,
     registered_model_name: str,
+    register_model: bool,
     hub_repo_id: str,
 ) -> str:
     """Returns the ``rloo train`` flags (a JSON list) built from the validated parameters."""

@@ -143,13 +143,14 @@ def write_toy_eval_dataset(path: str | Path, *, num_test: int = 32, seed: int = 
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    if num_test < 1:
-        raise ValueError(f"num_test must be >= 1 (got {num_test})")
+    pairs = [(i, t) for t in _TOPICS for i in _INSTRUCTIONS]
+    if not 1 <= num_test <= len(pairs):
+        raise ValueError(f"num_test must be in [1, {len(pairs)}] (got {num_test})")
     rng = random.Random(seed)
     prompts, refs = [], []
-    for _ in range(num_test):
-        topic = rng.choice(_TOPICS)
-        prompts.append(f"{rng.choice(_INSTRUCTIONS)} {topic}:")
+    # distinct prompts: a repeated one would be judged twice and count twice in the win rates
+    for instruction, topic in rng.sample(pairs, num_test):
+        prompts.append(f"{instruction} {topic}:")
         a, b = rng.sample(_REFERENCE_WORDS, 2)
         refs.append(f"{topic} is {a} and {b}")
     data = Path(path) / "data"

@@ -108,7 +108,11 @@ def test_custom_template_reaches_the_server(scripted_judge: ScriptedJudge) -> No
 def test_preflight_passes_on_a_healthy_judge(scripted_judge: ScriptedJudge) -> None:
     judge = PairwiseJudge(settings(scripted_judge))
     judge.preflight()
-    assert judge.stats.requests == 1
+    assert judge.stats.preflight_requests == 1
+    # the check is counted apart: the judgement requests add up with the judgements' statuses (the report
+    # printed "Judge requests: 129" next to {'ok': 128})
+    judge.judge(["p1", "p2"], ["o1", "o2"], ["r1", "r2"])
+    assert judge.stats.requests == sum(judge.stats.statuses.values()) == 4
 
 
 def test_wrong_key_is_a_user_error(scripted_judge: ScriptedJudge) -> None:

@@ -60,7 +60,8 @@ def test_dag_edges(docs: tuple[dict[str, Any], dict[str, Any]]) -> None:
     assert "validate-params" in inner["condition-branches-2"]["dependentTasks"]
     assert "fetch-sft" in inner["condition-branches-2"]["dependentTasks"]
     assert set(inner["evaluate"]["dependentTasks"]) == {"condition-branches-2", "fetch-sft"}
-    assert set(inner["push-model"]["dependentTasks"]) == {"condition-branches-2", "evaluate"}
+    # fetch-sft: the push names the base model by where it was fetched from (Hub id or store URI)
+    assert set(inner["push-model"]["dependentTasks"]) == {"condition-branches-2", "evaluate", "fetch-sft"}
     branches = _tasks(spec, "comp-condition-branches-2")
     conditions = sorted(t["triggerPolicy"]["condition"] for t in branches.values())
     assert conditions == [

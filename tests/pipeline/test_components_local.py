@@ -39,6 +39,7 @@ GOOD: dict[str, Any] = dict(
     output_uri="s3://b/p",
     promotion_margin=0.0,
     registered_model_name="",
+    register_model=True,
     hub_repo_id="",
 )
 

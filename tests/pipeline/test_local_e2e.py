@@ -33,15 +33,17 @@ def local_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     from rloo.cli.pipeline_cmd import main
 
     work = tmp_path_factory.mktemp("local")
+    tmp = tmp_path_factory.mktemp("system-tmp")  # the steps' temporary directories go here
     mp = pytest.MonkeyPatch()
     mp.delenv("MLFLOW_TRACKING_URI", raising=False)
+    mp.setenv("TMPDIR", str(tmp))
     out = io.StringIO()
     try:
         with redirect_stdout(out):
             rc = main(["run", "--local", "--workdir", str(work), "--updates", "3"])
     finally:
         mp.undo()
-    return {"rc": rc, "stdout": out.getvalue(), "work": work}
+    return {"rc": rc, "stdout": out.getvalue(), "work": work, "tmp": tmp}
 
 
 def _outputs(run_dir: Path, step: str) -> dict[str, Any]:
@@ -75,8 +77,26 @@ def test_object_store_holds_verified_models_and_results(local_run: dict[str, Any
     results = json.loads((run / "eval" / "eval_results.json").read_text())
     assert results["num_examples"] == 32  # the toy evaluation split, judged in full
     (published,) = (store / "published").iterdir()
-    assert "rloo" in (published / "README.md").read_text()  # the model card
+    card = (published / "README.md").read_text()
+    assert "rloo" in card  # the model card
     verify_prefix(str(published))
+    # durable locations, not the steps' deleted temporary copies
+    assert f"base_model: {run / 'sft'}" in card
+    models = results["models"]
+    assert (models["trained"]["path"], models["baseline"]["path"]) == (str(run / "model"), str(run / "sft"))
+    assert results["settings"]["output_dir"] == str(run / "eval")
+    # push_result.json beside the model and the evaluation, not only an MLflow artifact
+    verify_prefix(str(run / "push"))
+    pushed = json.loads((run / "push" / "push_result.json").read_text())
+    assert (
+        pushed["storage"]["uri"] == published.as_uri() and pushed["mlflow"]["registered_model_name"] == "rloo"
+    )
+    leftovers = [
+        p.name
+        for p in local_run["tmp"].iterdir()
+        if p.name.startswith(("rloo-train-", "rloo-eval-", "rloo-push-"))
+    ]
+    assert leftovers == []
 
 
 def test_kfp_ui_artifacts(local_run: dict[str, Any]) -> None:
@@ -124,6 +144,11 @@ def test_mlflow_has_the_pipeline_run_and_its_stages(local_run: dict[str, Any]) -
     assert stages["push"].data.tags.get("rloo.promotion") in {"champion", "candidate", "rejected"}
     # artifacts live under the work directory, not in some step's temporary cwd
     assert any(Path(exp.artifact_location.removeprefix("file://")).rglob("eval_results.json"))
+    # registered by default, under the experiment's name, with the push decision as its alias
+    (version,) = client.search_model_versions("name = 'rloo'")
+    assert client.get_model_version("rloo", version.version).aliases == [
+        stages["push"].data.tags["rloo.promotion"]
+    ]
 
 
 def test_same_command_reports_to_a_real_mlflow_server_and_bucket(
@@ -168,3 +193,7 @@ def test_same_command_reports_to_a_real_mlflow_server_and_bucket(
     assert stages == {"train", "eval", "push"}
     (ev,) = (r for r in runs if r.data.tags.get("rloo.stage") == "eval")
     assert {a.path for a in client.list_artifacts(ev.info.run_id, "eval")} >= {"eval/eval_results.json"}
+    # a tracking server registers the model by default, under the experiment's name
+    (version,) = client.search_model_versions(f"name = '{experiment}'")
+    assert version.tags["rloo.source_run"] == run_prefix.rsplit("/", 1)[1]
+    verify_prefix(f"{run_prefix}/push")

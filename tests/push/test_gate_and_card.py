@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 import yaml
@@ -171,7 +172,13 @@ def test_config_errors_name_the_field(kw: dict, match: str, monkeypatch: pytest.
         PushConfig(**kw)
 
 
-def test_registry_needs_a_tracking_server(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_registry_needs_a_tracking_server(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Checked when the push runs (before anything is written), not when the config is built: the pipeline's
+    validate pod has no MLflow secret."""
+    from rloo.push import run_push
+
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    cfg = PushConfig(model_path="m", registered_model_name="rloo-model", output_dir=str(tmp_path / "out"))
     with pytest.raises(UserError, match="set MLFLOW_TRACKING_URI"):
-        PushConfig(model_path="m", registered_model_name="rloo-model")
+        run_push(cfg)
+    assert not (tmp_path / "out").exists()

@@ -219,3 +219,131 @@ def test_cli_in_a_pipeline_pod(
     assert run.data.tags["kfp.run_id"] == "kfp-cli-run" and run.data.tags["kfp.run_name"] == "nightly"
     parent = MlflowClient().get_run(run.data.tags["mlflow.parentRunId"])
     assert parent.data.tags["rloo.kind"] == "pipeline"
+
+
+def test_registers_by_default_under_the_experiment_name_with_an_opt_out(
+    push_env: S3Server, trained_dir: Path, tmp_path: Path
+) -> None:
+    """With a tracking server and no --registered_model_name the version goes to a model named after the
+    experiment; --register_model false only logs the push run."""
+    name = _name()
+    ev = write_eval(tmp_path / "ev.json", lo=0.04)
+    result = run_push(
+        PushConfig(
+            model_path=str(trained_dir),
+            eval_results=str(ev),
+            output_dir=str(tmp_path / "a"),
+            mlflow_experiment=name,
+            run_id="default-name",
+        )
+    )
+    client = MlflowClient()
+    assert result["mlflow"]["registered_model_name"] == name
+    assert client.get_model_version_by_alias(name, "champion").version == result["mlflow"]["version"]
+
+    other = _name()
+    opted_out = run_push(
+        PushConfig(
+            model_path=str(trained_dir),
+            eval_results=str(ev),
+            output_dir=str(tmp_path / "b"),
+            mlflow_experiment=other,
+            register_model=False,
+        )
+    )
+    assert set(opted_out["mlflow"]) == {"run_id"}
+    with pytest.raises(MlflowException):
+        client.get_registered_model(other)
+    with pytest.raises(UserError, match="--register_model is false"):
+        PushConfig(model_path=str(trained_dir), registered_model_name="x", register_model=False)
+
+
+def test_rerun_that_decides_candidate_gives_champion_back(
+    push_env: S3Server, trained_dir: Path, tmp_path: Path
+) -> None:
+    """Run 'old' is champion, run 'new' takes over; re-judging 'new' with a higher margin makes it candidate:
+    'champion' (and the production copy) go back to 'old'. Demoting the last champion removes the alias."""
+    name = _name()
+    ev = write_eval(tmp_path / "ev.json", lo=0.01)
+    client = MlflowClient()
+
+    def push(run: str, margin: float) -> dict:
+        return run_push(
+            _cfg(push_env, trained_dir, ev, tmp_path / run, name, run_id=run, promotion_margin=margin),
+            hub_api=FakeHfApi(),
+        )
+
+    old = push("old", 0.0)
+    new = push("new", 0.0)
+    assert client.get_model_version_by_alias(name, "champion").version == new["mlflow"]["version"]
+    demoted = push("new", 0.05)
+    assert demoted["decision"] == "candidate" and demoted["mlflow"]["aliases"] == ["candidate"]
+    assert demoted["mlflow"]["champion_version"] == old["mlflow"]["version"]
+    assert client.get_model_version_by_alias(name, "champion").version == old["mlflow"]["version"]
+    assert demoted["production"]["restored_from"] == old["storage"]["uri"]
+    prod = read_manifest(demoted["production"]["uri"]).by_path
+    assert prod == read_manifest(old["storage"]["uri"]).by_path
+
+    last = push("old", 0.05)
+    assert last["decision"] == "candidate" and last["mlflow"]["champion_version"] is None
+    with pytest.raises(MlflowException, match="alias"):
+        client.get_model_version_by_alias(name, "champion")
+    assert last["production"]["stale"] is True
+
+
+def test_retrying_an_older_run_does_not_take_champion_back(
+    push_env: S3Server, trained_dir: Path, tmp_path: Path
+) -> None:
+    """Seniority is the pipeline (parent) run's start time: a run started earlier that pushes after a newer
+    champion is registered as candidate, and push_result.json says why."""
+    import time
+
+    name = _name()
+    ev = write_eval(tmp_path / "ev.json", lo=0.04)
+    client = MlflowClient()
+    exp_id = client.create_experiment(f"push-{name}")
+    now = int(time.time() * 1000)
+    early = client.create_run(exp_id, start_time=now - 3_600_000, run_name="early").info.run_id
+    late = client.create_run(exp_id, start_time=now, run_name="late").info.run_id
+
+    newer = run_push(
+        _cfg(push_env, trained_dir, ev, tmp_path / "late", name, run_id="late", mlflow_parent_run_id=late),
+        hub_api=FakeHfApi(),
+    )
+    assert newer["decision"] == "champion"
+    hub = FakeHfApi()
+    older = run_push(
+        _cfg(push_env, trained_dir, ev, tmp_path / "early", name, run_id="early", mlflow_parent_run_id=early),
+        hub_api=hub,
+    )
+    assert older["decision"] == "candidate" and older["promoted"] is False
+    assert "lower bound above the margin" in older["reason"] and "newer run" in older["reason"]
+    assert f"version {newer['mlflow']['version']} of late" in older["reason"]
+    assert older["mlflow"]["aliases"] == ["candidate"] and older["production"] is None and hub.calls == []
+    assert client.get_model_version_by_alias(name, "champion").version == newer["mlflow"]["version"]
+    on_disk = json.loads((tmp_path / "early" / "push_result.json").read_text())
+    assert on_disk["decision"] == "candidate" and "newer run" in on_disk["reason"]
+    mv = client.get_model_version(name, older["mlflow"]["version"])
+    assert mv.tags["rloo.promotion"] == "candidate" and int(mv.tags["rloo.run_started_ms"]) == now - 3_600_000
+
+
+def test_registered_version_loads_back(push_env: S3Server, trained_dir: Path, tmp_path: Path) -> None:
+    """The hand-written MLmodel is a real transformers flavor: the registered champion loads through the
+    registry (models:/name@champion) with mlflow.transformers and mlflow.pyfunc, and generates."""
+    import mlflow.pyfunc
+    import mlflow.transformers
+
+    name = _name()
+    ev = write_eval(tmp_path / "ev.json", lo=0.04)
+    run_push(_cfg(push_env, trained_dir, ev, tmp_path / "out", name), hub_api=FakeHfApi())
+    uri = f"models:/{name}@champion"
+    for d in ("tf", "pyfunc"):
+        (tmp_path / d).mkdir()
+    pipe = mlflow.transformers.load_model(uri, dst_path=str(tmp_path / "tf"))
+    assert type(pipe).__name__ == "TextGenerationPipeline"
+    assert pipe.model.config.architectures == ["GPTNeoXForCausalLM"]
+    (generated,) = pipe("hello", max_new_tokens=3, do_sample=False)
+    assert generated["generated_text"].startswith("hello")
+    model = mlflow.pyfunc.load_model(uri, dst_path=str(tmp_path / "pyfunc"))
+    (text,) = model.predict(["hello"], params={"max_new_tokens": 3})
+    assert isinstance(text, str) and text

@@ -65,8 +65,10 @@ class Judgement:
 
 @dataclass
 class JudgeStats:
-    requests: int = 0  # HTTP attempts, retries included
+    requests: int = 0  # HTTP attempts for judgements, retries included
     retries: int = 0
+    # the connectivity check before generation: counted apart, so requests matches the judgements' statuses
+    preflight_requests: int = 0
     statuses: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
@@ -243,7 +245,10 @@ class PairwiseJudge:
             finally:
                 await client.close()
 
+        before = (self.stats.requests, self.stats.retries)
         j = asyncio.run(go())
+        self.stats.preflight_requests += self.stats.requests - before[0]
+        self.stats.requests, self.stats.retries = before
         if j.status == ERROR:
             raise UserError(
                 f"the judge at {self.s.base_url} is unreachable or failing ({j.error} after {j.attempts} "

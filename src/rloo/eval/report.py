@@ -98,7 +98,7 @@ disagree, 0 = both prefer the reference). Invalid pairs (an unparseable or faile
 <table><tr><th>model</th><th>path</th><th>win rate</th><th>95% CI</th><th>wins / ties / losses</th>
 <th>invalid</th><th>order agreement</th></tr>{"".join(rows)}</table>
 {diff_html}
-<p>Judge requests: {judge["requests"]} ({judge["retries"]} retries); judgements by status: {_e(judge["statuses"])}.
+<p>Judge requests: {judge["requests"]} ({judge["retries"]} retries, plus {judge.get("preflight_requests", 0)} connectivity check); judgements by status: {_e(", ".join(f"{k} {v}" for k, v in judge["statuses"].items()))}.
 Engine: {_e(results["engine"])}, max_new_tokens {settings["max_new_tokens"]}, temperature {settings["temperature"]}.</p>
 <h2>Examples ({min(len(examples), max_examples)} of {len(examples)})</h2>
 {"".join(ex_html)}

@@ -41,8 +41,14 @@ def make_judge(cfg: EvalConfig) -> PairwiseJudge:
     )
 
 
-def run_eval(cfg: EvalConfig, *, engine: GenerationEngine | None = None) -> dict[str, Any]:
-    """Run the whole stage; returns the contents of ``eval_results.json``."""
+def run_eval(
+    cfg: EvalConfig, *, engine: GenerationEngine | None = None, sources: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """Run the whole stage; returns the contents of ``eval_results.json``.
+
+    ``sources``: durable names to record instead of the local paths (``trained``, ``baseline``: where the
+    models were downloaded from; ``output``: where the output directory is published), for callers that
+    evaluate temporary copies, such as the pipeline's evaluate step."""
     assert cfg.model_name_or_path and cfg.dataset_name  # validated
     rows = load_eval_rows(
         cfg.dataset_name, cfg.dataset_split, config=cfg.dataset_config, num_examples=cfg.num_examples
@@ -75,7 +81,7 @@ def run_eval(cfg: EvalConfig, *, engine: GenerationEngine | None = None) -> dict
         verdicts = [(a.verdict, b.verdict) for a, b in judged[label]]
         scores[label] = [pair_score(a, b) for a, b in verdicts]
         summaries[label] = {
-            "path": models[label],
+            "path": (sources or {}).get(label, models[label]),
             **summarize_scores(verdicts, samples=cfg.bootstrap_samples, seed=cfg.seed),
         }
         if summaries[label]["num_valid"] == 0:
@@ -102,7 +108,7 @@ def run_eval(cfg: EvalConfig, *, engine: GenerationEngine | None = None) -> dict
         },
         "invalid": sum(m["num_invalid"] for m in summaries.values()),
         "ties": sum(m["num_ties"] for m in summaries.values()),
-        "settings": cfg.to_dict(),
+        "settings": recorded_settings(cfg, sources),
     }
     examples = [
         {
@@ -127,6 +133,19 @@ def run_eval(cfg: EvalConfig, *, engine: GenerationEngine | None = None) -> dict
     return results
 
 
+def recorded_settings(cfg: EvalConfig, sources: dict[str, str] | None) -> dict[str, Any]:
+    """The config as recorded (results, MLflow params): model and output locations replaced by ``sources``."""
+    settings = cfg.to_dict()
+    for key, field in (
+        ("trained", "model_name_or_path"),
+        ("baseline", "baseline_model"),
+        ("output", "output_dir"),
+    ):
+        if (sources or {}).get(key) and settings.get(field):
+            settings[field] = sources[key]  # type: ignore[index]
+    return settings
+
+
 def _sinks(cfg: EvalConfig) -> list[Any]:
     from rloo.tracking import sinks_from_env
 
@@ -140,7 +159,7 @@ def _report(sinks: list[Any], cfg: EvalConfig, results: dict[str, Any], out: Pat
         sink.open(out)
         status = "FAILED"
         try:
-            sink.log_params(flatten_params(cfg.to_dict()))
+            sink.log_params(flatten_params(results["settings"]))
             sink.log_metrics(flat_metrics(results), step=0)
             for name in (RESULTS_FILE, JUDGEMENTS_FILE, REPORT_FILE):
                 sink.log_artifact(out / name, "eval")

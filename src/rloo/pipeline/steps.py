@@ -75,6 +75,7 @@ def validate_params(
     output_uri: str,
     promotion_margin: float,
     registered_model_name: str = "",
+    register_model: bool = True,
     hub_repo_id: str = "",
     check_paths: bool = True,
     eval_max_new_tokens: int = 200,
@@ -127,6 +128,7 @@ def validate_params(
         model_path=_PLACEHOLDER_MODEL,
         promotion_margin=promotion_margin,
         registered_model_name=registered_model_name or None,
+        register_model=register_model,
         hub_repo_id=hub_repo_id or None,
     )
 
@@ -162,6 +164,7 @@ def check_pipeline_params(
         output_uri=str(params["output_uri"]),
         promotion_margin=float(params["promotion_margin"]),
         registered_model_name=str(params.get("registered_model_name") or ""),
+        register_model=bool(params.get("register_model", True)),
         hub_repo_id=str(params.get("hub_repo_id") or ""),
         check_paths=check_paths,
         check_hub=check_hub,
@@ -370,6 +373,52 @@ def run_multi_node(manifest: dict[str, Any], *, poll_seconds: float = 30.0) -> N
         done.set()
 
 
+def durable_model_name(fetched: dict[str, Any]) -> str:
+    """How to name a fetched SFT model in cards and reports: its Hub id, else the store URI it was copied to
+    (a path on the machine that ran the fetch step means nothing later)."""
+    source = str(fetched.get("source") or "")
+    if source and not source.startswith("s3://") and not _looks_local(source):
+        return source
+    return str(fetched.get("uri") or source)
+
+
+def push_stage(
+    *,
+    trained_uri: str,
+    eval_results_uri: str,
+    output_uri: str,
+    kfp_run_id: str,
+    base_model: str = "",
+    **push_options: Any,
+) -> dict[str, Any]:
+    """``rloo push`` for one pipeline run: staged in a temporary directory that is removed afterwards, the
+    version published under ``<output_uri>/published/<run id>``, and ``push_result.json`` published to
+    ``<output_uri>/<run id>/push`` next to the model and the evaluation (its URI is returned as
+    ``result_uri``). ``push_options``: the other :class:`rloo.push.config.PushConfig` fields."""
+    from rloo.push.config import PushConfig
+    from rloo.push.stage import RESULT_FILE, run_push
+    from rloo.storage import upload_dir
+
+    base = output_uri.rstrip("/")
+    with tempfile.TemporaryDirectory(prefix="rloo-push-") as tmp:
+        cfg = PushConfig(
+            model_path=trained_uri,
+            eval_results=eval_results_uri or None,
+            output_dir=str(Path(tmp) / "push"),
+            run_id=kfp_run_id,
+            storage_uri=f"{base}/published",
+            base_model=base_model or None,
+            **push_options,
+        )
+        result = run_push(cfg)
+        publish = Path(tmp) / "result"
+        publish.mkdir()
+        (Path(cfg.output_dir) / RESULT_FILE).rename(publish / RESULT_FILE)
+        results_uri = f"{base}/{kfp_run_id}/push"
+        upload_dir(publish, results_uri, progress=False)
+    return {**result, "result_uri": f"{results_uri}/{RESULT_FILE}"}
+
+
 def evaluate_stage(
     *,
     trained_uri: str,
@@ -382,8 +431,11 @@ def evaluate_stage(
     judge_model: str,
     work: str,
     max_new_tokens: int = 200,
+    sft_name: str = "",
 ) -> tuple[dict[str, float], Path]:
-    """Download both models, run ``rloo eval``, publish its output directory to ``results_uri``.
+    """Download both models, run ``rloo eval``, publish its output directory to ``results_uri``. The
+    results name the models by ``trained_uri`` and ``sft_name`` (default ``sft_uri``), not by their
+    downloads under ``work``.
 
     Returns the KFP metrics (``kfp_metrics.json``) and the local path of the HTML report.
     """
@@ -410,6 +462,6 @@ def evaluate_stage(
         judge_model=judge_model,
         output_dir=str(out),
     )
-    run_eval(cfg)
+    run_eval(cfg, sources={"trained": trained_uri, "baseline": sft_name or sft_uri, "output": results_uri})
     upload_dir(out, results_uri, progress=False)
     return json.loads((out / KFP_METRICS_FILE).read_text()), out / REPORT_FILE

@@ -44,7 +44,14 @@ class PushConfig:
         None, "s3://bucket/prefix (or a directory) where a promoted model (champion) is copied."
     )
     registered_model_name: str | None = _f(
-        None, "MLflow Model Registry name to register a version under (needs MLFLOW_TRACKING_URI)."
+        None,
+        "MLflow Model Registry name to register a version under (needs MLFLOW_TRACKING_URI; default: the MLflow "
+        "experiment's name, e.g. 'rloo').",
+    )
+    register_model: bool = _f(
+        True,
+        "Register a version in the MLflow Model Registry whenever MLFLOW_TRACKING_URI is set (false: log the "
+        "push run only).",
     )
     mlflow_experiment: str | None = _f(
         None, "MLflow experiment of the push run (default: MLFLOW_EXPERIMENT_NAME, else 'rloo')."
@@ -64,6 +71,11 @@ class PushConfig:
         0.0,
         "Promote only if the lower bound of the 95 percent interval of the paired win-rate difference (trained "
         "minus SFT) is above this.",
+    )
+    base_model: str | None = _f(
+        None,
+        "Base (SFT) model named in the model card: a Hub id or the store URI it was fetched to (default: the "
+        "training config's model, which is a local path when training ran on a copy).",
     )
     model_name: str | None = _f(
         None, "Name shown in the model card (default: registered_model_name, hub repo, or the directory)."
@@ -91,9 +103,9 @@ class PushConfig:
             )
         if self.run_id is not None and not run_key(self.run_id):
             raise UserError(f"--run_id {self.run_id!r} has no usable characters: use letters and digits.")
-        if self.registered_model_name and not os.environ.get("MLFLOW_TRACKING_URI"):
+        if self.registered_model_name and not self.register_model:
             raise UserError(
-                "--registered_model_name needs a tracking server: set MLFLOW_TRACKING_URI (or drop the flag)."
+                "--registered_model_name names a registry model but --register_model is false: drop one of them."
             )
         for name in ("storage_uri", "production_uri"):
             value = getattr(self, name)
@@ -107,6 +119,27 @@ class PushConfig:
             raise UserError(
                 "--production_uri must differ from --storage_uri: versions live below storage_uri, the "
                 "champion is copied to production_uri."
+            )
+
+    def model_registry_name(self, *, tracking: bool) -> str | None:
+        """The registered model to create a version of: None when not registering (opted out, or no
+        tracking server), else ``registered_model_name`` or the MLflow experiment's name made usable."""
+        if not self.register_model or not tracking:
+            return None
+        if self.registered_model_name:
+            return self.registered_model_name
+        from rloo.tracking.runs import DEFAULT_EXPERIMENT, EXPERIMENT_ENV
+
+        experiment = self.mlflow_experiment or os.environ.get(EXPERIMENT_ENV) or DEFAULT_EXPERIMENT
+        return re.sub(r"[^A-Za-z0-9._\- ]+", "-", experiment).strip("-. ") or DEFAULT_EXPERIMENT
+
+    def check_tracking(self) -> None:
+        """An explicit registry name without a tracking server is a mistake the user must hear about. Checked
+        when the push runs, not at construction: the pipeline validates parameters in a pod without the
+        MLflow secret."""
+        if self.registered_model_name and not os.environ.get("MLFLOW_TRACKING_URI"):
+            raise UserError(
+                "--registered_model_name needs a tracking server: set MLFLOW_TRACKING_URI (or drop the flag)."
             )
 
 

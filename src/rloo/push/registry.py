@@ -6,11 +6,16 @@ path that function would not load the weights, but mlflow 3.17's flavor code bre
 (``pipelines.check_task`` returns class *names* now) and it copies the whole directory, checkpoints and
 all. So we lay the files out exactly as it does (``MLmodel``, ``model/`` = the checkpoint, ``components/
 tokenizer/``) with hard links, write the same flavor keys, and upload with ``log_artifacts``: nothing is
-loaded. Loading it back with ``mlflow.transformers.load_model`` is not tested here (that needs an mlflow
-release that supports transformers 5); the files are a plain checkpoint under ``model/`` either way.
+loaded. Loading is not affected by that bug: ``mlflow.transformers.load_model`` and ``mlflow.pyfunc.
+load_model`` (mlflow-skinny is enough) load a registered version back as a text-generation pipeline (tested
+against the MLflow server in tests/push).
 
 Idempotency: every version carries ``rloo.source_run=<run key>``; an existing one is reused, never
 duplicated. The push run is found again by the same tag.
+
+Seniority: every version also carries ``rloo.run_started_ms``, the start time of the run it came from (the
+pipeline's parent run, else the training run, else the push run). ``champion`` only moves to a version whose
+run is newer than the current champion's, so retrying an old pipeline run never takes it back.
 """
 
 from __future__ import annotations
@@ -25,12 +30,14 @@ from typing import Any
 
 import yaml
 
-from rloo.push.gate import Decision
+from rloo.push.gate import CHAMPION, Decision
 
 TAG_SOURCE_RUN = "rloo.source_run"
 TAG_PROMOTION = "rloo.promotion"
 TAG_REASON = "rloo.promotion_reason"
 TAG_VERSION = "rloo.registered_version"
+TAG_STARTED = "rloo.run_started_ms"
+TAG_PARENT = "mlflow.parentRunId"
 ARTIFACT_PATH = "model"
 # Files of a tokenizer as transformers saves them; they go to components/tokenizer as well as model/.
 TOKENIZER_FILES = (
@@ -125,6 +132,16 @@ class RegistryResult:
     reused: bool
 
 
+def version_order(mv: Any) -> tuple[int, int]:
+    """Seniority of a model version: its run's start time (the version's creation time for versions
+    registered before the tag existed), then its version number."""
+    try:
+        started = int((mv.tags or {})[TAG_STARTED])
+    except (KeyError, TypeError, ValueError):
+        started = int(mv.creation_timestamp or 0)
+    return started, int(mv.version)
+
+
 class Registry:
     """The MLflow side of one push: its run, the model version, aliases and tags."""
 
@@ -132,6 +149,7 @@ class Registry:
         self.client = client
         self.name = name
         self.run_key = run_key
+        self.started_ms: int | None = None  # set by origin_start_ms(), before register()
 
     # -- the push run ---------------------------------------------------------------------------------
     def find_or_start_run(self, **stage_kwargs: Any) -> str:
@@ -164,6 +182,17 @@ class Registry:
         )
         return stage.run_id
 
+    def origin_start_ms(self, run_id: str, train_run_id: str | None = None) -> int:
+        """Start time of the run this push publishes: the pipeline (parent) run, else the training run,
+        else the push run itself (found again on a re-run, so stable per run key)."""
+        run = self.client.get_run(run_id)
+        for other in (run.data.tags.get(TAG_PARENT), train_run_id):
+            if other:
+                self.started_ms = int(self.client.get_run(other).info.start_time)
+                return self.started_ms
+        self.started_ms = int(run.info.start_time)
+        return self.started_ms
+
     # -- the version ------------------------------------------------------------------------------------
     def existing_version(self) -> Any | None:
         versions = self.client.search_model_versions(
@@ -179,6 +208,8 @@ class Registry:
         assert self.name, "register() needs a registered model name"
         found = self.existing_version()
         if found is not None:
+            if self.started_ms is not None and TAG_STARTED not in (found.tags or {}):
+                self.client.set_model_version_tag(self.name, found.version, TAG_STARTED, str(self.started_ms))
             return RegistryResult(self.name, str(found.version), run_id, found.source, reused=True)
         try:
             self.client.create_registered_model(self.name, description="RLOO-trained models (rloo push).")
@@ -197,6 +228,7 @@ class Registry:
                 TAG_SOURCE_RUN: self.run_key,
                 TAG_PROMOTION: decision.decision,
                 TAG_REASON: decision.reason,
+                **({TAG_STARTED: str(self.started_ms)} if self.started_ms is not None else {}),
             },
             description=description,
         )
@@ -215,3 +247,39 @@ class Registry:
 
     def aliases_of(self, version: str) -> list[str]:
         return sorted(self.client.get_model_version(self.name, version).aliases or [])
+
+    def alias_holder(self, alias: str) -> Any | None:
+        """The version ``alias`` points at, or None (also when the registered model does not exist yet)."""
+        from mlflow.exceptions import MlflowException
+
+        try:
+            version = (self.client.get_registered_model(self.name).aliases or {}).get(alias)
+        except MlflowException as e:
+            if e.error_code == "RESOURCE_DOES_NOT_EXIST":
+                return None
+            raise
+        return None if version is None else self.client.get_model_version(self.name, str(version))
+
+    def newer_champion(self) -> Any | None:
+        """The champion version when it belongs to another run that started after this one, else None."""
+        holder = self.alias_holder(CHAMPION)
+        if holder is None or (holder.tags or {}).get(TAG_SOURCE_RUN) == self.run_key:
+            return None
+        mine = self.started_ms if self.started_ms is not None else 0
+        return holder if version_order(holder)[0] > mine else None
+
+    def previous_champion(self, exclude_version: str) -> Any | None:
+        """The newest other version whose last decision is champion (where ``champion`` goes back to when
+        the version holding it is demoted), or None."""
+        found = self.client.search_model_versions(
+            f"name = '{_quote(self.name)}' and tags.`{TAG_PROMOTION}` = '{CHAMPION}'"
+        )
+        others = [
+            self.client.get_model_version(self.name, str(v.version))
+            for v in found
+            if str(v.version) != str(exclude_version) and getattr(v, "status", "READY") == "READY"
+        ]
+        return max(others, key=version_order, default=None)
+
+    def drop_alias(self, alias: str) -> None:
+        self.client.delete_registered_model_alias(self.name, alias)

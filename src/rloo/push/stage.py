@@ -5,11 +5,16 @@ Order (each step idempotent for one run key):
 1. stage the files to publish (hard links): the model's top-level files, ``eval_results.json`` and the
    model card as ``README.md``; ``checkpoint-N/`` and ``samples/`` stay behind;
 2. object storage: ``<storage_uri>/<run key>/`` with its manifest (skipped when the same manifest is there);
-3. MLflow: the push run, one registered version per run key (found again by its ``rloo.source_run`` tag),
-   ``candidate`` alias when not promoted;
+3. MLflow (whenever a tracking server is configured): the push run, one registered version per run key
+   (found again by its ``rloo.source_run`` tag) under ``registered_model_name`` (default: the experiment's
+   name; ``register_model=False`` opts out), ``candidate`` alias when not promoted. A model that passes the
+   gate but whose run started before the current champion's is registered as ``candidate`` (an old run
+   retried never takes ``champion`` back), and the reason says so;
 4. Hub: champions only, unless ``hub_push_candidates``;
 5. promotion, last, only when everything above succeeded: copy to ``production_uri`` (manifest last), then
-   the ``champion`` alias;
+   the ``champion`` alias. A re-run that decides ``candidate`` for a version holding ``champion`` moves the
+   alias back to the newest other version still approved as champion (and republishes its copy to
+   ``production_uri``), or removes it when there is none;
 6. ``push_result.json`` (atomically) and the MLflow tags ``rloo.promotion`` / ``rloo.promotion_reason``.
 
 A failure anywhere raises before step 5 finishes: the champion alias is never set on a version whose copies
@@ -209,6 +214,9 @@ def _raise_mlflow_as_user_error(exc: BaseException) -> None:
 # ------------------------------------------------------------------------------------------------------
 def run_push(cfg: PushConfig, *, hub_api: Any = None, mlflow_client: Any = None) -> dict[str, Any]:
     """Run the push stage; returns (and writes to ``<output_dir>/push_result.json``) the result."""
+    tracking = bool(os.environ.get("MLFLOW_TRACKING_URI")) or mlflow_client is not None
+    if not tracking:
+        cfg.check_tracking()
     out = Path(cfg.output_dir)
     result_path = out / RESULT_FILE
     result_path.unlink(missing_ok=True)  # a stale result must not outlive a failed re-run
@@ -228,12 +236,87 @@ def run_push(cfg: PushConfig, *, hub_api: Any = None, mlflow_client: Any = None)
     digests = {f.name: sha256_file(f) for f in sorted(staged.iterdir())}
     kfp_id, kfp_name = pipeline_run_from_env()
     key = run_key(cfg.run_id or kfp_id or _content_key(digests))
+    registered_name = cfg.model_registry_name(tracking=tracking)
+
+    # The MLflow run first: whether this run may take 'champion' depends on its start time.
+    registry: Registry | None = None
+    run_id: str | None = None
+    if tracking:
+        from mlflow.tracking import MlflowClient
+
+        from rloo.tracking.runs import check_tracking_server
+
+        if mlflow_client is None:
+            check_tracking_server()
+        client = mlflow_client or MlflowClient()
+        registry = Registry(client, registered_name, key)
+        try:
+            run_id = registry.find_or_start_run(
+                experiment=cfg.mlflow_experiment,
+                parent_run_id=cfg.mlflow_parent_run_id,
+                run_name=f"push-{key}",
+            )
+        except Exception as e:
+            _raise_mlflow_as_user_error(e)
+            raise
+    try:
+        result = _push(cfg, key, kfp_id, kfp_name, model_dir, staged, digests, eval_results, decision,
+                       registry, run_id, hub_api)  # fmt: skip
+        _write_json_atomic(result_path, result)
+        if registry is not None and run_id is not None:
+            registry.client.log_artifact(run_id, str(result_path))
+            registry.client.set_terminated(run_id, status="FINISHED")
+    except BaseException as e:
+        if registry is not None and run_id is not None:
+            try:
+                registry.client.set_terminated(run_id, status="FAILED")
+            except Exception:  # the original error is the one to report
+                log.warning("could not mark MLflow run %s FAILED", run_id)
+        _raise_mlflow_as_user_error(e)
+        raise
+    log.info("push decision: %s (%s)", result["decision"], result["reason"])
+    return result
+
+
+def _push(
+    cfg: PushConfig,
+    key: str,
+    kfp_id: str | None,
+    kfp_name: str | None,
+    model_dir: Path,
+    staged: Path,
+    digests: dict[str, str],
+    eval_results: EvalResults | None,
+    decision: Decision,
+    registry: Registry | None,
+    run_id: str | None,
+    hub_api: Any,
+) -> dict[str, Any]:
+    out = Path(cfg.output_dir)
+    if registry is not None and run_id is not None:
+        for k, v in {
+            "rloo.train_run_id": cfg.mlflow_train_run_id,
+            "rloo.model_source": str(cfg.model_path),
+        }.items():
+            if v:
+                registry.client.set_tag(run_id, k, v)
+        if registry.name:
+            registry.origin_start_ms(run_id, cfg.mlflow_train_run_id)
+            newer = registry.newer_champion() if decision.promoted else None
+            if newer is not None:
+                decision = Decision(
+                    CANDIDATE,
+                    f"{decision.reason}; but 'champion' is version {newer.version} of "
+                    f"{(newer.tags or {}).get('rloo.source_run', 'another run')}, a newer run than this one: "
+                    "an older run never takes 'champion' back",
+                )
+
     train_cfg = _read_json(model_dir / "rloo_config.json")
     metrics = _read_metrics(model_dir / "metrics.jsonl")
-    base_model = train_cfg.get("sft_model_path") or train_cfg.get("model_name_or_path")
+    base_model = cfg.base_model or train_cfg.get("sft_model_path") or train_cfg.get("model_name_or_path")
     name = (
         cfg.model_name
-        or cfg.registered_model_name
+        or (registry.name if registry is not None else None)
         or (cfg.hub_repo_id or "").split("/")[-1]
         or model_dir.name
     )
@@ -283,92 +366,83 @@ def run_push(cfg: PushConfig, *, hub_api: Any = None, mlflow_client: Any = None)
         result["storage"] = {"uri": uri, "uploaded": uploaded}
         log.info("%s %s", "published to" if uploaded else "already published at", uri)
 
-    # 3. MLflow run (+ registry)
-    registry: Registry | None = None
-    run_id: str | None = None
-    if os.environ.get("MLFLOW_TRACKING_URI") or mlflow_client is not None:
-        from mlflow.tracking import MlflowClient
-
-        from rloo.tracking.runs import check_tracking_server
-
-        if mlflow_client is None:
-            check_tracking_server()
-        client = mlflow_client or MlflowClient()
-        registry = Registry(client, cfg.registered_model_name, key)
-        try:
-            run_id = registry.find_or_start_run(
-                experiment=cfg.mlflow_experiment,
-                parent_run_id=cfg.mlflow_parent_run_id,
-                run_name=f"push-{key}",
-            )
-        except Exception as e:
-            _raise_mlflow_as_user_error(e)
-            raise
-    try:
-        if registry is not None and run_id is not None:
-            result["mlflow"] = {"run_id": run_id}
-            client = registry.client
-            for k, v in {
-                "rloo.train_run_id": cfg.mlflow_train_run_id,
-                "rloo.model_source": str(cfg.model_path),
-            }.items():
-                if v:
-                    client.set_tag(run_id, k, v)
-            if cfg.registered_model_name:
-                mdir = build_mlflow_model_dir(staged, out / "mlflow_model", source_model_name=name, card=card)
-                reg = registry.register(run_id, mdir, decision, description=decision.reason)
-                registry.set_decision(reg.version, decision)
-                if not decision.promoted:
-                    registry.set_alias(CANDIDATE, reg.version)
-                result["mlflow"].update(
-                    {
-                        "registered_model_name": reg.name,
-                        "version": reg.version,
-                        "source": reg.source,
-                        "reused": reg.reused,
-                    }
-                )
-
-        # 4. Hub
-        if cfg.hub_repo_id and (decision.promoted or cfg.hub_push_candidates):
-            result["hub"] = upload_to_hub(
-                staged,
-                cfg.hub_repo_id,
-                private=cfg.hub_private,
-                commit_message=f"rloo push {key}: {decision.decision}",
-                api=hub_api,
+    # 3. MLflow registry
+    version: str | None = None
+    if registry is not None and run_id is not None:
+        result["mlflow"] = {"run_id": run_id}
+        if registry.name:
+            mdir = build_mlflow_model_dir(staged, out / "mlflow_model", source_model_name=name, card=card)
+            reg = registry.register(run_id, mdir, decision, description=decision.reason)
+            version = reg.version
+            registry.set_decision(version, decision)
+            if not decision.promoted:
+                registry.set_alias(CANDIDATE, version)
+            result["mlflow"].update(
+                {
+                    "registered_model_name": reg.name,
+                    "version": version,
+                    "source": reg.source,
+                    "reused": reg.reused,
+                }
             )
 
-        # 5. promotion, last
-        if decision.promoted:
-            if cfg.production_uri:
-                uri = Location.parse(cfg.production_uri).uri
-                uploaded = _publish(staged, uri)
-                result["production"] = {"uri": uri, "uploaded": uploaded}
-            if registry is not None and result["mlflow"] and "version" in result["mlflow"]:
-                registry.set_alias(CHAMPION, result["mlflow"]["version"])
-                # a re-run with a new decision (e.g. a lower margin) must not leave the version both
-                registry.drop_alias_if_on(CANDIDATE, result["mlflow"]["version"])
-        if registry is not None and run_id is not None:
-            if result["mlflow"] and "version" in result["mlflow"]:
-                result["mlflow"]["aliases"] = registry.aliases_of(result["mlflow"]["version"])
-                registry.client.set_tag(run_id, "rloo.registered_version", result["mlflow"]["version"])
-            registry.client.set_tag(run_id, "rloo.promotion", decision.decision)
-            registry.client.set_tag(run_id, "rloo.promotion_reason", decision.reason[:5000])
-        _write_json_atomic(result_path, result)
-        if registry is not None and run_id is not None:
-            registry.client.log_artifact(run_id, str(result_path))
-            registry.client.set_terminated(run_id, status="FINISHED")
-    except BaseException as e:
-        if registry is not None and run_id is not None:
-            try:
-                registry.client.set_terminated(run_id, status="FAILED")
-            except Exception:  # the original error is the one to report
-                log.warning("could not mark MLflow run %s FAILED", run_id)
-        _raise_mlflow_as_user_error(e)
-        raise
-    log.info("push decision: %s (%s)", decision.decision, decision.reason)
+    # 4. Hub
+    if cfg.hub_repo_id and (decision.promoted or cfg.hub_push_candidates):
+        result["hub"] = upload_to_hub(
+            staged,
+            cfg.hub_repo_id,
+            private=cfg.hub_private,
+            commit_message=f"rloo push {key}: {decision.decision}",
+            api=hub_api,
+        )
+
+    # 5. promotion, last
+    if decision.promoted:
+        if cfg.production_uri:
+            uri = Location.parse(cfg.production_uri).uri
+            uploaded = _publish(staged, uri)
+            result["production"] = {"uri": uri, "uploaded": uploaded}
+        if registry is not None and version is not None:
+            registry.set_alias(CHAMPION, version)
+            # a re-run with a new decision (e.g. a lower margin) must not leave the version both
+            registry.drop_alias_if_on(CANDIDATE, version)
+    elif registry is not None and version is not None and CHAMPION in registry.aliases_of(version):
+        # A re-run of this run decided candidate, but an earlier push of it made it champion: the alias goes
+        # back to the newest other version still approved as champion, or is removed when there is none.
+        result["production"] = _demote(cfg, registry, version, out)
+    if registry is not None and run_id is not None:
+        if version is not None:
+            result["mlflow"]["aliases"] = registry.aliases_of(version)
+            holder = registry.alias_holder(CHAMPION)
+            result["mlflow"]["champion_version"] = None if holder is None else str(holder.version)
+            registry.client.set_tag(run_id, "rloo.registered_version", version)
+        registry.client.set_tag(run_id, "rloo.promotion", decision.decision)
+        registry.client.set_tag(run_id, "rloo.promotion_reason", decision.reason[:5000])
     return result
+
+
+def _demote(cfg: PushConfig, registry: Registry, version: str, out: Path) -> dict[str, Any] | None:
+    """Move 'champion' off ``version`` (back to the previous champion, or nowhere) and put the previous
+    champion's published copy back at ``production_uri`` when there is one."""
+    previous = registry.previous_champion(version)
+    if previous is None:
+        registry.drop_alias(CHAMPION)
+        log.warning("'champion' removed from version %s: no earlier champion to restore", version)
+    else:
+        registry.set_alias(CHAMPION, str(previous.version))
+        log.info("'champion' moved back from version %s to version %s", version, previous.version)
+    if not cfg.production_uri:
+        return None
+    prod = Location.parse(cfg.production_uri).uri
+    source_key = (previous.tags or {}).get("rloo.source_run") if previous is not None else None
+    if source_key and cfg.storage_uri:
+        src = Location.parse(cfg.storage_uri).child(source_key).uri
+        if is_complete(src):
+            local = out / "previous_champion"
+            download_dir(src, local, progress=False, overwrite=True)
+            return {"uri": prod, "uploaded": _publish(local, prod), "restored_from": src}
+    log.warning("%s still holds the demoted model: no published copy of an earlier champion to restore", prod)
+    return {"uri": prod, "uploaded": False, "stale": True}
 
 
 __all__ = ["RESULT_FILE", "Decision", "run_push"]
