@@ -291,22 +291,29 @@ class RLOOConfig:
     def _validate_locations(self) -> None:
         """Which path-like flags take s3:// (output_dir, checkpoint_uri) and which refuse it, in one line."""
         from rloo.storage.location import Location, has_scheme, require_local_path
+        from rloo.storage.redact import redact
 
         if not self.output_dir:
             raise UserError("--output_dir is empty: give a directory or s3://bucket/prefix.")
         if has_scheme(self.output_dir):
-            loc = Location.parse(self.output_dir)  # one-line errors for bad buckets and other schemes
-            if not loc.is_s3:
+            if not self.output_dir.strip().lower().startswith("s3://"):
                 raise UserError(
-                    f"--output_dir {self.output_dir!r}: give a plain directory path or s3://bucket/prefix."
+                    f"--output_dir {redact(self.output_dir)!r}: give a plain directory path or s3://bucket/prefix."
                 )
+            try:
+                loc = Location.parse(self.output_dir)  # bad bucket names, '..' segments, credentials in it
+            except UserError as e:
+                raise UserError(f"--output_dir: {e}") from None
             if not loc.key:
                 raise UserError(
                     f"--output_dir {self.output_dir!r} is a whole bucket: give s3://bucket/prefix, a prefix "
                     "this run owns."
                 )
         if self.checkpoint_uri:
-            Location.parse(self.checkpoint_uri)
+            try:
+                Location.parse(self.checkpoint_uri)
+            except UserError as e:
+                raise UserError(f"--checkpoint_uri: {e}") from None
         hub_hint = "give a Hub id or a local directory (download an s3:// upload first, e.g. 'aws s3 sync')."
         for name in ("model_name_or_path", "sft_model_path", "reward_model_path", "dataset_name"):
             require_local_path(f"--{name}", getattr(self, name), hub_hint)
