@@ -12,12 +12,18 @@ def fetch_sft(
 ):
     import json
     import os
+    import sys
 
+    from rloo.errors import UserError
     from rloo.pipeline.reports import fetch_markdown
     from rloo.pipeline.steps import fetch_model
 
     os.environ["KFP_RUN_ID"] = kfp_run_id
-    meta = fetch_model(model, f"{output_uri.rstrip('/')}/{kfp_run_id}/sft")
+    try:
+        meta = fetch_model(model, f"{output_uri.rstrip('/')}/{kfp_run_id}/sft")
+    except UserError as e:  # credentials, bucket, a bad model: one line, not a traceback
+        print(f"fetching the SFT model failed: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     # The weights stay in our bucket (metadata "uri"); the KFP artifact itself is only this small record, so
     # the KFP launcher never copies gigabytes between its own store and ours.
     sft_model.metadata.update(meta)

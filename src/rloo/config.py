@@ -11,11 +11,20 @@ and the fix, before anything touches disk.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
+import tempfile
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from rloo.errors import UserError
+
+if TYPE_CHECKING:
+    from rloo.storage.location import Location
+
+# Below an s3:// output_dir: where checkpoints are mirrored (the final model sits at the prefix itself).
+CHECKPOINTS_SUBDIR = "checkpoints"
 
 
 def _f(default: Any, help: str, **kw: Any) -> Any:
@@ -72,7 +81,14 @@ class RLOOConfig:
 
     # --- run ----------------------------------------------------------------------------------------
     output_dir: str = _f(
-        "trainer_output", "Where the final model, checkpoints and metrics.jsonl are written."
+        "trainer_output",
+        "Where the final model, checkpoints and metrics.jsonl are written: a directory, or s3://bucket/prefix "
+        "(staged in --local_dir, checkpoints mirrored to <prefix>/checkpoints, the result uploaded at the end).",
+    )
+    local_dir: str | None = _f(
+        None,
+        "With an s3:// output_dir: the local staging directory (default: <system temp>/rloo-staging/<hash of "
+        "the URI>, so a re-run on the same machine resumes from local checkpoints).",
     )
     exp_name: str = _f("rloo", "Experiment name (metrics and run names).")
     run_name: str | None = _f(None, "Run name (default: '<exp_name>__<seed>__<unix time>').")
@@ -179,6 +195,7 @@ class RLOOConfig:
     # -------------------------------------------------------------------------------------------------
     def validate(self) -> None:
         """Raise UserError for the first invalid field, naming it and the fix."""
+        self._validate_locations()
         for name in ("model_name_or_path", "dataset_name"):
             if not getattr(self, name):
                 raise UserError(f"--{name} is required: give a Hub id or a local directory.")
@@ -271,7 +288,72 @@ class RLOOConfig:
                 )
         self.batch_plan(world_size=1)  # raises on indivisible batch arithmetic
 
+    def _validate_locations(self) -> None:
+        """Which path-like flags take s3:// (output_dir, checkpoint_uri) and which refuse it, in one line."""
+        from rloo.storage.location import Location, has_scheme, require_local_path
+        from rloo.storage.redact import redact
+
+        if not self.output_dir:
+            raise UserError("--output_dir is empty: give a directory or s3://bucket/prefix.")
+        if has_scheme(self.output_dir):
+            if not self.output_dir.strip().lower().startswith("s3://"):
+                raise UserError(
+                    f"--output_dir {redact(self.output_dir)!r}: give a plain directory path or s3://bucket/prefix."
+                )
+            try:
+                loc = Location.parse(self.output_dir)  # bad bucket names, '..' segments, credentials in it
+            except UserError as e:
+                raise UserError(f"--output_dir: {e}") from None
+            if not loc.key:
+                raise UserError(
+                    f"--output_dir {self.output_dir!r} is a whole bucket: give s3://bucket/prefix, a prefix "
+                    "this run owns."
+                )
+        if self.checkpoint_uri:
+            try:
+                Location.parse(self.checkpoint_uri)
+            except UserError as e:
+                raise UserError(f"--checkpoint_uri: {e}") from None
+        hub_hint = "give a Hub id or a local directory (download an s3:// upload first, e.g. 'aws s3 sync')."
+        for name in ("model_name_or_path", "sft_model_path", "reward_model_path", "dataset_name"):
+            require_local_path(f"--{name}", getattr(self, name), hub_hint)
+        require_local_path(
+            "--local_dir", self.local_dir, "it is the local staging directory of an s3:// output_dir."
+        )
+        if self.resume_from_checkpoint not in ("latest", "none"):
+            require_local_path(
+                "--resume_from_checkpoint",
+                self.resume_from_checkpoint,
+                "use 'latest' with --checkpoint_uri (or an s3:// --output_dir) to resume from object storage.",
+            )
+
     # -------------------------------------------------------------------------------------------------
+    @property
+    def remote_output(self) -> Location | None:
+        """The ``s3://`` location of ``output_dir``, or None when it is a local directory."""
+        from rloo.storage.location import Location, has_scheme
+
+        return Location.parse(self.output_dir) if has_scheme(self.output_dir) else None
+
+    @property
+    def local_output_dir(self) -> Path:
+        """Where the trainer writes: ``output_dir`` itself, or the staging directory of an s3:// one."""
+        remote = self.remote_output
+        if remote is None:
+            return Path(self.output_dir)
+        if self.local_dir:
+            return Path(self.local_dir)
+        digest = hashlib.sha256(remote.uri.encode()).hexdigest()[:16]
+        return Path(tempfile.gettempdir()) / "rloo-staging" / digest
+
+    @property
+    def mirror_uri(self) -> str | None:
+        """Where checkpoints are mirrored: ``checkpoint_uri``, else ``<output_dir>/checkpoints`` for s3://."""
+        if self.checkpoint_uri:
+            return self.checkpoint_uri
+        remote = self.remote_output
+        return remote.child(CHECKPOINTS_SUBDIR).uri if remote is not None else None
+
     @property
     def policy_path(self) -> str:
         """The checkpoint the policy starts from and the reference stays at."""

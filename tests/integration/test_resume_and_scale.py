@@ -55,13 +55,14 @@ def _args(tiny, toy_data: Path, out: Path, **flags: object) -> list[str]:
     return argv
 
 
-def _run(argv: list[str], **env: str) -> subprocess.CompletedProcess[str]:
+def _run(argv: list[str], cwd: Path | None = None, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "rloo.cli", *argv],
         env=_env(**env),
         capture_output=True,
         text=True,
         timeout=600,
+        cwd=cwd,
     )
 
 
@@ -242,3 +243,62 @@ def test_fresh_machine_resumes_from_the_s3_mirror(
     w_straight, w_resumed = _weights(uninterrupted), _weights(pod2)
     assert all(torch.equal(w_straight[k], w_resumed[k]) for k in w_straight)
     assert _metrics(pod2) == _metrics(uninterrupted)
+
+
+def test_s3_output_dir_trains_publishes_and_resumes_on_a_fresh_machine(
+    tiny, toy_data: Path, tmp_path: Path, uninterrupted: Path, s3, mlflow_server, monkeypatch
+) -> None:
+    # --output_dir s3://...: staged locally, checkpoints mirrored to <prefix>/checkpoints, the result uploaded
+    # with its manifest; a pod killed mid-run is replaced by one with an empty disk that resumes from S3
+    from mlflow.tracking import MlflowClient
+
+    from rloo.storage import download_dir, read_manifest
+    from tests.fixtures.servers import use_s3
+
+    use_s3(s3, monkeypatch)  # this process reads the prefix too
+    uri = f"s3://{s3.bucket}/outputs/{tmp_path.name}"
+    experiment = f"s3-output-{tmp_path.name}"
+    env = {**s3.env(), "MLFLOW_TRACKING_URI": mlflow_server.uri, "MLFLOW_EXPERIMENT_NAME": experiment}
+    pod1, pod2, pod3 = tmp_path / "pod1", tmp_path / "pod2", tmp_path / "pod3"
+    for pod in (pod1, pod2, pod3):
+        pod.mkdir()
+    killed = _run(
+        _args(tiny, toy_data, uri, local_dir=pod1 / "stage"),
+        pod1,
+        RLOO_FAULT_INJECT="kill@5:generation",
+        **env,
+    )
+    assert killed.returncode == -signal.SIGKILL
+    resumed = _run(_args(tiny, toy_data, uri, local_dir=pod2 / "stage"), pod2, **env)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "restored checkpoint-" in resumed.stdout
+    assert not list(tmp_path.rglob("s3:"))  # the URI is never taken for a local path
+    # the prefix holds the final model, metrics and samples, with a manifest; the checkpoints are below it
+    listed = {f.path for f in read_manifest(uri).files}
+    assert {"model.safetensors", "metrics.jsonl", "training_complete.json", "config.json"} <= listed
+    assert not any(p.startswith("checkpoint-") for p in listed)
+    got = download_dir(uri, tmp_path / "downloaded", progress=False)
+    assert got.files
+    w_straight, w_s3 = _weights(uninterrupted), _weights(tmp_path / "downloaded")
+    assert all(torch.equal(w_straight[k], w_s3[k]) for k in w_straight)
+    assert _metrics(tmp_path / "downloaded") == _metrics(uninterrupted)
+    # MLflow: the finished run is in MLFLOW_EXPERIMENT_NAME, identified by the prefix
+    client = MlflowClient(tracking_uri=mlflow_server.uri)
+    exp = client.get_experiment_by_name(experiment)
+    assert exp is not None
+    runs = client.search_runs([exp.experiment_id], filter_string="attributes.status = 'FINISHED'")
+    assert [r.data.tags.get("rloo.output_dir") for r in runs] == [uri]
+    # completeness is decided by the prefix: a fresh disk trains nothing...
+    again = _run(_args(tiny, toy_data, uri, local_dir=pod3 / "stage"), pod3, **env)
+    assert again.returncode == 0, again.stderr
+    assert "already holds a completed run" in again.stdout
+    assert not (pod3 / "stage" / "model.safetensors").exists()
+    # ...and wrong credentials are one line, not "complete"
+    bad = _run(
+        _args(tiny, toy_data, uri, local_dir=pod3 / "stage"),
+        pod3,
+        **{**env, "AWS_SECRET_ACCESS_KEY": "wrong"},
+    )
+    assert bad.returncode == 2
+    assert bad.stderr.strip().count("\n") == 0 and "credentials" in bad.stderr
+    assert "Traceback" not in bad.stderr and s3.secret_key not in bad.stderr

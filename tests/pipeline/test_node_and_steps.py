@@ -57,7 +57,7 @@ GOOD = dict(
     judge_model="j",
     gpu_count=1,
     num_nodes=1,
-    output_uri="s3://b/p",
+    output_uri="/tmp/rloo-validate-out",  # s3:// ones are asked for access: tests/pipeline/test_storage_access.py
     promotion_margin=0.0,
 )
 

@@ -48,6 +48,9 @@ def _setup_logging() -> None:
 
     # Progress messages go to stdout: stderr is reserved for the one-line error of a failed run.
     logging.basicConfig(level=logging.INFO, format="[rloo] %(message)s", stream=sys.stdout)
+    logging.getLogger("botocore.credentials").setLevel(
+        logging.WARNING
+    )  # "Found credentials in ..." per client
     # transformers' per-file "Loading weights" bars are noise next to the training progress bar
     from transformers.utils import logging as hf_logging
 

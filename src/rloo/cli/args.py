@@ -163,6 +163,9 @@ def _coerce_yaml(cls: type, key: str, value: Any, hints: dict[str, Any]) -> Any:
 
 
 def load_yaml_config(cls: type, path: str, aliases: dict[str, str]) -> dict[str, Any]:
+    from rloo.storage.location import require_local_path
+
+    require_local_path("--config", path, "give a local YAML file.")
     p = Path(path)
     if not p.is_file():
         raise UserError(f"--config {path}: no such file; pass the path of a YAML file.")

@@ -74,10 +74,25 @@ def main(argv: list[str]) -> int:
         print(f"rloo pipeline: error: {e}", file=sys.stderr)
         return e.exit_code
     try:
+        _check_local_paths(ns)
         return _dispatch(ns)
     except UserError as e:
         print(f"rloo pipeline: error: {e}", file=sys.stderr)
         return e.exit_code
+
+
+def _check_local_paths(ns: argparse.Namespace) -> None:
+    """The command's own files are local; object storage is for pipeline parameters (output_uri, model)."""
+    from rloo.storage.location import require_local_path
+
+    hint = {
+        "output": "compile to a local file and upload it (rloo pipeline upload --package FILE).",
+        "workdir": "a local run works in a local directory; give --param output_uri=s3://... for its results.",
+        "params": "give a local YAML file (or --param NAME=VALUE).",
+        "package": "give the local path of a compiled pipeline YAML.",
+    }
+    for name, why in hint.items():
+        require_local_path(f"--{name}", getattr(ns, name, None), why)
 
 
 def _dispatch(ns: argparse.Namespace) -> int:

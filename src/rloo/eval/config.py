@@ -79,6 +79,17 @@ class EvalConfig:
         for name in ("model_name_or_path", "dataset_name", "judge_base_url", "judge_model"):
             if not getattr(self, name):
                 raise UserError(f"--{name} is required.")
+        from rloo.storage.location import require_local_path
+
+        fetch = "give a Hub id or a local directory (download an s3:// upload first, e.g. 'aws s3 sync')."
+        for name in ("model_name_or_path", "baseline_model", "dataset_name"):
+            require_local_path(f"--{name}", getattr(self, name), fetch)
+        require_local_path("--judge_template", self.judge_template)
+        require_local_path(
+            "--output_dir",
+            self.output_dir,
+            "write locally and upload the directory (the pipeline does this).",
+        )
         if self.engine not in ENGINES:
             raise UserError(f"--engine must be one of {', '.join(ENGINES)} (got {self.engine!r}).")
         positive = (

@@ -102,6 +102,8 @@ def validate_params(
         raise UserError("output_uri is required: s3://bucket/prefix where models and results are written.")
     if num_nodes > 1 and not output_uri.startswith("s3://"):
         raise UserError(f"multi-node training needs an s3:// output_uri (got {output_uri!r}).")
+    if check_paths:
+        check_storage_access(output_uri, what="output_uri")
     # parse_config is the CLI's own parser: extra_train_args get exactly the checks 'rloo train' applies.
     try:
         parse_config(
@@ -211,6 +213,36 @@ def check_model_source(model: str, *, hub: bool = False, hub_api: Any = None) ->
         ) from None
     except Exception as e:  # unreachable Hub, proxy, mirror quirks: the fetch step will tell
         log.warning("could not check %s on the Hub (%s); the fetch step will try", model, type(e).__name__)
+
+
+# The validate step asks the bucket once, quickly: wrong credentials, a missing bucket or an unreachable
+# endpoint then fail in seconds there, instead of in the fetch step after minutes of KFP retries.
+ACCESS_CHECK_ATTEMPTS = 2
+ACCESS_CHECK_TIMEOUT_S = 5.0
+
+
+def check_storage_access(uri: str, *, what: str, client: Any = None) -> None:
+    """For an ``s3://`` location: one HeadBucket with a short timeout (credentials, bucket, endpoint), a
+    one-line UserError naming ``what``, the bucket and the AWS variables to set. Local paths pass."""
+    from rloo.storage import Location, StorageError
+    from rloo.storage.backends import S3Backend
+    from rloo.storage.s3 import s3_client
+
+    try:
+        loc = Location.parse(uri)
+    except UserError as e:
+        raise UserError(f"{what}: {e}") from None
+    if not loc.is_s3:
+        return
+    try:
+        client = client or s3_client(
+            max_attempts=ACCESS_CHECK_ATTEMPTS,
+            connect_timeout=ACCESS_CHECK_TIMEOUT_S,
+            read_timeout=ACCESS_CHECK_TIMEOUT_S,
+        )
+        S3Backend(loc, client).check_access(create=False)
+    except StorageError as e:
+        raise UserError(f"{what}: {e}") from None
 
 
 def _looks_local(model: str) -> bool:

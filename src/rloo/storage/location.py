@@ -107,3 +107,24 @@ class Location:
 
     def __str__(self) -> str:
         return self.uri
+
+
+def has_scheme(value: str | os.PathLike[str]) -> bool:
+    """True when ``value`` is written as a URI (``s3://...``, ``gs://...``, ``file://...``)."""
+    return not isinstance(value, os.PathLike) and _SCHEME_RE.match(str(value).strip()) is not None
+
+
+def require_local_path(flag: str, value: str | os.PathLike[str] | None, hint: str = "") -> None:
+    """Refuse a URI where only a local path works, in one line naming the flag (``--output_dir`` etc.).
+
+    Without this a path-like flag given ``s3://b/x`` silently becomes a local directory ``s3:/b/x``.
+    ``hint`` says what to use instead.
+    """
+    if value is None or not has_scheme(value):
+        return
+    text = str(value).strip()
+    what = "object storage (s3://)" if text.lower().startswith("s3://") else "a URI"
+    raise UserError(
+        f"{flag} {redact(text)!r}: {what} is not supported here, only a local path"
+        + (f"; {hint}" if hint else "; give a plain directory or file path.")
+    )

@@ -66,6 +66,7 @@ class MetricsLogger:
         self._pending_params: list[dict[str, Any]] = []
         self._pending_samples: list[tuple[int, list[dict[str, Any]]]] = []
         self._closed = False
+        self._plotted = False
         self._bar = None
         if show_progress:
             from tqdm.auto import tqdm
@@ -127,6 +128,23 @@ class MetricsLogger:
         else:
             self._write_samples(step, rows)
 
+    def write_plots(self) -> None:
+        """Draw the training curves (PNG under ``plots/``) and send them to every sink, once; ``close`` calls
+        it too. Call it earlier when the files must exist before the run ends (e.g. to upload them)."""
+        if self._plotted or self.output_dir is None or not self.plots or not self.history:
+            return
+        self._plotted = True
+        try:
+            from rloo.tracking.plots import plot_training_curves
+
+            png = plot_training_curves(
+                self.history, self.output_dir / PLOTS_DIR / CURVES_FILE, x_key=STEP_KEY
+            )
+            if png is not None:
+                self._fan("log_artifact", png, PLOTS_DIR)
+        except Exception as e:  # a missing matplotlib or a plotting bug must not mask the run's result
+            log.warning("training-curve plot skipped: %s", e)
+
     def close(self, status: Status = "FINISHED") -> None:
         """End the run: training curves (PNG) to every sink, then each sink finishes with ``status``
         ("FINISHED", or "FAILED" when the stage failed). Idempotent; never raises for a sink."""
@@ -136,17 +154,7 @@ class MetricsLogger:
         if self._closed:
             return
         self._closed = True
-        if self.output_dir is not None and self.plots and self.history:
-            try:
-                from rloo.tracking.plots import plot_training_curves
-
-                png = plot_training_curves(
-                    self.history, self.output_dir / PLOTS_DIR / CURVES_FILE, x_key=STEP_KEY
-                )
-                if png is not None:
-                    self._fan("log_artifact", png, PLOTS_DIR)
-            except Exception as e:  # a missing matplotlib or a plotting bug must not mask the run's result
-                log.warning("training-curve plot skipped: %s", e)
+        self.write_plots()
         if self.output_dir is not None:
             self._fan("finish", status)
         else:

@@ -144,9 +144,12 @@ class RLOOTrainer:
         self.cfg = cfg
         if cfg.fp16 and not torch.cuda.is_available():
             raise UserError("--fp16 needs a CUDA GPU; use --bf16 (or neither) on CPU.")
-        out = Path(cfg.output_dir)
+        # an s3:// output_dir is staged locally (checkpoints mirrored, the result uploaded at the end)
+        self.remote = cfg.remote_output
+        out = cfg.local_output_dir
         if out.exists() and not out.is_dir():
-            raise UserError(f"--output_dir {cfg.output_dir} is a file; pass a directory.")
+            flag = "--local_dir" if self.remote is not None and cfg.local_dir else "--output_dir"
+            raise UserError(f"{flag} {out} is a file; pass a directory.")
         seed_everything(cfg.seed)
         from accelerate.state import AcceleratorState
 
@@ -169,11 +172,21 @@ class RLOOTrainer:
         from rloo.tracking import sinks_from_env
 
         self.sinks = sinks_from_env(cfg.report_to, stage="train") if main else []
+        if self.remote is not None:
+            from rloo.storage.backends import backend_for
+            from rloo.tracking.runs import TAG_OUTPUT_DIR
+
+            # one request now: wrong credentials, a missing bucket or an unreachable endpoint are one line
+            # before any model is loaded, not a failure after hours of training
+            backend_for(self.remote).check_access(create=False)
+            for sink in self.sinks:  # runs are identified by the prefix, not by this machine's staging dir
+                if hasattr(sink, "tags"):
+                    sink.tags[TAG_OUTPUT_DIR] = self.remote.uri
         self.mirror = None
-        if cfg.checkpoint_uri and main:
+        if cfg.mirror_uri and main:
             from rloo.storage import CheckpointMirror
 
-            self.mirror = CheckpointMirror(cfg.checkpoint_uri, keep_last=cfg.save_total_limit)
+            self.mirror = CheckpointMirror(cfg.mirror_uri, keep_last=cfg.save_total_limit)
 
         # --- data first: cheapest to get wrong, cheapest to check ----------------------------------
         self.train_ds = load_prompt_dataset(
@@ -702,9 +715,11 @@ class RLOOTrainer:
     # ------------------------------------------------------------------------------------------------
     def train(self) -> TrainResult:
         cfg = self.cfg
-        out_dir = Path(cfg.output_dir)
+        out_dir = cfg.local_output_dir
         main = self.accelerator.is_main_process
         start = time.perf_counter()
+        if self.remote is not None:
+            log.info("output %s, staged in %s", self.remote.uri, out_dir)
         if self._already_complete(out_dir):
             return TrainResult(
                 output_dir=out_dir, history=[], seconds=0.0, episodes=self.num_updates * self.plan.batch_size
@@ -785,6 +800,9 @@ class RLOOTrainer:
             self.save_final(out_dir)
             if self.mirror is not None:
                 self.mirror.wait()  # the newest checkpoint must be safe before the run counts as done
+            if main:
+                logger.write_plots()
+            self.publish(out_dir)  # an s3:// output_dir: the run counts as done once its manifest is there
             status = "FINISHED"
         except _Preempted:
             status = "KILLED"
@@ -875,20 +893,59 @@ class RLOOTrainer:
             (out_dir / COMPLETE_MARKER).write_text(json.dumps(state, indent=2))
         self.accelerator.wait_for_everyone()
 
-    def _already_complete(self, out_dir: Path) -> bool:
-        marker = out_dir / COMPLETE_MARKER
-        if self.cfg.resume_from_checkpoint != "latest" or not marker.is_file():
+    def publish(self, out_dir: Path) -> None:
+        """With an s3:// output_dir: upload the final model, metrics.jsonl, samples and plots (not the
+        checkpoints, mirrored on their own, nor an embedded MLflow store) with the manifest written last."""
+        if self.remote is not None and self.accelerator.is_main_process:
+            from rloo.storage import upload_dir
+
+            upload_dir(out_dir, self.remote, progress=False, exclude=PUBLISH_EXCLUDE)
+            log.info("published %s", self.remote.uri)
+        self.accelerator.wait_for_everyone()
+
+    def _done(self, marker: bytes | None) -> bool:
+        if marker is None:
             return False
         try:
-            done = json.loads(marker.read_text())
+            done = json.loads(marker)
         except ValueError:
             return False
-        if done.get("complete") and done.get("num_updates") == self.num_updates:
-            log.info(
-                "%s already holds a completed run of %d updates: nothing to do", out_dir, self.num_updates
-            )
-            return True
-        return False
+        return bool(done.get("complete")) and done.get("num_updates") == self.num_updates
+
+    def _already_complete(self, out_dir: Path) -> bool:
+        """True when this run is already done (then nothing is trained). Decided on the main process (it alone
+        writes) and shared, so every rank takes the same branch."""
+        if self.cfg.resume_from_checkpoint != "latest":
+            return False
+        verdict = self._completion(out_dir) if self.accelerator.is_main_process else None
+        if self.world > 1:
+            from accelerate.utils import broadcast_object_list
+
+            verdict = broadcast_object_list([verdict])[0]
+        if verdict == "unpublished":  # trained here, but the upload did not finish: upload, don't train again
+            self.publish(out_dir)
+        if verdict is not None:
+            where = self.remote.uri if self.remote is not None else out_dir
+            log.info("%s already holds a completed run of %d updates: nothing to do", where, self.num_updates)
+        return verdict is not None
+
+    def _completion(self, out_dir: Path) -> str | None:
+        """ "done", "unpublished" (s3:// output_dir: complete in the staging directory only) or None."""
+        marker = out_dir / COMPLETE_MARKER
+        local_done = self._done(marker.read_bytes() if marker.is_file() else None)
+        if self.remote is None:
+            return "done" if local_done else None
+        # s3://: the prefix decides (a complete upload whose marker matches), never the staging directory
+        from rloo.storage import IncompleteArtifactError, verify_prefix
+        from rloo.storage.backends import backend_for
+
+        try:
+            verify_prefix(self.remote)
+            if self._done(backend_for(self.remote).read_bytes(COMPLETE_MARKER)):
+                return "done"
+        except IncompleteArtifactError:
+            pass
+        return "unpublished" if local_done else None
 
     def _resume(self, out_dir: Path) -> int | None:
         """Restore the newest (or the given) checkpoint; return its update count, or None for a fresh run."""
@@ -897,7 +954,7 @@ class RLOOTrainer:
             return None
         if choice == "latest":
             path = latest_checkpoint(out_dir)
-            if path is None and self.cfg.checkpoint_uri:
+            if path is None and self.cfg.mirror_uri:
                 path = self._restore_from_mirror(out_dir)
             if path is None:
                 return None
@@ -939,7 +996,7 @@ class RLOOTrainer:
         if self.accelerator.is_main_process and self.mirror is not None:
             restored = self.mirror.restore_latest(out_dir)
             if restored is not None:
-                log.info("restored %s from %s", restored.name, self.cfg.checkpoint_uri)
+                log.info("restored %s from %s", restored.name, self.cfg.mirror_uri)
                 snapshot = restored / METRICS_FILE
                 if snapshot.is_file() and not (out_dir / METRICS_FILE).is_file():
                     shutil.copy2(snapshot, out_dir / METRICS_FILE)
@@ -956,6 +1013,9 @@ class _Preempted(Exception):
 
 
 COMPLETE_MARKER = "training_complete.json"
+# Left out of the upload of an s3:// output_dir: checkpoints (mirrored to <prefix>/checkpoints as they are
+# written) and an embedded MLflow store (a live sqlite file; MLFLOW_TRACKING_URI names a server to use).
+PUBLISH_EXCLUDE = ("checkpoint-*", ".checkpoint-*", "mlruns")
 
 
 class _Preemption:

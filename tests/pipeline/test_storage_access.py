@@ -1,0 +1,101 @@
+"""The validate step asks the output bucket first: wrong credentials, a missing bucket or no credentials at all
+fail there, in one line and in seconds, against the real SeaweedFS server, instead of in the fetch step with a
+traceback and minutes of KFP retries."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rloo.errors import UserError
+from rloo.pipeline.compile import repo_root
+from rloo.pipeline.steps import TrainParams, validate_params
+from tests.fixtures.servers import S3Server, use_s3
+
+local = pytest.importorskip("kfp.local")
+pytestmark = pytest.mark.filterwarnings("ignore:You may be attemping:RuntimeWarning")
+
+MISSING = "rloo-no-such-bucket"
+PARAMS: dict[str, Any] = dict(
+    model="org/sft",
+    train=TrainParams(dataset_name="org/data", reward_model_path="org/rm"),
+    eval_dataset_name="org/eval",
+    judge_base_url="http://judge:8000/v1",
+    judge_model="j",
+    gpu_count=1,
+    num_nodes=1,
+    promotion_margin=0.0,
+)
+
+
+@pytest.fixture
+def aws(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> S3Server:
+    return use_s3(s3_server, monkeypatch)
+
+
+def _no_credentials(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # no instance-metadata lookup off a cloud VM
+
+
+@pytest.mark.parametrize(
+    ("problem", "expect"),
+    [
+        ("wrong secret", ("rejected the credentials", "AWS_SECRET_ACCESS_KEY", "'rloo-test'")),
+        ("missing bucket", (f"bucket '{MISSING}' does not exist",)),
+        ("no credentials", ("no S3 credentials found", "AWS_ACCESS_KEY_ID")),
+        ("no server", ("cannot connect", "S3_ENDPOINT_URL")),
+    ],
+)
+def test_validate_checks_the_output_bucket_in_seconds(
+    aws: S3Server, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, problem: str, expect: tuple[str, ...]
+) -> None:
+    bucket = MISSING if problem == "missing bucket" else aws.bucket
+    if problem == "wrong secret":
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong")
+    if problem == "no credentials":
+        _no_credentials(monkeypatch, tmp_path)
+    if problem == "no server":
+        from tests.fixtures.servers import free_port
+
+        monkeypatch.setenv("S3_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")
+    start = time.monotonic()
+    with pytest.raises(UserError) as err:
+        validate_params(**PARAMS, output_uri=f"s3://{bucket}/runs")
+    took = time.monotonic() - start
+    message = str(err.value)
+    assert took < 10, took
+    assert "\n" not in message and message.startswith("output_uri: ")
+    for part in expect:
+        assert part in message
+    assert aws.secret_key not in message
+
+
+def test_validate_passes_a_reachable_bucket(aws: S3Server) -> None:
+    validate_params(**PARAMS, output_uri=f"s3://{aws.bucket}/runs")  # nothing written there
+    assert validate_params(**PARAMS, output_uri=f"s3://{aws.bucket}/runs", check_paths=False) is None
+
+
+def test_fetch_step_fails_in_one_line_without_a_traceback(
+    aws: S3Server, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # the same mistake reaching the fetch step (credentials revoked after validation) is one line too
+    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path / "root"))
+    monkeypatch.syspath_prepend(str(repo_root()))
+    from components.fetch_sft.component import fetch_sft
+
+    src = tmp_path / "sft"
+    src.mkdir()
+    (src / "config.json").write_text("{}")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong")
+    with pytest.raises(RuntimeError, match="FAILURE"):
+        fetch_sft(model=str(src), output_uri=f"s3://{aws.bucket}/runs", kfp_run_id="run-1")
+    out = capfd.readouterr().out
+    assert "fetching the SFT model failed: accessing s3://" in out and "rejected the credentials" in out
+    assert "Traceback" not in out
