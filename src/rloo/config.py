@@ -90,6 +90,16 @@ class RLOOConfig:
         "With an s3:// output_dir: the local staging directory (default: <system temp>/rloo-staging/<hash of "
         "the URI>, so a re-run on the same machine resumes from local checkpoints).",
     )
+    model_source: str | None = _f(
+        None,
+        "Where --model_name_or_path was copied from (a Hub id or s3:// URI), recorded in MLflow and "
+        "rloo_config.json in place of the local copy's path (set by the pipeline).",
+    )
+    publish_uri: str | None = _f(
+        None,
+        "Where output_dir is published once training ends, recorded as the MLflow run's rloo.output_dir "
+        "(set by the pipeline, which uploads it).",
+    )
     exp_name: str = _f("rloo", "Experiment name (metrics and run names).")
     run_name: str | None = _f(None, "Run name (default: '<exp_name>__<seed>__<unix time>').")
     seed: int = _f(42, "Seed for data order, sampling and initialisation: a run is reproducible from it.")
@@ -364,6 +374,13 @@ class RLOOConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def recorded(self) -> dict[str, Any]:
+        """The config as MLflow and ``rloo_config.json`` record it: durable names, not local copies."""
+        d = self.to_dict()
+        if self.model_source:
+            d["model_name_or_path"] = self.model_source
+        return d
 
     @classmethod
     def field_names(cls) -> list[str]:

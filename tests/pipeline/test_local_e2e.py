@@ -138,6 +138,13 @@ def test_mlflow_has_the_pipeline_run_and_its_stages(local_run: dict[str, Any]) -
     assert all(r.info.status == "FINISHED" for r in stages.values())
     history = client.get_metric_history(stages["train"].info.run_id, "objective/scores")
     assert [m.step for m in history] == [1, 2, 3]
+    # the train run names the store's copies, not the train step's deleted temporary ones
+    (run,) = (p for p in (work / "store").iterdir() if p.name != "published")
+    train = stages["train"].data
+    assert (train.params["model_name_or_path"], train.tags["rloo.output_dir"]) == (
+        str(run / "sft"),
+        str(run / "model"),
+    )
     assert "trained/win_rate" in stages["eval"].data.metrics
     eval_files = {a.path for a in client.list_artifacts(stages["eval"].info.run_id, "eval")}
     assert "eval/eval_results.json" in eval_files and "eval/eval_report.html" in eval_files

@@ -16,14 +16,30 @@ from pathlib import Path
 
 
 def launch_command(
-    train_args: list[str], *, model_dir: str, output_dir: str, checkpoint_uri: str, nproc: int, num_nodes: int
+    train_args: list[str],
+    *,
+    model_dir: str,
+    output_dir: str,
+    checkpoint_uri: str,
+    nproc: int,
+    num_nodes: int,
+    model_source: str = "",
+    publish_uri: str = "",
 ) -> list[str]:
-    """The launcher command: ``accelerate launch`` on one node, ``torchrun`` across nodes."""
+    """The launcher command: ``accelerate launch`` on one node, ``torchrun`` across nodes.
+
+    ``model_source`` and ``publish_uri`` are the durable names of the local copies (the SFT model's
+    store URI, where the output is uploaded): MLflow and the model's files record those, not a pod's
+    temporary paths.
+    """
+    durable = ["--model_source", model_source] if model_source else []
+    durable += ["--publish_uri", publish_uri] if publish_uri else []
     rloo = [
         "-m", "rloo.cli", "train",
         "--model_name_or_path", model_dir,
         "--output_dir", output_dir,
         "--checkpoint_uri", checkpoint_uri,
+        *durable,
         *train_args,
     ]  # fmt: skip
     # launchers run as modules of this interpreter: their console scripts are only on PATH when the
@@ -64,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:  # pragma: no cover - runs in th
         checkpoint_uri=ns.checkpoint_uri,
         nproc=ns.nproc_per_node,
         num_nodes=ns.num_nodes,
+        model_source=ns.sft_uri,
+        publish_uri=ns.model_uri,
     )
     print("[rloo] " + " ".join(cmd), flush=True)
     rc = subprocess.call(cmd)

@@ -182,6 +182,12 @@ class RLOOTrainer:
             for sink in self.sinks:  # runs are identified by the prefix, not by this machine's staging dir
                 if hasattr(sink, "tags"):
                     sink.tags[TAG_OUTPUT_DIR] = self.remote.uri
+        elif cfg.publish_uri:
+            from rloo.tracking.runs import TAG_OUTPUT_DIR
+
+            for sink in self.sinks:  # the pipeline uploads output_dir there: the durable name of this run
+                if hasattr(sink, "tags"):
+                    sink.tags[TAG_OUTPUT_DIR] = cfg.publish_uri
         self.mirror = None
         if cfg.mirror_uri and main:
             from rloo.storage import CheckpointMirror
@@ -729,7 +735,7 @@ class RLOOTrainer:
         logger = MetricsLogger(
             total_updates=self.num_updates, show_progress=main and not cfg.disable_tqdm, sinks=self.sinks
         )
-        logger.log_params(cfg.to_dict())  # held until open(): nothing reaches MLflow before update 1
+        logger.log_params(cfg.recorded())  # held until open(): nothing reaches MLflow before update 1
         if resumed is not None and main:
             logger.open(out_dir, keep_until_update=resumed)
             logger.progress(resumed)
@@ -888,7 +894,7 @@ class RLOOTrainer:
                 out_dir, state_dict=state_dict, safe_serialization=True
             )
             self.tokenizer.save_pretrained(out_dir)
-            (out_dir / "rloo_config.json").write_text(json.dumps(self.cfg.to_dict(), indent=2, default=str))
+            (out_dir / "rloo_config.json").write_text(json.dumps(self.cfg.recorded(), indent=2, default=str))
             state = {**self._trainer_state(self.num_updates), "complete": True}
             (out_dir / COMPLETE_MARKER).write_text(json.dumps(state, indent=2))
         self.accelerator.wait_for_everyone()
