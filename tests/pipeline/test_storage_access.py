@@ -12,23 +12,16 @@ import pytest
 
 from rloo.errors import UserError
 from rloo.pipeline.compile import repo_root
-from rloo.pipeline.steps import TrainParams, validate_params
+from rloo.pipeline.steps import validate_params
 from tests.fixtures.servers import S3Server, use_s3
+from tests.pipeline.test_node_and_steps import GOOD
 
 local = pytest.importorskip("kfp.local")
 pytestmark = pytest.mark.filterwarnings("ignore:You may be attemping:RuntimeWarning")
 
 MISSING = "rloo-no-such-bucket"
-PARAMS: dict[str, Any] = dict(
-    model="org/sft",
-    train=TrainParams(dataset_name="org/data", reward_model_path="org/rm"),
-    eval_dataset_name="org/eval",
-    judge_base_url="http://judge:8000/v1",
-    judge_model="j",
-    gpu_count=1,
-    num_nodes=1,
-    promotion_margin=0.0,
-)
+# the valid parameters of the validate-step tests, with the output location left to each test
+PARAMS: dict[str, Any] = {k: v for k, v in GOOD.items() if k != "output_uri"}
 
 
 @pytest.fixture
