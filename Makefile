@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint format bench clean
+.PHONY: install demo ui test lint format bench clean
 
 install: $(STAMP)
 
@@ -13,12 +13,16 @@ $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -c constraints.txt -e '.[train,tracking,dev,eval,kfp]'
+	$(BIN)/pip install -q -c constraints.txt -e '.[train,tracking,ui,dev,eval,kfp]'
 	touch $(STAMP)
 
 # the whole KFP pipeline on this machine (kfp.local): tiny model, toy data, toy judge, sqlite MLflow
 demo: install
 	$(BIN)/rloo pipeline run --local --workdir rloo-local
+
+# the MLflow UI over the demo's runs (http://127.0.0.1:5000); `rloo ui --help` for another store or port
+ui: install
+	$(BIN)/rloo ui --workdir rloo-local
 
 test: install
 	$(BIN)/ruff check src tests benchmarks components pipelines

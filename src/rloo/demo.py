@@ -89,6 +89,9 @@ def main(argv: list[str]) -> int:
         f"  samples:           {out.resolve() / 'samples'}"
     )
     if cfg.report_to == "mlflow":
-        uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{out.resolve() / 'mlruns' / 'mlflow.db'}"
-        console.print(f"  MLflow runs:       mlflow ui --backend-store-uri {uri}")
+        from rloo.storage.redact import redact
+        from rloo.tracking.ui import ui_command
+
+        remote = os.environ.get("MLFLOW_TRACKING_URI")
+        console.print(f"  MLflow runs:       {redact(remote) if remote else ui_command(out)}", soft_wrap=True)
     return 0

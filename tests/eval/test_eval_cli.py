@@ -184,6 +184,27 @@ def test_results_reach_mlflow(
     ):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("OPENAI_API_KEY", API_KEY)
+    import time
+
+    import rloo.eval.runner as runner
+
+    spans: list[tuple[float, float]] = []  # (start, end) of each generation, to place the run against
+    real_make_engine = runner.make_engine
+
+    def timed_engine(cfg: EvalConfig) -> object:
+        engine = real_make_engine(cfg)
+        generate = engine.generate
+
+        def timed(model_path: str, prompts: list) -> list[str]:
+            t0 = time.time()
+            result = generate(model_path, prompts)
+            spans.append((t0, time.time()))
+            return result
+
+        engine.generate = timed
+        return engine
+
+    monkeypatch.setattr(runner, "make_engine", timed_engine)
     out = tmp_path / "out"
     args = argv(
         tiny_setup, tldr_like, scripted_judge.base_url, out, "--report_to", "mlflow", "--num_examples", "1"
@@ -193,6 +214,9 @@ def test_results_reach_mlflow(
     client = MlflowClient(tracking_uri=f"sqlite:///{(out / 'mlruns' / 'mlflow.db').resolve()}")
     (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
     assert run.info.status == "FINISHED" and run.data.tags["rloo.stage"] == "eval"
+    # the run spans the stage's work (it used to start when the results were logged, after it)
+    assert len(spans) == 2 and run.info.start_time / 1000 <= spans[0][0]
+    assert run.info.end_time / 1000 >= spans[-1][1]
     # 2 models x 1 example x 2 orders; the connectivity check is counted apart
     assert run.data.metrics["trained/win_rate"] == 0.0 and run.data.metrics["judge/requests"] == 4
     assert run.data.params["judge_model"] == MODEL

@@ -1,6 +1,6 @@
 """``rloo``: the package's one command.
 
-Sub-commands: ``train``, ``eval``, ``push``, ``pipeline`` and ``demo`` (see :data:`USAGE`).
+Sub-commands: ``train``, ``eval``, ``push``, ``pipeline``, ``demo`` and ``ui`` (see :data:`USAGE`).
 User errors print one line on stderr and exit 2; they never show a traceback.
 """
 
@@ -19,6 +19,7 @@ commands:
   push       publish a trained model (object storage, MLflow registry, Hub) behind a promotion gate
   pipeline   compile the Kubeflow pipeline, run it locally, or upload and run it on Kubeflow Pipelines
   demo       build a tiny model and toy task locally and train on it for a few updates
+  ui         the MLflow UI over a local run's tracking store (what 'make demo' points at)
 
 'rloo <command> --help' lists a command's flags.
 """
@@ -85,12 +86,19 @@ def _pipeline(argv: list[str]) -> int:
     return pipeline_main(argv)
 
 
+def _ui(argv: list[str]) -> int:
+    from rloo.cli.ui_cmd import main as ui_main
+
+    return ui_main(argv)
+
+
 COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "train": _train,
     "eval": _eval,
     "push": _push,
     "pipeline": _pipeline,
     "demo": _demo,
+    "ui": _ui,
 }
 
 

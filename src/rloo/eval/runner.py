@@ -57,6 +57,29 @@ def run_eval(
     judge = make_judge(cfg)
     judge.preflight()  # seconds, before minutes of generation: a wrong URL/key/model fails now
     engine = engine or make_engine(cfg)
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    # The run starts now, so that its duration in MLflow is the stage's (generation and judging), not the
+    # moment of logging at the end.
+    _open(sinks, cfg, sources, out)
+    try:
+        results = _evaluate(cfg, rows, judge, engine, sources, out)
+    except BaseException:
+        for sink in sinks:
+            sink.finish("FAILED")
+        raise
+    _report(sinks, results, out)
+    return results
+
+
+def _evaluate(
+    cfg: EvalConfig,
+    rows: Any,
+    judge: Any,
+    engine: GenerationEngine,
+    sources: dict[str, str] | None,
+    out: Path,
+) -> dict[str, Any]:
     models = {"trained": cfg.model_name_or_path}
     if cfg.baseline_model:
         models["baseline"] = cfg.baseline_model
@@ -121,15 +144,12 @@ def run_eval(
         }
         for i in range(n)
     ]
-    out = Path(cfg.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
     (out / RESULTS_FILE).write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
     with open(out / JUDGEMENTS_FILE, "w") as f:
         for ex in examples:
             f.write(json.dumps(ex, ensure_ascii=False) + "\n")
     (out / REPORT_FILE).write_text(render_html(results, examples, cfg.report_examples))
     (out / KFP_METRICS_FILE).write_text(json.dumps(kfp_metrics(results), indent=2, sort_keys=True) + "\n")
-    _report(sinks, cfg, results, out)
     return results
 
 
@@ -152,14 +172,18 @@ def _sinks(cfg: EvalConfig) -> list[Any]:
     return sinks_from_env(cfg.report_to, stage="eval", system_metrics_interval=None)
 
 
-def _report(sinks: list[Any], cfg: EvalConfig, results: dict[str, Any], out: Path) -> None:
+def _open(sinks: list[Any], cfg: EvalConfig, sources: dict[str, str] | None, out: Path) -> None:
     from rloo.tracking import flatten_params
 
     for sink in sinks:
         sink.open(out)
+        sink.log_params(flatten_params(recorded_settings(cfg, sources)))
+
+
+def _report(sinks: list[Any], results: dict[str, Any], out: Path) -> None:
+    for sink in sinks:
         status = "FAILED"
         try:
-            sink.log_params(flatten_params(results["settings"]))
             sink.log_metrics(flat_metrics(results), step=0)
             for name in (RESULTS_FILE, JUDGEMENTS_FILE, REPORT_FILE):
                 sink.log_artifact(out / name, "eval")

@@ -254,7 +254,7 @@ def run_push(cfg: PushConfig, *, hub_api: Any = None, mlflow_client: Any = None)
             run_id = registry.find_or_start_run(
                 experiment=cfg.mlflow_experiment,
                 parent_run_id=cfg.mlflow_parent_run_id,
-                run_name=f"push-{key}",
+                run_name="push",  # like "train" and "eval"; the run key is its rloo.source_run tag
             )
         except Exception as e:
             _raise_mlflow_as_user_error(e)

@@ -129,6 +129,7 @@ class MlflowSink:
         self._resolved_uri: str | None = None
         self._artifact_location: str | None = None
         self._work_dir: Path | None = None
+        self._opened_ms: int | None = None
         self._outage = False
         self._abandon = False
         self._finished = False
@@ -147,6 +148,9 @@ class MlflowSink:
             return sum(len(op.items) for op in self._ops) + sum(len(op.items) for op in self._inflight)
 
     def open(self, output_dir: Path) -> None:
+        # The run is created by the worker when it first sends something, maybe seconds later (a sqlite
+        # store's first use, a slow server): it starts when the stage opened it, all the same.
+        self._opened_ms = int(time.time() * 1000)
         self._work_dir = Path(output_dir)
         self.tags.setdefault(TAG_OUTPUT_DIR, str(self._work_dir.resolve()))
         self._start()
@@ -400,6 +404,7 @@ class MlflowSink:
                     pipeline_run_name=self.pipeline_run_name,
                     tags=self.tags,
                     artifact_location=self._artifact_location,
+                    start_time_ms=self._opened_ms,
                 )
             self.run_id = self.stage_run.run_id
             self.parent_run_id = self.stage_run.parent_run_id

@@ -13,6 +13,7 @@ Tags written (what the UI and :func:`MlflowClient.search_runs` filter on):
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,8 @@ from urllib.parse import urlparse
 
 from rloo.errors import UserError
 from rloo.storage.redact import redact
+
+log = logging.getLogger(__name__)
 
 KFP_RUN_ID_ENV = "KFP_RUN_ID"
 KFP_RUN_NAME_ENV = "KFP_RUN_NAME"
@@ -37,6 +40,10 @@ TAG_KFP_RUN_NAME = "kfp.run_name"
 TAG_PARENT = "mlflow.parentRunId"
 TAG_OUTPUT_DIR = "rloo.output_dir"
 TAG_ERROR = "rloo.error"
+# MLflow 3 records what an experiment holds in this tag (its tools take an untagged one for GenAI): these
+# hold model-training runs. The UI's own mode comes from the URL (rloo.tracking.ui.runs_path).
+TAG_EXPERIMENT_KIND = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
 
 
 @dataclass(frozen=True)
@@ -148,18 +155,23 @@ def _reason(exc: BaseException) -> str:
 
 # ----------------------------------------------------------------------------------------------------
 def get_or_create_experiment(client: Any, name: str, artifact_location: str | None = None) -> str:
+    """The id of experiment ``name``, created (as a model-training experiment) or restored as needed."""
     from mlflow.exceptions import MlflowException
 
     exp = client.get_experiment_by_name(name)
     if exp is None:
         try:
-            return client.create_experiment(name, artifact_location=artifact_location)
+            return client.create_experiment(
+                name, artifact_location=artifact_location, tags={TAG_EXPERIMENT_KIND: EXPERIMENT_KIND}
+            )
         except MlflowException as e:
             if e.error_code != "RESOURCE_ALREADY_EXISTS":
                 raise
             exp = client.get_experiment_by_name(name)
     if exp.lifecycle_stage == "deleted":
         client.restore_experiment(exp.experiment_id)
+    if TAG_EXPERIMENT_KIND not in (exp.tags or {}):  # one made elsewhere; a kind someone chose is kept
+        client.set_experiment_tag(exp.experiment_id, TAG_EXPERIMENT_KIND, EXPERIMENT_KIND)
     return exp.experiment_id
 
 
@@ -220,6 +232,7 @@ def start_stage_run(
     tags: dict[str, str] | None = None,
     artifact_location: str | None = None,
     supersede_running: bool = True,
+    start_time_ms: int | None = None,
 ) -> StageRun:
     """Create the MLflow run of one stage, nested under its pipeline's parent run when there is one.
 
@@ -262,7 +275,7 @@ def start_stage_run(
             client.set_terminated(old.info.run_id, status="FAILED")
         if stale:
             run_tags[TAG_RESUMED_FROM] = ",".join(r.info.run_id for r in stale)
-    run = client.create_run(exp_id, run_name=run_name or stage, tags=run_tags)
+    run = client.create_run(exp_id, run_name=run_name or stage, tags=run_tags, start_time=start_time_ms)
     return StageRun(run.info.run_id, exp_id, parent_run_id, client.tracking_uri)
 
 
@@ -307,5 +320,58 @@ def finish_pipeline_run(
         return None
     if error:
         client.set_tag(run_id, TAG_ERROR, error[:5000])
+    try:
+        copy_stage_results(client, exp_id, run_id)
+    except Exception as e:  # the summary row is a convenience: the run must be closed regardless
+        log.warning("could not copy the stages' results to pipeline run %s: %s", run_id, redact(str(e)))
     client.set_terminated(run_id, status=status)
     return run_id
+
+
+TRAIN_STAGE = "train"
+TAG_PROMOTION = "rloo.promotion"
+
+
+def copy_stage_results(client: Any, experiment_id: str, parent_run_id: str) -> dict[str, int]:
+    """Copy the stages' params and final metric values onto their pipeline (parent) run, so that one row
+    per pipeline run in the MLflow UI's table compares runs: training settings under their own names (the
+    pipeline's parameter names), other stages' as ``<stage>.<name>``; metrics under their names (the
+    stages' names do not overlap; a clash is prefixed with the stage); the push decision as a tag.
+
+    Params are immutable in MLflow: ones the parent already has are left alone (a retried exit handler).
+    Returns how many params and metrics were copied."""
+    import time
+
+    from mlflow.entities import Metric, Param
+
+    children = client.search_runs(
+        [experiment_id],
+        filter_string=f"tags.`{TAG_PARENT}` = '{filter_value(parent_run_id)}'",
+        order_by=["attributes.start_time ASC"],
+        max_results=200,
+    )
+    have = dict(client.get_run(parent_run_id).data.params)
+    params: dict[str, str] = {}
+    metrics: dict[str, float] = {}
+    now = int(time.time() * 1000)
+    for run in children:
+        stage = run.data.tags.get(TAG_STAGE)
+        if not stage:
+            continue
+        for name, value in run.data.params.items():
+            key = name if stage == TRAIN_STAGE else f"{stage}.{name}"
+            if key not in have and key not in params:
+                params[key] = value
+        for name, value in run.data.metrics.items():
+            if name.startswith("system/"):  # utilisation over time: meaningless as one number
+                continue
+            metrics[name if name not in metrics else f"{stage}.{name}"] = value
+        if run.data.tags.get(TAG_PROMOTION):
+            client.set_tag(parent_run_id, TAG_PROMOTION, run.data.tags[TAG_PROMOTION])
+    items = list(params.items())
+    for i in range(0, len(items), 100):  # MLflow takes at most 100 params per batch
+        client.log_batch(parent_run_id, params=[Param(k, v) for k, v in items[i : i + 100]])
+    values = [Metric(k, float(v), now, 0) for k, v in metrics.items()]
+    for i in range(0, len(values), 1000):
+        client.log_batch(parent_run_id, metrics=values[i : i + 1000])
+    return {"params": len(params), "metrics": len(metrics)}

@@ -1,0 +1,149 @@
+"""The MLflow UI over a local tracking store: what ``rloo ui`` (and ``make ui``) start.
+
+The runs of ``make demo`` / ``rloo pipeline run --local`` / ``rloo demo`` live in a sqlite store under their
+work directory (:func:`rloo.tracking.runs.resolve_tracking_uri`); this serves that store with ``mlflow
+server`` (the full ``mlflow`` package of the ``ui`` extra: ``mlflow-skinny`` has no UI pages). Runs on a
+tracking server need nothing of this: the server is the UI.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from rloo.errors import UserError
+from rloo.tracking.runs import EMBEDDED_DIR
+
+DEFAULT_PORT = 5000
+_START_TIMEOUT_S = 180.0  # importing mlflow's server on a busy 2-core machine takes tens of seconds
+
+
+def ui_command(work_dir: str | os.PathLike[str]) -> str:
+    """The command line that opens the UI over ``work_dir``'s runs, runnable as printed from any directory
+    (the ``rloo`` next to this interpreter: a virtual environment need not be activated)."""
+    exe = Path(sys.executable).with_name("rloo")
+    prog = str(exe) if exe.is_file() else "rloo"
+    return f"{prog} ui --workdir {Path(work_dir).resolve()}"
+
+
+def store_uri(work_dir: str | os.PathLike[str] | None, backend_store_uri: str | None) -> str:
+    """The store to serve: ``backend_store_uri`` as given, else the sqlite store under ``work_dir``, which
+    must exist (a one-line UserError says how to make one otherwise)."""
+    if backend_store_uri:
+        return backend_store_uri
+    work = Path(work_dir or ".").resolve()
+    db = work / EMBEDDED_DIR / "mlflow.db"
+    if db.is_file():
+        return f"sqlite:///{db}"
+    remote = os.environ.get("MLFLOW_TRACKING_URI", "")
+    if remote.startswith(("http://", "https://")):
+        from rloo.storage.redact import redact
+
+        raise UserError(
+            f"no local MLflow store at {db}: MLFLOW_TRACKING_URI names a tracking server, open "
+            f"{redact(remote)} in a browser instead."
+        )
+    raise UserError(
+        f"no MLflow store at {db}: run 'make demo' (or 'rloo pipeline run --local --workdir {work}') first, "
+        "or pass --workdir of a run or --backend-store-uri."
+    )
+
+
+@dataclass
+class UiServer:
+    """A running ``mlflow server`` process serving one store."""
+
+    proc: subprocess.Popen[bytes]
+    url: str
+    log_path: Path
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def _check_port(host: str, port: int) -> None:
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            raise UserError(
+                f"port {port} on {host} is in use (another MLflow UI?): stop it or pass --port {port + 1}."
+            ) from None
+
+
+def start_ui(uri: str, *, host: str = "127.0.0.1", port: int = DEFAULT_PORT, log_dir: Path) -> UiServer:
+    """Start ``mlflow server`` on ``uri`` and wait until it answers; a one-line UserError if it cannot."""
+    try:
+        import mlflow.server
+    except ImportError:
+        raise UserError(
+            "the MLflow UI needs the full mlflow package: pip install 'rloo-kfp[ui]' (or 'make install')."
+        ) from None
+    if not (Path(mlflow.server.__file__).parent / "js" / "build" / "index.html").is_file():
+        raise UserError(
+            "this mlflow installation has no UI pages (mlflow-skinny?): pip install 'rloo-kfp[ui]'."
+        )
+    _check_port(host, port)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / "mlflow-ui.log"
+    env = dict(os.environ)
+    env.pop("MLFLOW_TRACKING_URI", None)
+    # the server's job runner starts a pool of workers for GenAI jobs: nothing here uses them
+    env.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
+    cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri]
+    cmd += ["--host", host, "--port", str(port), "--workers", "1"]
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    server = UiServer(proc, f"http://{host}:{port}", log_path)
+    deadline = time.monotonic() + _START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = [x for x in log_path.read_text(errors="replace").splitlines() if x.strip()]
+            raise UserError(
+                f"the MLflow UI exited with code {proc.returncode}: {(tail or ['no output'])[-1][:300]} "
+                f"(log: {log_path})."
+            )
+        try:
+            with urllib.request.urlopen(f"{server.url}/health", timeout=5) as resp:
+                if resp.status == 200:
+                    return server
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.5)
+    server.stop()
+    raise UserError(f"the MLflow UI did not answer within {_START_TIMEOUT_S:.0f}s (log: {log_path}).")
+
+
+# The UI's "GenAI | Model training" switch defaults to GenAI (traces overview, "Evaluations" breadcrumbs)
+# unless the URL says otherwise; these runs are model training.
+RUNS_QUERY = "?workflowType=machine_learning"
+
+
+def runs_path(experiment_id: str) -> str:
+    """The UI's path (after the host) of an experiment's runs table, in model-training mode."""
+    return f"/#/experiments/{experiment_id}/runs{RUNS_QUERY}"
+
+
+def experiment_urls(uri: str, base_url: str) -> list[str]:
+    """A link to the runs table of each (non-default) experiment of the store."""
+    from mlflow.tracking import MlflowClient
+
+    exps = MlflowClient(tracking_uri=uri).search_experiments()
+    return [
+        f"{base_url}{runs_path(e.experiment_id)}  ({e.name})"
+        for e in sorted(exps, key=lambda e: int(e.experiment_id) if e.experiment_id.isdigit() else 0)
+        if e.name != "Default"
+    ]
