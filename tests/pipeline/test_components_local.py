@@ -108,12 +108,14 @@ def test_local_pipeline_run_stops_at_validation(tmp_path: Path, capfd: pytest.Ca
         argv += ["--param", f"{key}={value}"]
     assert main(argv) == 2
     captured = capfd.readouterr()
-    assert "invalid pipeline parameters: rloo_k must be >= 2" in captured.out
+    (log,) = (tmp_path / "work" / "logs").glob("*/validate-params.log")
+    assert "invalid pipeline parameters: rloo_k must be >= 2" in log.read_text()
+    assert "validate-params failed after " in captured.out and f"(log: {log})" in captured.out
     # the last line says what is wrong (the step's reason, not only which step failed), in plain text
     assert captured.err.strip().splitlines()[-1] == (
         "rloo pipeline: error: local pipeline run failed at step validate-params: invalid pipeline "
         "parameters: rloo_k must be >= 2 (got 1): the leave-one-out baseline needs at least two completions "
-        "per prompt."
+        f"per prompt. (log: {log})"
     )
     (run_dir,) = (tmp_path / "work" / "kfp").iterdir()
     steps = {p.name for p in run_dir.iterdir()}  # a step's directory holds its outputs

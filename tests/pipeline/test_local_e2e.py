@@ -8,6 +8,11 @@ pipeline's real backoff, so a regression here shows up as a slow failure rather 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -60,8 +65,19 @@ def test_every_step_ran_and_the_summary_says_where_things_are(local_run: dict[st
     lines = local_run["stdout"].strip().splitlines()
     summary = "\n".join(lines[lines.index(next(x for x in lines if x.startswith("pipeline run "))) :])
     assert f"trained model:   {model}" in summary
-    assert f"mlflow ui --backend-store-uri sqlite:///{work / 'mlruns' / 'mlflow.db'}" in summary
+    # a command that works as printed: the venv's own rloo, an absolute work directory
+    assert f"MLflow UI:       {Path(sys.executable).parent / 'rloo'} ui --workdir {work}" in summary
+    # the runs table in model-training mode (the UI's default mode is GenAI: a traces overview)
+    assert "http://127.0.0.1:5000/#/experiments/1/runs?workflowType=machine_learning" in summary
     assert "push decision:" in summary and "win rate vs references: trained" in summary
+    # progress and the summary on the terminal (it was ~730 lines of executor JSON); the rest in files
+    assert len(lines) < 30, local_run["stdout"]
+    assert "Got executor_input" not in local_run["stdout"] and "Traceback" not in local_run["stdout"]
+    assert sum(f"  {step} done in " in local_run["stdout"] for step in STEPS) == len(STEPS)
+    (logs,) = (work / "logs").iterdir()
+    assert f"step logs:       {logs}" in summary
+    assert {p.name for p in logs.iterdir()} >= {"pipeline.log", *(f"{step}.log" for step in STEPS)}
+    assert "Got executor_input" in (logs / "train-rloo.log").read_text()
 
 
 def test_object_store_holds_verified_models_and_results(local_run: dict[str, Any]) -> None:
@@ -126,6 +142,8 @@ def test_mlflow_has_the_pipeline_run_and_its_stages(local_run: dict[str, Any]) -
     client = MlflowClient(tracking_uri=f"sqlite:///{work / 'mlruns' / 'mlflow.db'}")
     exp = client.get_experiment_by_name("rloo")
     assert exp is not None and exp.artifact_location.startswith((work / "mlruns").as_uri())
+    # a model-training experiment: the UI opens on its runs, not on the GenAI traces overview
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
     runs = client.search_runs([exp.experiment_id])
     (parent,) = (r for r in runs if r.data.tags.get("rloo.kind") == "pipeline")
     assert parent.info.status == "FINISHED"  # closed by the exit handler
@@ -136,6 +154,16 @@ def test_mlflow_has_the_pipeline_run_and_its_stages(local_run: dict[str, Any]) -
     }
     assert set(stages) == {"train", "eval", "push"}
     assert all(r.info.status == "FINISHED" for r in stages.values())
+    assert {r.info.run_name for r in stages.values()} == {"train", "eval", "push"}
+    # one row per pipeline run compares runs: the settings and the headline results on the parent
+    train_params, eval_params = stages["train"].data.params, stages["eval"].data.params
+    assert parent.data.params["learning_rate"] == train_params["learning_rate"]
+    assert parent.data.params["rloo_k"] == train_params["rloo_k"]
+    assert parent.data.params["eval.judge_model"] == eval_params["judge_model"]
+    assert parent.data.metrics["objective/scores"] == stages["train"].data.metrics["objective/scores"]
+    assert parent.data.metrics["trained/win_rate"] == stages["eval"].data.metrics["trained/win_rate"]
+    assert parent.data.tags["rloo.promotion"] == stages["push"].data.tags["rloo.promotion"]
+    assert not any(k.startswith("system/") for k in parent.data.metrics)
     history = client.get_metric_history(stages["train"].info.run_id, "objective/scores")
     assert [m.step for m in history] == [1, 2, 3]
     # the train run names the store's copies, not the train step's deleted temporary ones
@@ -156,6 +184,56 @@ def test_mlflow_has_the_pipeline_run_and_its_stages(local_run: dict[str, Any]) -
     assert client.get_model_version("rloo", version.version).aliases == [
         stages["push"].data.tags["rloo.promotion"]
     ]
+
+
+def test_rloo_ui_serves_the_demo_runs(local_run: dict[str, Any]) -> None:
+    """The command the summary prints: the UI's page, and its REST API lists the run and its stages."""
+    from tests.fixtures.servers import free_port
+
+    work: Path = local_run["work"]
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    rloo = str(Path(sys.executable).parent / "rloo")
+    proc = subprocess.Popen(
+        [rloo, "ui", "--workdir", str(work), "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        cwd=work.parent,  # anywhere: the printed command is absolute
+    )
+    try:
+        assert proc.stdout is not None
+        seen = [proc.stdout.readline() for _ in range(2)]
+        assert seen[1].startswith(f"MLflow UI: http://127.0.0.1:{port}"), seen
+        base = f"http://127.0.0.1:{port}"
+        with urllib.request.urlopen(base + "/", timeout=30) as resp:
+            page = resp.read().decode()
+        assert page.lower().startswith("<!doctype html") and "static-files" in page
+        req = urllib.request.Request(
+            base + "/api/2.0/mlflow/runs/search",
+            data=json.dumps({"experiment_ids": ["1"]}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            runs = json.loads(resp.read())["runs"]
+        names = {r["info"]["run_name"] for r in runs}
+        assert {"train", "eval", "push"} <= names and len(runs) == 4
+    finally:
+        proc.send_signal(signal.SIGINT)  # Ctrl-C stops the UI and its server
+        out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+    assert "stopping the MLflow UI" in out
+
+
+def test_rloo_ui_without_a_store_says_how_to_make_one(tmp_path: Path) -> None:
+    rloo = str(Path(sys.executable).parent / "rloo")
+    done = subprocess.run(
+        [rloo, "ui", "--workdir", str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 2
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("rloo ui: error: no MLflow store at ") and "make demo" in line
 
 
 def test_same_command_reports_to_a_real_mlflow_server_and_bucket(

@@ -2,9 +2,9 @@
 
 - ``rloo pipeline compile [--output PATH]``: write the compiled YAML (default: the committed
   ``pipelines/rloo_pipeline.yaml`` and the Helm chart's copy).
-- ``rloo pipeline run --local [--workdir DIR] [--param NAME=VALUE ...] [--params FILE]``: every step on this
-  machine with ``kfp.local``; without a ``model`` parameter on embedded defaults (tiny model, toy data, toy
-  judge). ``make demo`` runs exactly this.
+- ``rloo pipeline run --local [--workdir DIR] [--param NAME=VALUE ...] [--params FILE] [-v]``: every step on
+  this machine with ``kfp.local``; without a ``model`` parameter on embedded defaults (tiny model, toy data,
+  toy judge); step logs in ``<workdir>/logs/`` (``-v`` prints them). ``make demo`` runs exactly this.
 - ``rloo pipeline upload --host URL [--package FILE] [--name NAME]``: create the pipeline or add a version
   (idempotent: an unchanged package uploads nothing).
 - ``rloo pipeline submit --host URL --param NAME=VALUE ...``: upload as above, start a run, print its URL.
@@ -51,6 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--workdir", default="rloo-local", help="where models, results and MLflow runs go")
     run.add_argument(
         "--updates", type=int, default=TOY_UPDATES, help="RLOO updates of the embedded (tiny-model) run"
+    )
+    run.add_argument(
+        "-v", "--verbose", action="store_true", help="print every step's whole log (default: in files)"
     )
     _params_args(run)
     up = sub.add_parser("upload", help="upload the pipeline (or a new version of it) to KFP")
@@ -113,7 +116,9 @@ def _dispatch(ns: argparse.Namespace) -> int:
             raise UserError(f"--updates must be >= 1 (got {ns.updates}).")
         from rloo.pipeline.local import run_pipeline_locally, summary
 
-        result = run_pipeline_locally(ns.workdir, parse_params(ns.param, ns.params), updates=ns.updates)
+        result = run_pipeline_locally(
+            ns.workdir, parse_params(ns.param, ns.params), updates=ns.updates, verbose=ns.verbose
+        )
         print("\n".join(summary(result)))
         return 0
     params = parse_params(ns.param, ns.params) if ns.action == "submit" else {}

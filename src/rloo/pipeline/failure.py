@@ -2,19 +2,13 @@
 
 ``kfp.local`` prints every step's log on stdout, framed by "Executing task '<task>'" ... "Task '<task>'
 finished", and raises ``RuntimeError("... Inner task failed: '<task>' ...")`` at the end, which names the
-step but not the reason. :func:`recording_stdout` keeps what is printed (still printing it) and
+step but not the reason. :class:`rloo.pipeline.console.StepConsole` keeps what is printed and
 :func:`run_failure` turns both into the line the CLI prints last.
 """
 
 from __future__ import annotations
 
 import re
-import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import Any
-
-_KEEP_CHARS = 1_000_000  # of the run's console output: plenty for the failed step's last lines
 
 # The one-line reasons steps give, most specific first: the validate step's, a CLI's ('rloo train: error:
 # ...'), then the last line of a Python traceback ('rloo.errors.UserError: ...', 'RuntimeError: ...').
@@ -28,34 +22,6 @@ _REASONS = (
 def plain(text: str) -> str:
     """``text`` without the ANSI colours kfp.local puts in its messages."""
     return re.sub(r"\x1b\[[0-9;]*m", "", text)
-
-
-class _Recorder:
-    """A stdout that writes through and keeps what was written."""
-
-    def __init__(self, target: Any, chunks: list[str]) -> None:
-        self._target, self._chunks, self._size = target, chunks, 0
-
-    def write(self, text: str) -> int:
-        self._chunks.append(text)
-        self._size += len(text)
-        while self._size > _KEEP_CHARS and len(self._chunks) > 1:
-            self._size -= len(self._chunks.pop(0))
-        return self._target.write(text)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._target, name)
-
-
-@contextmanager
-def recording_stdout(chunks: list[str]) -> Iterator[None]:
-    """Append what is printed on stdout to ``chunks`` (the tail of it, ~1 MB) while still printing it."""
-    saved = sys.stdout
-    sys.stdout = _Recorder(saved, chunks)  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        sys.stdout = saved
 
 
 def step_reason(console: str, task: str) -> str | None:

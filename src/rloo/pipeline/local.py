@@ -12,6 +12,7 @@ under ``<workdir>/mlruns`` unless ``MLFLOW_TRACKING_URI`` names a server.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shlex
 import time
@@ -22,10 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from rloo.errors import UserError
-from rloo.pipeline.failure import recording_stdout, run_failure
+from rloo.pipeline.console import step_console
+from rloo.pipeline.failure import run_failure
 from rloo.toy import TOY_UPDATES
 
-STORE_DIR, KFP_DIR, ASSETS_DIR, MLFLOW_DIR = "store", "kfp", "assets", "mlruns"
+STORE_DIR, KFP_DIR, ASSETS_DIR, MLFLOW_DIR, LOGS_DIR = "store", "kfp", "assets", "mlruns", "logs"
 
 
 @dataclass
@@ -38,6 +40,8 @@ class LocalResult:
     outputs: dict[str, dict[str, Any]] = field(default_factory=dict)
     seconds: float = 0.0
     tracking_uri: str | None = None
+    log_dir: Path | None = None
+    work_dir: Path | None = None
 
     def parameter(self, task: str, name: str = "Output") -> Any:
         return self.outputs.get(task, {}).get("parameterValues", {}).get(name)
@@ -85,8 +89,19 @@ def check_names(params: dict[str, Any], *, required: bool) -> dict[str, Any]:
     return check_params(params, required=required)
 
 
-def run_local(params: dict[str, Any], pipeline_root: str | os.PathLike[str]) -> LocalResult:
-    """Run the pipeline once with ``kfp.local``; raise a one-line UserError when a step fails."""
+def run_local(
+    params: dict[str, Any],
+    pipeline_root: str | os.PathLike[str],
+    *,
+    log_dir: str | os.PathLike[str] | None = None,
+    verbose: bool = False,
+) -> LocalResult:
+    """Run the pipeline once with ``kfp.local``; raise a one-line UserError when a step fails.
+
+    The steps' output goes to files under ``log_dir`` (default: ``<pipeline_root>/../logs/<time>``); the
+    terminal gets one line per step start and end, or everything with ``verbose``."""
+    import warnings
+
     from kfp import local
 
     from rloo.pipeline.compile import load_pipeline
@@ -95,15 +110,26 @@ def run_local(params: dict[str, Any], pipeline_root: str | os.PathLike[str]) -> 
     params = check_names(params, required=True)  # before local.init: KFP's type check is a traceback
     root = Path(pipeline_root).resolve()
     root.mkdir(parents=True, exist_ok=True)
+    logs = Path(log_dir) if log_dir else root.parent / LOGS_DIR / time.strftime("%Y%m%d-%H%M%S")
     before = set(os.listdir(root))
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(root))
     start = time.perf_counter()
-    console: list[str] = []
-    try:
-        with recording_stdout(console):
-            func(**params)
-    except RuntimeError as e:
-        raise UserError(run_failure(str(e), "".join(console))) from None
+    with warnings.catch_warnings():
+        # cluster settings (display names, GPUs, secrets) that kfp.local says it ignores, twice per step
+        warnings.filterwarnings(
+            "ignore", message=".*no effect in the current local runner", category=UserWarning
+        )
+        warnings.filterwarnings("ignore", message="You may be attemping", category=RuntimeWarning)
+        with step_console(logs, verbose=verbose) as console:
+            try:
+                func(**params)
+            except RuntimeError as e:
+                failure = run_failure(str(e), console.text)
+                where = next(iter(console.failed_logs.values()), logs)
+            else:
+                failure = None
+    if failure:
+        raise UserError(f"{failure} (log: {where})")
     new = sorted(set(os.listdir(root)) - before)
     if not new:
         raise UserError(f"the local run wrote nothing under {root}; is another run using it?")
@@ -111,7 +137,7 @@ def run_local(params: dict[str, Any], pipeline_root: str | os.PathLike[str]) -> 
     outputs = {}
     for f in run_dir.glob("*/executor_output.json"):
         outputs[f.parent.name] = json.loads(f.read_text())
-    return LocalResult(new[-1], run_dir, outputs, time.perf_counter() - start)
+    return LocalResult(new[-1], run_dir, outputs, time.perf_counter() - start, log_dir=logs)
 
 
 def prepare_tracking(workdir: Path, experiment: str) -> str:
@@ -126,12 +152,22 @@ def prepare_tracking(workdir: Path, experiment: str) -> str:
 
     uri, artifacts = resolve_tracking_uri(work_dir=workdir)
     Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-    get_or_create_experiment(mlflow.MlflowClient(tracking_uri=uri), experiment, artifacts)
+    db_log = logging.getLogger("mlflow.store.db.utils")  # "Creating initial MLflow database tables..."
+    level = db_log.level
+    db_log.setLevel(logging.WARNING)
+    try:
+        get_or_create_experiment(mlflow.MlflowClient(tracking_uri=uri), experiment, artifacts)
+    finally:
+        db_log.setLevel(level)
     return uri
 
 
 def run_pipeline_locally(
-    workdir: str | os.PathLike[str], user_params: dict[str, Any], *, updates: int = TOY_UPDATES
+    workdir: str | os.PathLike[str],
+    user_params: dict[str, Any],
+    *,
+    updates: int = TOY_UPDATES,
+    verbose: bool = False,
 ) -> LocalResult:
     """The ``rloo pipeline run --local`` command: embedded defaults (unless ``model`` is given), one
     tracking store, the toy judge while the run needs it."""
@@ -157,8 +193,10 @@ def run_pipeline_locally(
             pass  # without the tracking extra the steps log to metrics.jsonl only
         if uri:  # inherited by every step's subprocess; this process's environment is left as it was
             stack.enter_context(_env(MLFLOW_TRACKING_URI=uri))
-        result = run_local(params, work / KFP_DIR)
+        print(f"running the pipeline on this machine (step logs: {work / LOGS_DIR})", flush=True)
+        result = run_local(params, work / KFP_DIR, verbose=verbose)
     result.tracking_uri = uri
+    result.work_dir = work
     return result
 
 
@@ -197,15 +235,40 @@ def summary(result: LocalResult) -> list[str]:
     if decision:
         lines.append(f"  push decision:   {decision}")
     lines.append(f"  KFP step outputs: {result.run_dir}")
+    if result.log_dir:
+        lines.append(f"  step logs:       {result.log_dir}")
     if result.tracking_uri:
         uri = redact(result.tracking_uri)
         if uri.startswith(("http://", "https://")):
             lines.append(f"  MLflow:          {uri} (experiment of the run, parent run {result.run_name})")
-        else:
+        elif result.work_dir is not None:
+            from rloo.tracking.ui import DEFAULT_PORT, ui_command
+
+            lines.append(f"  MLflow UI:       {ui_command(result.work_dir)}")
             lines.append(
-                f"  MLflow UI:       mlflow ui --backend-store-uri {uri}  (then open http://127.0.0.1:5000)"
+                f"                   (then open http://127.0.0.1:{DEFAULT_PORT}{_runs_page(result)})"
             )
     return lines
+
+
+def _runs_page(result: LocalResult) -> str:
+    """The UI's path of the runs table of the run's experiment, when the store can tell."""
+    try:
+        from mlflow.tracking import MlflowClient
+
+        from rloo.tracking.runs import TAG_KFP_RUN_NAME, filter_value
+
+        client = MlflowClient(tracking_uri=result.tracking_uri)
+        runs = client.search_runs(
+            [e.experiment_id for e in client.search_experiments()],
+            filter_string=f"tags.`{TAG_KFP_RUN_NAME}` = '{filter_value(result.run_name)}'",
+            max_results=1,
+        )
+    except Exception:  # a summary line is not worth failing a finished run
+        return ""
+    from rloo.tracking.ui import runs_path
+
+    return runs_path(runs[0].info.experiment_id) if runs else ""
 
 
 def _rate(metrics: dict[str, Any], who: str) -> str:
