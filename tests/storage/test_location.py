@@ -105,6 +105,24 @@ def test_params_are_flattened_truncated_and_redacted(monkeypatch: pytest.MonkeyP
     assert flat["weird key_"] == "1" and flat["none"] == "None"
 
 
+def test_settings_that_mention_tokens_are_not_masked() -> None:
+    from rloo.storage.redact import is_secret_name
+
+    for secret in ("HF_TOKEN", "hub_token", "AWS_SESSION_TOKEN", "MLFLOW_TRACKING_TOKEN", "token", "api_key"):
+        assert is_secret_name(secret), secret
+    # settings recorded as MLflow params: they were shown as *** in the UI
+    for setting in (
+        "max_new_tokens",
+        "judge_max_tokens",
+        "token_level_kl",
+        "stop_token",
+        "judge_api_key_env",
+    ):
+        assert not is_secret_name(setting), setting
+    flat = flatten_params({"max_new_tokens": 16, "stop_token": "eos", "judge_api_key_env": "OPENAI_API_KEY"})
+    assert flat == {"max_new_tokens": "16", "stop_token": "eos", "judge_api_key_env": "OPENAI_API_KEY"}
+
+
 def test_manifest_rejects_unsafe_paths() -> None:
     bad = '{"format": "rloo-manifest/1", "files": [{"path": "../etc/passwd", "size": 1, "sha256": "%s"}]}' % (
         "0" * 64

@@ -14,11 +14,15 @@ from collections.abc import Iterable, Mapping
 MASK = "***"
 
 # Names (env vars, config keys) whose values are credentials. "key" alone is too broad (reward keys,
-# metric keys); access keys are matched explicitly.
+# metric keys); access keys are matched explicitly. "token" only as the last word of a name (HF_TOKEN,
+# hub_token, AWS_SESSION_TOKEN): max_new_tokens, token_level_kl and stop_token are settings, and a name
+# ending in _env (judge_api_key_env) holds the name of a variable, not its value.
 SECRET_NAME_RE = re.compile(
-    r"(secret|token|passw(or)?d|passwd|api[_-]?key|access[_-]?key|credential|private[_-]?key|authorization)",
+    r"(secret|passw(or)?d|passwd|api[_-]?key|access[_-]?key|credential|private[_-]?key|authorization"
+    r"|(^|[_.\-])token$)",
     re.IGNORECASE,
 )
+_NOT_SECRET_RE = re.compile(r"(_env$|(^|_)(stop|pad|eos|bos|unk|sep|cls|mask)_token$)", re.IGNORECASE)
 _URL_USERINFO_RE = re.compile(r"(?P<scheme>\b[a-zA-Z][a-zA-Z0-9+.\-]*://)(?P<userinfo>[^/@\s]+)@")
 _SIGNED_QUERY_RE = re.compile(
     r"(?i)\b(X-Amz-Signature|X-Amz-Credential|X-Amz-Security-Token|Signature|AWSAccessKeyId|access_token|token)"
@@ -30,8 +34,9 @@ _MIN_SECRET_LEN = 6
 
 
 def is_secret_name(name: str) -> bool:
-    """True for names like ``AWS_SECRET_ACCESS_KEY``, ``hub_token`` or ``db.password``."""
-    return bool(SECRET_NAME_RE.search(name))
+    """True for names like ``AWS_SECRET_ACCESS_KEY``, ``hub_token`` or ``db.password``; False for settings
+    that merely mention tokens (``max_new_tokens``, ``stop_token``) or name a variable (``*_env``)."""
+    return bool(SECRET_NAME_RE.search(name)) and not _NOT_SECRET_RE.search(name)
 
 
 def secret_values(environ: Mapping[str, str] | None = None) -> list[str]:
