@@ -165,7 +165,7 @@ def test_platform_spec(docs: tuple[dict[str, Any], dict[str, Any]]) -> None:
     }
     assert _secret_names(execs["exec-evaluate"]) == {
         "pipelinechannel--s3_secret": s3,
-        "pipelinechannel--mlflow_secret": {"MLFLOW_TRACKING_URI"},
+        "pipelinechannel--mlflow_secret": set(C.MLFLOW_SECRET_KEYS.values()),
         "pipelinechannel--judge_secret": {"OPENAI_API_KEY"},
     }
     # validation looks the model up (s3:// upload, Hub repo); optional, so a missing secret fails as a message
@@ -174,8 +174,15 @@ def test_platform_spec(docs: tuple[dict[str, Any], dict[str, Any]]) -> None:
         "pipelinechannel--hf_secret": {"HF_TOKEN"},
     }
     assert all(s["optional"] for s in execs["exec-validate-params"]["secretAsEnv"])
+    # the MLflow secret's keys (URI, and user/password for a server behind MLflow's basic-auth app) are
+    # optional wherever they are read: a run may log to no server, or to one without a login
+    assert {"MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"} <= set(C.MLFLOW_SECRET_KEYS.values())
+    for e in execs.values():
+        for s in e.get("secretAsEnv", []):
+            if s["secretNameParameter"]["componentInputParameter"].endswith("mlflow_secret"):
+                assert s["optional"], e
     assert "pipelinechannel--judge_secret" not in _secret_names(execs["exec-train-rloo"])  # least privilege
-    assert _secret_names(execs["exec-finish-run"]) == {"mlflow_secret": {"MLFLOW_TRACKING_URI"}}
+    assert _secret_names(execs["exec-finish-run"]) == {"mlflow_secret": set(C.MLFLOW_SECRET_KEYS.values())}
     for gpu in ("exec-train-rloo", "exec-evaluate"):
         e = execs[gpu]
         assert e["emptyDirMounts"] == [
