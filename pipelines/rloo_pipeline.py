@@ -18,6 +18,7 @@ from components.train_rloo.component import train_rloo, train_rloo_multinode
 from components.validate.component import validate_params
 from rloo.pipeline import constants as C
 from rloo.pipeline import images
+from rloo.pipeline.resources import StepResources
 
 RUN_ID = dsl.PIPELINE_JOB_ID_PLACEHOLDER
 RUN_NAME = dsl.PIPELINE_JOB_NAME_PLACEHOLDER
@@ -39,13 +40,28 @@ def _io_step(task: dsl.PipelineTask, timeout_s: int = C.IO_TIMEOUT_S) -> dsl.Pip
     return task
 
 
+def _fixed_resources(task: dsl.PipelineTask, r: StepResources) -> dsl.PipelineTask:
+    """CPU and memory requests and limits of a CPU step (constants: they do not grow with the model)."""
+    task.set_cpu_request(r.cpu_request).set_cpu_limit(r.cpu_limit)
+    task.set_memory_request(r.memory_request).set_memory_limit(r.memory_limit)
+    return task
+
+
 def _gpu_step(
-    task: dsl.PipelineTask, gpu_resource: Any, gpu_count: Any, node_selector: Any, timeout_s: int
+    task: dsl.PipelineTask,
+    gpu_resource: Any,
+    gpu_count: Any,
+    node_selector: Any,
+    cpu: Any,
+    memory: Any,
+    timeout_s: int,
 ) -> None:
-    # gpu_*/node_selector: pipeline parameters (channels) or constants
-    """GPU pods: GPUs requested, GPU taint tolerated, GPU nodes selected, /dev/shm in memory, no caching (a
-    cached 'training' would silently reuse another run's model), a hard timeout."""
+    # gpu_*/node_selector/cpu/memory: pipeline parameters (channels) or constants
+    """GPU pods: GPUs, CPU and memory requested (requests == limits: Guaranteed QoS, the last pods evicted under
+    node pressure; the in-memory /dev/shm counts against the memory limit), GPU taint tolerated, GPU nodes
+    selected, no caching (a cached 'training' would silently reuse another run's model), a hard timeout."""
     task.set_accelerator_type(gpu_resource).set_accelerator_limit(gpu_count)
+    task.set_cpu_request(cpu).set_cpu_limit(cpu).set_memory_request(memory).set_memory_limit(memory)
     task.set_caching_options(enable_caching=False)
     kubernetes.add_toleration(task, **C.GPU_TOLERATION)
     kubernetes.add_node_selector_json(task, node_selector_json=node_selector)
@@ -81,6 +97,11 @@ def rloo_pipeline(
     gpu_count: int = 1,
     num_nodes: int = 1,
     gpu_node_selector: dict = {},  # noqa: B006 - KFP reads the default, it is never mutated
+    train_cpu: str = "16",
+    train_memory: str = "128Gi",
+    eval_cpu: str = "8",
+    eval_memory: str = "64Gi",
+    train_service_account: str = "default",
     namespace: str = "",
     mlflow_experiment: str = "rloo",
     production_uri: str = "",
@@ -120,6 +141,11 @@ def rloo_pipeline(
         gpu_count: GPUs per training node (>= 0); evaluation uses one.
         num_nodes: Training nodes; more than one runs a training-operator PyTorchJob.
         gpu_node_selector: Node labels GPU pods must match, e.g. {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}.
+        train_cpu: CPU request and limit of each training pod (e.g. "16", "500m").
+        train_memory: Memory request and limit of each training pod (e.g. "128Gi"); more than the 16Gi in-memory /dev/shm, which counts against it.
+        eval_cpu: CPU request and limit of the evaluation pod.
+        eval_memory: Memory request and limit of the evaluation pod; more than the 16Gi in-memory /dev/shm.
+        train_service_account: Service account of the multi-node PyTorchJob's pods (they get no API token); create a dedicated one without permissions.
         namespace: Namespace of the multi-node PyTorchJob (default: the pipeline's own).
         mlflow_experiment: MLflow experiment of the pipeline (parent) run and the stage runs.
         production_uri: Where a promoted model is copied (empty: nowhere).
@@ -137,6 +163,7 @@ def rloo_pipeline(
     ).set_display_name("close MLflow run")
     finish.set_caching_options(enable_caching=False)
     _secrets(finish, mlflow_secret, C.MLFLOW_SECRET_KEYS, optional=True)
+    _fixed_resources(finish, C.FINISH_RESOURCES)
     with dsl.ExitHandler(exit_task=finish, name="rloo"):
         check = validate_params(
             model=model,
@@ -163,8 +190,14 @@ def rloo_pipeline(
             registered_model_name=registered_model_name,
             register_model=register_model,
             hub_repo_id=hub_repo_id,
+            train_cpu=train_cpu,
+            train_memory=train_memory,
+            eval_cpu=eval_cpu,
+            eval_memory=eval_memory,
+            train_service_account=train_service_account,
         ).set_display_name("validate parameters")
         kubernetes.set_timeout(check, C.VALIDATE_TIMEOUT_S)
+        _fixed_resources(check, C.VALIDATE_RESOURCES)
         # optional here: a missing secret should fail as "cannot read the model", not as a pod that never starts
         _secrets(check, s3_secret, C.S3_SECRET_KEYS, optional=True)
         _secrets(check, hf_secret, C.HF_SECRET_KEYS, optional=True)
@@ -172,6 +205,7 @@ def rloo_pipeline(
         fetch = fetch_sft(model=model, output_uri=output_uri, kfp_run_id=RUN_ID).after(check)
         fetch.set_display_name("fetch SFT model")
         _io_step(fetch)
+        _fixed_resources(fetch, C.FETCH_RESOURCES)
         _secrets(fetch, s3_secret, C.S3_SECRET_KEYS)
         _secrets(fetch, hf_secret, C.HF_SECRET_KEYS, optional=True)
 
@@ -184,7 +218,9 @@ def rloo_pipeline(
                 output_uri=output_uri,
                 **common,
             ).set_display_name("train (RLOO)")
-            _gpu_step(single, gpu_resource, gpu_count, gpu_node_selector, C.TRAIN_TIMEOUT_S)
+            _gpu_step(
+                single, gpu_resource, gpu_count, gpu_node_selector, train_cpu, train_memory, C.TRAIN_TIMEOUT_S
+            )
             for task_secrets in (
                 (s3_secret, C.S3_SECRET_KEYS, False),
                 (mlflow_secret, C.MLFLOW_SECRET_KEYS, True),
@@ -205,10 +241,14 @@ def rloo_pipeline(
                 s3_secret=s3_secret,
                 mlflow_secret=mlflow_secret,
                 hf_secret=hf_secret,
+                cpu=train_cpu,
+                memory=train_memory,
+                service_account=train_service_account,
                 **common,
             ).set_display_name("train (RLOO, PyTorchJob)")
             # the launcher holds no GPU; the job's own pods get the GPU settings from the manifest
             multi.set_caching_options(enable_caching=False)
+            _fixed_resources(multi, C.LAUNCHER_RESOURCES)
             kubernetes.set_timeout(multi, C.TRAIN_TIMEOUT_S)
         # a parameter, not the Model artifacts: kfp.local (rloo pipeline run --local) selects only parameters
         trained = dsl.OneOf(single.outputs["Output"], multi.outputs["Output"])
@@ -225,7 +265,7 @@ def rloo_pipeline(
             output_uri=output_uri,
             **common,
         ).set_display_name("evaluate (LLM judge)")
-        _gpu_step(judge, gpu_resource, 1, gpu_node_selector, C.EVAL_TIMEOUT_S)
+        _gpu_step(judge, gpu_resource, 1, gpu_node_selector, eval_cpu, eval_memory, C.EVAL_TIMEOUT_S)
         _secrets(judge, s3_secret, C.S3_SECRET_KEYS)
         _secrets(judge, mlflow_secret, C.MLFLOW_SECRET_KEYS, optional=True)
         _secrets(judge, judge_secret, C.JUDGE_SECRET_KEYS)
@@ -243,6 +283,7 @@ def rloo_pipeline(
             **common,
         ).set_display_name("push")
         _io_step(push)
+        _fixed_resources(push, C.PUSH_RESOURCES)
         _secrets(push, s3_secret, C.S3_SECRET_KEYS)
         _secrets(push, mlflow_secret, C.MLFLOW_SECRET_KEYS, optional=True)
         _secrets(push, hf_secret, C.HF_SECRET_KEYS, optional=True)

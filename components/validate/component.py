@@ -31,6 +31,11 @@ def validate_params(
     registered_model_name: str,
     register_model: bool,
     hub_repo_id: str,
+    train_cpu: str,
+    train_memory: str,
+    eval_cpu: str,
+    eval_memory: str,
+    train_service_account: str,
 ) -> str:
     """Returns the ``rloo train`` flags (a JSON list) built from the validated parameters."""
     params = dict(locals())  # first statement: exactly the parameters, by their pipeline names

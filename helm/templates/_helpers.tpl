@@ -148,6 +148,21 @@ imagePullSecrets:
 {{- if .Values.postgresql.enabled -}}disable{{- else -}}{{ .Values.externalDatabase.sslMode }}{{- end -}}
 {{- end -}}
 
+{{/* MLflow's database as a SQLAlchemy URI without a password: libpq reads it from PGPASSWORD. */}}
+{{- define "rloo-kfp.mlflowBackendStoreUri" -}}
+{{- printf "postgresql+psycopg2://%s@%s:%s/%s?sslmode=%s" (include "rloo-kfp.db.user" .) (include "rloo-kfp.db.host" .) (include "rloo-kfp.db.port" .) (include "rloo-kfp.db.name" .) (include "rloo-kfp.db.sslMode" .) -}}
+{{- end -}}
+
+{{/* Whether the MLflow Ingress authenticates: MLflow's basic-auth app, or an annotation naming auth (an
+authenticating proxy such as nginx's auth-url). "true" or empty. */}}
+{{- define "rloo-kfp.mlflowIngressAuthenticated" -}}
+{{- $auth := .Values.mlflow.auth.enabled -}}
+{{- range $key, $_ := .Values.mlflow.ingress.annotations -}}
+{{- if regexMatch "(?i)auth" $key }}{{ $auth = true }}{{ end -}}
+{{- end -}}
+{{- if $auth }}true{{ end -}}
+{{- end -}}
+
 {{/* URLs ------------------------------------------------------------------------------------------ */}}
 
 {{- define "rloo-kfp.mlflowUrl" -}}

@@ -92,22 +92,56 @@ def test_upload_disabled_renders_no_hook() -> None:
 # RBAC --------------------------------------------------------------------------------------------------
 
 
-def test_rbac_lets_the_pipeline_run_pytorchjobs() -> None:
+def _api_calls_of_the_training_step() -> set[tuple[str, str, str]]:
+    """(API group, resource, verb) of every Kubernetes client call in ``run_multi_node``, read from its source:
+    the Role is compared with what the code does, not with a list kept by hand."""
+    import ast
+    import inspect
+    import re
+
+    from rloo.pipeline import steps
+
+    tree = ast.parse(inspect.getsource(steps.run_multi_node))
+    group, _, _ = API_VERSION.partition("/")
+    resources = {
+        "custom_object": (group, KIND.lower() + "s"),
+        "pod": ("", "pods"),
+        "pod_log": ("", "pods/log"),
+    }
+    verbs = {"read": "get", "replace": "update"}
+    calls = set()
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in ("api", "core")
+        ):
+            m = re.fullmatch(r"(create|get|delete|list|patch|replace|read)_namespaced_(\w+)", node.attr)
+            assert m, f"unknown Kubernetes call {node.attr}: map it to a verb here"
+            calls.add((*resources[m.group(2)], verbs.get(m.group(1), m.group(1))))
+    return calls
+
+
+def test_rbac_grants_exactly_what_the_training_step_calls() -> None:
     docs = _docs()
     role = find(docs, "Role", "-pipeline")
     assert role["metadata"]["namespace"] == NAMESPACE
-    group, _, _ = API_VERSION.partition("/")
-    rules = {
-        (g, r): set(rule["verbs"])
+    granted = {
+        (g, r, v)
         for rule in role["rules"]
         for g in rule["apiGroups"]
         for r in rule["resources"]
+        for v in rule["verbs"]
     }
-    plural = KIND.lower() + "s"
-    assert {"create", "get", "list", "watch", "delete", "patch"} <= rules[(group, plural)]
-    assert "get" in rules[(group, f"{plural}/status")]
-    for resource in ("pods", "pods/log", "events"):
-        assert {"get", "list", "watch"} <= rules[("", resource)]
+    used = _api_calls_of_the_training_step()
+    assert used == {
+        ("kubeflow.org", "pytorchjobs", "create"),
+        ("kubeflow.org", "pytorchjobs", "get"),
+        ("kubeflow.org", "pytorchjobs", "delete"),
+        ("", "pods", "list"),
+        ("", "pods/log", "get"),
+    }
+    assert granted == used
     binding = find(docs, "RoleBinding", "-pipeline")
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
     assert binding["subjects"] == [
@@ -242,7 +276,11 @@ def test_judge_is_a_gpu_vllm_server() -> None:
     assert "--served-model-name=judge" in c["args"] and "--tensor-parallel-size=2" in c["args"]
     assert "--dtype=bfloat16" in c["args"]
     assert c["resources"]["requests"]["nvidia.com/gpu"] == c["resources"]["limits"]["nvidia.com/gpu"] == 2
-    assert c["readinessProbe"]["httpGet"]["path"] == "/v1/models"
+    assert c["readinessProbe"]["httpGet"]["path"] == "/health"  # /v1 needs the API key
+    assert env_of(c)["VLLM_API_KEY"]["valueFrom"]["secretKeyRef"] == {
+        "name": "rloo-judge",
+        "key": "OPENAI_API_KEY",
+    }
     spec = pod_spec(deploy)
     volumes = {v["name"]: v for v in spec["volumes"]}
     assert volumes["dshm"]["emptyDir"] == {"medium": "Memory", "sizeLimit": "8Gi"}
@@ -305,9 +343,13 @@ def test_notes_explain_secrets_mlflow_and_submit() -> None:
     assert "kubectl -n rloo port-forward svc/rel-rloo-kfp-mlflow 5000:5000" in notes
     assert "rloo pipeline submit --host http://localhost:8888" in notes
     assert "kubectl -n rloo create secret generic rloo-postgres" in notes
+    notes_auth = _notes({"mlflow": {"auth": {"enabled": True}}})
+    for key in MLFLOW_SECRET_KEYS:
+        assert f"--from-literal={key}=" in notes_auth, key
+    assert "MLFLOW_TRACKING_USERNAME" not in notes  # without the basic-auth app: the URI only
     for secret, keys in (
         ("rloo-s3", ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "S3_ENDPOINT_URL"]),
-        ("rloo-mlflow", list(MLFLOW_SECRET_KEYS)),
+        ("rloo-mlflow", ["MLFLOW_TRACKING_URI"]),
         ("rloo-hf", list(HF_SECRET_KEYS)),
         ("rloo-judge", list(JUDGE_SECRET_KEYS)),
     ):
@@ -374,5 +416,259 @@ def test_mlflow_accepts_the_hosts_the_chart_allows(tmp_path: Path) -> None:
         ):
             assert status(host) == 200, host
         assert status("evil.example.com") == 403
+    finally:
+        stop_process(proc)
+
+
+# Network policies, MLflow login, judge key ----------------------------------------------------------------
+
+
+def _policy(docs: list[dict[str, Any]], suffix: str) -> dict[str, Any]:
+    policy = find(docs, "NetworkPolicy", suffix)
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    return policy
+
+
+def _selects(policy: dict[str, Any], component: str) -> None:
+    assert policy["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == component
+
+
+def _from(policy: dict[str, Any]) -> list[dict[str, Any]]:
+    (rule,) = [r for r in policy["spec"]["ingress"] if r.get("ports")]
+    return rule["from"]
+
+
+def _component(peer: dict[str, Any]) -> str | None:
+    return ((peer.get("podSelector") or {}).get("matchLabels") or {}).get("app.kubernetes.io/component")
+
+
+def test_network_policies_admit_only_each_components_clients() -> None:
+    docs = _docs(variant_values("all-in-values.yaml"))
+    pipeline_ns = {"kubernetes.io/metadata.name": NAMESPACE}
+    mlflow = _policy(docs, "-mlflow")
+    _selects(mlflow, "mlflow")
+    peers = _from(mlflow)
+    assert {"namespaceSelector": {"matchLabels": pipeline_ns}, "podSelector": {"matchLabels": {}}} in peers
+    train = {"matchLabels": {"app.kubernetes.io/name": "rloo-train"}}  # rloo.pipeline.trainjob's pods
+    assert {"namespaceSelector": {"matchLabels": pipeline_ns}, "podSelector": train} in peers
+    assert [_component(p) for p in peers if "namespaceSelector" not in p] == ["test"]
+    assert mlflow["spec"]["ingress"][0]["ports"] == [{"port": "http", "protocol": "TCP"}]
+    judge = _policy(docs, "-judge")
+    _selects(judge, "judge")
+    assert [p.get("namespaceSelector") for p in _from(judge)] == [{"matchLabels": pipeline_ns}, None]
+    weed = _policy(docs, "-seaweedfs")
+    _selects(weed, "seaweedfs")
+    assert weed["spec"]["ingress"][0]["ports"] == [{"port": "s3", "protocol": "TCP"}]
+    assert [_component(p) for p in _from(weed)][:2] == ["mlflow", "bucket"]
+    assert {"namespaceSelector": {"matchLabels": pipeline_ns}, "podSelector": train} in _from(weed)
+    pg = _policy(docs, "-postgresql")
+    assert [_component(p) for p in _from(pg)] == ["mlflow"]
+    # the named ports exist on the containers the policies select
+    ports = {
+        p["name"]
+        for d in docs
+        if pod_spec(d)
+        for c in pod_spec(d)["containers"]
+        for p in c.get("ports") or []
+    }
+    assert {"http", "s3"} <= ports
+    assert not [d for d in _docs({"networkPolicy": {"enabled": False}}) if d["kind"] == "NetworkPolicy"]
+    assert "networkPolicy.enabled is false" in _notes({"networkPolicy": {"enabled": False}})
+
+
+def test_network_policies_follow_the_pipeline_namespace_ingress_and_selectors() -> None:
+    values = variant_values("external-db-values.yaml")
+    values["networkPolicy"] = {
+        "pipelinePodLabels": {"pipelines.kubeflow.org/v2_component": "true"},
+        "ingressController": {"namespace": "ingress", "podLabels": {"app": "nginx"}},
+        "mlflowExtraFrom": [{"ipBlock": {"cidr": "10.0.0.0/8"}}],
+    }
+    docs = _docs(values)
+    peers = _from(_policy(docs, "-mlflow"))
+    ns = {"matchLabels": {"kubernetes.io/metadata.name": "kubeflow-user-example-com"}}
+    assert {
+        "namespaceSelector": ns,
+        "podSelector": {"matchLabels": {"pipelines.kubeflow.org/v2_component": "true"}},
+    } in peers
+    assert {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ingress"}},
+        "podSelector": {"matchLabels": {"app": "nginx"}},
+    } in peers
+    assert peers[-1] == {"ipBlock": {"cidr": "10.0.0.0/8"}}
+    assert not [d for d in docs if d["kind"] == "NetworkPolicy" and "postgresql" in d["metadata"]["name"]]
+    # without an Ingress the ingress controller is not admitted
+    assert not [p for p in _from(_policy(_docs(), "-mlflow")) if "ingress-nginx" in str(p)]
+
+
+def test_mlflow_basic_auth_from_a_secret() -> None:
+    values = {
+        "mlflow": {
+            "auth": {"enabled": True, "existingSecret": "mlflow-admin", "defaultPermission": "NO_PERMISSIONS"}
+        }
+    }
+    docs = _docs(values)
+    deploy = find(docs, "Deployment", "-mlflow")
+    c = _container(deploy)
+    assert "--app-name=basic-auth" in c["args"]
+    env = env_of(c)
+    assert env["MLFLOW_AUTH_ADMIN_USERNAME"]["valueFrom"]["secretKeyRef"] == {
+        "name": "mlflow-admin",
+        "key": "username",
+    }
+    assert env["MLFLOW_AUTH_ADMIN_PASSWORD"]["valueFrom"]["secretKeyRef"] == {
+        "name": "mlflow-admin",
+        "key": "password",
+    }
+    config = find(docs, "ConfigMap", "-mlflow-auth")["data"]["basic_auth.ini"]
+    assert "default_permission = NO_PERMISSIONS" in config
+    assert f"database_uri = {env['MLFLOW_BACKEND_STORE_URI']['value']}" in config  # no password in it
+    mount = next(m for m in c["volumeMounts"] if m["name"] == "auth-config")
+    assert env["MLFLOW_AUTH_CONFIG_PATH"]["value"] == mount["mountPath"] + "/basic_auth.ini"
+    assert "checksum/auth-config" in deploy["spec"]["template"]["metadata"]["annotations"]
+    test_pod = find(docs, "Pod", "-test-mlflow")
+    assert (
+        env_of(_container(test_pod))["MLFLOW_TRACKING_PASSWORD"]["valueFrom"]["secretKeyRef"]["name"]
+        == "mlflow-admin"
+    )
+    compile(_container(test_pod)["args"][0], "test-mlflow", "exec")
+    off = _container(find(_docs(), "Deployment", "-mlflow"))
+    assert "--app-name=basic-auth" not in off["args"] and "MLFLOW_AUTH_CONFIG_PATH" not in env_of(off)
+
+
+@pytest.mark.parametrize(
+    ("ingress", "auth", "warnings"),
+    [
+        ({"tlsSecretName": "tls"}, True, set()),
+        ({}, True, {"no TLS"}),
+        ({"tlsSecretName": "tls"}, False, {"no authentication"}),
+        ({}, False, {"no TLS", "no authentication"}),
+        (
+            {
+                "tlsSecretName": "tls",
+                "annotations": {"nginx.ingress.kubernetes.io/auth-url": "https://a/auth"},
+            },
+            False,
+            set(),
+        ),
+    ],
+)
+def test_notes_warn_about_an_open_ingress(ingress: dict[str, Any], auth: bool, warnings: set[str]) -> None:
+    values = {
+        "mlflow": {
+            "ingress": {"enabled": True, "host": "mlflow.example.com", **ingress},
+            "auth": {"enabled": auth},
+        }
+    }
+    notes = _notes(values)
+    found = {
+        w
+        for w in ("no TLS", "no authentication")
+        if f"WARNING: the MLflow Ingress (mlflow.example.com) has {w}" in notes
+    }
+    assert found == warnings
+    assert "WARNING" not in _notes()  # no Ingress, no warning
+
+
+def test_judge_takes_an_api_key_from_a_secret() -> None:
+    docs = _docs({"judge": {"enabled": True}})
+    c = _container(find(docs, "Deployment", "-judge"))
+    assert env_of(c)["VLLM_API_KEY"]["valueFrom"]["secretKeyRef"] == {
+        "name": "rloo-judge",
+        "key": "OPENAI_API_KEY",
+    }
+    test_pod = _container(find(docs, "Pod", "-test-judge"))
+    assert env_of(test_pod)["OPENAI_API_KEY"]["valueFrom"]["secretKeyRef"]["name"] == "rloo-judge"
+    compile(test_pod["args"][0], "test-judge", "exec")
+    assert "WARNING" not in _notes({"judge": {"enabled": True}})
+    open_judge = {"judge": {"enabled": True, "apiKey": {"existingSecret": ""}}}
+    assert "VLLM_API_KEY" not in env_of(_container(find(_docs(open_judge), "Deployment", "-judge")))
+    assert "WARNING: the judge takes requests without an API key" in _notes(open_judge)
+
+
+def test_mlflow_basic_auth_config_runs_the_pinned_server(tmp_path: Path) -> None:
+    """The pinned MLflow, run with the chart's auth args, config file and admin variables (the database URI
+    pointed at sqlite here): requests without credentials are refused, the admin's are accepted, and the
+    MLflow client authenticates from MLFLOW_TRACKING_USERNAME/PASSWORD with a URI that holds no credentials."""
+    import base64
+    import json
+
+    # mlflow[auth]: the chart's -full image has MLflow's extras; the test venv may not
+    pytest.importorskip("flask_wtf", reason="MLflow's basic-auth app needs Flask-WTF (mlflow[auth])")
+    docs = _docs(variant_values("external-db-values.yaml"))
+    c = _container(find(docs, "Deployment", "-mlflow"))
+    config = find(docs, "ConfigMap", "-mlflow-auth")["data"]["basic_auth.ini"]
+    db = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    ini = tmp_path / "basic_auth.ini"
+    ini.write_text(
+        "\n".join(
+            f"database_uri = {db}" if line.startswith("database_uri") else line
+            for line in config.splitlines()
+        )
+    )
+    port = free_port()
+    env = {
+        **os.environ,
+        "MLFLOW_SERVER_ALLOWED_HOSTS": "127.0.0.1:*,localhost:*",
+        "MLFLOW_AUTH_CONFIG_PATH": str(ini),
+        "MLFLOW_AUTH_ADMIN_USERNAME": "admin",
+        "MLFLOW_AUTH_ADMIN_PASSWORD": "s3cret-Passw0rd-for-tests",
+    }
+    app = [a for a in c["args"] if a.startswith("--app-name")]
+    assert app == ["--app-name=basic-auth"]
+    cmd = [
+        str(Path(sys.executable).with_name("mlflow")),
+        "server",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
+    cmd += [*app, "--workers", "1", "--backend-store-uri", db]
+    cmd += ["--serve-artifacts", "--artifacts-destination", str(tmp_path / "artifacts")]
+    with open(tmp_path / "mlflow.log", "wb") as log:
+        proc = subprocess.Popen(
+            cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path, start_new_session=True
+        )
+    try:
+
+        def status(user: str | None) -> int:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            headers = {"Content-Type": "application/json"}
+            if user:
+                headers["Authorization"] = "Basic " + base64.b64encode(user.encode()).decode()
+            try:
+                conn.request(
+                    "POST", "/api/2.0/mlflow/experiments/search", body=b'{"max_results": 1}', headers=headers
+                )
+                return conn.getresponse().status
+            finally:
+                conn.close()
+
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, (tmp_path / "mlflow.log").read_text()[-2000:]
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+                conn.request("GET", "/health")
+                assert conn.getresponse().status == 200  # the probes' path needs no login
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "mlflow server did not start"
+                time.sleep(0.5)
+        assert status(None) == 401
+        assert status("admin:wrong") == 401
+        assert status("admin:s3cret-Passw0rd-for-tests") == 200
+        client_env = {
+            **os.environ,
+            "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{port}",
+            "MLFLOW_TRACKING_USERNAME": "admin",
+            "MLFLOW_TRACKING_PASSWORD": "s3cret-Passw0rd-for-tests",
+        }
+        code = "import json, mlflow; print(json.dumps(mlflow.create_experiment('from-a-stage')))"
+        out = subprocess.run(
+            [sys.executable, "-c", code], env=client_env, capture_output=True, text=True, timeout=120
+        )
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert json.loads(out.stdout.strip().splitlines()[-1])
     finally:
         stop_process(proc)

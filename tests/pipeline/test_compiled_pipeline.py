@@ -86,6 +86,48 @@ def test_gpu_requests_and_images(docs: tuple[dict[str, Any], dict[str, Any]]) ->
         assert "accelerator" not in container.get("resources", {}), cpu_step
 
 
+def _param(name: str) -> str:
+    return f"{{{{$.inputs.parameters['pipelinechannel--{name}']}}}}"
+
+
+def test_every_executor_requests_and_limits_cpu_and_memory(
+    docs: tuple[dict[str, Any], dict[str, Any]],
+) -> None:
+    """No pod of the pipeline runs without CPU/memory requests and limits: the GPU steps' come from pipeline
+    parameters (requests == limits), the CPU steps' are the constants of rloo.pipeline.constants."""
+    spec, _ = docs
+    execs = spec["deploymentSpec"]["executors"]
+    keys = ("resourceCpuRequest", "resourceCpuLimit", "resourceMemoryRequest", "resourceMemoryLimit")
+    for name, e in execs.items():
+        res = e["container"].get("resources") or {}
+        assert all(res.get(k) for k in keys), f"{name}: {res}"
+    for name, prefix in (("exec-train-rloo", "train"), ("exec-evaluate", "eval")):
+        res = execs[name]["container"]["resources"]
+        assert res["resourceCpuRequest"] == res["resourceCpuLimit"] == _param(f"{prefix}_cpu")
+        assert res["resourceMemoryRequest"] == res["resourceMemoryLimit"] == _param(f"{prefix}_memory")
+    for name, fixed in (
+        ("exec-validate-params", C.VALIDATE_RESOURCES),
+        ("exec-fetch-sft", C.FETCH_RESOURCES),
+        ("exec-train-rloo-multinode", C.LAUNCHER_RESOURCES),
+        ("exec-push-model", C.PUSH_RESOURCES),
+        ("exec-finish-run", C.FINISH_RESOURCES),
+    ):
+        res = execs[name]["container"]["resources"]
+        got = [res[k] for k in keys]
+        assert got == [fixed.cpu_request, fixed.cpu_limit, fixed.memory_request, fixed.memory_limit], name
+    # the multi-node job's pods get the training pod's settings from the launcher's inputs
+    multi = _tasks(spec, "comp-condition-4")["train-rloo-multinode"]["inputs"]["parameters"]
+    for arg, param in (
+        ("cpu", "train_cpu"),
+        ("memory", "train_memory"),
+        ("service_account", "train_service_account"),
+    ):
+        assert multi[arg]["componentInputParameter"] == f"pipelinechannel--{param}"
+    params = spec["root"]["inputDefinitions"]["parameters"]
+    for name in ("train_cpu", "train_memory", "eval_cpu", "eval_memory", "train_service_account"):
+        assert params[name]["parameterType"] == "STRING", name
+
+
 def test_caching_retries_and_run_ids(docs: tuple[dict[str, Any], dict[str, Any]]) -> None:
     spec, _ = docs
     inner = _tasks(spec, "comp-exit-handler-1")
@@ -123,7 +165,7 @@ def test_platform_spec(docs: tuple[dict[str, Any], dict[str, Any]]) -> None:
     }
     assert _secret_names(execs["exec-evaluate"]) == {
         "pipelinechannel--s3_secret": s3,
-        "pipelinechannel--mlflow_secret": {"MLFLOW_TRACKING_URI"},
+        "pipelinechannel--mlflow_secret": set(C.MLFLOW_SECRET_KEYS.values()),
         "pipelinechannel--judge_secret": {"OPENAI_API_KEY"},
     }
     # validation looks the model up (s3:// upload, Hub repo); optional, so a missing secret fails as a message
@@ -132,8 +174,15 @@ def test_platform_spec(docs: tuple[dict[str, Any], dict[str, Any]]) -> None:
         "pipelinechannel--hf_secret": {"HF_TOKEN"},
     }
     assert all(s["optional"] for s in execs["exec-validate-params"]["secretAsEnv"])
+    # the MLflow secret's keys (URI, and user/password for a server behind MLflow's basic-auth app) are
+    # optional wherever they are read: a run may log to no server, or to one without a login
+    assert {"MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"} <= set(C.MLFLOW_SECRET_KEYS.values())
+    for e in execs.values():
+        for s in e.get("secretAsEnv", []):
+            if s["secretNameParameter"]["componentInputParameter"].endswith("mlflow_secret"):
+                assert s["optional"], e
     assert "pipelinechannel--judge_secret" not in _secret_names(execs["exec-train-rloo"])  # least privilege
-    assert _secret_names(execs["exec-finish-run"]) == {"mlflow_secret": {"MLFLOW_TRACKING_URI"}}
+    assert _secret_names(execs["exec-finish-run"]) == {"mlflow_secret": set(C.MLFLOW_SECRET_KEYS.values())}
     for gpu in ("exec-train-rloo", "exec-evaluate"):
         e = execs[gpu]
         assert e["emptyDirMounts"] == [

@@ -41,6 +41,11 @@ GOOD: dict[str, Any] = dict(
     registered_model_name="",
     register_model=True,
     hub_repo_id="",
+    train_cpu="16",
+    train_memory="128Gi",
+    eval_cpu="8",
+    eval_memory="64Gi",
+    train_service_account="default",
 )
 
 
@@ -67,7 +72,11 @@ def test_validate_returns_the_training_flags(components: Any) -> None:
 
 @pytest.mark.parametrize(
     ("change", "message"),
-    [({"rloo_k": 1}, "rloo_k must be >= 2"), ({"judge_base_url": ""}, "judge_base_url is required")],
+    [
+        ({"rloo_k": 1}, "rloo_k must be >= 2"),
+        ({"judge_base_url": ""}, "judge_base_url is required"),
+        ({"eval_memory": "8Gi"}, "eval_memory must be more than the 16Gi of /dev/shm"),
+    ],
 )
 def test_validate_fails_with_the_reason(
     components: Any, capfd: pytest.CaptureFixture[str], change: dict[str, Any], message: str

@@ -86,3 +86,33 @@ def test_run_local_checks_types_before_kfp_local_starts(own_tempdir: Path, tmp_p
     with pytest.raises(UserError, match=r"^pipeline parameter rloo_k expects an integer \(got 'four'\)\.$"):
         run_local(params | {"rloo_k": "four"}, tmp_path / "kfp")
     assert list(own_tempdir.iterdir()) == []  # no kfp-workspace-* left behind
+
+
+@pytest.mark.parametrize(
+    ("param", "value", "message"),
+    [
+        ("train_cpu", "8 cores", "train_cpu must be a CPU quantity such as 8 or 500m (got '8 cores')."),
+        ("eval_cpu", "0", "eval_cpu must be a CPU quantity"),
+        (
+            "train_memory",
+            "128GB",
+            "train_memory must be a memory quantity such as 64Gi or 512Mi (got '128GB').",
+        ),
+        ("eval_memory", "8Gi", "eval_memory must be more than the 16Gi of /dev/shm (got '8Gi')"),
+        (
+            "train_service_account",
+            "Pipeline_Runner",
+            "train_service_account must be a Kubernetes service account",
+        ),
+    ],
+)
+def test_submit_refuses_bad_pod_settings(param: str, value: str, message: str) -> None:
+    """Checked before KFP sees them: the driver would refuse a bad quantity only when that step's pod is
+    created, possibly after hours of training."""
+    from rloo.pipeline.submit import params_for_submit
+
+    params = parse_params([], str(EXAMPLE))
+    assert params_for_submit(params)  # the defaults pass
+    with pytest.raises(UserError) as err:
+        params_for_submit(params | {param: value})
+    assert str(err.value).startswith(message), str(err.value)

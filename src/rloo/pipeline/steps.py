@@ -171,7 +171,25 @@ def check_pipeline_params(
         check_paths=check_paths,
         check_hub=check_hub,
     )
+    check_pod_params(params)
     return train_args(train)
+
+
+def check_pod_params(params: dict[str, Any]) -> None:
+    """The pod settings among ``params`` (those present): CPU and memory quantities, memory above the in-memory
+    /dev/shm, a valid service account name. KFP and the API server would refuse a bad one only when that
+    step's pod is created, possibly after hours of training."""
+    from rloo.pipeline.constants import SHM_SIZE
+    from rloo.pipeline.resources import check_pod_memory, check_service_account, cpu_millis
+
+    for name in ("train_cpu", "eval_cpu"):
+        if name in params:
+            cpu_millis(name, str(params[name]))
+    for name in ("train_memory", "eval_memory"):
+        if name in params:
+            check_pod_memory(name, str(params[name]), SHM_SIZE)
+    if "train_service_account" in params:
+        check_service_account("train_service_account", str(params["train_service_account"]))
 
 
 def check_model_source(model: str, *, hub: bool = False, hub_api: Any = None) -> None:

@@ -7,6 +7,10 @@ reviewable and testable here) and is what the training operator shipped with Kub
 The operator sets ``PET_NNODES``/``PET_NODE_RANK``/``PET_MASTER_ADDR``/... on every pod, which ``torchrun``
 reads, so the command (:mod:`rloo.pipeline.node`) is the same on every node.
 
+The pods run restricted: as the images' non-root uid, no privilege escalation, no capabilities, the runtime's
+seccomp profile, and no service-account token (they talk to object storage and MLflow, never to the
+Kubernetes API), under a named service account (``train_service_account``).
+
 A preempted pod restarts (``restartPolicy: OnFailure``) and ``rloo train`` resumes from the newest complete
 checkpoint under ``--checkpoint_uri``, which therefore must be object storage, not a pod-local path.
 """
@@ -18,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rloo.errors import UserError
+from rloo.pipeline.resources import check_pod_memory, check_service_account, cpu_millis
 
 API_VERSION = "kubeflow.org/v1"
 KIND = "PyTorchJob"
@@ -59,6 +64,9 @@ class TrainJobSpec:
     backoff_limit: int = 3
     active_deadline_seconds: int | None = None
     labels: dict[str, str] = field(default_factory=dict)
+    service_account: str = "default"
+    run_as_user: int = 1000  # the project's images (images/*/Dockerfile: USER 1000)
+    run_as_group: int = 1000
 
     def validate(self) -> None:
         if not _DNS1123.match(self.name) or len(self.name) > 63:
@@ -76,6 +84,11 @@ class TrainJobSpec:
                 f"checkpoint_uri must be s3://... for multi-node training (got {self.checkpoint_uri!r}): restarted "
                 "pods resume from it."
             )
+        cpu_millis("train_cpu", self.cpu)
+        check_pod_memory("train_memory", self.memory, self.shm_size)
+        check_service_account("train_service_account", self.service_account)
+        if self.run_as_user < 1:
+            raise UserError(f"the training pods must not run as root (run_as_user={self.run_as_user}).")
         for flag in ("--checkpoint_uri", "--model_name_or_path", "--output_dir"):
             if flag in self.train_args:
                 raise UserError(f"{flag} is set by the job itself; remove it from the training arguments.")
@@ -124,8 +137,23 @@ def build_pytorchjob(spec: TrainJobSpec) -> dict[str, Any]:
         # last pods evicted under node pressure).
         "resources": {"requests": dict(resources), "limits": dict(resources)},
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+        # the "restricted" Pod Security Standard
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "runAsNonRoot": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
     }
     pod_spec: dict[str, Any] = {
+        "serviceAccountName": spec.service_account,
+        # nothing in the pod calls the Kubernetes API: no token to steal from it
+        "automountServiceAccountToken": False,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": spec.run_as_user,
+            "runAsGroup": spec.run_as_group,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
         "containers": [container],
         # NCCL and DataLoader workers use /dev/shm; the container runtime default is 64 MiB.
         "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.shm_size}}],

@@ -1,0 +1,80 @@
+"""CPU and memory quantities of the pipeline's pods, checked in one line before any pod is created.
+
+A bad quantity in a pipeline parameter is otherwise refused only by the KFP driver or the API server when the
+step's pod is created: for ``eval_memory`` that is after hours of training.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from rloo.errors import UserError
+
+# Kubernetes quantities (resource.Quantity): a decimal number with an optional SI or binary suffix. CPU takes
+# cores or millicores only; memory takes no millis ("64m" bytes is always a typo).
+_CPU = re.compile(r"^(?P<n>[0-9]+(\.[0-9]+)?|\.[0-9]+)(?P<unit>m?)$")
+_MEMORY = re.compile(r"^(?P<n>[0-9]+(\.[0-9]+)?)(?P<unit>Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
+_MEMORY_UNITS = {
+    "": 1,
+    "k": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "P": 10**15,
+    "E": 10**18,
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+    "Pi": 2**50,
+    "Ei": 2**60,
+}
+# A DNS-1123 subdomain: what Kubernetes accepts as a service account name.
+_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+@dataclass(frozen=True)
+class StepResources:
+    """Requests and limits of one container (Kubernetes quantity strings)."""
+
+    cpu_request: str
+    cpu_limit: str
+    memory_request: str
+    memory_limit: str
+
+
+def cpu_millis(name: str, value: str) -> int:
+    """``value`` (e.g. ``"8"``, ``"500m"``) in millicores; a one-line UserError naming ``name`` otherwise."""
+    m = _CPU.match(str(value).strip())
+    millis = 0.0
+    if m:
+        millis = float(m["n"]) * (1 if m["unit"] else 1000)
+    if not m or millis < 1:
+        raise UserError(f"{name} must be a CPU quantity such as 8 or 500m (got {value!r}).")
+    return int(millis)
+
+
+def memory_bytes(name: str, value: str) -> int:
+    """``value`` (e.g. ``"64Gi"``) in bytes; a one-line UserError naming ``name`` otherwise."""
+    m = _MEMORY.match(str(value).strip())
+    if not m or float(m["n"]) <= 0:
+        raise UserError(f"{name} must be a memory quantity such as 64Gi or 512Mi (got {value!r}).")
+    return int(float(m["n"]) * _MEMORY_UNITS[m["unit"] or ""])
+
+
+def check_pod_memory(name: str, value: str, shm_size: str) -> None:
+    """``value`` must leave room above the in-memory ``/dev/shm``: its pages count against the container's
+    memory limit, so a limit at or below ``shm_size`` gets the pod OOM-killed before /dev/shm is full."""
+    if memory_bytes(name, value) <= memory_bytes("shm size", shm_size):
+        raise UserError(
+            f"{name} must be more than the {shm_size} of /dev/shm (got {value!r}): the in-memory /dev/shm "
+            "counts against the pod's memory limit."
+        )
+
+
+def check_service_account(name: str, value: str) -> None:
+    if not value or len(value) > 253 or not _SUBDOMAIN.match(value):
+        raise UserError(
+            f"{name} must be a Kubernetes service account name (lower-case a-z, 0-9, '-', '.'; got {value!r})."
+        )
