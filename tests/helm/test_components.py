@@ -612,7 +612,16 @@ def test_mlflow_basic_auth_config_runs_the_pinned_server(tmp_path: Path) -> None
         "MLFLOW_AUTH_CONFIG_PATH": str(ini),
         "MLFLOW_AUTH_ADMIN_USERNAME": "admin",
         "MLFLOW_AUTH_ADMIN_PASSWORD": "s3cret-Passw0rd-for-tests",
+        "MLFLOW_FLASK_SERVER_SECRET_KEY": "a-random-signing-key-for-tests",
     }
+    # each variable the server needs comes from the chart's Secret (the values above stand in for it)
+    wired = {e["name"]: e.get("valueFrom", {}).get("secretKeyRef", {}) for e in c["env"]}
+    for name in (
+        "MLFLOW_AUTH_ADMIN_USERNAME",
+        "MLFLOW_AUTH_ADMIN_PASSWORD",
+        "MLFLOW_FLASK_SERVER_SECRET_KEY",
+    ):
+        assert wired[name].get("name"), name
     app = [a for a in c["args"] if a.startswith("--app-name")]
     assert app == ["--app-name=basic-auth"]
     cmd = [
