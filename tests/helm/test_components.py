@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -365,6 +366,19 @@ def test_notes_explain_secrets_mlflow_and_submit() -> None:
     assert "https://mlflow.example.com/" in other
 
 
+def _wait_until_up(proc: subprocess.Popen[bytes], log: Path, probe: Callable[[], object]) -> None:
+    """Until ``probe`` stops raising OSError (the server answers), at most 120 s; fail if the server exits."""
+    deadline = time.monotonic() + 120
+    while True:
+        assert proc.poll() is None, log.read_text()[-2000:]
+        try:
+            probe()
+            return
+        except OSError:
+            assert time.monotonic() < deadline, "mlflow server did not start"
+            time.sleep(0.5)
+
+
 def test_mlflow_accepts_the_hosts_the_chart_allows(tmp_path: Path) -> None:
     """The pinned MLflow, run with the chart's MLFLOW_SERVER_ALLOWED_HOSTS, answers the Service's names (what the
     pipeline's `rloo-mlflow` Secret and a port-forward use) and rejects other hosts."""
@@ -398,15 +412,7 @@ def test_mlflow_accepts_the_hosts_the_chart_allows(tmp_path: Path) -> None:
             finally:
                 conn.close()
 
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, (tmp_path / "mlflow.log").read_text()[-2000:]
-            try:
-                status("localhost")
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "mlflow server did not start"
-                time.sleep(0.5)
+        _wait_until_up(proc, tmp_path / "mlflow.log", lambda: status("localhost"))
         for host in (
             "rel-rloo-kfp-mlflow.rloo.svc:5000",
             "rel-rloo-kfp-mlflow.rloo.svc.cluster.local:5000",
@@ -653,17 +659,12 @@ def test_mlflow_basic_auth_config_runs_the_pinned_server(tmp_path: Path) -> None
             finally:
                 conn.close()
 
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, (tmp_path / "mlflow.log").read_text()[-2000:]
-            try:
-                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-                conn.request("GET", "/health")
-                assert conn.getresponse().status == 200  # the probes' path needs no login
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "mlflow server did not start"
-                time.sleep(0.5)
+        def health() -> None:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            conn.request("GET", "/health")
+            assert conn.getresponse().status == 200  # the probes' path needs no login
+
+        _wait_until_up(proc, tmp_path / "mlflow.log", health)
         assert status(None) == 401
         assert status("admin:wrong") == 401
         assert status("admin:s3cret-Passw0rd-for-tests") == 200
