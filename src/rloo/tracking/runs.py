@@ -57,6 +57,26 @@ def pipeline_run_from_env() -> tuple[str | None, str | None]:
     return get(KFP_RUN_ID_ENV), get(KFP_RUN_NAME_ENV)
 
 
+def refuse_credentials_in_uri(uri: str | None) -> None:
+    """Refuse ``user:password@`` in a tracking URI: MLflow prints the URI as it is in its "View run ... at"
+    lines and in run metadata, so the password would end up in every pod log. Credentials belong in
+    ``MLFLOW_TRACKING_USERNAME`` / ``MLFLOW_TRACKING_PASSWORD`` (or ``MLFLOW_TRACKING_TOKEN``), which MLflow
+    sends as a header and never prints."""
+    if not uri:
+        return
+    try:
+        parsed = urlparse(uri)
+        userinfo = parsed.username is not None or parsed.password is not None
+    except ValueError:  # an unparsable port etc.: check_tracking_server says what is wrong with it
+        userinfo = "@" in uri.split("://", 1)[-1].split("/", 1)[0]
+    if userinfo:
+        raise UserError(
+            f"MLFLOW_TRACKING_URI={redact(uri)} carries credentials, which MLflow would print in its log "
+            "lines: remove 'user:password@' from the URI and set MLFLOW_TRACKING_USERNAME / "
+            "MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN) instead."
+        )
+
+
 def resolve_tracking_uri(
     tracking_uri: str | None = None, work_dir: str | Path | None = None
 ) -> tuple[str, str | None]:
@@ -67,6 +87,7 @@ def resolve_tracking_uri(
     """
     uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
     if uri:
+        refuse_credentials_in_uri(uri)
         return uri, None
     base = Path(work_dir or Path.cwd()).resolve() / EMBEDDED_DIR
     return f"sqlite:///{base / 'mlflow.db'}", (base / "artifacts").as_uri()
@@ -87,6 +108,7 @@ def check_tracking_server(tracking_uri: str | None = None, *, timeout: float = 1
     uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
     if not uri:
         return
+    refuse_credentials_in_uri(uri)
     scheme = urlparse(uri).scheme
     shown = redact(uri)
     if scheme == "sqlite":
@@ -235,6 +257,8 @@ def start_stage_run(
     pipeline_run_id = pipeline_run_id or env_id
     pipeline_run_name = pipeline_run_name or env_name
     uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    if client is None:
+        refuse_credentials_in_uri(uri)
     client = client or MlflowClient(tracking_uri=uri)
     exp_name = experiment or os.environ.get(EXPERIMENT_ENV) or DEFAULT_EXPERIMENT
     exp_id = get_or_create_experiment(client, exp_name, artifact_location)
@@ -287,6 +311,8 @@ def finish_pipeline_run(
     pipeline_run_id = pipeline_run_id or env_id
     if not pipeline_run_id:
         return None
+    if client is None:
+        refuse_credentials_in_uri(tracking_uri or os.environ.get("MLFLOW_TRACKING_URI"))
     client = client or MlflowClient(tracking_uri=tracking_uri or os.environ.get("MLFLOW_TRACKING_URI"))
     exp_name = experiment or os.environ.get(EXPERIMENT_ENV) or DEFAULT_EXPERIMENT
     exp = client.get_experiment_by_name(exp_name)
