@@ -31,6 +31,7 @@ def validate_params(
     registered_model_name: str,
     register_model: bool,
     hub_repo_id: str,
+    model_revision: str = "",
 ) -> str:
     """Returns the ``rloo train`` flags (a JSON list) built from the validated parameters."""
     params = dict(locals())  # first statement: exactly the parameters, by their pipeline names

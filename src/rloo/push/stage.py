@@ -328,6 +328,7 @@ def _push(
         "MLflow pipeline run": cfg.mlflow_parent_run_id,
         "MLflow training run": cfg.mlflow_train_run_id,
         "model source": str(cfg.model_path),
+        "base model revision": cfg.base_model_revision,
         "evaluation results": cfg.eval_results,
     }
     card = render_model_card(
@@ -342,6 +343,7 @@ def _push(
             decision=decision,
             lineage=lineage,
             digests=digests,
+            base_model_revision=cfg.base_model_revision,
         )
     )
     (staged / "README.md").write_text(card)
