@@ -37,6 +37,10 @@ TAG_KFP_RUN_NAME = "kfp.run_name"
 TAG_PARENT = "mlflow.parentRunId"
 TAG_OUTPUT_DIR = "rloo.output_dir"
 TAG_ERROR = "rloo.error"
+TAG_CLOSED_BY = "rloo.closed_by"
+# Written into a stage's output directory when its run could not be closed (MLflow unreachable at exit):
+# the run id and the status it should get; the next run on that directory applies it.
+UNCLOSED_FILE = "mlflow_unclosed.json"
 
 
 @dataclass(frozen=True)
@@ -281,13 +285,61 @@ def start_stage_run(
     else:
         supersede_running = False
     if supersede_running:
+        recorded = _read_unclosed(run_tags.get(TAG_OUTPUT_DIR))
         stale = client.search_runs([exp_id], filter_string=same, max_results=50)
         for old in stale:
-            client.set_terminated(old.info.run_id, status="FAILED")
+            # A run whose process ended while MLflow was down recorded its status; one that died did not.
+            status = recorded.get(old.info.run_id, "FAILED")
+            client.set_terminated(old.info.run_id, status=status)
         if stale:
             run_tags[TAG_RESUMED_FROM] = ",".join(r.info.run_id for r in stale)
     run = client.create_run(exp_id, run_name=run_name or stage, tags=run_tags)
+    if parent_run_id:
+        # KFP starts a stage only after the stages before it succeeded, so an earlier stage's run still
+        # RUNNING under this parent is one whose final status never reached MLflow (the server was down when
+        # it ended): it succeeded. (The pipeline is a chain; parallel stages would need their own rule.)
+        others = client.search_runs(
+            [exp_id],
+            filter_string=f"tags.`{TAG_PARENT}` = '{filter_value(parent_run_id)}' and attributes.status = 'RUNNING'",
+            max_results=50,
+        )
+        for old in others:
+            if old.info.run_id != run.info.run_id and old.data.tags.get(TAG_STAGE) != stage:
+                client.set_tag(old.info.run_id, TAG_CLOSED_BY, run.info.run_id)
+                client.set_terminated(old.info.run_id, status="FINISHED")
     return StageRun(run.info.run_id, exp_id, parent_run_id, client.tracking_uri)
+
+
+def _read_unclosed(output_dir: str | None) -> dict[str, str]:
+    """{run id: status} left by a run of ``output_dir`` that could not close itself (and removes the note)."""
+    import json
+
+    if not output_dir:
+        return {}
+    path = Path(output_dir) / UNCLOSED_FILE
+    try:
+        data = json.loads(path.read_text())
+        path.unlink()
+    except (OSError, ValueError):
+        return {}
+    status = data.get("status") if isinstance(data, dict) else None
+    if status not in ("FINISHED", "FAILED", "KILLED") or not isinstance(data.get("run_id"), str):
+        return {}
+    return {data["run_id"]: status}
+
+
+def close_orphaned_stage_runs(client: Any, experiment_id: str, parent_run_id: str, status: str) -> list[str]:
+    """End the stage runs of a pipeline run still RUNNING (their process ended while MLflow was down) with
+    ``status``, the pipeline's own outcome; returns their ids."""
+    runs = client.search_runs(
+        [experiment_id],
+        filter_string=f"tags.`{TAG_PARENT}` = '{filter_value(parent_run_id)}' and attributes.status = 'RUNNING'",
+        max_results=100,
+    )
+    for r in runs:
+        client.set_tag(r.info.run_id, TAG_CLOSED_BY, "pipeline exit handler")
+        client.set_terminated(r.info.run_id, status=status)
+    return [r.info.run_id for r in runs]
 
 
 def finish_pipeline_run(
@@ -333,5 +385,6 @@ def finish_pipeline_run(
         return None
     if error:
         client.set_tag(run_id, TAG_ERROR, error[:5000])
+    close_orphaned_stage_runs(client, exp_id, run_id, status)
     client.set_terminated(run_id, status=status)
     return run_id
