@@ -80,6 +80,7 @@ def rloo_pipeline(
     judge_model: str,
     output_uri: str,
     dataset_train_split: str = "train",
+    model_revision: str = "",
     eval_dataset_split: str = "test",
     eval_num_examples: int = 0,
     eval_max_new_tokens: int = 200,
@@ -118,6 +119,7 @@ def rloo_pipeline(
 
     Args:
         model: SFT checkpoint: Hub id, s3://bucket/prefix (an rloo upload with its manifest) or a directory.
+        model_revision: Hub branch, tag or commit of a Hub id model (empty: main); the fetch resolves it to a commit and records it.
         dataset_name: Training prompts: Hub id or directory in the 'rloo train' layout.
         eval_dataset_name: Evaluation prompts with reference completions (Hub id or directory).
         judge_base_url: OpenAI-compatible endpoint of the judge; its API key is in judge_secret.
@@ -167,6 +169,7 @@ def rloo_pipeline(
     with dsl.ExitHandler(exit_task=finish, name="rloo"):
         check = validate_params(
             model=model,
+            model_revision=model_revision,
             dataset_name=dataset_name,
             dataset_train_split=dataset_train_split,
             reward_model_path=reward_model_path,
@@ -202,7 +205,9 @@ def rloo_pipeline(
         _secrets(check, s3_secret, C.S3_SECRET_KEYS, optional=True)
         _secrets(check, hf_secret, C.HF_SECRET_KEYS, optional=True)
 
-        fetch = fetch_sft(model=model, output_uri=output_uri, kfp_run_id=RUN_ID).after(check)
+        fetch = fetch_sft(
+            model=model, model_revision=model_revision, output_uri=output_uri, kfp_run_id=RUN_ID
+        ).after(check)
         fetch.set_display_name("fetch SFT model")
         _io_step(fetch)
         _fixed_resources(fetch, C.FETCH_RESOURCES)

@@ -8,7 +8,12 @@ from rloo.pipeline.images import SLIM_IMAGE
 
 @dsl.component(base_image=SLIM_IMAGE, install_kfp_package=False)
 def fetch_sft(
-    model: str, output_uri: str, kfp_run_id: str, sft_model: Output[Model], summary: Output[Markdown]
+    model: str,
+    model_revision: str,
+    output_uri: str,
+    kfp_run_id: str,
+    sft_model: Output[Model],
+    summary: Output[Markdown],
 ):
     import json
     import os
@@ -20,7 +25,10 @@ def fetch_sft(
 
     os.environ["KFP_RUN_ID"] = kfp_run_id
     try:
-        meta = fetch_model(model, f"{output_uri.rstrip('/')}/{kfp_run_id}/sft")
+        # a Hub id is pinned to one commit (model_revision, else main's commit now), recorded in the metadata
+        meta = fetch_model(
+            model, f"{output_uri.rstrip('/')}/{kfp_run_id}/sft", revision=model_revision or None
+        )
     except UserError as e:  # credentials, bucket, a bad model: one line, not a traceback
         print(f"fetching the SFT model failed: {e}", file=sys.stderr)
         raise SystemExit(2) from None

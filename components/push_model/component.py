@@ -36,6 +36,7 @@ def push_model(
         output_uri=output_uri,
         kfp_run_id=kfp_run_id,
         base_model=durable_model_name(dict(sft_model.metadata)),
+        base_model_revision=str(sft_model.metadata.get("revision") or ""),
         production_uri=production_uri or None,
         registered_model_name=registered_model_name or None,
         register_model=register_model,

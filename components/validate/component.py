@@ -36,6 +36,7 @@ def validate_params(
     eval_cpu: str,
     eval_memory: str,
     train_service_account: str,
+    model_revision: str = "",
 ) -> str:
     """Returns the ``rloo train`` flags (a JSON list) built from the validated parameters."""
     params = dict(locals())  # first statement: exactly the parameters, by their pipeline names

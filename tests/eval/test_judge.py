@@ -155,3 +155,63 @@ def test_api_key_comes_from_the_named_variable(monkeypatch: pytest.MonkeyPatch) 
     assert api_key_from_env("JUDGE_KEY", "http://vllm-judge:8000/v1") == "EMPTY"
     monkeypatch.setenv("JUDGE_KEY", "sk-1")
     assert api_key_from_env("JUDGE_KEY", "https://api.openai.com/v1") == "sk-1"
+
+
+class _OddJudge:
+    """A stdlib HTTP server answering every POST with HTTP 200 and a fixed body (empty, HTML, bad JSON)."""
+
+    def __init__(self, body: bytes, content_type: str) -> None:
+        import http.server
+        import threading
+
+        answer = (body, content_type)
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("content-length") or 0))
+                try:
+                    self.send_response(200)
+                    self.send_header("content-type", answer[1])
+                    self.send_header("content-length", str(len(answer[0])))
+                    self.end_headers()
+                    self.wfile.write(answer[0])
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the judge gave up on its other requests after the first fatal answer
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.base_url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.parametrize(
+    ("body", "content_type", "said"),
+    [
+        (b"", "application/json", "an empty body"),
+        (b"<html>proxy login</html>", "text/html", "<html>proxy login</html>"),
+        (b'{"choices": [', "application/json", '{"choices": ['),
+    ],
+)
+def test_judge_answering_200_without_json_is_one_line(body: bytes, content_type: str, said: str) -> None:
+    server = _OddJudge(body, content_type)
+    try:
+        cfg = JudgeSettings(
+            base_url=server.base_url, model="m", api_key="k", template=DEFAULT_TEMPLATE,
+            max_retries=1, backoff=0.01, timeout=5.0,
+        )  # fmt: skip
+        with pytest.raises(UserError) as info:
+            PairwiseJudge(cfg).preflight()
+        msg = str(info.value)
+        assert "\n" not in msg and server.base_url in msg and said in msg and "HTTP 200" in msg
+        # the same during judging: fatal at once, not a traceback from the gather
+        with pytest.raises(UserError, match="HTTP 200"):
+            PairwiseJudge(cfg).judge(["p"] * 3, ["o"] * 3, ["r"] * 3)
+    finally:
+        server.close()

@@ -682,3 +682,44 @@ def test_mlflow_basic_auth_config_runs_the_pinned_server(tmp_path: Path) -> None
         assert json.loads(out.stdout.strip().splitlines()[-1])
     finally:
         stop_process(proc)
+
+
+def test_bucket_job_sets_the_abort_incomplete_uploads_rule(s3_server: Any, tmp_path: Path) -> None:
+    """The bucket Job's own script, run against SeaweedFS: creates the bucket, sets the lifecycle rule that
+    aborts incomplete multipart uploads after the configured days, keeps other rules, and is idempotent."""
+    values = variant_values("seaweedfs-values.yaml")
+    values["seaweedfs"] = {**values.get("seaweedfs", {}), "abortIncompleteUploadsAfterDays": 3}
+    job = _container(find(_docs(values), "Job", "-bucket"))
+    assert env_of(job)["ABORT_INCOMPLETE_UPLOADS_DAYS"]["value"] == "3"
+    script = job["args"][0]
+    bucket = f"rloo-lifecycle-{os.urandom(3).hex()}"
+
+    def run(days: str) -> str:
+        env = {**os.environ, **s3_server.env(), "BUCKET": bucket, "ABORT_INCOMPLETE_UPLOADS_DAYS": days}
+        proc = subprocess.run(
+            [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
+        )
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    client = s3_server.client()
+    rule = {"ID": "rloo-abort-incomplete-multipart-uploads", "Status": "Enabled", "Filter": {"Prefix": ""},
+            "AbortIncompleteMultipartUpload": {"DaysAfterInitiation": 3}}  # fmt: skip
+    try:
+        assert f"bucket {bucket} created" in run("3")
+        assert client.get_bucket_lifecycle_configuration(Bucket=bucket)["Rules"] == [rule]
+        # someone else's rule survives an upgrade, and ours is replaced, not duplicated
+        theirs = {"ID": "theirs", "Status": "Enabled", "Filter": {"Prefix": "tmp/"},
+                  "Expiration": {"Days": 30}}  # fmt: skip
+        client.put_bucket_lifecycle_configuration(
+            Bucket=bucket, LifecycleConfiguration={"Rules": [theirs, rule]}
+        )
+        assert f"bucket {bucket} exists" in run("3")
+        rules = client.get_bucket_lifecycle_configuration(Bucket=bucket)["Rules"]
+        assert sorted(r["ID"] for r in rules) == ["rloo-abort-incomplete-multipart-uploads", "theirs"]
+        run("0")  # 0: no rule of ours
+        assert [r["ID"] for r in client.get_bucket_lifecycle_configuration(Bucket=bucket)["Rules"]] == [
+            "theirs"
+        ]
+    finally:
+        client.delete_bucket(Bucket=bucket)

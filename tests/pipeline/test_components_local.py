@@ -96,7 +96,9 @@ def test_fetch_publishes_the_model_with_its_digest(components: Any, tmp_path: Pa
     src.mkdir()
     (src / "config.json").write_text("{}")
     (src / "model.safetensors").write_bytes(b"weights")
-    task = fetch_sft(model=str(src), output_uri=str(tmp_path / "store"), kfp_run_id="run-1")
+    task = fetch_sft(
+        model=str(src), model_revision="", output_uri=str(tmp_path / "store"), kfp_run_id="run-1"
+    )
     meta = task.outputs["sft_model"].metadata
     dest = tmp_path / "store" / "run-1" / "sft"
     assert meta["uri"] == str(dest) and (dest / "model.safetensors").read_bytes() == b"weights"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -157,11 +158,68 @@ class FakeHub:
     def __init__(self, error: Exception | None) -> None:
         self.error, self.asked = error, []
 
-    def model_info(self, repo_id: str) -> object:
+    def model_info(self, repo_id: str, revision: str | None = None) -> object:
         self.asked.append(repo_id)
         if self.error:
             raise self.error
         return object()
+
+
+class PinnedHub:
+    """Stands in for HfApi's model_info and snapshot_download: a repo whose branches move between calls."""
+
+    def __init__(self, refs: dict[str, str]) -> None:
+        self.refs, self.downloads = refs, []  # branch/tag -> commit
+
+    def model_info(self, repo_id: str, revision: str | None = None) -> object:
+        from types import SimpleNamespace
+
+        ref = revision or "main"
+        if ref not in self.refs and ref not in self.refs.values():
+            raise _hub_error("RevisionNotFoundError")
+        return SimpleNamespace(id=repo_id, sha=self.refs.get(ref, ref))
+
+    def snapshot_download(self, repo_id: str, *, revision: str | None = None, local_dir: Path) -> str:
+        self.downloads.append((repo_id, revision))
+        local_dir.mkdir(parents=True)
+        (local_dir / "config.json").write_text(json.dumps({"commit": revision}))
+        return str(local_dir)
+
+
+def test_fetch_pins_a_hub_model_to_its_resolved_commit(tmp_path: Path) -> None:
+    main, tag = "a" * 40, "b" * 40
+    hub = PinnedHub({"main": main, "v1": tag})
+    meta = fetch_model("org/sft", str(tmp_path / "s1"), hub_api=hub)
+    # main is resolved once and exactly that commit is downloaded and recorded: if main moves during the
+    # download, the record still says what was fetched
+    assert hub.downloads == [("org/sft", main)] and meta["revision"] == main
+    assert json.loads((tmp_path / "s1" / "config.json").read_text()) == {"commit": main}
+    meta = fetch_model("org/sft", str(tmp_path / "s2"), revision="v1", hub_api=hub)
+    assert hub.downloads[-1] == ("org/sft", tag) and meta["revision"] == tag
+    with pytest.raises(UserError, match="no revision 'nope'"):
+        fetch_model("org/sft", str(tmp_path / "s3"), revision="nope", hub_api=hub)
+    assert not (tmp_path / "s3").exists()
+    # non-Hub sources have no revision to record, and refuse one
+    src = tmp_path / "sft"
+    src.mkdir()
+    (src / "config.json").write_text("{}")
+    assert fetch_model(str(src), str(tmp_path / "s4"))["revision"] is None
+    with pytest.raises(UserError, match="only applies to a Hugging Face Hub id"):
+        fetch_model(str(src), str(tmp_path / "s5"), revision="v1")
+    from rloo.pipeline.reports import fetch_markdown
+
+    assert tag in fetch_markdown({"source": "org/sft", "revision": tag})
+
+
+def test_model_revision_parameter_is_checked(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(UserError, match="model_revision 'v1' only applies to a Hugging Face Hub id"):
+        validate_params(**{**GOOD, "model": str(tmp_path), "model_revision": "v1"})  # type: ignore[arg-type]
+    validate_params(**{**GOOD, "model_revision": "v1"})  # type: ignore[arg-type]
+    from rloo.pipeline.steps import check_model_source
+
+    with pytest.raises(UserError, match="no revision 'nope'"):
+        check_model_source("org/sft", hub=True, hub_api=PinnedHub({"main": "a" * 40}), revision="nope")
 
 
 def _hub_error(kind: str) -> Exception:

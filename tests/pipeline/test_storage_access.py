@@ -88,7 +88,7 @@ def test_fetch_step_fails_in_one_line_without_a_traceback(
     (src / "config.json").write_text("{}")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong")
     with pytest.raises(RuntimeError, match="FAILURE"):
-        fetch_sft(model=str(src), output_uri=f"s3://{aws.bucket}/runs", kfp_run_id="run-1")
+        fetch_sft(model=str(src), model_revision="", output_uri=f"s3://{aws.bucket}/runs", kfp_run_id="run-1")
     out = capfd.readouterr().out
     assert "fetching the SFT model failed: accessing s3://" in out and "rejected the credentials" in out
     assert "Traceback" not in out

@@ -182,3 +182,10 @@ def test_registry_needs_a_tracking_server(monkeypatch: pytest.MonkeyPatch, tmp_p
     with pytest.raises(UserError, match="set MLFLOW_TRACKING_URI"):
         run_push(cfg)
     assert not (tmp_path / "out").exists()
+
+
+def test_model_card_names_the_base_model_revision() -> None:
+    card = _card(base_model_revision="c" * 40)
+    front = yaml.safe_load(card.split("---\n")[1])
+    assert front["base_model"] == "org/sft-model" and front["base_model_revision"] == "c" * 40
+    assert f"from `org/sft-model` (revision `{'c' * 40}`) on `org/prompts`" in card

@@ -156,3 +156,20 @@ def test_cli_help_lists_the_flags(capsys: pytest.CaptureFixture[str]) -> None:
     ):
         assert flag in out
     assert "--hub_repo_id" in out and "--promotion_margin" in out
+
+
+def test_pipeline_push_records_the_pinned_base_model_revision(trained_dir: Path, tmp_path: Path) -> None:
+    from rloo.pipeline.steps import push_stage
+
+    ev = write_eval(tmp_path / "eval_results.json", lo=0.04)
+    commit = "c" * 40  # what the fetch step resolved and put in the SFT model's metadata
+    push_stage(
+        trained_uri=str(trained_dir),
+        eval_results_uri=str(ev),
+        output_uri=str(tmp_path / "runs"),
+        kfp_run_id="run-1",
+        base_model="org/sft",
+        base_model_revision=commit,
+    )
+    card = (tmp_path / "runs" / "published" / "run-1" / "README.md").read_text()
+    assert f"base_model_revision: {commit}" in card and f"- base model revision: `{commit}`" in card

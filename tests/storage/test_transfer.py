@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -181,3 +182,75 @@ def test_exclude_globs_and_local_seal_in_place(tmp_path: Path, s3_env: S3Server)
     assert [f.path for f in m.files] == ["config.json", "model.safetensors", "tokenizer/vocab.txt"]
     sealed = upload_dir(src, src, exclude=["mlruns", "*.tmp"])  # publishing in place writes only the manifest
     assert sealed.by_path == m.by_path and is_complete(src)
+
+
+def _killed_mid_upload(src: Path, uri: str, seen: Any) -> None:
+    """Run upload_dir(src, uri) in a subprocess with slowed copies and SIGKILL it once ``seen()`` is true."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    root = Path(__file__).resolve().parents[2]
+    code = (
+        "import sys, tests.fixtures.slow_copy\n"
+        "from boto3.s3.transfer import TransferConfig\n"
+        "from rloo.storage import upload_dir\n"
+        "upload_dir(sys.argv[1], sys.argv[2], progress=False,\n"
+        "           transfer_config=TransferConfig(multipart_threshold=5 << 20, multipart_chunksize=5 << 20))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root / "src"), str(root)])}
+    env["RLOO_TEST_BYTES_PER_S"] = str(4 << 20)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, str(src), uri], env=env, start_new_session=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not seen():
+            assert proc.poll() is None, proc.communicate()[0].decode()
+            assert time.monotonic() < deadline, "the upload never started"
+            time.sleep(0.05)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+
+
+def test_next_upload_aborts_the_multipart_uploads_of_a_killed_one(s3_env: S3Server, tmp_path: Path) -> None:
+    src = make_tree(tmp_path / "src", big=24 * 1024 * 1024)  # five 5 MiB parts
+    uri = f"s3://rloo-test/mpu-{os.urandom(3).hex()}/model"
+    other = f"mpu-other-{os.urandom(3).hex()}/x.bin"  # an open upload of someone else's prefix
+    client = s3_env.client()
+    foreign = client.create_multipart_upload(Bucket="rloo-test", Key=other)["UploadId"]
+    loc = Location.parse(uri)
+
+    def open_uploads() -> list[str]:
+        ups = client.list_multipart_uploads(Bucket="rloo-test", Prefix=loc.key + "/").get("Uploads", [])
+        return [u["Key"] for u in ups]
+
+    # a real transfer, killed after its multipart upload has started: the upload stays open in the bucket
+    _killed_mid_upload(src, uri, lambda: bool(open_uploads()))
+    assert open_uploads() == [f"{loc.key}/model.safetensors"]
+    assert not is_complete(uri)
+
+    upload_dir(src, uri)  # the same upload again (default parts: one PutObject per file)
+    assert open_uploads() == []
+    download_dir(uri, tmp_path / "dl")
+    assert same_tree(src, tmp_path / "dl")
+    # only uploads under the prefix being written are aborted
+    others = client.list_multipart_uploads(Bucket="rloo-test", Prefix=other).get("Uploads", [])
+    assert [u["UploadId"] for u in others] == [foreign]
+    client.abort_multipart_upload(Bucket="rloo-test", Key=other, UploadId=foreign)
+
+
+def test_next_local_upload_removes_the_temp_files_of_a_killed_one(tmp_path: Path) -> None:
+    src = make_tree(tmp_path / "src", big=24 * 1024 * 1024)
+    dest = tmp_path / "dest"
+
+    def temp_files() -> list[str]:
+        return [p.name for p in dest.rglob(".rloo-*")] if dest.is_dir() else []
+
+    _killed_mid_upload(src, str(dest), lambda: bool(temp_files()))
+    assert temp_files() and not is_complete(dest)
+    upload_dir(src, dest)
+    assert temp_files() == [] and is_complete(dest)

@@ -3,6 +3,7 @@ runs, nesting, statuses, outages, bad configuration."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -11,6 +12,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from mlflow.tracking import MlflowClient
@@ -214,7 +216,9 @@ def test_server_down_at_finish_gives_up_after_the_flush_timeout(
     mlflow_proxy.cut()
     sink.log_metrics({"m": 1.0}, 1)
     sink.finish("FAILED")  # returns (no exception, no hang) with a warning that says what was lost
-    assert "still unreachable" in caplog.text and "metrics.jsonl" in caplog.text
+    assert (
+        "unreachable" in caplog.text and "gave up after 2s" in caplog.text and "metrics.jsonl" in caplog.text
+    )
 
 
 def test_unreachable_or_wrong_server_at_start_is_a_one_line_error(
@@ -327,3 +331,103 @@ def test_a_pipeline_that_failed_before_any_stage_still_shows_up_failed(
     assert run.data.tags["rloo.error"] == "rloo_k must be >= 2" and run.data.tags["kfp.run_id"] == kfp_id
     # the exit handler of a retried run finds the same parent rather than adding another
     assert finish_pipeline_run("FAILED", pipeline_run_id=kfp_id, experiment=exp) == run_id
+
+
+@pytest.fixture
+def own_mlflow(s3_server: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[MlflowServer]:
+    """A tracking server of this test alone, to stop and restart on the same port and store."""
+    server = MlflowServer(tmp_path / "own-mlflow", s3_server)
+    server.start()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", server.uri)
+    for name in ("KFP_RUN_ID", "KFP_RUN_NAME", "RLOO_REPORT_TO", "MLFLOW_EXPERIMENT_NAME"):
+        monkeypatch.delenv(name, raising=False)
+    yield server
+    server.stop()
+
+
+def test_server_stopped_and_restarted_mid_stage_gets_everything(
+    own_mlflow: MlflowServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("KFP_RUN_ID", f"kfp-{uuid.uuid4()}")
+    sink = _sink(experiment=_experiment(), stage="train")
+    logger = MetricsLogger(total_updates=8, show_progress=False, sinks=[sink])
+    logger.open(tmp_path / "out")
+    logger.log({"update": 1, "objective/scores": 1.0})
+    assert sink.flush(60)
+    own_mlflow.stop()  # the real server process goes away ...
+    for u in range(2, 8):
+        logger.log({"update": u, "objective/scores": float(u)})
+    wait_for(lambda: sink.last_error is not None, "the worker noticed the outage")
+    own_mlflow.start()  # ... and comes back on the same port and store before the stage ends
+    logger.close("FINISHED")
+    client = MlflowClient(own_mlflow.uri)
+    assert client.get_run(sink.run_id).info.status == "FINISHED"
+    assert _history(client, sink.run_id, "objective/scores") == [(u, float(u)) for u in range(1, 8)]
+    assert not (tmp_path / "out" / "mlflow_unclosed.json").exists()
+
+
+def test_server_gone_at_stage_end_bounded_wait_then_the_next_stage_closes_the_run(
+    own_mlflow: MlflowServer,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from rloo.tracking.runs import finish_pipeline_run, start_stage_run
+
+    exp = _experiment()
+    monkeypatch.setenv("KFP_RUN_ID", f"kfp-{uuid.uuid4()}")
+    train = _sink(experiment=exp, stage="train", outage_flush_timeout=3.0)
+    logger = MetricsLogger(total_updates=5, show_progress=False, sinks=[train])
+    logger.open(tmp_path / "train")
+    logger.log({"update": 1, "objective/scores": 1.0})
+    assert train.flush(60)
+    own_mlflow.stop()
+    for u in range(2, 5):
+        logger.log({"update": u, "objective/scores": float(u)})
+    wait_for(lambda: train.last_error is not None, "the worker noticed the outage")
+    started = time.monotonic()
+    logger.close("FINISHED")  # training succeeded; MLflow is still down
+    assert time.monotonic() - started < 10  # bounded: not the minute of flush_timeout
+    (line,) = [r.getMessage() for r in caplog.records if "gave up after" in r.getMessage()]
+    assert "\n" not in line and "unreachable" in line and " metrics and " in line
+    assert f"run {train.run_id} will be closed FINISHED by the next stage" in line
+    assert json.loads((tmp_path / "train" / "mlflow_unclosed.json").read_text())["status"] == "FINISHED"
+
+    own_mlflow.start()
+    client = MlflowClient(own_mlflow.uri)
+    assert client.get_run(train.run_id).info.status == "RUNNING"  # nobody could tell it otherwise
+    # the next stage of the same pipeline run reaches the server: KFP ran it, so train succeeded
+    evaluate = start_stage_run("evaluate", experiment=exp)
+    run = client.get_run(train.run_id)
+    assert run.info.status == "FINISHED" and run.info.end_time
+    assert run.data.tags["rloo.closed_by"] == evaluate.run_id
+    # a stage whose pod ends during an outage and whose pipeline then fails: the exit handler closes it FAILED
+    client_side = MlflowClient(own_mlflow.uri)
+    assert client_side.get_run(evaluate.run_id).info.status == "RUNNING"
+    assert finish_pipeline_run("FAILED", experiment=exp) == evaluate.parent_run_id
+    assert client.get_run(evaluate.run_id).info.status == "FAILED"
+    assert client.get_run(evaluate.parent_run_id).info.status == "FAILED"
+
+
+def test_outside_a_pipeline_the_next_run_on_the_output_dir_applies_the_recorded_status(
+    tracking_env: MlflowServer, mlflow_proxy: FaultProxy, tmp_path: Path
+) -> None:
+    exp, out = _experiment(), tmp_path / "out"
+    first = _sink(tracking_uri=mlflow_proxy.url, experiment=exp, outage_flush_timeout=1.0)
+    first.open(out)
+    first.log_metrics({"m": 0.0}, 0)
+    assert first.flush(60)
+    mlflow_proxy.set_fault("refuse")
+    mlflow_proxy.cut()
+    first.log_metrics({"m": 1.0}, 1)
+    wait_for(lambda: first.last_error is not None, "the worker noticed the outage")
+    first.finish("FINISHED")
+    assert (out / "mlflow_unclosed.json").is_file()
+    second = _sink(experiment=exp)  # e.g. 'rloo train' again on the same output_dir, server reachable
+    second.open(out)
+    second.log_metrics({"m": 2.0}, 2)
+    second.finish("FINISHED")
+    client = MlflowClient(tracking_env.uri)
+    assert client.get_run(first.run_id).info.status == "FINISHED"  # what it recorded, not FAILED
+    assert client.get_run(second.run_id).data.tags["rloo.resumed_from"] == first.run_id
+    assert not (out / "mlflow_unclosed.json").exists()

@@ -6,6 +6,7 @@ User errors print one line on stderr and exit 2; they never show a traceback.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 
@@ -112,6 +113,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rloo: unknown command {command!r}; choose one of: {', '.join(COMMANDS)}.", file=sys.stderr)
         return 2
     try:
+        # Before any command reads it: a password in the URI would be printed by MLflow's own log lines.
+        from rloo.tracking.runs import refuse_credentials_in_uri
+
+        refuse_credentials_in_uri(os.environ.get("MLFLOW_TRACKING_URI"))
         return COMMANDS[command](rest)
     except UserError as e:
         print(f"rloo {command}: error: {e}", file=sys.stderr)

@@ -142,14 +142,24 @@ class PairwiseJudge:
                 return None
             j.attempts += 1
             try:
-                resp = await client.chat.completions.create(
+                # The raw response keeps the body: a 200 that is not a chat completion (an empty body, a
+                # proxy's HTML page) must be reported as what it is, not as a JSONDecodeError traceback.
+                raw = await client.chat.completions.with_raw_response.create(
                     model=self.s.model,
                     messages=[{"role": "user", "content": content}],
                     temperature=0.0,
                     max_tokens=self.s.max_tokens,
                 )
-                choices = resp.choices or []
-                return (choices[0].message.content or "") if choices else ""
+                try:
+                    choices = raw.parse().choices or []
+                    return (choices[0].message.content or "") if choices else ""
+                except (ValueError, AttributeError, TypeError, IndexError):
+                    self._fatal = UserError(
+                        f"the judge at {self.s.base_url} answered HTTP {raw.status_code} with "
+                        f"{_describe_body(raw.http_response)}, not an OpenAI chat completion; check "
+                        "--judge_base_url (usually ends in /v1) and that it points at the judge itself."
+                    )
+                    raise self._fatal from None
             except (openai.AuthenticationError, openai.PermissionDeniedError) as e:
                 self._fatal = UserError(
                     f"the judge at {self.s.base_url} rejected the API key (HTTP {e.status_code}); check the "
@@ -254,6 +264,18 @@ class PairwiseJudge:
                 f"the judge at {self.s.base_url} is unreachable or failing ({j.error} after {j.attempts} "
                 "attempt(s)); check --judge_base_url and that the server is up."
             )
+
+
+def _describe_body(response: Any) -> str:
+    """The body of an HTTP answer in a few words for an error line: 'an empty body' or its first 120 chars."""
+    try:
+        text = response.text
+    except Exception:  # a body that cannot even be decoded
+        return "an unreadable body"
+    text = " ".join(text.split())
+    if not text:
+        return "an empty body"
+    return f"{text[:120]!r}" + (" ..." if len(text) > 120 else "")
 
 
 def _retry_after(response: Any) -> float | None:

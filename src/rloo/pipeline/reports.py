@@ -130,7 +130,9 @@ def stage_run_link(
 
 
 def fetch_markdown(meta: dict[str, Any]) -> str:
-    rows = [[k, meta.get(k)] for k in ("source", "uri", "manifest_digest", "num_files", "total_bytes")]
+    rows = [
+        [k, meta.get(k)] for k in ("source", "revision", "uri", "manifest_digest", "num_files", "total_bytes")
+    ]
     return "## SFT model\n\n" + table(["field", "value"], rows) + "\n"
 
 

@@ -80,6 +80,7 @@ def validate_params(
     check_paths: bool = True,
     eval_max_new_tokens: int = 200,
     check_hub: bool = False,
+    model_revision: str = "",
 ) -> None:
     """Build the stages' configs from the pipeline parameters; raise a one-line UserError for the first bad
     one. ``check_paths``: the model must exist (:func:`check_model_source`; ``check_hub``: Hub ids too)."""
@@ -90,8 +91,13 @@ def validate_params(
 
     if not model:
         raise UserError("model is required: a Hub id, s3://bucket/prefix or a local directory.")
+    if model_revision and (model.startswith("s3://") or _looks_local(model)):
+        raise UserError(
+            f"model_revision {model_revision!r} only applies to a Hugging Face Hub id, and model {model!r} is "
+            "not one: drop model_revision (an s3:// upload is already pinned by its manifest)."
+        )
     if check_paths:
-        check_model_source(model, hub=check_hub)
+        check_model_source(model, hub=check_hub, revision=model_revision or None)
     if gpu_count < 0:
         raise UserError(f"gpu_count must be >= 0 (got {gpu_count}).")
     if num_nodes < 1:
@@ -170,6 +176,7 @@ def check_pipeline_params(
         hub_repo_id=str(params.get("hub_repo_id") or ""),
         check_paths=check_paths,
         check_hub=check_hub,
+        model_revision=str(params.get("model_revision") or ""),
     )
     check_pod_params(params)
     return train_args(train)
@@ -192,7 +199,9 @@ def check_pod_params(params: dict[str, Any]) -> None:
         check_service_account("train_service_account", str(params["train_service_account"]))
 
 
-def check_model_source(model: str, *, hub: bool = False, hub_api: Any = None) -> None:
+def check_model_source(
+    model: str, *, hub: bool = False, hub_api: Any = None, revision: str | None = None
+) -> None:
     """Fail in one line when the SFT model cannot be fetched: a directory without ``config.json``, an
     ``s3://`` prefix without a complete upload, or (``hub``) a Hub id the Hub does not know or will not
     serve. A Hub that cannot be reached is only logged: the fetch step retries, and it may be a mirror."""
@@ -219,12 +228,17 @@ def check_model_source(model: str, *, hub: bool = False, hub_api: Any = None) ->
     from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
 
     try:
-        (hub_api or HfApi()).model_info(model)
+        (hub_api or HfApi()).model_info(model, revision=revision)
     except GatedRepoError:
         raise UserError(
             f"model {model}: gated on the Hugging Face Hub; accept its terms and put a token in the hf_secret."
         ) from None
-    except (RepositoryNotFoundError, RevisionNotFoundError):
+    except RevisionNotFoundError:
+        raise UserError(
+            f"model {model}: the Hugging Face Hub has no revision {revision!r} of it; give a commit, branch or "
+            "tag that exists (or no model_revision for the current main)."
+        ) from None
+    except RepositoryNotFoundError:
         raise UserError(
             f"model {model}: not found on the Hugging Face Hub (a private repo needs HF_TOKEN in the hf_secret); "
             "check the id, or give an s3:// prefix or a directory."
@@ -278,13 +292,26 @@ def manifest_digest(manifest: Any) -> str:
     return "sha256:" + h.hexdigest()
 
 
-def fetch_model(source: str, dest_uri: str, *, work: str | None = None) -> dict[str, Any]:
+def fetch_model(
+    source: str,
+    dest_uri: str,
+    *,
+    work: str | None = None,
+    revision: str | None = None,
+    hub_api: Any = None,
+) -> dict[str, Any]:
     """Copy an SFT model (Hub id, s3:// prefix or local directory) to ``dest_uri`` as a verified upload.
 
-    Returns the metadata of the KFP ``Model`` artifact: source, uri, manifest digest, file count, bytes.
+    A Hub id is pinned: ``revision`` (a branch, tag or commit; default the repo's main) is resolved to its
+    commit once, and exactly that commit is downloaded and recorded, so a re-run or a later reader knows which
+    weights were trained even if the repo moves on. ``hub_api``: an ``HfApi`` (tests pass a stand-in).
+
+    Returns the metadata of the KFP ``Model`` artifact: source, revision (the Hub commit, None for other
+    sources), uri, manifest digest, file count, bytes.
     """
     from rloo.storage import download_dir, upload_dir, verify_prefix
 
+    commit: str | None = None
     with tempfile.TemporaryDirectory(dir=work) as tmp:
         if source.startswith("s3://"):
             local = Path(tmp) / "model"
@@ -293,20 +320,54 @@ def fetch_model(source: str, dest_uri: str, *, work: str | None = None) -> dict[
             check_model_source(source)
             local = Path(source.removeprefix("file://")).expanduser()
         else:
-            from huggingface_hub import snapshot_download
-
-            local = Path(snapshot_download(source, local_dir=Path(tmp) / "model"))
+            commit = resolve_hub_commit(source, revision, hub_api)
+            api = hub_api or _hf_api()
+            local = Path(api.snapshot_download(source, revision=commit, local_dir=Path(tmp) / "model"))
+        if revision and commit is None:
+            raise UserError(
+                f"--model_revision {revision!r} only applies to a Hugging Face Hub id, and {source!r} is not one."
+            )
         if not (local / "config.json").is_file():
             raise UserError(f"model {source!r} has no config.json: not a transformers model directory.")
         upload_dir(local, dest_uri, progress=False, exclude=[".cache", ".cache/*"])
     manifest = verify_prefix(dest_uri)  # what readers will see, not what we meant to write
     return {
         "source": source,
+        "revision": commit,
         "uri": dest_uri,
         "manifest_digest": manifest_digest(manifest),
         "num_files": len(manifest.files),
         "total_bytes": manifest.total_bytes,
     }
+
+
+def _hf_api() -> Any:
+    from huggingface_hub import HfApi
+
+    return HfApi()
+
+
+def resolve_hub_commit(repo_id: str, revision: str | None, hub_api: Any = None) -> str:
+    """The commit SHA that ``revision`` (default: main) of Hub model ``repo_id`` points at now."""
+    from huggingface_hub.errors import RepositoryNotFoundError, RevisionNotFoundError
+
+    try:
+        info = (hub_api or _hf_api()).model_info(repo_id, revision=revision or None)
+    except RevisionNotFoundError:
+        raise UserError(
+            f"model {repo_id}: the Hugging Face Hub has no revision {revision!r} of it; give a commit, branch or "
+            "tag that exists."
+        ) from None
+    except RepositoryNotFoundError:
+        raise UserError(
+            f"model {repo_id}: not found on the Hugging Face Hub (a private repo needs HF_TOKEN); check the id."
+        ) from None
+    sha = getattr(info, "sha", None)
+    if not sha:
+        raise UserError(
+            f"model {repo_id}: the Hugging Face Hub did not say which commit {revision or 'main'} is."
+        )
+    return str(sha)
 
 
 # Labels the training operator puts on a PyTorchJob's pods (kubeflow/training-operator v1).
@@ -439,6 +500,7 @@ def push_stage(
     output_uri: str,
     kfp_run_id: str,
     base_model: str = "",
+    base_model_revision: str = "",
     **push_options: Any,
 ) -> dict[str, Any]:
     """``rloo push`` for one pipeline run: staged in a temporary directory that is removed afterwards, the
@@ -458,6 +520,7 @@ def push_stage(
             run_id=kfp_run_id,
             storage_uri=f"{base}/published",
             base_model=base_model or None,
+            base_model_revision=base_model_revision or None,
             **push_options,
         )
         result = run_push(cfg)

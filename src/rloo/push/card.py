@@ -62,6 +62,7 @@ class CardInputs:
     decision: Decision
     lineage: Mapping[str, str | None]
     digests: Mapping[str, str] = field(default_factory=dict)  # file -> sha256
+    base_model_revision: str | None = None  # the Hub commit the SFT model was fetched at
 
 
 def summarize_curves(
@@ -98,12 +99,16 @@ def render_model_card(inp: CardInputs) -> str:
     front: dict[str, Any] = {"library_name": "transformers", "tags": ["rloo", "rlhf"]}
     if inp.base_model:
         front["base_model"] = inp.base_model
+    if inp.base_model_revision:
+        # not a Hub metadata key, but kept next to base_model so tools reading the front matter see the pin
+        front["base_model_revision"] = inp.base_model_revision
     if inp.datasets:
         front["datasets"] = list(inp.datasets)
     lines = ["---", yaml.safe_dump(front, sort_keys=False).rstrip(), "---", "", f"# {inp.model_name}", ""]
     lines += [
         f"Fine-tuned with RLHF using REINFORCE Leave-One-Out (RLOO) from `{inp.base_model or 'unknown'}` "
-        f"on {', '.join(f'`{d}`' for d in inp.datasets) or 'an unnamed dataset'}.",
+        + (f"(revision `{inp.base_model_revision}`) " if inp.base_model_revision else "")
+        + f"on {', '.join(f'`{d}`' for d in inp.datasets) or 'an unnamed dataset'}.",
         "",
         f"**Promotion decision: {inp.decision.decision}** — {inp.decision.reason}.",
         "",

@@ -77,6 +77,10 @@ class PushConfig:
         "Base (SFT) model named in the model card: a Hub id or the store URI it was fetched to (default: the "
         "training config's model, which is a local path when training ran on a copy).",
     )
+    base_model_revision: str | None = _f(
+        None,
+        "Hub commit of the base model the training started from, shown in the model card (pinned fetch).",
+    )
     model_name: str | None = _f(
         None, "Name shown in the model card (default: registered_model_name, hub repo, or the directory)."
     )

@@ -11,7 +11,8 @@ Order (each step idempotent for one run key):
    gate but whose run started before the current champion's is registered as ``candidate`` (an old run
    retried never takes ``champion`` back), and the reason says so;
 4. Hub: champions only, unless ``hub_push_candidates``;
-5. promotion, last, only when everything above succeeded: copy to ``production_uri`` (manifest last), then
+5. promotion, last, only when everything above succeeded: publish to ``production_uri`` atomically for
+   readers (a fresh ``versions/<id>/`` then the pointer manifest, older versions deleted after), then
    the ``champion`` alias. A re-run that decides ``candidate`` for a version holding ``champion`` moves the
    alias back to the newest other version still approved as champion (and republishes its copy to
    ``production_uri``), or removes it when there is none;
@@ -45,7 +46,7 @@ from rloo.push.gate import (
 )
 from rloo.push.hub import upload_to_hub
 from rloo.push.registry import Registry, build_mlflow_model_dir, link_or_copy
-from rloo.storage import Location, download_dir, is_complete, read_manifest, upload_dir
+from rloo.storage import Location, download_dir, is_complete, publish_atomic, read_manifest, upload_dir
 from rloo.storage.backends import backend_for
 from rloo.storage.manifest import MANIFEST_NAME, build_manifest, sha256_file
 from rloo.storage.redact import redact
@@ -183,15 +184,21 @@ def _content_key(digests: dict[str, str]) -> str:
     return f"sha256-{h[:16]}"
 
 
-def _publish(src: Path, uri: str) -> bool:
-    """Upload ``src`` to ``uri`` unless an identical complete copy is there. True if it uploaded."""
+def _publish(src: Path, uri: str, *, atomic: bool = False) -> bool:
+    """Upload ``src`` to ``uri`` unless an identical complete copy is there. True if it uploaded.
+
+    ``atomic`` (production): readers keep the complete previous version until the new one is complete, see
+    :func:`rloo.storage.publish_atomic`; a push killed mid-copy leaves the old champion readable."""
     local = build_manifest(src)
     try:
         if is_complete(uri) and read_manifest(uri).by_path == local.by_path:
             return False
     except UserError:
         pass  # a missing bucket etc.: upload_dir says it properly
-    upload_dir(src, uri, progress=False)
+    if atomic:
+        publish_atomic(src, uri, progress=False)
+    else:
+        upload_dir(src, uri, progress=False)
     return True
 
 
@@ -328,6 +335,7 @@ def _push(
         "MLflow pipeline run": cfg.mlflow_parent_run_id,
         "MLflow training run": cfg.mlflow_train_run_id,
         "model source": str(cfg.model_path),
+        "base model revision": cfg.base_model_revision,
         "evaluation results": cfg.eval_results,
     }
     card = render_model_card(
@@ -342,6 +350,7 @@ def _push(
             decision=decision,
             lineage=lineage,
             digests=digests,
+            base_model_revision=cfg.base_model_revision,
         )
     )
     (staged / "README.md").write_text(card)
@@ -400,7 +409,7 @@ def _push(
     if decision.promoted:
         if cfg.production_uri:
             uri = Location.parse(cfg.production_uri).uri
-            uploaded = _publish(staged, uri)
+            uploaded = _publish(staged, uri, atomic=True)
             result["production"] = {"uri": uri, "uploaded": uploaded}
         if registry is not None and version is not None:
             registry.set_alias(CHAMPION, version)
@@ -440,7 +449,7 @@ def _demote(cfg: PushConfig, registry: Registry, version: str, out: Path) -> dic
         if is_complete(src):
             local = out / "previous_champion"
             download_dir(src, local, progress=False, overwrite=True)
-            return {"uri": prod, "uploaded": _publish(local, prod), "restored_from": src}
+            return {"uri": prod, "uploaded": _publish(local, prod, atomic=True), "restored_from": src}
     log.warning("%s still holds the demoted model: no published copy of an earlier champion to restore", prod)
     return {"uri": prod, "uploaded": False, "stale": True}
 

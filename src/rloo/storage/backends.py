@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import uuid
 from pathlib import Path
@@ -20,6 +21,8 @@ from rloo.storage.progress import Progress
 from rloo.storage.s3 import error_code, s3_client, s3_errors
 
 MiB = 1024 * 1024
+# put_files' temporary names: TEMP_PREFIX, the target's name, a dot and 8 hex digits.
+_TEMP_FILE_RE = re.compile(rf"^{re.escape(TEMP_PREFIX)}.+\.[0-9a-f]{{8}}$")
 
 
 def default_transfer_config() -> Any:
@@ -73,6 +76,20 @@ class LocalBackend:
 
     def delete(self, rel: str) -> None:
         (self.root / rel).unlink(missing_ok=True)
+
+    def abort_incomplete(self) -> int:
+        """Remove the temporary files of an earlier copy into this tree that was killed mid-file (the
+        ``.rloo-<name>.<hex>`` names of :meth:`put_files`); returns how many."""
+        if not self.root.is_dir():
+            return 0
+        removed = 0
+        for root, _dirs, files in os.walk(self.root):
+            for name in files:
+                if _TEMP_FILE_RE.match(name):
+                    with contextlib.suppress(OSError):
+                        Path(root, name).unlink()
+                        removed += 1
+        return removed
 
     def sizes(self) -> dict[str, int]:
         if not self.root.is_dir():
@@ -133,6 +150,16 @@ class LocalBackend:
     def delete_tree(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
 
+    def delete_all_but(self, keep_file: str, keep_prefix: str) -> None:
+        """Delete every file except ``keep_file`` and those under ``keep_prefix``, then empty directories."""
+        for rel in self.sizes():
+            if rel != keep_file and not rel.startswith(keep_prefix):
+                (self.root / rel).unlink(missing_ok=True)
+        for root, _dirs, _files in sorted(os.walk(self.root), key=lambda w: -len(w[0])):
+            if Path(root) != self.root:
+                with contextlib.suppress(OSError):
+                    Path(root).rmdir()  # only succeeds when empty
+
 
 class S3Backend:
     """A prefix in an S3 bucket. Uploads and downloads go through one boto3 TransferManager."""
@@ -179,6 +206,29 @@ class S3Backend:
     def delete(self, rel: str) -> None:
         with s3_errors("deleting", self.loc, self.client):
             self.client.delete_object(Bucket=self.loc.bucket, Key=self._key(rel))
+
+    def abort_incomplete(self) -> int:
+        """Abort the multipart uploads still open under this prefix: a killed transfer leaves them behind,
+        and the bucket keeps (and bills) their parts until someone aborts them. Concurrent writers to one
+        prefix are not supported, so every open upload here belongs to an earlier, dead run. Returns how
+        many were aborted."""
+        prefix = self._key("")
+        aborted = 0
+        with s3_errors("listing multipart uploads of", self.loc, self.client):
+            pages = self.client.get_paginator("list_multipart_uploads").paginate(
+                Bucket=self.loc.bucket, Prefix=prefix
+            )
+            for page in pages:
+                for up in page.get("Uploads", []):
+                    try:
+                        self.client.abort_multipart_upload(
+                            Bucket=self.loc.bucket, Key=up["Key"], UploadId=up["UploadId"]
+                        )
+                        aborted += 1
+                    except Exception as e:
+                        if error_code(e) != "NoSuchUpload":  # aborted or completed meanwhile
+                            raise
+        return aborted
 
     def sizes(self) -> dict[str, int]:
         prefix = self._key("")
@@ -248,7 +298,13 @@ class S3Backend:
         self._run("downloading", submit, items, progress)
 
     def delete_tree(self) -> None:
-        keys = list(self.sizes())
+        self._delete_keys(list(self.sizes()))
+
+    def delete_all_but(self, keep_file: str, keep_prefix: str) -> None:
+        """Delete every object except ``keep_file`` and those under ``keep_prefix``."""
+        self._delete_keys([k for k in self.sizes() if k != keep_file and not k.startswith(keep_prefix)])
+
+    def _delete_keys(self, keys: list[str]) -> None:
         with s3_errors("deleting", self.loc, self.client):
             for i in range(0, len(keys), 1000):
                 batch = [{"Key": self._key(k)} for k in keys[i : i + 1000]]

@@ -22,6 +22,9 @@ from rloo.storage.errors import IncompleteArtifactError
 
 MANIFEST_NAME = "_MANIFEST.json"
 MANIFEST_FORMAT = "rloo-manifest/1"
+# A pointer manifest (atomic publishing, see transfer.publish_atomic): the files live below ``root``, a
+# versioned sub-prefix. Its own format, so a reader that does not know ``root`` refuses it.
+POINTER_FORMAT = "rloo-manifest/2"
 # Our own temporary names (partial downloads, checkpoint snapshots) never belong in a manifest.
 TEMP_PREFIX = ".rloo-"
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
@@ -40,6 +43,7 @@ class Manifest:
     files: tuple[FileEntry, ...]
     created_at: str
     format: str = MANIFEST_FORMAT
+    root: str = ""  # where the files are, relative to the manifest's prefix ("" = next to it)
 
     @property
     def total_bytes(self) -> int:
@@ -52,7 +56,8 @@ class Manifest:
     def to_json(self) -> str:
         return json.dumps(
             {
-                "format": self.format,
+                "format": POINTER_FORMAT if self.root else MANIFEST_FORMAT,
+                **({"root": self.root} if self.root else {}),
                 "created_at": self.created_at,
                 "total_bytes": self.total_bytes,
                 "num_files": len(self.files),
@@ -66,8 +71,12 @@ class Manifest:
         """Parse and validate; ``source`` names the location in error messages."""
         try:
             data = json.loads(text)
-            if data.get("format") != MANIFEST_FORMAT:
-                raise ValueError(f"unknown format {data.get('format')!r}")
+            fmt = data.get("format")
+            if fmt not in (MANIFEST_FORMAT, POINTER_FORMAT):
+                raise ValueError(f"unknown format {fmt!r}")
+            root = str(data.get("root") or "") if fmt == POINTER_FORMAT else ""
+            if fmt == POINTER_FORMAT:
+                _check_rel_path(root)
             files = []
             for item in data["files"]:
                 path, size, sha = item["path"], item["size"], item["sha256"]
@@ -75,7 +84,7 @@ class Manifest:
                 if not isinstance(size, int) or size < 0 or not _HEX64.match(sha):
                     raise ValueError(f"bad entry {item!r}")
                 files.append(FileEntry(path, size, sha))
-            return cls(tuple(files), str(data.get("created_at", "")))
+            return cls(tuple(files), str(data.get("created_at", "")), MANIFEST_FORMAT, root)
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise IncompleteArtifactError(
                 f"{source}/{MANIFEST_NAME} is not a valid rloo manifest ({e}): the prefix was not written by "

@@ -5,6 +5,7 @@ Protocol (the same for ``s3://`` and local paths):
 upload
     1. hash every local file (the manifest is built before anything is sent);
     2. delete the prefix's old manifest, if any: from here on readers refuse the prefix;
+    2b. abort what an earlier, killed run of the same upload left open (multipart uploads, temp files);
     3. send the files (boto3 managed transfers: multipart, parallel, botocore retries);
     4. list the prefix and check every file is there with its size;
     5. write the manifest, last, in one atomic PutObject (or rename).
@@ -16,13 +17,25 @@ read
 
 Objects under the prefix that the manifest does not list are ignored (never deleted): a model prefix may
 hold nested ``checkpoint-N`` prefixes of its own. Concurrent writers to one prefix are not supported.
+
+atomic publish (:func:`publish_atomic`, for a location readers use while it is replaced, e.g. production)
+    Upload deletes the manifest first, so between steps 2 and 5 the prefix has no readable version at all,
+    and a writer killed there leaves it so until a re-run. Instead: upload the new version, complete with
+    its own manifest, under a fresh ``<prefix>/versions/<id>/``; then replace ``<prefix>/_MANIFEST.json``
+    by a *pointer manifest* (the same file list plus ``root: versions/<id>``) in one atomic PutObject or
+    rename; then delete everything under the prefix the pointer does not cover (older versions, the files of
+    a killed publish, flat files of the old layout). Readers follow ``root``, so they see the complete old
+    version or the complete new one, never a mix.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import os
 import re
 import shutil
+import time
 import uuid
 from collections.abc import Sequence
 from fnmatch import fnmatchcase
@@ -42,6 +55,8 @@ from rloo.storage.manifest import (
     write_manifest_file,
 )
 from rloo.storage.progress import Progress
+
+log = logging.getLogger(__name__)
 
 
 def upload_dir(
@@ -73,6 +88,11 @@ def upload_dir(
     backend = backend_for(loc, client, transfer_config)
     backend.check_access(create=True)
     backend.delete(MANIFEST_NAME)
+    # What a killed earlier run of this upload left half-sent (open multipart uploads, temp files): gone
+    # before this run sends anything, so the bucket does not keep paying for parts nobody will complete.
+    stale = backend.abort_incomplete()
+    if stale:
+        log.info("%s: cleaned up %d incomplete transfer(s) of an earlier interrupted upload", loc.uri, stale)
     items = [(src / f.path, f.path, f.sha256) for f in manifest.files]
     with Progress(manifest.total_bytes, f"upload {loc.name or loc.uri}", progress) as bar:
         backend.put_files(items, bar)
@@ -84,6 +104,43 @@ def upload_dir(
         )
     backend.write_bytes(MANIFEST_NAME, manifest.to_json().encode())
     return manifest
+
+
+VERSIONS_DIR = "versions"
+
+
+def publish_atomic(
+    local_dir: str | os.PathLike[str],
+    uri: str | os.PathLike[str] | Location,
+    *,
+    progress: bool = True,
+    client: Any = None,
+    transfer_config: Any = None,
+) -> Manifest:
+    """Replace what ``uri`` holds by ``local_dir`` so that readers always see a complete version (see the
+    module docstring: versioned sub-prefix, pointer manifest written last, old versions deleted after).
+    Returns the pointer manifest (its ``root`` names the version)."""
+    src = Path(local_dir)
+    loc = Location.parse(uri)
+    if loc.is_local and loc.path.resolve().is_relative_to(src.resolve()):
+        raise UserError(f"cannot publish {src} into {loc.path}: the destination is inside the source.")
+    backend = backend_for(loc, client, transfer_config)
+    backend.check_access(create=True)
+    shared = backend.client if isinstance(backend, S3Backend) else None
+    # Parts and temp files of a killed earlier publish (under its own versions/<id>/) go before anything
+    # is sent; their complete files go in the clean-up below.
+    stale = backend.abort_incomplete()
+    if stale:
+        log.info("%s: cleaned up %d incomplete transfer(s) of an earlier interrupted publish", loc.uri, stale)
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    root = f"{VERSIONS_DIR}/{stamp}-{uuid.uuid4().hex[:8]}"
+    manifest = upload_dir(
+        src, loc.child(root), progress=progress, client=shared, transfer_config=transfer_config
+    )
+    pointer = dataclasses.replace(manifest, root=root)
+    backend.write_bytes(MANIFEST_NAME, pointer.to_json().encode())  # the switch: one atomic write
+    backend.delete_all_but(MANIFEST_NAME, root + "/")
+    return pointer
 
 
 def read_manifest(uri: str | os.PathLike[str] | Location, *, client: Any = None) -> Manifest:
@@ -101,6 +158,15 @@ def _read_manifest(backend: LocalBackend | S3Backend) -> Manifest:
             "being written, or not written by rloo); upload the directory again or point to a complete one."
         )
     return Manifest.from_json(data, backend.loc.uri)
+
+
+def _data_backend(backend: LocalBackend | S3Backend, manifest: Manifest) -> LocalBackend | S3Backend:
+    """Where the files of ``manifest`` are: next to it, or below its ``root`` for a pointer manifest."""
+    if not manifest.root:
+        return backend
+    if isinstance(backend, S3Backend):
+        return S3Backend(backend.loc.child(manifest.root), backend.client, backend.transfer_config)
+    return LocalBackend(backend.loc.child(manifest.root))
 
 
 def _mismatches(manifest: Manifest, sizes: dict[str, int]) -> str:
@@ -125,7 +191,7 @@ def verify_prefix(uri: str | os.PathLike[str] | Location, *, client: Any = None)
     """
     backend = backend_for(Location.parse(uri), client)
     manifest = _read_manifest(backend)
-    problems = _mismatches(manifest, backend.sizes())
+    problems = _mismatches(manifest, _data_backend(backend, manifest).sizes())
     if problems:
         raise IncompleteArtifactError(
             f"{backend.describe()} does not match its manifest ({problems}): it was modified or damaged after it "
@@ -176,8 +242,10 @@ def download_dir(
         tmp.mkdir()
         items = [(f.path, tmp / f.path) for f in manifest.files]
         with Progress(manifest.total_bytes, f"download {loc.name or loc.uri}", progress) as bar:
-            backend.get_files(items, bar)
+            _data_backend(backend, manifest).get_files(items, bar)
         verify_local(tmp, manifest, loc.uri)
+        # the local copy holds the files next to its manifest, whatever the layout of the source
+        manifest = dataclasses.replace(manifest, root="")
         write_manifest_file(tmp, manifest)
         _swap_into_place(tmp, dest)
     finally:

@@ -4,7 +4,11 @@ Every call only appends to an in-memory buffer; one background thread creates th
 written before the first item), sends the buffer in batches, and on failure keeps the items and retries
 with exponential backoff. The buffer is bounded: past ``max_buffered_metrics`` values the oldest metric
 batches are dropped (counted and reported), never params, artifacts or the final status. ``finish`` waits up
-to ``flush_timeout`` seconds for the buffer to drain, then marks the run FINISHED or FAILED.
+to ``flush_timeout`` seconds for the buffer to drain, then marks the run FINISHED or FAILED; when the server
+is already unreachable at that point it waits only ``outage_flush_timeout`` seconds and says in one line
+what was not sent. The run then stays RUNNING until the next stage of the pipeline run, the pipeline's exit
+handler or the next run on the same output directory reaches the server and closes it (see
+:func:`rloo.tracking.runs.start_stage_run`); the status it should get is left in ``UNCLOSED_FILE``.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from rloo.tracking.base import Status
 from rloo.tracking.params import flatten_params, sanitize_key
 from rloo.tracking.runs import (
     TAG_OUTPUT_DIR,
+    UNCLOSED_FILE,
     StageRun,
     configure_mlflow_http,
     resolve_tracking_uri,
@@ -96,6 +101,7 @@ class MlflowSink:
         system_metrics_interval: float | None = 10.0,
         max_buffered_metrics: int = 100_000,
         flush_timeout: float = 60.0,
+        outage_flush_timeout: float = 10.0,
         retry_initial: float = 1.0,
         retry_max: float = 30.0,
     ) -> None:
@@ -112,6 +118,7 @@ class MlflowSink:
         self.system_metrics_interval = system_metrics_interval
         self.max_buffered_metrics = max_buffered_metrics
         self.flush_timeout = flush_timeout
+        self.outage_flush_timeout = outage_flush_timeout
         self.retry_initial = retry_initial
         self.retry_max = retry_max
 
@@ -258,19 +265,46 @@ class MlflowSink:
             self._ops.append(_Op("finish", [status]))
             self._finished = True
             self._cond.notify()
-        self._thread.join(self.flush_timeout)
+        # Already in an outage: a short, bounded wait (the server may be coming back), not a minute of
+        # exit delay for a server that is gone.
+        wait = min(self.flush_timeout, self.outage_flush_timeout) if self._outage else self.flush_timeout
+        self._thread.join(wait)
         if self._thread.is_alive():
             with self._cond:
                 self._abandon = True
                 self._cond.notify()
-            log.warning(
-                "MLflow at %s still unreachable after %.0fs (%s): %d items not logged and the run stays "
-                "RUNNING; metrics.jsonl in the output directory has every metric",
-                redact(self._resolved_uri or "?"),
-                self.flush_timeout,
-                self.last_error,
-                self.pending,
+                metrics = sum(len(op.items) for op in [*self._ops, *self._inflight] if op.kind == "metrics")
+                others = sum(len(op.items) for op in [*self._ops, *self._inflight] if op.kind != "metrics")
+            closer = (
+                f"run {self.run_id} will be closed {status} by the next stage or rloo command that reaches it"
+                if self.run_id
+                else "no run was created"
             )
+            log.warning(
+                "MLflow server %s unreachable (%s): gave up after %.0fs, %d metrics and %d other items not "
+                "sent; %s; metrics.jsonl in the output directory has every metric",
+                redact(self._resolved_uri or "?"),
+                self.last_error,
+                wait,
+                metrics,
+                others - 1,  # the final status itself is not an item the user logged
+                closer,
+            )
+            self._record_unclosed(status)
+
+    def _record_unclosed(self, status: Status) -> None:
+        """Leave the status this run should have next to its output, for whoever closes it later."""
+        if self.run_id is None or self._work_dir is None:
+            return
+        import json
+
+        try:
+            self._work_dir.mkdir(parents=True, exist_ok=True)
+            (self._work_dir / UNCLOSED_FILE).write_text(
+                json.dumps({"run_id": self.run_id, "status": status, "parent_run_id": self.parent_run_id})
+            )
+        except OSError:
+            pass  # best effort: without it the run is closed FAILED, as for a pod that died
 
     # Background worker ------------------------------------------------------------------------------
     def _take_batch(self) -> list[_Op]:

@@ -44,6 +44,10 @@ TAG_ERROR = "rloo.error"
 # hold model-training runs. The UI's own mode comes from the URL (rloo.tracking.ui.runs_path).
 TAG_EXPERIMENT_KIND = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
+TAG_CLOSED_BY = "rloo.closed_by"
+# Written into a stage's output directory when its run could not be closed (MLflow unreachable at exit):
+# the run id and the status it should get; the next run on that directory applies it.
+UNCLOSED_FILE = "mlflow_unclosed.json"
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,26 @@ def pipeline_run_from_env() -> tuple[str | None, str | None]:
     return get(KFP_RUN_ID_ENV), get(KFP_RUN_NAME_ENV)
 
 
+def refuse_credentials_in_uri(uri: str | None) -> None:
+    """Refuse ``user:password@`` in a tracking URI: MLflow prints the URI as it is in its "View run ... at"
+    lines and in run metadata, so the password would end up in every pod log. Credentials belong in
+    ``MLFLOW_TRACKING_USERNAME`` / ``MLFLOW_TRACKING_PASSWORD`` (or ``MLFLOW_TRACKING_TOKEN``), which MLflow
+    sends as a header and never prints."""
+    if not uri:
+        return
+    try:
+        parsed = urlparse(uri)
+        userinfo = parsed.username is not None or parsed.password is not None
+    except ValueError:  # an unparsable port etc.: check_tracking_server says what is wrong with it
+        userinfo = "@" in uri.split("://", 1)[-1].split("/", 1)[0]
+    if userinfo:
+        raise UserError(
+            f"MLFLOW_TRACKING_URI={redact(uri)} carries credentials, which MLflow would print in its log "
+            "lines: remove 'user:password@' from the URI and set MLFLOW_TRACKING_USERNAME / "
+            "MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN) instead."
+        )
+
+
 def resolve_tracking_uri(
     tracking_uri: str | None = None, work_dir: str | Path | None = None
 ) -> tuple[str, str | None]:
@@ -74,6 +98,7 @@ def resolve_tracking_uri(
     """
     uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
     if uri:
+        refuse_credentials_in_uri(uri)
         return uri, None
     base = Path(work_dir or Path.cwd()).resolve() / EMBEDDED_DIR
     return f"sqlite:///{base / 'mlflow.db'}", (base / "artifacts").as_uri()
@@ -94,6 +119,7 @@ def check_tracking_server(tracking_uri: str | None = None, *, timeout: float = 1
     uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
     if not uri:
         return
+    refuse_credentials_in_uri(uri)
     scheme = urlparse(uri).scheme
     shown = redact(uri)
     if scheme == "sqlite":
@@ -248,6 +274,8 @@ def start_stage_run(
     pipeline_run_id = pipeline_run_id or env_id
     pipeline_run_name = pipeline_run_name or env_name
     uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    if client is None:
+        refuse_credentials_in_uri(uri)
     client = client or MlflowClient(tracking_uri=uri)
     exp_name = experiment or os.environ.get(EXPERIMENT_ENV) or DEFAULT_EXPERIMENT
     exp_id = get_or_create_experiment(client, exp_name, artifact_location)
@@ -270,13 +298,61 @@ def start_stage_run(
     else:
         supersede_running = False
     if supersede_running:
+        recorded = _read_unclosed(run_tags.get(TAG_OUTPUT_DIR))
         stale = client.search_runs([exp_id], filter_string=same, max_results=50)
         for old in stale:
-            client.set_terminated(old.info.run_id, status="FAILED")
+            # A run whose process ended while MLflow was down recorded its status; one that died did not.
+            status = recorded.get(old.info.run_id, "FAILED")
+            client.set_terminated(old.info.run_id, status=status)
         if stale:
             run_tags[TAG_RESUMED_FROM] = ",".join(r.info.run_id for r in stale)
     run = client.create_run(exp_id, run_name=run_name or stage, tags=run_tags, start_time=start_time_ms)
+    if parent_run_id:
+        # KFP starts a stage only after the stages before it succeeded, so an earlier stage's run still
+        # RUNNING under this parent is one whose final status never reached MLflow (the server was down when
+        # it ended): it succeeded. (The pipeline is a chain; parallel stages would need their own rule.)
+        others = client.search_runs(
+            [exp_id],
+            filter_string=f"tags.`{TAG_PARENT}` = '{filter_value(parent_run_id)}' and attributes.status = 'RUNNING'",
+            max_results=50,
+        )
+        for old in others:
+            if old.info.run_id != run.info.run_id and old.data.tags.get(TAG_STAGE) != stage:
+                client.set_tag(old.info.run_id, TAG_CLOSED_BY, run.info.run_id)
+                client.set_terminated(old.info.run_id, status="FINISHED")
     return StageRun(run.info.run_id, exp_id, parent_run_id, client.tracking_uri)
+
+
+def _read_unclosed(output_dir: str | None) -> dict[str, str]:
+    """{run id: status} left by a run of ``output_dir`` that could not close itself (and removes the note)."""
+    import json
+
+    if not output_dir:
+        return {}
+    path = Path(output_dir) / UNCLOSED_FILE
+    try:
+        data = json.loads(path.read_text())
+        path.unlink()
+    except (OSError, ValueError):
+        return {}
+    status = data.get("status") if isinstance(data, dict) else None
+    if status not in ("FINISHED", "FAILED", "KILLED") or not isinstance(data.get("run_id"), str):
+        return {}
+    return {data["run_id"]: status}
+
+
+def close_orphaned_stage_runs(client: Any, experiment_id: str, parent_run_id: str, status: str) -> list[str]:
+    """End the stage runs of a pipeline run still RUNNING (their process ended while MLflow was down) with
+    ``status``, the pipeline's own outcome; returns their ids."""
+    runs = client.search_runs(
+        [experiment_id],
+        filter_string=f"tags.`{TAG_PARENT}` = '{filter_value(parent_run_id)}' and attributes.status = 'RUNNING'",
+        max_results=100,
+    )
+    for r in runs:
+        client.set_tag(r.info.run_id, TAG_CLOSED_BY, "pipeline exit handler")
+        client.set_terminated(r.info.run_id, status=status)
+    return [r.info.run_id for r in runs]
 
 
 def finish_pipeline_run(
@@ -300,6 +376,8 @@ def finish_pipeline_run(
     pipeline_run_id = pipeline_run_id or env_id
     if not pipeline_run_id:
         return None
+    if client is None:
+        refuse_credentials_in_uri(tracking_uri or os.environ.get("MLFLOW_TRACKING_URI"))
     client = client or MlflowClient(tracking_uri=tracking_uri or os.environ.get("MLFLOW_TRACKING_URI"))
     exp_name = experiment or os.environ.get(EXPERIMENT_ENV) or DEFAULT_EXPERIMENT
     exp = client.get_experiment_by_name(exp_name)
@@ -320,6 +398,7 @@ def finish_pipeline_run(
         return None
     if error:
         client.set_tag(run_id, TAG_ERROR, error[:5000])
+    close_orphaned_stage_runs(client, exp_id, run_id, status)
     try:
         copy_stage_results(client, exp_id, run_id)
     except Exception as e:  # the summary row is a convenience: the run must be closed regardless
