@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo ui test lint format bench clean
+.PHONY: install demo ui test test-vllm lint format bench clean
 
 install: $(STAMP)
 
@@ -29,6 +29,18 @@ test: install
 	$(BIN)/ruff format --check src tests benchmarks components pipelines
 	$(BIN)/python -m pytest -q
 
+# The tests that check every keyword, method and argument the project passes to vLLM against the real
+# pinned wheel, on CPU: vLLM without its dependencies (torch/transformers stay the venv's) plus the
+# pure-Python modules its config and sampling classes import, in a directory of its own (~830 MB).
+VLLM_SITE ?= .vllm-site
+VLLM_PIN := $(shell sed -n 's/^vllm==//p' constraints-vllm.txt)
+test-vllm: install
+	test -f $(VLLM_SITE)/vllm-$(VLLM_PIN).dist-info/METADATA || $(BIN)/pip install -q --no-deps \
+	  --target $(VLLM_SITE) vllm==$(VLLM_PIN) msgspec cbor2 pyzmq openai-harmony pybase64 uvloop \
+	  py-cpuinfo prometheus_client
+	PYTHONPATH="$${PYTHONPATH:+$$PYTHONPATH:}$(abspath $(VLLM_SITE))" $(BIN)/python -m pytest -q -rs tests/training/test_vllm_real_api.py \
+	  tests/training/test_vllm_backend.py tests/test_vllm_versions.py
+
 lint: install
 	$(BIN)/ruff check src tests benchmarks components pipelines
 	$(BIN)/ruff format --check src tests benchmarks components pipelines
@@ -42,4 +54,4 @@ bench: install
 	$(BIN)/python benchmarks/bench_vs_trl.py
 
 clean:
-	rm -rf $(VENV) runs rloo-local .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_SITE) runs rloo-local .pytest_cache .ruff_cache

@@ -149,11 +149,18 @@ class RLOOConfig:
         "colocate", "vLLM mode; only 'colocate' (one engine inside each training process) is supported."
     )
     vllm_gpu_memory_utilization: float = _f(
-        0.3, "Fraction of GPU memory the colocated vLLM engine may take (weights + KV cache)."
+        0.3,
+        "Fraction of the GPU's total memory the colocated vLLM engine may take (weights + KV cache + "
+        "activations); what the policy, reference model, gradients and optimizer state leave free.",
     )
     vllm_enable_sleep_mode: bool = _f(
         False,
         "Release vLLM's weights and KV cache between rollouts, leaving the memory to the optimisation phase.",
+    )
+    vllm_batch_invariant: bool = _f(
+        False,
+        "Run vLLM with VLLM_BATCH_INVARIANT=1 (batch-invariant kernels, slower): a completion then does not "
+        "depend on the other requests in its batch; without it, ties can break differently across layouts.",
     )
     ds3_gather_for_generation: bool = _f(
         True,

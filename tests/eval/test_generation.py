@@ -5,7 +5,15 @@ import torch
 
 from rloo.errors import UserError
 from rloo.eval.config import EvalConfig
-from rloo.eval.generation import TransformersEngine, resolve_engine, vllm_llm_kwargs, vllm_sampling_kwargs
+from rloo.eval.generation import (
+    TransformersEngine,
+    prompt_token_ids,
+    resolve_engine,
+    vllm_llm_kwargs,
+    vllm_max_len,
+    vllm_prompts,
+    vllm_sampling_kwargs,
+)
 from rloo.tiny import TinySetup
 
 
@@ -75,3 +83,40 @@ def test_vllm_arguments_follow_the_config() -> None:
     sp = vllm_sampling_kwargs(config())
     assert (sp["temperature"], sp["max_tokens"]) == (0.0, 200)
     assert vllm_sampling_kwargs(config(temperature=0.7, max_new_tokens=50))["max_tokens"] == 50
+
+
+def test_vllm_gets_the_token_ids_the_transformers_engine_uses(tiny_setup: TinySetup) -> None:
+    """No text reaches vLLM: its tokenizer would add special tokens after a chat template (a second BOS)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_setup.policy)
+    chat = [[{"role": "user", "content": "Write about the sea:"}]]
+    text = tok.apply_chat_template(chat[0], tokenize=False, add_generation_prompt=True)
+    assert prompt_token_ids(chat, tok, None, 4) == [tok(text, add_special_tokens=False)["input_ids"]]
+    assert prompt_token_ids(["Hello"], tok, None, 4) == [tok("Hello")["input_ids"]]
+    assert vllm_prompts([[1, 2]]) == [{"prompt_token_ids": [1, 2]}]
+    assert vllm_sampling_kwargs(config())["detokenize"] is False  # decoded like the transformers engine
+
+
+def test_long_prompts_keep_their_end_instead_of_failing_the_batch(tiny_setup: TinySetup) -> None:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_setup.policy)
+    long = "the fox " * 200 + "Summarize:"
+    full = tok(long)["input_ids"]
+    (cut,) = prompt_token_ids([long], tok, 64, 16)
+    assert len(full) > 64 and cut == full[-48:]  # max_len - max_new_tokens, the end kept
+    assert prompt_token_ids(["Hello"], tok, 64, 16) == [tok("Hello")["input_ids"]]
+
+
+def test_vllm_max_len_is_the_flag_or_the_models(tiny_setup: TinySetup) -> None:
+    from transformers import AutoConfig
+
+    assert vllm_max_len(config(vllm_max_model_len=128), str(tiny_setup.policy)) == 128
+    own = AutoConfig.from_pretrained(tiny_setup.policy).max_position_embeddings
+    assert vllm_max_len(config(), str(tiny_setup.policy)) == own
+
+
+def test_batch_invariance_is_a_switch() -> None:
+    field = EvalConfig.__dataclass_fields__["vllm_batch_invariant"]
+    assert field.default is False and "VLLM_BATCH_INVARIANT" in field.metadata["help"]

@@ -272,7 +272,7 @@ def test_judge_is_a_gpu_vllm_server() -> None:
     docs = _docs(variant_values("judge-values.yaml"))
     deploy = find(docs, "Deployment", "-judge")
     c = _container(deploy, "vllm")
-    assert c["image"] == "docker.io/vllm/vllm-openai:v0.31.0"
+    assert c["image"] == "docker.io/vllm/vllm-openai:v0.30.0"
     assert c["command"] == ["vllm", "serve"] and c["args"][0] == "meta-llama/Llama-3.1-8B-Instruct"
     assert "--served-model-name=judge" in c["args"] and "--tensor-parallel-size=2" in c["args"]
     assert "--dtype=bfloat16" in c["args"]

@@ -1,13 +1,21 @@
-"""The vLLM backend without vLLM: its pure pieces, and the thin engine shell driven by a stand-in engine.
+"""The vLLM backend: its pure pieces, and the thin engine shell driven by a stand-in engine.
 
-The stand-in samples each completion from a generator seeded only by (prompt tokens, request seed) and
-honours max_tokens / stop_token_ids / logprobs the way vLLM documents them, so the tests check what the
-adapter is responsible for: request building, seeds, ordering, padding, weight pushes, sleep/wake order.
+The stand-in implements only vLLM's public ``LLM`` methods the backend calls (``collective_rpc``,
+``sleep``, ``wake_up``, ``reset_prefix_cache``, ``generate``) and records every call; where vLLM is
+installed, tests/training/test_vllm_real_api.py binds those recorded calls to the real signatures, and the
+requests here are real ``vllm.SamplingParams`` and the outputs real ``RequestOutput``s. The stand-in samples
+each completion from a generator seeded only by (prompt tokens, request seed) and honours max_tokens /
+stop_token_ids / logprobs the way vLLM documents them, so the tests check what the adapter is responsible
+for: request building, seeds, ordering, padding, weight pushes, sleep/wake order. The engine itself runs in
+tests/gpu/test_vllm_gpu.py.
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import zlib
+from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -20,46 +28,85 @@ from rloo.training.generation import SamplingParams, TransformersGenerator, left
 
 VOCAB = 40
 PAD = 0
+HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 
 
 # ------------------------------------------------------------------------------------------------------
 # a stand-in engine
-class FakeSamplingParams(SimpleNamespace):
-    pass
+def sampling_params_cls() -> Any:
+    if HAVE_VLLM:
+        from vllm import SamplingParams as real
+
+        return real
+    return SimpleNamespace  # only without vLLM: its fields are then checked nowhere
 
 
-class FakeEngineModel:
-    def __init__(self, events: list[Any]) -> None:
-        self.events = events
-        self.loaded: list[tuple[str, torch.Tensor]] = []
+def request_output(tokens: list[int], logprobs: list[float] | None) -> Any:
+    """A finished n=1 request: vLLM's own RequestOutput where vLLM is installed."""
+    if not HAVE_VLLM:
+        steps = (
+            None
+            if logprobs is None
+            else [{t: SimpleNamespace(logprob=lp)} for t, lp in zip(tokens, logprobs, strict=True)]
+        )
+        return SimpleNamespace(outputs=[SimpleNamespace(token_ids=tokens, logprobs=steps)])
+    from vllm.logprobs import Logprob
+    from vllm.outputs import CompletionOutput, RequestOutput
 
-    def load_weights(self, weights: list[tuple[str, torch.Tensor]]) -> None:
-        self.events.append("load")
-        self.loaded += [(n, t.clone()) for n, t in weights]
+    steps = (
+        None
+        if logprobs is None
+        else [{t: Logprob(lp, rank=1)} for t, lp in zip(tokens, logprobs, strict=True)]
+    )
+    completion = CompletionOutput(index=0, text="", token_ids=tokens, cumulative_logprob=None, logprobs=steps)
+    return RequestOutput("r", None, [1], None, [completion], finished=True)
 
 
-class FakeLLM:
+class StandInLLM:
+    """vLLM's ``LLM``, reduced to the public methods the backend calls; every call is recorded."""
+
     def __init__(self) -> None:
         self.events: list[Any] = []
-        self.model = FakeEngineModel(self.events)
-        runner = SimpleNamespace(model=self.model)
-        self.llm_engine = SimpleNamespace(
-            model_executor=SimpleNamespace(driver_worker=SimpleNamespace(model_runner=runner))
-        )
+        self.calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
+        self.loaded: list[tuple[str, torch.Tensor]] = []
         self.requests: list[tuple[list[int], Any]] = []
+        self.cache_reset_ok = True
 
-    def sleep(self, level: int) -> None:
+    def collective_rpc(
+        self,
+        method: str,
+        timeout: float | None = None,
+        args: tuple = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> list[Any]:
+        self.calls.append(("collective_rpc", (method,), {"timeout": timeout, "args": args, "kwargs": kwargs}))
+        assert method == "reload_weights" and not args
+        weights = (kwargs or {})["weights_iterator"]
+        self.events.append("reload")
+        # like vLLM's layer-wise reload: hold every tensor until the end, then copy them in
+        held = list(weights)
+        self.loaded += [(n, t.clone()) for n, t in held]
+        return [None]
+
+    def sleep(self, level: int = 1) -> None:
+        self.calls.append(("sleep", (), {"level": level}))
         self.events.append(("sleep", level))
 
-    def wake_up(self, tags: list[str]) -> None:
-        self.events.append(("wake", *tags))
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        self.calls.append(("wake_up", (), {"tags": tags}))
+        self.events.append(("wake", *(tags or [])))
 
-    def reset_prefix_cache(self) -> None:
+    def reset_prefix_cache(self) -> bool:
+        self.calls.append(("reset_prefix_cache", (), {}))
         self.events.append("reset")
+        return self.cache_reset_ok
 
     def generate(
-        self, prompts: list[dict[str, Any]], sampling_params: list[Any], use_tqdm: bool
+        self, prompts: list[dict[str, Any]], sampling_params: list[Any], *, use_tqdm: bool = True
     ) -> list[Any]:
+        self.calls.append(
+            ("generate", (prompts,), {"sampling_params": sampling_params, "use_tqdm": use_tqdm})
+        )
         self.events.append("generate")
         assert not use_tqdm
         assert len(prompts) == len(sampling_params)
@@ -68,27 +115,34 @@ class FakeLLM:
             ids = prompt["prompt_token_ids"]
             self.requests.append((ids, sp))
             g = torch.Generator().manual_seed(zlib.crc32(repr((ids, sp.seed)).encode()))
-            tokens, logprobs = [], []
+            tokens: list[int] = []
             for _ in range(sp.max_tokens):
                 tok = int(torch.randint(1, VOCAB, (1,), generator=g))
                 tokens.append(tok)
-                logprobs.append({tok: SimpleNamespace(logprob=-tok / 10, rank=1)})
                 if tok in sp.stop_token_ids:
                     break
-            completion = SimpleNamespace(
-                token_ids=tuple(tokens), logprobs=logprobs if sp.logprobs == 0 else None
-            )
-            outs.append(SimpleNamespace(outputs=[completion]))
+            outs.append(request_output(tokens, [-t / 10 for t in tokens] if sp.logprobs == 0 else None))
         return outs
+
+
+@pytest.fixture(autouse=True)
+def _record_empty_cache(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    calls: list[str] = []
+    monkeypatch.setattr(vb, "_empty_cache", lambda: calls.append("empty_cache"))
+    return calls
 
 
 def _generator(
     model: Any = None, *, sleep: bool = False, accelerator: Any = None
-) -> tuple[vb.VLLMGenerator, FakeLLM]:
-    llm = FakeLLM()
+) -> tuple[vb.VLLMGenerator, StandInLLM]:
+    llm = StandInLLM()
     model = model if model is not None else torch.nn.Linear(2, 2)
     gen = vb.VLLMGenerator(
-        llm, model, accelerator=accelerator, enable_sleep_mode=sleep, sampling_params_cls=FakeSamplingParams
+        llm,
+        model,
+        accelerator=accelerator,
+        enable_sleep_mode=sleep,
+        sampling_params_cls=sampling_params_cls(),
     )
     return gen, llm
 
@@ -159,13 +213,7 @@ def test_engine_logprobs_only_when_they_mean_the_same() -> None:
 
 
 def test_extract_and_convert_outputs() -> None:
-    def out(tokens: list[int], lps: list[float] | None) -> Any:
-        steps = (
-            None
-            if lps is None
-            else [{t: SimpleNamespace(logprob=lp)} for t, lp in zip(tokens, lps, strict=True)]
-        )
-        return SimpleNamespace(outputs=[SimpleNamespace(token_ids=tokens, logprobs=steps)])
+    out = request_output
 
     c = vb.extract_completion(out([4, 5, 3], [-0.1, -0.2, -0.3]), with_logprobs=True)
     assert c.token_ids == [4, 5, 3]
@@ -234,6 +282,7 @@ def test_engine_kwargs_are_colocated() -> None:
         dtype="bfloat16",
         seed=3,
         max_model_len=600,
+        max_num_seqs=24,
     )
     assert kw["model"] == "/m"
     assert kw["distributed_executor_backend"] == "external_launcher"
@@ -242,15 +291,31 @@ def test_engine_kwargs_are_colocated() -> None:
     assert kw["enable_sleep_mode"] is True
     assert kw["logprobs_mode"] == "processed_logprobs"
     assert kw["max_model_len"] == 600
-    no_len = vb.engine_kwargs(
-        model_path="/m",
-        gpu_memory_utilization=0.4,
-        enable_sleep_mode=False,
-        dtype="auto",
-        seed=3,
-        max_model_len=None,
-    )
+    assert kw["max_num_seqs"] == 24  # the rollout size, not vLLM's default of up to 1024
+    assert kw["dtype"] == "bfloat16"
+    base = dict(model_path="/m", gpu_memory_utilization=0.4, enable_sleep_mode=False, seed=3)
+    no_len = vb.engine_kwargs(**base, dtype="float32", max_model_len=None, max_num_seqs=1)  # type: ignore[arg-type]
     assert "max_model_len" not in no_len
+    with pytest.raises(ValueError, match="training dtype"):
+        vb.engine_kwargs(**base, dtype="auto", max_model_len=None, max_num_seqs=1)  # type: ignore[arg-type]
+
+
+def test_engine_dtype_is_the_training_precision() -> None:
+    # fp32 training must not sample from a bf16 engine ("auto" downcasts fp32 checkpoints)
+    assert vb.engine_dtype(SimpleNamespace(bf16=False, fp16=False)) == "float32"
+    assert vb.engine_dtype(SimpleNamespace(bf16=True, fp16=False)) == "bfloat16"
+    assert vb.engine_dtype(SimpleNamespace(bf16=False, fp16=True)) == "float16"
+
+
+def test_batch_invariance_is_a_switch() -> None:
+    from rloo.config import RLOOConfig
+
+    field = RLOOConfig.__dataclass_fields__["vllm_batch_invariant"]
+    assert field.default is False and "VLLM_BATCH_INVARIANT" in field.metadata["help"]
+    assert vb.engine_env(batch_invariant=True) == {"VLLM_BATCH_INVARIANT": "1"}
+    assert vb.engine_env(batch_invariant=False) == {"VLLM_BATCH_INVARIANT": "0"}
+    # the module no longer claims what only the switch gives
+    assert "VLLM_BATCH_INVARIANT" in (vb.__doc__ or "")
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -270,7 +335,7 @@ def test_generate_shapes_padding_and_order() -> None:
             assert all(t == PAD for t in row[row.index(4) + 1 :])
 
 
-def test_samples_do_not_depend_on_batching() -> None:
+def test_samples_do_not_depend_on_batching_with_a_batch_invariant_engine() -> None:
     gen, _ = _generator()
     params = SamplingParams(max_new_tokens=5, temperature=1.0, pad_token_id=PAD)
     whole = gen.generate(*_inputs([0, 1, 2, 3])[:2], 3, params, _inputs([0, 1, 2, 3])[2]).tokens
@@ -301,27 +366,67 @@ def test_weights_are_pushed_before_every_generation() -> None:
     with torch.no_grad():
         model.weight.add_(1.0)  # an optimizer step
     gen.generate(ids, mask, 2, params, seeds)
-    names = [n for n, _ in llm.model.loaded]
+    names = [n for n, _ in llm.loaded]
     assert names == ["weight", "bias", "weight", "bias"]
-    assert torch.equal(llm.model.loaded[2][1], model.weight.detach())
-    assert not torch.equal(llm.model.loaded[0][1], llm.model.loaded[2][1])
-    assert llm.events == ["load", "load", "reset", "generate", "load", "load", "reset", "generate"]
+    assert torch.equal(llm.loaded[2][1], model.weight.detach())
+    assert not torch.equal(llm.loaded[0][1], llm.loaded[2][1])
+    # through the public reload_weights, never a reload from disk (weights_iterator is always given)
+    assert llm.events == ["reload", "reset", "generate", "reload", "reset", "generate"]
+    rpcs = [c for c in llm.calls if c[0] == "collective_rpc"]
+    assert [c[1] for c in rpcs] == [("reload_weights",), ("reload_weights",)]
 
 
-def test_sleep_mode_wakes_weights_then_cache_and_sleeps_after() -> None:
+def test_a_prefix_cache_that_was_not_reset_stops_the_rollout() -> None:
+    gen, llm = _generator()
+    llm.cache_reset_ok = False  # vLLM returns False when requests still hold blocks
+    ids, mask, seeds = _inputs([0], k=2)
+    with pytest.raises(vb.WeightPushError, match="prefix cache"):
+        gen.generate(ids, mask, 2, SamplingParams(max_new_tokens=2, pad_token_id=PAD), seeds)
+    assert "generate" not in llm.events
+
+
+def test_zero3_weights_are_gathered_per_module_and_cloned(monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM holds the tensors until a layer is complete; a ZeRO-3 gather frees them when it ends."""
+    model = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.Linear(3, 1))
+    full = {id(p): p.data.clone() for p in model.parameters()}
+    gathers: list[int] = []
+
+    @contextlib.contextmanager
+    def gathered(params: list[torch.nn.Parameter], accelerator: Any) -> Iterator[None]:
+        gathers.append(len(params))
+        for p in params:
+            p.data = full[id(p)].clone()
+        yield
+        for p in params:
+            p.data.zero_()  # what a re-partitioned parameter's full view holds afterwards: nothing valid
+            p.data = torch.empty(0)
+
+    monkeypatch.setattr(vb.deepspeed_utils, "gathered", gathered)
+    monkeypatch.setattr(vb.deepspeed_utils, "is_zero3", lambda acc: True)
+    acc = SimpleNamespace(unwrap_model=lambda m: m)
+    llm = StandInLLM()
+    vb.push_weights(llm, vb.named_weights(model, acc))
+    assert gathers == [2, 2]  # one gather per module, its weight and bias together
+    assert [n for n, _ in llm.loaded] == ["0.weight", "0.bias", "1.weight", "1.bias"]
+    for (_, got), p in zip(llm.loaded, model.parameters(), strict=True):
+        assert torch.equal(got, full[id(p)])
+
+
+def test_sleep_mode_wakes_weights_then_cache_and_sleeps_after(_record_empty_cache: list[str]) -> None:
     gen, llm = _generator(sleep=True)
     assert llm.events == [("sleep", 2)]  # memory released until the first rollout
     ids, mask, seeds = _inputs([0], k=2)
     gen.generate(ids, mask, 2, SamplingParams(max_new_tokens=2, pad_token_id=PAD), seeds)
     assert llm.events[1:] == [
         ("wake", "weights"),
-        "load",
-        "load",
+        "reload",
         "reset",
         ("wake", "kv_cache"),
         "generate",
         ("sleep", 2),
     ]
+    # PyTorch's cached blocks are released before each wake-up (vLLM's allocator cannot reuse them)
+    assert _record_empty_cache == ["empty_cache", "empty_cache"]
 
 
 def test_generation_failure_still_puts_the_engine_to_sleep() -> None:

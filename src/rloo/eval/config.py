@@ -48,6 +48,11 @@ class EvalConfig:
     vllm_tensor_parallel_size: int = _f(1, "vLLM tensor-parallel size (GPUs per model).")
     vllm_gpu_memory_utilization: float = _f(0.9, "Fraction of GPU memory vLLM may use.")
     vllm_max_model_len: int | None = _f(None, "vLLM maximum sequence length (default: the model's).")
+    vllm_batch_invariant: bool = _f(
+        False,
+        "Run vLLM with VLLM_BATCH_INVARIANT=1 (batch-invariant kernels, slower): greedy outputs then do not "
+        "depend on which prompts share a batch.",
+    )
 
     # --- judge --------------------------------------------------------------------------------------
     judge_base_url: str | None = _f(

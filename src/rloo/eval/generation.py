@@ -1,9 +1,13 @@
 """Generation backends for evaluation: vLLM offline batch inference, or transformers (CPU or GPU).
 
-Both take the dataset's prompts (text, or chat messages formatted with each model's own chat template) and return one completion text per prompt with
-the same sampling settings: greedy by default, ``max_new_tokens`` new tokens at most. The vLLM engine is a
-thin shell around pure helpers (:func:`vllm_llm_kwargs`, :func:`vllm_sampling_kwargs`) so what it asks of
-vLLM is tested without a GPU.
+Both take the dataset's prompts (text, or chat messages formatted with each model's own chat template) and
+return one completion text per prompt with the same sampling settings: greedy by default,
+``max_new_tokens`` new tokens at most. Both tokenize the same way (:func:`prompt_token_ids`: no second BOS
+after a chat template, over-long prompts keep their end) and decode the same way (:func:`_decode`); vLLM
+gets token ids (``{"prompt_token_ids": ids}``), never text, so its own tokenizer settings play no part.
+The vLLM engine is a thin shell around pure helpers (:func:`vllm_llm_kwargs`, :func:`vllm_sampling_kwargs`,
+:func:`vllm_prompts`) so what it asks of vLLM is tested without a GPU, and against vLLM's real classes
+where vLLM is installed.
 """
 
 from __future__ import annotations
@@ -61,7 +65,6 @@ class TransformersEngine:
         self.device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
     def generate(self, model_path: str, prompts: list[Any]) -> list[str]:
-        from rloo.training.data import format_prompts, tokenize_prompts
         from rloo.training.generation import SamplingParams, TransformersGenerator, left_pad
         from rloo.training.models import load_causal_lm, load_tokenizer
 
@@ -71,12 +74,9 @@ class TransformersEngine:
         dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         model = load_causal_lm(model_path, flag=flag, trust_remote_code=cfg.trust_remote_code, dtype=dtype)
         model.to(self.device).eval()
-        chat = bool(prompts) and isinstance(prompts[0], list)
-        ids = tokenize_prompts(format_prompts(prompts, tok), tok, chat=chat)
-        limit = getattr(model.config, "max_position_embeddings", None)
-        if limit is not None:
-            keep = max(1, limit - cfg.max_new_tokens)
-            ids = [s[-keep:] for s in ids]  # keep the end of an over-long prompt: where the task is asked
+        ids = prompt_token_ids(
+            prompts, tok, getattr(model.config, "max_position_embeddings", None), cfg.max_new_tokens
+        )
         params = SamplingParams(
             max_new_tokens=cfg.max_new_tokens,
             temperature=cfg.temperature if cfg.temperature > 0 else 1.0,
@@ -99,6 +99,25 @@ class TransformersEngine:
         return texts
 
 
+def prompt_token_ids(
+    prompts: list[Any], tok: Any, max_len: int | None, max_new_tokens: int
+) -> list[list[int]]:
+    """Token ids of each prompt, as the policy saw them in training, cut to fit ``max_len`` with the answer.
+
+    Chat prompts go through the chat template, which already holds the special tokens, so the tokenizer
+    adds none (a second BOS otherwise). A prompt too long for the model keeps its last tokens, where the
+    task is asked, rather than failing the whole batch.
+    """
+    from rloo.training.data import format_prompts, tokenize_prompts
+
+    chat = bool(prompts) and isinstance(prompts[0], list)
+    ids = tokenize_prompts(format_prompts(prompts, tok), tok, chat=chat)
+    if max_len is not None:
+        keep = max(1, max_len - max_new_tokens)
+        ids = [s[-keep:] for s in ids]
+    return [list(s) for s in ids]
+
+
 def _decode(tok: Any, ids: list[int]) -> str:
     if tok.eos_token_id in ids:
         ids = ids[: ids.index(tok.eos_token_id)]
@@ -112,7 +131,7 @@ def _free() -> None:
 
 
 def vllm_llm_kwargs(cfg: EvalConfig, model_path: str) -> dict[str, Any]:
-    """Arguments of ``vllm.LLM`` for one model."""
+    """Arguments of ``vllm.LLM`` for one model (each one a field of vLLM's ``EngineArgs``)."""
     kw: dict[str, Any] = {
         "model": model_path,
         "tensor_parallel_size": cfg.vllm_tensor_parallel_size,
@@ -126,13 +145,32 @@ def vllm_llm_kwargs(cfg: EvalConfig, model_path: str) -> dict[str, Any]:
 
 
 def vllm_sampling_kwargs(cfg: EvalConfig) -> dict[str, Any]:
-    """Arguments of ``vllm.SamplingParams``: the reference evaluation's ``temperature=0, max_tokens=200``."""
+    """Arguments of ``vllm.SamplingParams``: the reference evaluation's ``temperature=0, max_tokens=200``.
+
+    Token ids come back undecoded: they are decoded like the transformers engine's (:func:`_decode`).
+    """
     return {
         "temperature": cfg.temperature,
         "max_tokens": cfg.max_new_tokens,
         "seed": cfg.seed,
-        "skip_special_tokens": True,
+        "detokenize": False,
     }
+
+
+def vllm_prompts(ids: list[list[int]]) -> list[dict[str, list[int]]]:
+    """Token-id prompts (vLLM's ``TokensPrompt``): vLLM neither re-tokenizes nor adds special tokens."""
+    return [{"prompt_token_ids": list(s)} for s in ids]
+
+
+def vllm_max_len(cfg: EvalConfig, model_path: str) -> int | None:
+    """The sequence length vLLM will allow: ``--vllm_max_model_len``, else the model's context length."""
+    if cfg.vllm_max_model_len is not None:
+        return cfg.vllm_max_model_len
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model_path, trust_remote_code=cfg.trust_remote_code)
+    config = getattr(config, "get_text_config", lambda: config)()
+    return getattr(config, "max_position_embeddings", None)
 
 
 class VLLMEngine:  # pragma: no cover - needs vLLM and a GPU; its arguments are tested through the helpers
@@ -142,15 +180,25 @@ class VLLMEngine:  # pragma: no cover - needs vLLM and a GPU; its arguments are 
         self.cfg = cfg
 
     def generate(self, model_path: str, prompts: list[Any]) -> list[str]:
+        import os
+
+        from rloo.training.models import load_tokenizer
+
+        cfg = self.cfg
+        flag = "baseline_model" if model_path == cfg.baseline_model else "model_name_or_path"
+        tok = load_tokenizer(model_path, flag=flag, trust_remote_code=cfg.trust_remote_code)
+        ids = prompt_token_ids(prompts, tok, vllm_max_len(cfg, model_path), cfg.max_new_tokens)
+        # read by vLLM when the engine starts
+        os.environ["VLLM_BATCH_INVARIANT"] = "1" if cfg.vllm_batch_invariant else "0"
+        _free()  # vLLM sizes its budget from the free memory: release what the previous model left cached
         from vllm import LLM, SamplingParams
 
-        from rloo.training.data import format_prompts
-
-        llm = LLM(**vllm_llm_kwargs(self.cfg, model_path))
+        llm = LLM(**vllm_llm_kwargs(cfg, model_path))
         try:
-            texts = format_prompts(prompts, llm.get_tokenizer())
-            outs = llm.generate(texts, SamplingParams(**vllm_sampling_kwargs(self.cfg)), use_tqdm=False)
-            return [o.outputs[0].text.strip() for o in outs]
+            outs = llm.generate(
+                vllm_prompts(ids), SamplingParams(**vllm_sampling_kwargs(cfg)), use_tqdm=False
+            )
+            return [_decode(tok, list(o.outputs[0].token_ids)) for o in outs]
         finally:
             # two models are loaded one after the other in the same process: free the first one's memory
             del llm

@@ -15,8 +15,8 @@ DEFAULT_TAG = "0.1.0"
 # image name -> the package extras its Dockerfile must install (kfp: the executor of lightweight components,
 # since they are built with install_kfp_package=False).
 IMAGE_EXTRAS: dict[str, tuple[str, ...]] = {
-    "train": ("train", "tracking", "kfp"),
-    "eval": ("eval", "tracking", "kfp"),
+    "train": ("train", "tracking", "kfp", "vllm"),
+    "eval": ("eval", "tracking", "kfp", "vllm"),
     "slim": ("tracking", "kfp"),
 }
 

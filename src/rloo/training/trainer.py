@@ -297,6 +297,8 @@ class RLOOTrainer:
             batch_size=cfg.local_rollout_forward_batch_size,
             autocast=self.accelerator.autocast,
             max_model_len=max(map(len, self.train_ids + self.eval_ids)) + cfg.response_length,
+            # one rollout of this rank is the most sequences the engine ever holds at once
+            max_num_seqs=self.plan.prompts_per_rank * cfg.rloo_k,
         )
         self.gather_for_generation = cfg.ds3_gather_for_generation and not cfg.use_vllm
         self.state = TrainerState(max_steps=self.num_updates)

@@ -11,13 +11,21 @@ What ``generate`` promises matches ``TransformersGenerator``:
   the pad id to exactly ``max_new_tokens`` columns;
 - only the stop token ends a completion (the model's EOS does not, unless it is the stop token), and with
   no stop token every completion is exactly ``max_new_tokens`` long;
-- each completion is its own request seeded with its counter-based seed (``generation.row_seeds``), so what
-  is sampled does not depend on how prompts are batched or spread over processes.
+- each completion is its own request seeded with its counter-based seed (``generation.row_seeds``).
+
+What does *not* hold by default: that a completion is independent of how prompts are batched. The seed fixes
+the random draws, but vLLM's logits are not batch-invariant (kernels reduce in an order that depends on the
+batch), so with other neighbours a token near a tie can come out differently, and a run is not bit-for-bit
+reproducible across layouts. ``vllm_batch_invariant`` sets ``VLLM_BATCH_INVARIANT=1`` (vLLM's batch-invariant
+kernels: same logits whatever the batch, at some speed cost, on GPUs and models vLLM supports for it).
+Seeded requests are also slower than unseeded ones in vLLM's older model runner (a per-request generator).
 
 Everything that does not touch the engine (padding, request building, output conversion, weight names,
-process-group variables) is a pure function here, tested without vLLM; ``VLLMGenerator`` is a thin shell
-around them. vLLM >= 0.22 is assumed (``logprobs_mode``, sleep-mode tags, the in-process
-``external_launcher`` executor), as TRL requires.
+process-group variables, engine arguments) is a pure function here, tested without vLLM; where vLLM is
+installed, tests check every keyword against its real ``SamplingParams``/``EngineArgs``.
+``VLLMGenerator`` is a thin shell around them that only runs on a GPU (tests marked ``gpu``). The supported
+releases are the ``vllm`` extra's (0.27-0.30: ``reload_weights`` through ``collective_rpc``,
+``logprobs_mode``, sleep-mode tags, the in-process ``external_launcher`` executor).
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import socket
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,15 +47,19 @@ __all__ = [
     "Completion",
     "Request",
     "VLLMGenerator",
+    "WeightPushError",
     "build_requests",
     "completions_to_generated",
     "create_colocated_llm",
     "distributed_env",
+    "engine_dtype",
+    "engine_env",
     "engine_kwargs",
     "engine_logprobs_usable",
     "extract_completion",
     "make_generator",
     "named_weights",
+    "push_weights",
     "require_vllm",
     "sampling_kwargs",
     "strip_left_padding",
@@ -211,18 +223,49 @@ def vllm_weight_name(name: str) -> str:
 
 
 def named_weights(model: Any, accelerator: Any = None) -> Iterator[tuple[str, torch.Tensor]]:
-    """(checkpoint name, full tensor) for every parameter of the bare model, one at a time.
+    """(checkpoint name, full tensor) for every parameter of the bare model, one module at a time.
 
-    Under ZeRO-3 each parameter is gathered only while it is handed over, so a full copy of the model
-    never has to fit next to the engine; the gather is a collective, so every rank must iterate.
+    vLLM's ``reload_weights`` loads layer-wise: it keeps the tensors it is handed until a layer is
+    complete, after this iterator has moved on. Without ZeRO-3 the parameters stay put, so they are handed
+    over as they are. Under ZeRO-3 a gathered parameter is freed (re-partitioned) when its gather ends, so
+    each module's own parameters are gathered together and handed over as clones: at most a few layers'
+    worth of copies exist at once, never a full copy next to the engine. The gather is a collective, so
+    every rank must run this iterator to the end.
     """
     bare = accelerator.unwrap_model(model) if accelerator is not None else model
-    for name, param in bare.named_parameters():
-        if accelerator is None:
-            yield vllm_weight_name(name), param.data
+    zero3 = accelerator is not None and deepspeed_utils.is_zero3(accelerator)
+    for module_name, module in bare.named_modules():
+        params = list(module.named_parameters(recurse=False))
+        if not params:
             continue
-        with deepspeed_utils.gathered([param], accelerator):
-            yield vllm_weight_name(name), param.data
+        prefix = f"{module_name}." if module_name else ""
+        if not zero3:
+            for name, param in params:
+                yield vllm_weight_name(prefix + name), param.data
+            continue
+        with deepspeed_utils.gathered([p for _, p in params], accelerator):
+            copies = [(vllm_weight_name(prefix + name), param.data.clone()) for name, param in params]
+        yield from copies
+
+
+class WeightPushError(RuntimeError):
+    """The engine did not take the policy's weights (it would sample from stale ones)."""
+
+
+def push_weights(llm: Any, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+    """Load ``weights`` (checkpoint names) into the engine through vLLM's public ``reload_weights``.
+
+    ``reload_weights`` runs the model's own ``load_weights`` inside vLLM's layer-wise reload, which applies
+    the post-processing of a fresh load (quantized and MLA models repack their weights there), unlike
+    ``model.load_weights`` reached through the executor's private attributes. Under ``external_launcher``
+    ``collective_rpc`` runs in this process, so the iterator is consumed here, lazily. Never ``reload_weights``
+    without an iterator: that reloads the starting checkpoint from disk, undoing training.
+    """
+    llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
+    # KV blocks computed with the old weights must not be reused; False means some were still in use and
+    # the cache was not cleared (a request in flight), and generation would mix old and new weights.
+    if llm.reset_prefix_cache() is False:
+        raise WeightPushError("vLLM did not reset its prefix cache after a weight push (requests in flight?)")
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -256,9 +299,21 @@ def engine_kwargs(
     dtype: str,
     seed: int,
     max_model_len: int | None,
+    max_num_seqs: int,
     trust_remote_code: bool = False,
 ) -> dict[str, Any]:
-    """Keyword arguments of ``vllm.LLM`` for a colocated engine."""
+    """Keyword arguments of ``vllm.LLM`` for a colocated engine (each one a field of ``EngineArgs``).
+
+    ``dtype`` is the training precision, never "auto": vLLM's "auto" runs fp32 checkpoints in bf16, and the
+    engine's log-probs (used as the rollout's "old" log-probs and for the KL penalty) would come from
+    another precision than the trainer's. ``max_num_seqs`` is this rank's rollout size (prompts x K): one
+    generate call never has more sequences in flight, and vLLM's default (up to 1024 on large GPUs) makes it
+    capture CUDA graphs and profile memory for batches that never come.
+    """
+    if dtype == "auto":
+        raise ValueError("pass the training dtype: 'auto' lets vLLM downcast fp32 checkpoints")
+    if max_num_seqs < 1:
+        raise ValueError(f"max_num_seqs must be >= 1 (got {max_num_seqs})")
     kwargs: dict[str, Any] = {
         "model": model_path,
         "tensor_parallel_size": 1,
@@ -274,6 +329,7 @@ def engine_kwargs(
         "enable_prefix_caching": True,  # the K requests of a prompt share its KV cache
         # The engine's memory profiler sizes activations from this; its large default starves the KV cache.
         "max_num_batched_tokens": 4096,
+        "max_num_seqs": max_num_seqs,
         "trust_remote_code": trust_remote_code,
     }
     if max_model_len is not None:
@@ -281,7 +337,15 @@ def engine_kwargs(
     return kwargs
 
 
-def create_colocated_llm(accelerator: Any, **kwargs: Any) -> Any:  # pragma: no cover - needs vLLM and a GPU
+def engine_env(*, batch_invariant: bool) -> dict[str, str]:
+    """Environment variables vLLM reads when the engine starts (set before it is created)."""
+    # VLLM_BATCH_INVARIANT: batch-invariant kernels, so a completion does not depend on its batch neighbours
+    return {"VLLM_BATCH_INVARIANT": "1" if batch_invariant else "0"}
+
+
+def create_colocated_llm(
+    accelerator: Any, *, batch_invariant: bool = False, **kwargs: Any
+) -> Any:  # pragma: no cover - needs vLLM and a GPU (tests/gpu)
     """Start this rank's engine (``kwargs`` as for ``engine_kwargs``)."""
     from vllm import LLM
 
@@ -292,6 +356,11 @@ def create_colocated_llm(accelerator: Any, **kwargs: Any) -> Any:  # pragma: no 
             world_size=accelerator.num_processes,
         )
     )
+    os.environ.update(engine_env(batch_invariant=batch_invariant))
+    # vLLM sizes its budget from the free memory it sees; blocks PyTorch's caching allocator holds but
+    # does not use (model loading, reference model) are not free to it, and it refuses to start below the
+    # budget. Its sleep-mode allocator cannot reuse PyTorch's cached blocks either.
+    _empty_cache()
     llm = LLM(**engine_kwargs(**kwargs))
     # Engine start-up is uneven across ranks; training collectives right after it would time out.
     accelerator.wait_for_everyone()
@@ -329,20 +398,22 @@ class VLLMGenerator:
             self.sleep()  # free the memory until the first rollout
 
     # -- weights and memory -------------------------------------------------------------------------------
-    def _engine_model(self) -> Any:
-        return self.llm.llm_engine.model_executor.driver_worker.model_runner.model
+    def _wake_up(self, tag: str) -> None:
+        # vLLM's sleep-mode allocator maps its own memory: blocks cached by PyTorch after the optimisation
+        # phase are invisible to it, and waking up next to them can run out of memory.
+        _empty_cache()
+        self.llm.wake_up(tags=[tag])
 
     def push_weights(self) -> None:
         """Copy the policy's current weights into the engine and drop KV blocks computed with the old ones."""
         if self.enable_sleep_mode:
-            self.llm.wake_up(tags=["weights"])
-        target = self._engine_model()
-        for name, tensor in named_weights(self.model, self.accelerator):
-            target.load_weights([(name, tensor)])
-        self.llm.reset_prefix_cache()
+            self._wake_up("weights")
+        push_weights(self.llm, named_weights(self.model, self.accelerator))
 
     def sleep(self) -> None:
-        # level 2 discards the weights too (level 1 would keep a CPU copy): they are pushed again anyway
+        # level 2 discards the weights too (level 1 would keep a CPU copy): they are pushed again anyway.
+        # What level 2 discards is rebuilt by reload_weights (a full load with post-processing), not by
+        # load_weights alone (upstream: "sleep level 2 causes gibberish outputs" with the new model runner).
         self.llm.sleep(level=2)
 
     # -- generation ---------------------------------------------------------------------------------------
@@ -362,7 +433,7 @@ class VLLMGenerator:
         with_logprobs = return_logprobs and engine_logprobs_usable(params)
         self.push_weights()
         if self.enable_sleep_mode:
-            self.llm.wake_up(tags=["kv_cache"])
+            self._wake_up("kv_cache")
         try:
             outputs = self.llm.generate(
                 [{"prompt_token_ids": r.prompt_token_ids} for r in requests],
@@ -380,12 +451,18 @@ class VLLMGenerator:
 
 # ------------------------------------------------------------------------------------------------------
 # choosing a backend
-def _engine_dtype(cfg: Any) -> str:
+def _empty_cache() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def engine_dtype(cfg: Any) -> str:
+    """The engine's dtype: the precision the trainer's forwards run in (fp32 without bf16/fp16)."""
     if getattr(cfg, "bf16", False):
         return "bfloat16"
     if getattr(cfg, "fp16", False):
         return "float16"
-    return "auto"
+    return "float32"
 
 
 def make_generator(
@@ -396,11 +473,14 @@ def make_generator(
     batch_size: int,
     autocast: Any = None,
     max_model_len: int | None = None,
+    max_num_seqs: int | None = None,
 ) -> Generator:
     """The generation backend ``cfg`` asks for: vLLM when ``cfg.use_vllm``, else transformers.
 
     ``model`` is the prepared policy. ``max_model_len`` (longest prompt + response_length) bounds the
     engine's KV cache per sequence; without it vLLM reserves the model's full context length.
+    ``max_num_seqs`` is the most completions one ``generate`` call asks for (this rank's rollout size);
+    without it, ``batch_size``.
     Raises UserError when ``use_vllm`` is set but vLLM cannot run here.
     """
     if not getattr(cfg, "use_vllm", False):
@@ -421,9 +501,11 @@ def make_generator(
         model_path=cfg.policy_path,
         gpu_memory_utilization=float(getattr(cfg, "vllm_gpu_memory_utilization", 0.3)),
         enable_sleep_mode=enable_sleep_mode,
-        dtype=_engine_dtype(cfg),
+        dtype=engine_dtype(cfg),
         seed=int(getattr(cfg, "seed", 0)),
         max_model_len=max_model_len,
+        max_num_seqs=int(max_num_seqs or batch_size),
         trust_remote_code=bool(getattr(cfg, "trust_remote_code", False)),
+        batch_invariant=bool(getattr(cfg, "vllm_batch_invariant", False)),
     )
     return VLLMGenerator(llm, model, accelerator=accelerator, enable_sleep_mode=enable_sleep_mode)
