@@ -387,6 +387,8 @@ class RLOOConfig:
         d = self.to_dict()
         if self.model_source:
             d["model_name_or_path"] = self.model_source
+        if self.publish_uri:  # the output directory is a staging copy; the model ends up here
+            d["output_dir"] = self.publish_uri
         return d
 
     @classmethod

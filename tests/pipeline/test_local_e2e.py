@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import urllib.request
@@ -70,6 +71,8 @@ def test_every_step_ran_and_the_summary_says_where_things_are(local_run: dict[st
     # the runs table in model-training mode (the UI's default mode is GenAI: a traces overview)
     assert "http://127.0.0.1:5000/#/experiments/1/runs?workflowType=machine_learning" in summary
     assert "push decision:" in summary and "win rate vs references: trained" in summary
+    (published,) = (work / "store" / "published").iterdir()
+    assert f"published:       {published}" in summary
     # progress and the summary on the terminal (it was ~730 lines of executor JSON); the rest in files
     assert len(lines) < 30, local_run["stdout"]
     assert "Got executor_input" not in local_run["stdout"] and "Traceback" not in local_run["stdout"]
@@ -173,6 +176,10 @@ def test_mlflow_has_the_pipeline_run_and_its_stages(local_run: dict[str, Any]) -
         str(run / "sft"),
         str(run / "model"),
     )
+    assert train.params["output_dir"] == str(run / "model")
+    assert stages["eval"].data.tags["rloo.output_dir"] == str(run / "eval")
+    # no stage starts before its pipeline run
+    assert parent.info.start_time <= min(r.info.start_time for r in stages.values())
     assert "trained/win_rate" in stages["eval"].data.metrics
     eval_files = {a.path for a in client.list_artifacts(stages["eval"].info.run_id, "eval")}
     assert "eval/eval_results.json" in eval_files and "eval/eval_report.html" in eval_files
@@ -220,10 +227,12 @@ def test_rloo_ui_serves_the_demo_runs(local_run: dict[str, Any]) -> None:
         names = {r["info"]["run_name"] for r in runs}
         assert {"train", "eval", "push"} <= names and len(runs) == 4
     finally:
-        proc.send_signal(signal.SIGINT)  # Ctrl-C stops the UI and its server
+        proc.send_signal(signal.SIGTERM)  # `kill` stops the UI and its server, like Ctrl-C
         out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0, out
     assert "stopping the MLflow UI" in out
+    with socket.socket() as s:  # nothing of the server is left holding the port
+        s.bind(("127.0.0.1", port))
 
 
 def test_rloo_ui_without_a_store_says_how_to_make_one(tmp_path: Path) -> None:

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
+from types import FrameType
 
 from rloo.errors import UserError
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
 
 
 def main(argv: list[str]) -> int:
@@ -40,6 +46,8 @@ def main(argv: list[str]) -> int:
     uri = store_uri(ns.workdir, ns.backend_store_uri)
     log_dir = (Path(ns.workdir) / "logs") if not ns.backend_store_uri else Path.cwd()
     print(f"starting the MLflow UI on {uri} ...", flush=True)
+    # `kill` (SIGTERM) stops it like Ctrl-C does: the server must not outlive this command
+    signal.signal(signal.SIGTERM, _interrupt)
     server = start_ui(uri, host=ns.host, port=ns.port, log_dir=log_dir.resolve())
     try:
         print(f"MLflow UI: {server.url}  (Ctrl-C to stop; log: {server.log_path})")

@@ -174,8 +174,11 @@ def _sinks(cfg: EvalConfig) -> list[Any]:
 
 def _open(sinks: list[Any], cfg: EvalConfig, sources: dict[str, str] | None, out: Path) -> None:
     from rloo.tracking import flatten_params
+    from rloo.tracking.runs import TAG_OUTPUT_DIR
 
     for sink in sinks:
+        if (sources or {}).get("output"):  # out is a temporary copy; the results are published there
+            sink.tags[TAG_OUTPUT_DIR] = sources["output"]  # type: ignore[index]
         sink.open(out)
         sink.log_params(flatten_params(recorded_settings(cfg, sources)))
 

@@ -234,6 +234,9 @@ def summary(result: LocalResult) -> list[str]:
     decision = result.parameter("push-model")
     if decision:
         lines.append(f"  push decision:   {decision}")
+        published = _published(model)
+        if published:
+            lines.append(f"  published:       {published}")
     lines.append(f"  KFP step outputs: {result.run_dir}")
     if result.log_dir:
         lines.append(f"  step logs:       {result.log_dir}")
@@ -249,6 +252,19 @@ def summary(result: LocalResult) -> list[str]:
                 f"                   (then open http://127.0.0.1:{DEFAULT_PORT}{_runs_page(result)})"
             )
     return lines
+
+
+def _published(model: str | None) -> str | None:
+    """Where the push step published the model (its push_result.json beside the model), when local."""
+    if not model or "://" in model:
+        return None
+    path = Path(model).parent / "push" / "push_result.json"
+    try:
+        storage = json.loads(path.read_text()).get("storage") or {}
+    except (OSError, ValueError):
+        return None
+    uri = storage.get("uri") if isinstance(storage, dict) else None
+    return str(uri).removeprefix("file://") if uri else None
 
 
 def _runs_page(result: LocalResult) -> str:

@@ -217,9 +217,14 @@ def _kfp_tags(pipeline_run_id: str | None, pipeline_run_name: str | None) -> dic
 
 
 def get_or_create_parent_run(
-    client: Any, experiment_id: str, pipeline_run_id: str, pipeline_run_name: str | None = None
+    client: Any,
+    experiment_id: str,
+    pipeline_run_id: str,
+    pipeline_run_name: str | None = None,
+    start_time_ms: int | None = None,
 ) -> str:
-    """The parent run of pipeline run ``pipeline_run_id``, created by whichever stage comes first."""
+    """The parent run of pipeline run ``pipeline_run_id``, created by whichever stage comes first (starting
+    at ``start_time_ms``, that stage's start, so that no stage starts before its pipeline)."""
     filt = (
         f"tags.`{TAG_PIPELINE_RUN_ID}` = '{filter_value(pipeline_run_id)}' and tags.`{TAG_KIND}` = 'pipeline'"
     )
@@ -233,7 +238,10 @@ def get_or_create_parent_run(
     if not runs:
         tags = {TAG_KIND: "pipeline", **_kfp_tags(pipeline_run_id, pipeline_run_name)}
         mine = client.create_run(
-            experiment_id, run_name=pipeline_run_name or f"pipeline-{pipeline_run_id[:8]}", tags=tags
+            experiment_id,
+            run_name=pipeline_run_name or f"pipeline-{pipeline_run_id[:8]}",
+            tags=tags,
+            start_time=start_time_ms,
         )
         # Two stages starting at once may both create one: all agree on the oldest, the others go.
         runs = find() or [mine]
@@ -280,7 +288,9 @@ def start_stage_run(
     exp_name = experiment or os.environ.get(EXPERIMENT_ENV) or DEFAULT_EXPERIMENT
     exp_id = get_or_create_experiment(client, exp_name, artifact_location)
     if parent_run_id is None and pipeline_run_id:
-        parent_run_id = get_or_create_parent_run(client, exp_id, pipeline_run_id, pipeline_run_name)
+        parent_run_id = get_or_create_parent_run(
+            client, exp_id, pipeline_run_id, pipeline_run_name, start_time_ms=start_time_ms
+        )
     run_tags = {
         TAG_KIND: "stage",
         TAG_STAGE: stage,

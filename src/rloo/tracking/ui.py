@@ -9,6 +9,7 @@ tracking server need nothing of this: the server is the UI.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -65,13 +66,17 @@ class UiServer:
     log_path: Path
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
+        """Stop the server and the workers it started (its own process group)."""
+        for sig, wait in ((signal.SIGTERM, 20.0), (signal.SIGKILL, 10.0)):
             try:
-                self.proc.wait(timeout=20)
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                self.proc.wait(timeout=wait)
+                break
             except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+                continue
 
 
 def _check_port(host: str, port: int) -> None:
@@ -106,25 +111,35 @@ def start_ui(uri: str, *, host: str = "127.0.0.1", port: int = DEFAULT_PORT, log
     cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri]
     cmd += ["--host", host, "--port", str(port), "--workers", "1"]
     with open(log_path, "ab") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        # its own process group: stop() ends the server's workers too, whatever signal ended this process
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     server = UiServer(proc, f"http://{host}:{port}", log_path)
+    try:
+        _wait_until_up(server)
+    except BaseException:  # Ctrl-C while starting included: nothing is left running
+        server.stop()
+        raise
+    return server
+
+
+def _wait_until_up(server: UiServer) -> None:
     deadline = time.monotonic() + _START_TIMEOUT_S
     while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            tail = [x for x in log_path.read_text(errors="replace").splitlines() if x.strip()]
+        if server.proc.poll() is not None:
+            lines = server.log_path.read_text(errors="replace").splitlines()
+            tail = [x for x in lines if x.strip()] or ["no output"]
             raise UserError(
-                f"the MLflow UI exited with code {proc.returncode}: {(tail or ['no output'])[-1][:300]} "
-                f"(log: {log_path})."
+                f"the MLflow UI exited with code {server.proc.returncode}: {tail[-1][:300]} "
+                f"(log: {server.log_path})."
             )
         try:
             with urllib.request.urlopen(f"{server.url}/health", timeout=5) as resp:
                 if resp.status == 200:
-                    return server
+                    return
         except (urllib.error.URLError, OSError):
             pass
         time.sleep(0.5)
-    server.stop()
-    raise UserError(f"the MLflow UI did not answer within {_START_TIMEOUT_S:.0f}s (log: {log_path}).")
+    raise UserError(f"the MLflow UI did not answer within {_START_TIMEOUT_S:.0f}s (log: {server.log_path}).")
 
 
 # The UI's "GenAI | Model training" switch defaults to GenAI (traces overview, "Evaluations" breadcrumbs)
