@@ -33,6 +33,23 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 RESULTS_FILE = HERE / "RESULTS.md"
 TRAINERS = ("ours", "trl")
+# Named shapes (flag values): compute-bound ones where the output layer's vocabulary costs what it does in
+# real models, next to the default tiny one where start-up and per-call overheads dominate.
+SHAPES: dict[str, dict[str, Any]] = {
+    "neox50k": {
+        "doc": "GPT-NeoX 4 layers x 256 hidden with Pythia's 50,304-token vocabulary, ~150-token prompts, "
+        "53-token completions, 4 prompts x k=4 (16 completions per update), one PPO epoch",
+        "arch": "gpt_neox",
+        "hidden": 256,
+        "layers": 4,
+        "vocab": 50304,
+        "prompt_words": 95,
+        "length": 53,
+        "prompts": 4,
+        "k": 4,
+        "lr": 1e-3,
+    },
+}
 LABELS = {"ours": "rloo (ours)", "trl": "TRL RLOOTrainer"}
 FIRST_N = 3  # "reward at the start": mean over the first FIRST_N updates
 
@@ -71,6 +88,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--arch", default="gpt_neox", choices=("gpt_neox", "llama", "qwen2"))
     p.add_argument("--hidden", type=int, default=64, help="Hidden size of the tiny policy.")
     p.add_argument("--layers", type=int, default=2, help="Transformer layers of the tiny policy.")
+    p.add_argument(
+        "--vocab",
+        type=int,
+        default=0,
+        help="Vocabulary of the policy's embedding and output layers (0 = the tiny tokenizer's 512); 50304 "
+        "is Pythia's: where the output layer, not the transformer, dominates the cost.",
+    )
+    p.add_argument(
+        "--shape",
+        choices=sorted(SHAPES),
+        help="A named shape setting the model and batch flags at once (flags given explicitly still win): "
+        + "; ".join(f"{k}: {v['doc']}" for k, v in sorted(SHAPES.items())),
+    )
     p.add_argument("--lr", type=float, default=5e-3, help="AdamW learning rate (linear decay, no warm-up).")
     p.add_argument("--beta", type=float, default=0.05, help="KL coefficient (kl_coef / beta).")
     p.add_argument("--seed", type=int, default=0)
@@ -95,6 +125,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--_spec", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--_out", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.shape:
+        given = {
+            a.split("=")[0].lstrip("-").replace("-", "_")
+            for a in (argv or sys.argv[1:])
+            if a.startswith("--")
+        }
+        for name, value in SHAPES[args.shape].items():
+            if name != "doc" and name not in given:
+                setattr(args, name, value)
     for name in ("updates", "prompts", "length", "hidden", "layers", "repeats", "last"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be >= 1")
@@ -296,7 +335,12 @@ def build_inputs(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     from rloo.toy import write_toy_dataset
 
     setup = build_tiny_setup(
-        root / "model", arch=args.arch, seed=args.seed, hidden_size=args.hidden, num_layers=args.layers
+        root / "model",
+        arch=args.arch,
+        seed=args.seed,
+        hidden_size=args.hidden,
+        num_layers=args.layers,
+        vocab_size=args.vocab or None,
     )
     data = write_toy_dataset(
         root / "data", num_train=max(256, args.prompts * 4), seed=args.seed, context_words=args.prompt_words
@@ -430,7 +474,9 @@ def warn_if_busy(threads: int) -> None:
 
 def settings_line(args: argparse.Namespace) -> str:
     s = (
-        f"{args.arch} h{args.hidden} l{args.layers}, {args.prompts} prompts x k={args.k}, "
+        f"{args.arch} h{args.hidden} l{args.layers}"
+        + (f" vocab {args.vocab}" if args.vocab else "")
+        + f", {args.prompts} prompts x k={args.k}, "
         f"{args.length} tokens, {args.updates} updates, lr {args.lr:g}, beta {args.beta:g}"
     )
     if args.prompt_words:

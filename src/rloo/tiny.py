@@ -289,6 +289,7 @@ def build_causal_lm(
     num_heads: int = 4,
     seed: int = 0,
     max_position_embeddings: int = 512,
+    vocab_size: int | None = None,
 ) -> Path:
     """Build a random-init causal LM of a real architecture and save it, with its tokenizer, to ``path``.
 
@@ -299,8 +300,16 @@ def build_causal_lm(
     float32. Weights are initialised under ``torch.manual_seed(seed)`` inside a forked RNG, so the same seed
     gives identical weights and the caller's RNG state is untouched. Model (safetensors) and tokenizer are
     written with ``save_pretrained``, loadable via ``AutoModelForCausalLM``/``AutoTokenizer``; returns the
-    ``Path``.
+    ``Path``. ``vocab_size`` widens the embedding and output layers beyond the tokenizer (rows no token
+    reaches, as real checkpoints pad theirs, e.g. Pythia's 50,304): the vocabulary cost of a real model
+    without a real tokenizer.
     """
+    extra: dict[str, Any] = {}
+    if vocab_size is not None:
+        n = len(_load_tokenizer(tokenizer_path))
+        if vocab_size < n:
+            raise ValueError(f"vocab_size ({vocab_size}) must be >= the tokenizer's {n} tokens")
+        extra["vocab_size"] = vocab_size
     return _build(
         "AutoModelForCausalLM",
         path,
@@ -311,6 +320,7 @@ def build_causal_lm(
         num_heads=num_heads,
         seed=seed,
         max_position_embeddings=max_position_embeddings,
+        **extra,
     )
 
 
@@ -360,7 +370,13 @@ class TinySetup:
 
 
 def build_tiny_setup(
-    root: str | Path, *, arch: str = "gpt_neox", seed: int = 0, hidden_size: int = 64, num_layers: int = 2
+    root: str | Path,
+    *,
+    arch: str = "gpt_neox",
+    seed: int = 0,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    vocab_size: int | None = None,
 ) -> TinySetup:
     """Build a tokenizer, a policy and a reward model under ``root`` (or reuse them) and return their paths.
 
@@ -369,7 +385,8 @@ def build_tiny_setup(
     sequence classifier seeded with ``seed + 1``, plus the tokenizer). A ``tiny_setup.json`` marker holding
     the parameters is written last; a later call with the same parameters finds it and reuses the files
     without rewriting anything, while different parameters rebuild in place. Takes well under two seconds
-    on a CPU. Raises ``ValueError`` for an unknown ``arch``.
+    on a CPU. ``vocab_size`` widens the policy's vocabulary (see :func:`build_causal_lm`). Raises
+    ``ValueError`` for an unknown ``arch``.
     """
     if arch not in ARCHITECTURES:
         raise ValueError(f"unknown arch {arch!r}: choose one of {', '.join(ARCHITECTURES)}")
@@ -383,6 +400,7 @@ def build_tiny_setup(
         "seed": seed,
         "hidden_size": hidden_size,
         "num_layers": num_layers,
+        **({"vocab_size": vocab_size} if vocab_size is not None else {}),
     }
     marker = root / SETUP_MARKER
     if marker.is_file() and all(p.is_dir() for p in (setup.tokenizer, setup.policy, setup.reward_model)):
@@ -394,7 +412,7 @@ def build_tiny_setup(
     marker.unlink(missing_ok=True)
     build_tokenizer(setup.tokenizer)
     sizes = {"arch": arch, "hidden_size": hidden_size, "num_layers": num_layers}
-    build_causal_lm(setup.policy, setup.tokenizer, seed=seed, **sizes)
+    build_causal_lm(setup.policy, setup.tokenizer, seed=seed, vocab_size=vocab_size, **sizes)
     build_reward_model(setup.reward_model, setup.tokenizer, seed=seed + 1, **sizes)
     # Atomic write so a concurrent reader never sees a half-written marker.
     fd, tmp = tempfile.mkstemp(dir=root, prefix=".tiny_setup.", suffix=".json")
