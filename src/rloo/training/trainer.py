@@ -32,7 +32,17 @@ import torch
 
 from rloo import algo
 from rloo.config import BatchPlan, RLOOConfig
+from rloo.data import PromptDataset, format_prompts, load_prompt_dataset, tokenize_prompts
 from rloo.errors import UserError
+from rloo.forward import response_logits
+from rloo.generation import (
+    TEMPERATURE_EPS,
+    GenerationInterrupted,
+    SamplingParams,
+    left_pad,
+    row_seeds,
+)
+from rloo.models import load_causal_lm, load_reward_model, load_tokenizer
 from rloo.training import deepspeed_utils
 from rloo.training.checkpoint import (
     PREFIX,
@@ -41,18 +51,8 @@ from rloo.training.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from rloo.training.data import PromptDataset, format_prompts, load_prompt_dataset, tokenize_prompts
-from rloo.training.forward import response_logits
-from rloo.training.generation import (
-    TEMPERATURE_EPS,
-    GenerationInterrupted,
-    SamplingParams,
-    left_pad,
-    row_seeds,
-)
 from rloo.training.metrics import METRICS_FILE, MetricsLogger
 from rloo.training.minibatches import minibatch_rows
-from rloo.training.models import load_causal_lm, load_reward_model, load_tokenizer
 from rloo.training.rewards import (
     RewardBatch,
     RewardFunctionSource,

@@ -40,8 +40,8 @@ from typing import Any
 import torch
 
 from rloo.errors import UserError
+from rloo.generation import Generated, Generator, SamplingParams, TransformersGenerator
 from rloo.training import deepspeed_utils
-from rloo.training.generation import Generated, Generator, SamplingParams, TransformersGenerator
 
 __all__ = [
     "Completion",

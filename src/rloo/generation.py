@@ -184,7 +184,7 @@ class TransformersGenerator:
         seeds: torch.Tensor,
         return_logprobs: bool,
     ) -> Generated:
-        from rloo.training.forward import prefill
+        from rloo.forward import prefill
 
         model = self.model
         ctx = self.autocast or contextlib.nullcontext  # a factory: autocast contexts are not re-entrant

@@ -7,7 +7,7 @@ written with ``save_pretrained`` and is meant to be loaded back through the norm
 path, exactly like a checkpoint downloaded from the Hub.
 
 The corpus deliberately contains many all-vowel strings ("aeiou", "eau", "oo", ...) so that the vocabulary
-holds merged all-vowel tokens: on the toy task of :mod:`rloo.toy` a tiny policy can then raise its reward
+holds merged all-vowel tokens: on the toy task of :mod:`rloo.demo.toy` a tiny policy can then raise its reward
 quickly by shifting probability mass towards them.
 """
 
@@ -99,7 +99,7 @@ def _corpus(seed: int = 1234) -> list[str]:
         lines.append(" ".join(rng.choices(_WORDS, k=rng.randint(3, 8))) + rng.choice((".", ":", ",", "")))
     for _ in range(300):
         lines.append(" ".join(rng.choices(_VOWEL_WORDS, k=rng.randint(3, 8))))
-    # Chat-template scaffolding, prompts of rloo.toy, digits and punctuation so common text is not all bytes.
+    # Chat-template scaffolding, prompts of rloo.demo.toy, digits and punctuation so common text is not all bytes.
     lines += [
         "user: Write about the sea:\n\nassistant:",
         "system: You are a helpful assistant.",
