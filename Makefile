@@ -42,11 +42,12 @@ test-vllm: install
 	PYTHONPATH="$${PYTHONPATH:+$$PYTHONPATH:}$(abspath $(VLLM_SITE))" $(BIN)/python -m pytest -q -rs tests/training/test_vllm_real_api.py \
 	  tests/training/test_vllm_backend.py tests/test_vllm_versions.py
 
-# lint-imports: the dependency contracts in pyproject.toml ([tool.importlinter])
+# lint-imports: the dependency contracts ([tool.importlinter]); mypy: the type check of src/ ([tool.mypy])
 lint: install
 	$(BIN)/ruff check src tests benchmarks components pipelines
 	$(BIN)/ruff format --check src tests benchmarks components pipelines
 	$(BIN)/lint-imports --no-cache
+	$(BIN)/mypy
 
 format: install
 	$(BIN)/ruff format src tests benchmarks components pipelines

@@ -102,6 +102,9 @@ class Generated:
 class Generator(Protocol):
     """A generation backend (the transformers one below; vLLM later plugs in here)."""
 
+    # polled between sampling steps where the backend can stop early (a pending preemption); None: never
+    should_stop: Callable[[], bool] | None
+
     def generate(
         self,
         prompt_ids: torch.Tensor,

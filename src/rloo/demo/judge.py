@@ -85,6 +85,7 @@ class ToyJudge:
     @property
     def base_url(self) -> str:
         host, port = self._server.server_address[:2]
+        assert isinstance(host, str)  # an AF_INET server (typeshed also allows a Unix socket's bytes)
         return f"http://{host}:{port}/v1"
 
     def start(self) -> ToyJudge:

@@ -89,6 +89,7 @@ def run_local(
     before = set(os.listdir(root))
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(root))
     start = time.perf_counter()
+    failure: str | None
     with warnings.catch_warnings():
         # cluster settings (display names, GPUs, secrets) that kfp.local says it ignores, twice per step
         warnings.filterwarnings(
