@@ -27,6 +27,7 @@ ui: install
 test: install
 	$(BIN)/ruff check src tests benchmarks components pipelines
 	$(BIN)/ruff format --check src tests benchmarks components pipelines
+	$(BIN)/lint-imports --no-cache
 	$(BIN)/python -m pytest -q
 
 # The tests that check every keyword, method and argument the project passes to vLLM against the real
@@ -41,9 +42,12 @@ test-vllm: install
 	PYTHONPATH="$${PYTHONPATH:+$$PYTHONPATH:}$(abspath $(VLLM_SITE))" $(BIN)/python -m pytest -q -rs tests/training/test_vllm_real_api.py \
 	  tests/training/test_vllm_backend.py tests/test_vllm_versions.py
 
+# lint-imports: the dependency contracts ([tool.importlinter]); mypy: the type check of src/ ([tool.mypy])
 lint: install
 	$(BIN)/ruff check src tests benchmarks components pipelines
 	$(BIN)/ruff format --check src tests benchmarks components pipelines
+	$(BIN)/lint-imports --no-cache
+	$(BIN)/mypy
 
 format: install
 	$(BIN)/ruff format src tests benchmarks components pipelines

@@ -54,7 +54,7 @@ class Preset:
 
 
 # Llama MLPs are gated (3 matrices of hidden x 4*hidden), so a layer holds 16 * hidden^2 weights; with the
-# 512-token vocabulary of rloo.tiny the embeddings are negligible. 17 x 768 -> ~161M, 16 x 2048 -> ~1.07B.
+# 512-token vocabulary of rloo.demo.tiny the embeddings are negligible. 17 x 768 -> ~161M, 16 x 2048 -> ~1.07B.
 PRESETS: dict[str, Preset] = {
     "160m": Preset("llama", 768, 17, 12, prompts=64, k=4, length=128, micro_batch=64),
     "1b": Preset("llama", 2048, 16, 16, prompts=32, k=4, length=128, micro_batch=32),
@@ -84,7 +84,7 @@ def gpu_peak(device_name: str) -> tuple[str, float, float] | None:
 
 
 def llama_param_counts(hidden: int, layers: int, vocab: int) -> tuple[int, int]:
-    """(total parameters, parameters that do matmul FLOPs: all but the input embedding) of rloo.tiny's Llama.
+    """(total parameters, parameters that do matmul FLOPs: all but the input embedding) of rloo.demo.tiny's Llama.
 
     Per layer: q, k, v, o (hidden^2 each, as many key/value heads as heads), gate/up/down
     (hidden x 4*hidden each), two RMSNorm weights; then a final norm and an untied LM head.
@@ -218,7 +218,7 @@ def worker_trl(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
     from trl import RLOOTrainer
 
-    from rloo.toy import letter_reward
+    from rloo.demo.toy import letter_reward
 
     batch = spec["prompts"] * spec["k"]
     train_ds, tok = bench_vs_trl.trl_inputs(spec)
@@ -303,8 +303,8 @@ def run_worker(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------------------------------------------
 # the parent
 def build_inputs(preset: Preset, root: Path, args: argparse.Namespace) -> dict[str, Any]:
-    from rloo.tiny import build_causal_lm, build_tokenizer
-    from rloo.toy import write_toy_dataset
+    from rloo.demo.tiny import build_causal_lm, build_tokenizer
+    from rloo.demo.toy import write_toy_dataset
 
     tok_dir = root / "tokenizer"
     if not tok_dir.is_dir():
@@ -420,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     if peak is None:
         raise SystemExit(f"unknown GPU {name!r}: pass --peak-tflops and --peak-bandwidth")
-    from rloo.tiny import VOCAB_SIZE
+    from rloo.demo.tiny import VOCAB_SIZE
 
     counts = {s: llama_param_counts(PRESETS[s].hidden, PRESETS[s].layers, VOCAB_SIZE) for s in args.sizes}
     print(f"GPU: {name} ({peak[0]}: {peak[1] / 1e12:.0f} TFLOP/s bf16 dense, {peak[2] / 1e12:.2f} TB/s)")

@@ -2,7 +2,7 @@
 """Throughput and reward of this project's RLOO trainer against TRL's ``RLOOTrainer``, in one invocation.
 
 Both trainers get the same tiny random-init model (built locally, nothing is downloaded), the same toy
-prompts and reward function (:func:`rloo.toy.letter_reward`), and the same work per update:
+prompts and reward function (:func:`rloo.demo.toy.letter_reward`), and the same work per update:
 ``prompts x k`` completions of exactly ``length`` tokens, reference log-probs (``beta > 0``) and one
 optimizer step per rollout. Each trainer runs in a fresh subprocess (no shared thread pools or caches),
 sequentially, with the same torch thread count; only the training loop (``trainer.train()``) is timed,
@@ -172,7 +172,7 @@ def rloo_config(spec: dict[str, Any], **overrides: Any) -> Any:
     kwargs: dict[str, Any] = dict(
         model_name_or_path=spec["policy"],
         dataset_name=spec["dataset"],
-        reward_funcs=["rloo.toy:letter_reward"],
+        reward_funcs=["rloo.demo.toy:letter_reward"],
         output_dir=spec["output_dir"],
         seed=spec["seed"],
         rloo_k=spec["k"],
@@ -287,7 +287,7 @@ def trl_config(spec: dict[str, Any], **overrides: Any) -> Any:
 def worker_trl(spec: dict[str, Any]) -> dict[str, Any]:
     from trl import RLOOTrainer
 
-    from rloo.toy import letter_reward
+    from rloo.demo.toy import letter_reward
 
     batch = spec["prompts"] * spec["k"]
     train_ds, tok = trl_inputs(spec)
@@ -331,8 +331,8 @@ def run_worker(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------------------------------------------
 # the parent: build once, run each trainer in a fresh subprocess, summarise
 def build_inputs(args: argparse.Namespace, root: Path) -> dict[str, Any]:
-    from rloo.tiny import build_tiny_setup
-    from rloo.toy import write_toy_dataset
+    from rloo.demo.tiny import build_tiny_setup
+    from rloo.demo.toy import write_toy_dataset
 
     setup = build_tiny_setup(
         root / "model",
@@ -545,7 +545,7 @@ RESULTS_HEADER = """# Benchmark results: rloo vs TRL `RLOOTrainer`
 
 Produced by `python benchmarks/bench_vs_trl.py --write-results` (see `benchmarks/README.md` for what is
 matched). Episodes are completions; episodes/s counts the training loop only (model loading excluded).
-"Reward" is the mean task score (`rloo.toy:letter_reward`, before the KL penalty) over the first 3 and the last
+"Reward" is the mean task score (`rloo.demo.toy:letter_reward`, before the KL penalty) over the first 3 and the last
 N updates. The target is ours >= 2x TRL's episodes/s with no lower reward at equal episodes. Numbers from a
 machine that was busy with other work are not comparable: check the load average column.
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from rloo.tiny import TinySetup, build_tiny_setup
-from rloo.toy import write_toy_dataset
+from rloo.demo.tiny import TinySetup, build_tiny_setup
+from rloo.demo.toy import write_toy_dataset
 from tests.fixtures.servers import MlflowServer, S3Server, release, shared_mlflow, shared_s3
 
 

@@ -291,8 +291,8 @@ for k, v in dict(MASTER_ADDR="127.0.0.1", RANK="0", WORLD_SIZE="1", LOCAL_RANK="
     os.environ.setdefault(k, v)
 from accelerate import Accelerator, DeepSpeedPlugin
 from rloo.training import deepspeed_utils
-from rloo.training.generation import SamplingParams, TransformersGenerator, left_pad, row_seeds
-from rloo.training.models import load_causal_lm
+from rloo.generation import SamplingParams, TransformersGenerator, left_pad, row_seeds
+from rloo.models import load_causal_lm
 
 # the full weights, loaded before any ZeRO-3 state exists (transformers loads sharded under ZeRO-3)
 plain = load_causal_lm(sys.argv[1], flag="model_name_or_path")

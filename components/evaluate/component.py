@@ -28,13 +28,15 @@ def evaluate(
     import shutil
     import tempfile
 
+    from rloo.pipeline.layout import RunLayout
     from rloo.pipeline.reports import eval_markdown, stage_run_link
     from rloo.pipeline.steps import durable_model_name, evaluate_stage
 
     os.environ.update(
         KFP_RUN_ID=kfp_run_id, KFP_RUN_NAME=kfp_run_name, MLFLOW_EXPERIMENT_NAME=mlflow_experiment
     )
-    results_uri = f"{output_uri.rstrip('/')}/{kfp_run_id}/eval"
+    layout = RunLayout(output_uri, kfp_run_id)
+    results_uri = layout.eval
     with tempfile.TemporaryDirectory(prefix="rloo-eval-") as work:  # both models' downloads: removed after
         values, html = evaluate_stage(
             trained_uri=trained_model_uri,
@@ -54,4 +56,4 @@ def evaluate(
         metrics.log_metric(name, value)
     with open(summary.path, "w") as f:
         f.write(eval_markdown(values, results_uri, stage_run_link("eval", kfp_run_id)))
-    return f"{results_uri}/eval_results.json"
+    return layout.eval_results

@@ -20,15 +20,14 @@ def fetch_sft(
     import sys
 
     from rloo.errors import UserError
+    from rloo.pipeline.layout import RunLayout
     from rloo.pipeline.reports import fetch_markdown
     from rloo.pipeline.steps import fetch_model
 
     os.environ["KFP_RUN_ID"] = kfp_run_id
     try:
         # a Hub id is pinned to one commit (model_revision, else main's commit now), recorded in the metadata
-        meta = fetch_model(
-            model, f"{output_uri.rstrip('/')}/{kfp_run_id}/sft", revision=model_revision or None
-        )
+        meta = fetch_model(model, RunLayout(output_uri, kfp_run_id).sft, revision=model_revision or None)
     except UserError as e:  # credentials, bucket, a bad model: one line, not a traceback
         print(f"fetching the SFT model failed: {e}", file=sys.stderr)
         raise SystemExit(2) from None

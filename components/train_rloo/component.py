@@ -28,16 +28,17 @@ def train_rloo(
     from pathlib import Path
 
     from rloo.pipeline import reports
+    from rloo.pipeline.layout import RunLayout
     from rloo.pipeline.node import main as node_main
 
     os.environ.update(
         KFP_RUN_ID=kfp_run_id, KFP_RUN_NAME=kfp_run_name, MLFLOW_EXPERIMENT_NAME=mlflow_experiment
     )
-    base = f"{output_uri.rstrip('/')}/{kfp_run_id}"
-    argv = ["--sft_uri", sft_model.metadata["uri"], "--model_uri", f"{base}/model"]
+    layout = RunLayout(output_uri, kfp_run_id)
+    argv = ["--sft_uri", sft_model.metadata["uri"], "--model_uri", layout.model]
     argv += [
         "--checkpoint_uri",
-        f"{base}/checkpoints",
+        layout.checkpoints,
         "--nproc_per_node",
         str(gpu_count),
         "--num_nodes",
@@ -50,7 +51,7 @@ def train_rloo(
         if rc != 0:
             raise SystemExit(rc)
         trained_model.metadata.update(
-            {"uri": f"{base}/model", "sft_manifest_digest": sft_model.metadata.get("manifest_digest", "")}
+            {"uri": layout.model, "sft_manifest_digest": sft_model.metadata.get("manifest_digest", "")}
         )
         with open(trained_model.path, "w") as f:
             json.dump(dict(trained_model.metadata), f)
@@ -60,7 +61,7 @@ def train_rloo(
             metrics.log_metric(name, value)
         link = reports.stage_run_link("train", kfp_run_id)
         with open(summary.path, "w") as f:
-            f.write(reports.train_markdown(headline, f"{base}/model", link, reports.latest_samples(out)))
+            f.write(reports.train_markdown(headline, layout.model, link, reports.latest_samples(out)))
     finally:
         if not os.environ.get(
             "RLOO_WORK_DIR"
@@ -97,10 +98,11 @@ def train_rloo_multinode(
     from pathlib import Path
 
     from rloo.pipeline import constants
+    from rloo.pipeline.layout import RunLayout
     from rloo.pipeline.steps import run_multi_node
     from rloo.pipeline.trainjob import TrainJobSpec, build_pytorchjob, job_name
 
-    base = f"{output_uri.rstrip('/')}/{kfp_run_id}"
+    layout = RunLayout(output_uri, kfp_run_id)
     spec = TrainJobSpec(
         name=job_name(kfp_run_id),
         namespace=namespace
@@ -108,8 +110,8 @@ def train_rloo_multinode(
         image=train_image,  # the compile-time train image: the same one the single-node step uses
         train_args=json.loads(train_args_json),
         sft_uri=sft_model.metadata["uri"],
-        model_uri=f"{base}/model",
-        checkpoint_uri=f"{base}/checkpoints",
+        model_uri=layout.model,
+        checkpoint_uri=layout.checkpoints,
         num_nodes=num_nodes,
         gpus_per_node=gpu_count,
         gpu_resource=gpu_resource,

@@ -10,8 +10,8 @@ import pytest
 from rloo.cli import main
 from rloo.cli.args import parse_bool, parse_config
 from rloo.config import ALIASES, RLOOConfig
+from rloo.demo.tiny import TinySetup
 from rloo.errors import UserError
-from rloo.tiny import TinySetup
 
 # Copied verbatim from rloo_trainer_classic.md ("Get started"), script path included.
 GET_STARTED = r"""
@@ -235,12 +235,12 @@ def test_lists(base: list[str]) -> None:
     argv = [
         "--model_name_or_path", base[1],
         "--dataset_name", base[5],
-        "--reward_funcs", "rloo.toy:letter_reward", "rloo.toy:target_letter_reward",
+        "--reward_funcs", "rloo.demo.toy:letter_reward", "rloo.demo.toy:target_letter_reward",
         "--reward_weights", "1", "0.5",
         "--seed", "3",
     ]  # fmt: skip
     cfg = parse(argv)
-    assert cfg.reward_funcs == ["rloo.toy:letter_reward", "rloo.toy:target_letter_reward"]
+    assert cfg.reward_funcs == ["rloo.demo.toy:letter_reward", "rloo.demo.toy:target_letter_reward"]
     assert cfg.reward_weights == [1.0, 0.5]
     assert cfg.seed == 3
     # with a reward model, it counts first: three weights for the model and two functions
@@ -288,7 +288,7 @@ def test_yaml_config_with_aliases_and_cli_override(tmp_path: Path, base: list[st
     cfg_file.write_text(
         f"model_name_or_path: {base[1]}\n"
         f"dataset_name: {base[5]}\n"
-        "reward_funcs: [rloo.toy:letter_reward]\n"
+        "reward_funcs: [rloo.demo.toy:letter_reward]\n"
         "num_generations: 4\n"  # alias of rloo_k
         "beta: 0.02\n"  # alias of kl_coef
         "learning_rate: 1.0e-5\n"
@@ -306,7 +306,7 @@ def test_yaml_config_with_aliases_and_cli_override(tmp_path: Path, base: list[st
     assert cfg.disable_tqdm is True
     assert cfg.missing_eos_penalty is None
     assert cfg.seed == 11
-    assert cfg.reward_funcs == ["rloo.toy:letter_reward"]
+    assert cfg.reward_funcs == ["rloo.demo.toy:letter_reward"]
     # the command line wins over the file, under either name and wherever --config sits
     for argv in (
         ["--config", str(cfg_file), "--beta", "0.5", "--seed", "1"],
@@ -373,7 +373,7 @@ def test_negative_numbers_are_values_not_flags(base: list[str], value: str) -> N
     # argparse's own pattern misses exponent notation: '-1e-3' was "expected one argument"
     with pytest.raises(UserError, match=r"^--learning_rate must be"):
         parse([*base, "--learning_rate", value])
-    cfg = parse([*base, "--reward_funcs", "rloo.toy:letter_reward", "--reward_weights", "1", value])
+    cfg = parse([*base, "--reward_funcs", "rloo.demo.toy:letter_reward", "--reward_weights", "1", value])
     assert cfg.reward_weights == [1.0, float(value)]
 
 

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from rloo.tiny import TinySetup
+from rloo.demo.tiny import TinySetup
 
 HERE = Path(__file__).resolve().parent  # holds bad_rewards.py, importable by the subprocess
 TINY_RUN = [
@@ -169,7 +169,7 @@ def runs(
     base = [
         "--model_name_or_path", str(tiny_setup.policy),
         "--dataset_name", str(toy_dataset),
-        "--reward_funcs", "rloo.toy:letter_reward",
+        "--reward_funcs", "rloo.demo.toy:letter_reward",
     ]  # fmt: skip
     workers = max(2, min(len(CASES), (os.cpu_count() or 2) + 1))
     with ThreadPoolExecutor(max_workers=workers) as pool:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from rloo.cli import main
-from rloo.tiny import TinySetup
+from rloo.demo.tiny import TinySetup
 from tests.fixtures.servers import S3Server, use_s3
 
 MISSING = "rloo-no-such-bucket"
@@ -97,7 +97,7 @@ def test_train_flags_that_take_s3_reach_the_bucket(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     argv = ["train", "--model_name_or_path", str(tiny_setup.policy), "--dataset_name", str(toy_dataset)]
-    argv += ["--reward_funcs", "rloo.toy:letter_reward", "--disable_tqdm", "--max_steps", "1"]
+    argv += ["--reward_funcs", "rloo.demo.toy:letter_reward", "--disable_tqdm", "--max_steps", "1"]
     argv += ["--per_device_train_batch_size", "4", "--response_length", "4", "--num_sample_generations", "0"]
     if flag == "--checkpoint_uri":
         argv += ["--output_dir", str(tmp_path / "out")]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from rloo.tiny import TinySetup
+from rloo.demo.tiny import TinySetup
 from tests.eval.scripted_server import ScriptedJudge
 
 

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from rloo.cli.eval_cmd import main
+from rloo.demo.tiny import TinySetup
 from rloo.errors import UserError
 from rloo.eval.config import EvalConfig
 from rloo.eval.data import load_eval_rows
-from rloo.tiny import TinySetup
 from tests.eval.scripted_server import API_KEY, MODEL, ScriptedJudge
 
 

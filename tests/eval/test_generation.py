@@ -3,6 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from rloo.demo.tiny import TinySetup
 from rloo.errors import UserError
 from rloo.eval.config import EvalConfig
 from rloo.eval.generation import (
@@ -14,7 +15,6 @@ from rloo.eval.generation import (
     vllm_prompts,
     vllm_sampling_kwargs,
 )
-from rloo.tiny import TinySetup
 
 
 def config(**kw: object) -> EvalConfig:

@@ -6,10 +6,10 @@ responses, model name, concurrency) and that unparseable answers land in ``inval
 
 from __future__ import annotations
 
+from rloo.demo.tiny import TinySetup
 from rloo.eval.config import DEFAULT_TEMPLATE
 from rloo.eval.judge import INVALID, OK, JudgeSettings, PairwiseJudge, parse_answer
 from rloo.eval.stats import summarize_scores
-from rloo.tiny import TinySetup
 
 
 def test_judge_against_transformers_serve(transformers_server: str, tiny_setup: TinySetup) -> None:

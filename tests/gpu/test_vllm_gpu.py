@@ -1,7 +1,7 @@
 """The colocated vLLM engine for real: needs a CUDA GPU and vLLM (``pytest -m gpu``), skipped elsewhere.
 
 Not run on the development machines or in CI (no GPU there). On a GPU machine with the train image's
-packages: ``pytest -m gpu tests/gpu``. The tiny random-init models of rloo.tiny are built locally, so
+packages: ``pytest -m gpu tests/gpu``. The tiny random-init models of rloo.demo.tiny are built locally, so
 nothing is downloaded.
 """
 
@@ -21,10 +21,10 @@ if not torch.cuda.is_available():
 pytest.importorskip("vllm")
 
 from rloo.algo.logprobs import selective_log_softmax  # noqa: E402
-from rloo.tiny import build_tiny_setup  # noqa: E402
+from rloo.demo.tiny import build_tiny_setup  # noqa: E402
+from rloo.forward import response_logits  # noqa: E402
+from rloo.generation import SamplingParams, left_pad, row_seeds  # noqa: E402
 from rloo.training import vllm_backend as vb  # noqa: E402
-from rloo.training.forward import response_logits  # noqa: E402
-from rloo.training.generation import SamplingParams, left_pad, row_seeds  # noqa: E402
 
 
 class _SingleProcess:

@@ -6,8 +6,8 @@ from typing import Any
 import pytest
 
 from rloo.config import RLOOConfig
-from rloo.tiny import TinySetup, build_tiny_setup
-from rloo.toy import write_toy_dataset
+from rloo.demo.tiny import TinySetup, build_tiny_setup
+from rloo.demo.toy import write_toy_dataset
 
 
 @pytest.fixture(scope="session")
@@ -27,7 +27,7 @@ def make_config(tiny: TinySetup, toy_data: Path, tmp_path: Path):
     def make(**overrides: Any) -> RLOOConfig:
         kw: dict[str, Any] = dict(
             model_name_or_path=str(tiny.policy),
-            reward_funcs=["rloo.toy:letter_reward"],
+            reward_funcs=["rloo.demo.toy:letter_reward"],
             dataset_name=str(toy_data),
             output_dir=str(tmp_path / "out"),
             per_device_train_batch_size=16,

@@ -34,7 +34,7 @@ def _env(**extra: str) -> dict[str, str]:
 def _args(tiny, toy_data: Path, out: Path, **flags: object) -> list[str]:
     base: dict[str, object] = {
         "model_name_or_path": tiny.policy,
-        "reward_funcs": "rloo.toy:letter_reward",
+        "reward_funcs": "rloo.demo.toy:letter_reward",
         "dataset_name": toy_data,
         "output_dir": out,
         "per_device_train_batch_size": 8,

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from rloo.cli import main
-from rloo.tiny import build_tiny_setup
+from rloo.demo.tiny import build_tiny_setup
 from rloo.training.trainer import train
 
 pytestmark = pytest.mark.slow
@@ -157,7 +157,7 @@ def test_all_reward_shaping_options_run(make_config, tiny) -> None:
     # reward model and two functions (one answering None for some completions).
     cfg = make_config(
         reward_model_path=str(tiny.reward_model),
-        reward_funcs=["rloo.toy:letter_reward", "rloo.toy:sometimes_none_reward"],
+        reward_funcs=["rloo.demo.toy:letter_reward", "rloo.demo.toy:sometimes_none_reward"],
         reward_weights=[0.5, 1.0, 1.0],
         token_level_kl=True,
         kl_estimator="k3",
@@ -181,10 +181,12 @@ def test_all_reward_shaping_options_run(make_config, tiny) -> None:
 
 
 def test_conversational_prompts_and_none_rewards(make_config, tmp_path: Path) -> None:
-    from rloo.toy import write_toy_dataset
+    from rloo.demo.toy import write_toy_dataset
 
     data = write_toy_dataset(tmp_path / "chat", conversational=True, num_train=32, num_test=4)
-    cfg = make_config(dataset_name=str(data), reward_funcs=["rloo.toy:sometimes_none_reward"], max_steps=2)
+    cfg = make_config(
+        dataset_name=str(data), reward_funcs=["rloo.demo.toy:sometimes_none_reward"], max_steps=2
+    )
     hist = train(cfg).history
     # sometimes_none_reward answers None for even-length completions: some rows are unscored, and
     # they must neither crash nor turn metrics into NaN

@@ -207,7 +207,7 @@ def test_submit_names_pipeline_parameters_not_train_flags() -> None:
     # a flag of extra_train_args keeps its '--'
     with pytest.raises(UserError, match=r"^--temperature must be > 0"):
         S.params_for_submit(GOOD | {"extra_train_args": "--temperature 0"})
-    S.params_for_submit(no_reward | {"extra_train_args": "--reward_funcs rloo.toy:letter_reward"})
+    S.params_for_submit(no_reward | {"extra_train_args": "--reward_funcs rloo.demo.toy:letter_reward"})
 
 
 def test_cli_submit_reports_a_bad_type_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:

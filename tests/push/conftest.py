@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from rloo.tiny import TinySetup
+from rloo.demo.tiny import TinySetup
 from tests.fixtures.servers import MlflowServer, S3Server, use_s3
 
 TRAIN_CONFIG = {

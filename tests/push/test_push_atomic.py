@@ -70,7 +70,7 @@ def test_push_killed_mid_copy_keeps_the_previous_champion(
         )  # fmt: skip
 
     old = _model(trained_dir, tmp_path / "old", b"old-champion")
-    first = run_push(cfg(old, "out1"))
+    first = run_push(cfg(old, "out1")).to_dict()
     assert first["production"]["uploaded"]
     champion = read_manifest(where["prod"]).by_path
     assert champion["big_file.bin"].size == 6 * MiB
@@ -119,7 +119,7 @@ def test_push_killed_mid_copy_keeps_the_previous_champion(
 
     # The re-run publishes the new model and leaves nothing else: no old version, no half-copied file, no
     # open multipart upload.
-    second = run_push(cfg(new, "out3"))
+    second = run_push(cfg(new, "out3")).to_dict()
     assert second["production"]["uploaded"] and second["decision"] == "champion"
     pointer = read_manifest(where["prod"])
     assert pointer.root != old_root

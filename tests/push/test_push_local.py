@@ -9,6 +9,7 @@ import pytest
 
 from rloo.cli.push_cmd import main
 from rloo.push import PushConfig, run_push
+from rloo.push.stage import StoredCopy
 from rloo.storage import MANIFEST_NAME, read_manifest
 from tests.push.conftest import write_eval
 
@@ -28,7 +29,7 @@ def test_champion_is_published_versioned_and_copied_to_production(trained_dir: P
         storage_uri=str(tmp_path / "store"),
         production_uri=str(tmp_path / "prod"),
     )
-    result = run_push(cfg)
+    result = run_push(cfg).to_dict()
     assert result["decision"] == "champion" and result["promoted"]
     key = result["run_key"]
     assert key.startswith("sha256-")  # no KFP run: the content decides the version
@@ -44,8 +45,12 @@ def test_champion_is_published_versioned_and_copied_to_production(trained_dir: P
     assert on_disk == json.loads(json.dumps(result))
     assert result["storage"] == {"uri": version.as_uri(), "uploaded": True}
 
-    # The same run again: same version prefix, nothing uploaded, no second version.
-    again = run_push(cfg)
+    # The same run again: same version prefix, nothing uploaded, no second version. Typed fields this time.
+    typed = run_push(cfg)
+    assert typed.decision.promoted and typed.run_key == key and typed.mlflow is None and typed.hub is None
+    assert typed.storage == StoredCopy(version.as_uri(), uploaded=False)
+    assert typed.production is not None and typed.production.uploaded is False
+    again = typed.to_dict()
     assert again["run_key"] == key and again["storage"]["uploaded"] is False
     assert again["production"]["uploaded"] is False
     assert sorted(p.name for p in (tmp_path / "store").iterdir()) == [key]
@@ -62,7 +67,7 @@ def test_candidate_is_not_copied_to_production(trained_dir: Path, tmp_path: Path
             production_uri=str(tmp_path / "prod"),
             run_id="run/42",
         )
-    )
+    ).to_dict()
     assert result["decision"] == "candidate" and "not above the margin" in result["reason"]
     assert result["run_key"] == "run-42" and result["production"] is None
     assert not (tmp_path / "prod").exists()
@@ -75,7 +80,7 @@ def test_kfp_run_id_names_the_version(
     monkeypatch.setenv("KFP_RUN_ID", "kfp-abc")
     result = run_push(
         PushConfig(model_path=str(trained_dir), output_dir=str(tmp_path), storage_uri=str(tmp_path / "s"))
-    )
+    ).to_dict()
     assert result["run_key"] == "kfp-abc" and (tmp_path / "s" / "kfp-abc" / MANIFEST_NAME).is_file()
     assert result["decision"] == "candidate"  # no evaluation: never promoted
 

@@ -43,7 +43,7 @@ def test_champion_end_to_end_and_idempotent(push_env: S3Server, trained_dir: Pat
     ev = write_eval(tmp_path / "eval_results.json", lo=0.04)
     cfg = _cfg(push_env, trained_dir, ev, tmp_path / "out", name, run_id="kfp-run-1")
     hub = FakeHfApi()
-    result = run_push(cfg, hub_api=hub)
+    result = run_push(cfg, hub_api=hub).to_dict()
     client = MlflowClient()
 
     assert result["decision"] == "champion"
@@ -76,7 +76,7 @@ def test_champion_end_to_end_and_idempotent(push_env: S3Server, trained_dir: Pat
     assert json.loads((tmp_path / "out" / "push_result.json").read_text())["mlflow"]["version"] == "1"
 
     # Re-run of the same pipeline run: no new version, no new run, nothing re-uploaded.
-    again = run_push(cfg, hub_api=FakeHfApi())
+    again = run_push(cfg, hub_api=FakeHfApi()).to_dict()
     assert again["mlflow"]["version"] == "1" and again["mlflow"]["reused"] is True
     assert again["mlflow"]["run_id"] == result["mlflow"]["run_id"]
     assert again["storage"]["uploaded"] is False and again["production"]["uploaded"] is False
@@ -91,7 +91,9 @@ def test_candidate_gets_alias_and_reason_not_production(
     name = _name()
     ev = write_eval(tmp_path / "ev.json", lo=0.01)
     hub = FakeHfApi()
-    result = run_push(_cfg(push_env, trained_dir, ev, tmp_path, name, promotion_margin=0.02), hub_api=hub)
+    result = run_push(
+        _cfg(push_env, trained_dir, ev, tmp_path, name, promotion_margin=0.02), hub_api=hub
+    ).to_dict()
     client = MlflowClient()
     assert result["decision"] == "candidate" and "not above the margin +0.020" in result["reason"]
     mv = client.get_model_version_by_alias(name, "candidate")
@@ -121,7 +123,7 @@ def test_failure_part_way_promotes_nothing_and_rerun_completes(
     (run,) = client.search_runs([exp.experiment_id])
     assert run.info.status == "FAILED"
 
-    result = run_push(cfg, hub_api=FakeHfApi())
+    result = run_push(cfg, hub_api=FakeHfApi()).to_dict()
     assert result["mlflow"]["version"] == mv.version and result["mlflow"]["aliases"] == ["champion"]
     assert len(client.search_model_versions(f"name = '{name}'")) == 1
     assert client.get_run(run.info.run_id).info.status == "FINISHED"
@@ -141,7 +143,7 @@ def test_model_and_eval_from_s3(push_env: S3Server, trained_dir: Path, tmp_path:
             output_dir=str(tmp_path / "out"),
             storage_uri=str(tmp_path / "store"),
         )
-    )
+    ).to_dict()
     assert result["decision"] == "champion" and result["mlflow"] is None
     published = read_manifest(result["storage"]["uri"]).by_path
     # checkpoint-5 was uploaded with the model but is not republished
@@ -179,11 +181,11 @@ def test_rerun_with_a_new_decision_moves_the_alias(
     first = run_push(
         _cfg(push_env, trained_dir, ev, tmp_path, name, run_id="r", promotion_margin=0.05),
         hub_api=FakeHfApi(),
-    )
+    ).to_dict()
     assert first["mlflow"]["aliases"] == ["candidate"]
     second = run_push(
         _cfg(push_env, trained_dir, ev, tmp_path, name, run_id="r", promotion_margin=0.0), hub_api=FakeHfApi()
-    )
+    ).to_dict()
     assert second["decision"] == "champion" and second["mlflow"]["version"] == first["mlflow"]["version"]
     assert second["mlflow"]["aliases"] == ["champion"]
     assert (
@@ -236,7 +238,7 @@ def test_registers_by_default_under_the_experiment_name_with_an_opt_out(
             mlflow_experiment=name,
             run_id="default-name",
         )
-    )
+    ).to_dict()
     client = MlflowClient()
     assert result["mlflow"]["registered_model_name"] == name
     assert client.get_model_version_by_alias(name, "champion").version == result["mlflow"]["version"]
@@ -250,7 +252,7 @@ def test_registers_by_default_under_the_experiment_name_with_an_opt_out(
             mlflow_experiment=other,
             register_model=False,
         )
-    )
+    ).to_dict()
     assert set(opted_out["mlflow"]) == {"run_id"}
     with pytest.raises(MlflowException):
         client.get_registered_model(other)
@@ -271,7 +273,7 @@ def test_rerun_that_decides_candidate_gives_champion_back(
         return run_push(
             _cfg(push_env, trained_dir, ev, tmp_path / run, name, run_id=run, promotion_margin=margin),
             hub_api=FakeHfApi(),
-        )
+        ).to_dict()
 
     old = push("old", 0.0)
     new = push("new", 0.0)
@@ -309,13 +311,13 @@ def test_retrying_an_older_run_does_not_take_champion_back(
     newer = run_push(
         _cfg(push_env, trained_dir, ev, tmp_path / "late", name, run_id="late", mlflow_parent_run_id=late),
         hub_api=FakeHfApi(),
-    )
+    ).to_dict()
     assert newer["decision"] == "champion"
     hub = FakeHfApi()
     older = run_push(
         _cfg(push_env, trained_dir, ev, tmp_path / "early", name, run_id="early", mlflow_parent_run_id=early),
         hub_api=hub,
-    )
+    ).to_dict()
     assert older["decision"] == "candidate" and older["promoted"] is False
     assert "lower bound above the margin" in older["reason"] and "newer run" in older["reason"]
     assert f"version {newer['mlflow']['version']} of late" in older["reason"]

@@ -13,7 +13,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from rloo.config import RLOOConfig
-from rloo.tiny import TinySetup
+from rloo.demo.tiny import TinySetup
 from rloo.training.trainer import train
 from tests.fixtures.servers import SECRET_KEY, MlflowServer, free_port
 
@@ -67,7 +67,7 @@ def test_two_training_runs_can_be_compared(
     for name, lr in (("a", 5e-3), ("b", 1e-2)):
         cfg = RLOOConfig(
             model_name_or_path=str(tiny_setup.policy),
-            reward_funcs=["rloo.toy:letter_reward"],
+            reward_funcs=["rloo.demo.toy:letter_reward"],
             dataset_name=str(toy_dataset),
             output_dir=str(tmp_path / name),
             per_device_train_batch_size=8,
@@ -114,7 +114,7 @@ def test_rloo_train_with_mlflow_unreachable_fails_in_one_line(
     # credentials as they must be given (never in the URI, which is refused): they still never show up
     dead = f"http://127.0.0.1:{free_port()}"
     argv = ["train", "--disable_tqdm", "--model_name_or_path", str(tiny_setup.policy)]
-    argv += ["--reward_funcs", "rloo.toy:letter_reward", "--dataset_name", str(toy_dataset)]
+    argv += ["--reward_funcs", "rloo.demo.toy:letter_reward", "--dataset_name", str(toy_dataset)]
     argv += [
         "--output_dir",
         str(out),

@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from rloo.tiny import build_tiny_setup
+from rloo.demo.tiny import build_tiny_setup
+from rloo.models import load_causal_lm, load_tokenizer
 from rloo.training.checkpoint import (
     checkpoint_problem,
     latest_checkpoint,
@@ -14,7 +15,6 @@ from rloo.training.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from rloo.training.models import load_causal_lm, load_tokenizer
 
 
 @pytest.fixture(scope="module", params=["gpt_neox", "qwen2"])  # qwen2 ties lm_head to the embeddings

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 import torch
 
-from rloo import toy
+from rloo.demo import toy
+from rloo.demo.tiny import EOS_TOKEN, TinySetup
 from rloo.errors import UserError
-from rloo.tiny import EOS_TOKEN, TinySetup
-from rloo.training.models import load_reward_model
+from rloo.models import load_reward_model
 from rloo.training.rewards import (
     RewardBatch,
     RewardFunctionSource,
@@ -81,8 +81,8 @@ def batch(n: int = 4, **extra: list[Any]) -> RewardBatch:
 
 # --- load_reward_function ------------------------------------------------------------------------------
 def test_load_reward_function_variants(plugin: str) -> None:
-    assert load_reward_function("rloo.toy:letter_reward") is toy.letter_reward
-    assert load_reward_function("rloo.toy.letter_reward") is toy.letter_reward  # dotted form
+    assert load_reward_function("rloo.demo.toy:letter_reward") is toy.letter_reward
+    assert load_reward_function("rloo.demo.toy.letter_reward") is toy.letter_reward  # dotted form
     fn = load_reward_function(f"{plugin}:halves")
     assert fn(completions=["a", "b"]) == [0.5, 0.5]
     assert load_reward_function("rloo_test_pkg.sub:fn")(completions=["x"]) == [1.0]
@@ -94,7 +94,7 @@ def test_load_reward_function_variants(plugin: str) -> None:
     [
         ("justaname", "is not an import path: write 'pkg.module:function'"),
         (":fn", "is not an import path"),
-        ("rloo.toy:", "is not an import path"),
+        ("rloo.demo.toy:", "is not an import path"),
         ("no_such_module_xyz:fn", "cannot import module 'no_such_module_xyz'.*PYTHONPATH"),
         ("rloo_test_broken:fn", "cannot import module 'rloo_test_broken' \\(ModuleNotFoundError"),
         ("rloo_test_plugin:nope", "module 'rloo_test_plugin' has no attribute 'nope'; check the name"),
@@ -125,10 +125,12 @@ def test_reward_function_called_trl_style_with_extra_columns(plugin: str) -> Non
 
 def test_toy_rewards_through_the_source() -> None:
     b = batch(2, target=["a", "u"])
-    torch.testing.assert_close(RewardFunctionSource("rloo.toy:letter_reward")(b), torch.tensor([1.0, 1.0]))
+    torch.testing.assert_close(
+        RewardFunctionSource("rloo.demo.toy:letter_reward")(b), torch.tensor([1.0, 1.0])
+    )
     # " aeiou" has one 'a' among five letters: 1/5 for target "a"
     torch.testing.assert_close(
-        RewardFunctionSource("rloo.toy:target_letter_reward")(b), torch.tensor([0.2, 0.2])
+        RewardFunctionSource("rloo.demo.toy:target_letter_reward")(b), torch.tensor([0.2, 0.2])
     )
 
 
@@ -154,7 +156,7 @@ def test_reward_function_that_raises(plugin: str) -> None:
     ],
 )
 def test_validate_accepts(out: Any, expected: list[float]) -> None:
-    src = RewardFunctionSource("rloo.toy:letter_reward")
+    src = RewardFunctionSource("rloo.demo.toy:letter_reward")
     got = src.validate(out, 4)
     assert got.dtype == torch.float32 and got.shape == (4,)
     torch.testing.assert_close(got, torch.tensor(expected), equal_nan=True)
@@ -178,10 +180,10 @@ def test_validate_accepts(out: Any, expected: list[float]) -> None:
     ],
 )
 def test_validate_rejects(out: Any, match: str) -> None:
-    src = RewardFunctionSource("rloo.toy:letter_reward")
+    src = RewardFunctionSource("rloo.demo.toy:letter_reward")
     with pytest.raises(UserError, match=match) as info:
         src.validate(out, 4)
-    assert str(info.value).startswith("--reward_funcs rloo.toy:letter_reward returned")
+    assert str(info.value).startswith("--reward_funcs rloo.demo.toy:letter_reward returned")
 
 
 def test_score_all_stacks_sources(plugin: str) -> None:

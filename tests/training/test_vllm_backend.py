@@ -23,8 +23,8 @@ import pytest
 import torch
 
 from rloo.errors import UserError
+from rloo.generation import SamplingParams, TransformersGenerator, left_pad, row_seeds
 from rloo.training import vllm_backend as vb
-from rloo.training.generation import SamplingParams, TransformersGenerator, left_pad, row_seeds
 
 VOCAB = 40
 PAD = 0

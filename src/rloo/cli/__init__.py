@@ -60,7 +60,7 @@ def _setup_logging() -> None:
 
 
 def _demo(argv: list[str]) -> int:
-    from rloo.demo import main as demo_main
+    from rloo.demo.cli import main as demo_main
 
     _setup_logging()
     return demo_main(argv)

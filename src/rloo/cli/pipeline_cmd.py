@@ -13,12 +13,13 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import tempfile
 from pathlib import Path
 
+from rloo.demo.toy import TOY_UPDATES
 from rloo.errors import UserError
-from rloo.toy import TOY_UPDATES
 
 
 def _params_args(p: argparse.ArgumentParser) -> None:
@@ -114,10 +115,16 @@ def _dispatch(ns: argparse.Namespace) -> int:
             )
         if ns.updates < 1:
             raise UserError(f"--updates must be >= 1 (got {ns.updates}).")
+        from rloo.demo.pipeline import embedded_params, toy_judge
         from rloo.pipeline.local import run_pipeline_locally, summary
 
+        # the demo fixtures come in from here (the CLI layer): the pipeline layer does not import rloo.demo
         result = run_pipeline_locally(
-            ns.workdir, parse_params(ns.param, ns.params), updates=ns.updates, verbose=ns.verbose
+            ns.workdir,
+            parse_params(ns.param, ns.params),
+            defaults=functools.partial(embedded_params, updates=ns.updates),
+            judge=toy_judge,
+            verbose=ns.verbose,
         )
         print("\n".join(summary(result)))
         return 0

@@ -34,7 +34,7 @@ def main(argv: list[str]) -> int:
     except UserError as e:
         print(f"rloo push: error: {e}", file=sys.stderr)
         return e.exit_code
-    print(json.dumps({k: result[k] for k in ("decision", "reason", "run_key")}))
+    print(json.dumps({k: result.to_dict()[k] for k in ("decision", "reason", "run_key")}))
     return 0
 
 

@@ -97,7 +97,7 @@ class EvalConfig:
         )
         if self.engine not in ENGINES:
             raise UserError(f"--engine must be one of {', '.join(ENGINES)} (got {self.engine!r}).")
-        positive = (
+        positive: tuple[str, ...] = (
             "max_new_tokens",
             "generation_batch_size",
             "vllm_tensor_parallel_size",

@@ -6,10 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from rloo.errors import UserError
-
 # The prompt loader's readers are reused so local layouts and Hub ids behave exactly as in `rloo train`.
-from rloo.training.data import read_split
+from rloo.data import read_split
+from rloo.errors import UserError
 
 
 @dataclass

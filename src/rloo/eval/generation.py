@@ -56,7 +56,7 @@ def make_engine(cfg: EvalConfig) -> GenerationEngine:
 
 
 class TransformersEngine:
-    """Batched KV-cached generation through :class:`rloo.training.generation.TransformersGenerator`."""
+    """Batched KV-cached generation through :class:`rloo.generation.TransformersGenerator`."""
 
     name = "transformers"
 
@@ -65,8 +65,8 @@ class TransformersEngine:
         self.device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
     def generate(self, model_path: str, prompts: list[Any]) -> list[str]:
-        from rloo.training.generation import SamplingParams, TransformersGenerator, left_pad
-        from rloo.training.models import load_causal_lm, load_tokenizer
+        from rloo.generation import SamplingParams, TransformersGenerator, left_pad
+        from rloo.models import load_causal_lm, load_tokenizer
 
         cfg = self.cfg
         flag = "baseline_model" if model_path == cfg.baseline_model else "model_name_or_path"
@@ -108,7 +108,7 @@ def prompt_token_ids(
     adds none (a second BOS otherwise). A prompt too long for the model keeps its last tokens, where the
     task is asked, rather than failing the whole batch.
     """
-    from rloo.training.data import format_prompts, tokenize_prompts
+    from rloo.data import format_prompts, tokenize_prompts
 
     chat = bool(prompts) and isinstance(prompts[0], list)
     ids = tokenize_prompts(format_prompts(prompts, tok), tok, chat=chat)
@@ -182,7 +182,7 @@ class VLLMEngine:  # pragma: no cover - needs vLLM and a GPU; its arguments are 
     def generate(self, model_path: str, prompts: list[Any]) -> list[str]:
         import os
 
-        from rloo.training.models import load_tokenizer
+        from rloo.models import load_tokenizer
 
         cfg = self.cfg
         flag = "baseline_model" if model_path == cfg.baseline_model else "model_name_or_path"

@@ -80,6 +80,7 @@ def _evaluate(
     sources: dict[str, str] | None,
     out: Path,
 ) -> dict[str, Any]:
+    assert cfg.model_name_or_path is not None  # EvalConfig.validate() requires it
     models = {"trained": cfg.model_name_or_path}
     if cfg.baseline_model:
         models["baseline"] = cfg.baseline_model
@@ -192,4 +193,4 @@ def _report(sinks: list[Any], results: dict[str, Any], out: Path) -> None:
                 sink.log_artifact(out / name, "eval")
             status = "FINISHED"
         finally:
-            sink.finish(status)  # type: ignore[arg-type]
+            sink.finish(status)

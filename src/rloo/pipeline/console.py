@@ -116,7 +116,7 @@ def step_console(log_dir: Path, *, verbose: bool = False) -> Iterator[StepConsol
     """Route ``sys.stdout`` through a :class:`StepConsole` while the block runs."""
     saved = sys.stdout
     console = StepConsole(saved, log_dir, verbose=verbose)
-    sys.stdout = console  # type: ignore[assignment]
+    sys.stdout = console
     # kfp.local also logs through the root logger ("Skipping conditional task ..."), whose handler may hold
     # the real stdout (the CLI's): those lines belong in the log too.
     moved = [
@@ -125,7 +125,7 @@ def step_console(log_dir: Path, *, verbose: bool = False) -> Iterator[StepConsol
         if isinstance(h, logging.StreamHandler) and getattr(h, "stream", None) is saved
     ]
     for h in moved:
-        h.setStream(console)  # type: ignore[arg-type]
+        h.setStream(console)
     try:
         yield console
     finally:

@@ -1,10 +1,11 @@
 """``rloo pipeline run --local``: the whole pipeline on this machine, on embedded defaults.
 
 Every step of the real pipeline runs as a subprocess of this interpreter through ``kfp.local`` (the same
-component definitions the cluster runs). Without a ``model`` parameter the run is self-contained: a tiny
-random-initialised policy and reward model built here (:mod:`rloo.tiny`), the toy prompt and evaluation
-datasets (:mod:`rloo.toy`), and the toy judge served from this process (:mod:`rloo.toy_judge`), all under
-``--workdir``. Models and results go to ``<workdir>/store`` (or the ``output_uri`` parameter, e.g. an
+component definitions the cluster runs). Without a ``model`` parameter the run is self-contained on the
+defaults the caller passes in: ``rloo pipeline run --local`` passes those of :mod:`rloo.demo.pipeline` (a tiny
+random-initialised policy and reward model built here, the toy prompt and evaluation datasets, and the toy
+judge served from this process), all under ``--workdir``. They are arguments, not imports, so this module
+(the pipeline layer) does not depend on the demo fixtures (the import-linter contracts in pyproject.toml). Models and results go to ``<workdir>/store`` (or the ``output_uri`` parameter, e.g. an
 ``s3://`` prefix with the usual ``AWS_*`` / ``S3_ENDPOINT_URL`` variables), MLflow runs to a sqlite store
 under ``<workdir>/mlruns`` unless ``MLFLOW_TRACKING_URI`` names a server.
 """
@@ -14,10 +15,9 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shlex
 import time
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,9 +25,13 @@ from typing import Any
 from rloo.errors import UserError
 from rloo.pipeline.console import step_console
 from rloo.pipeline.failure import run_failure
-from rloo.toy import TOY_UPDATES
 
-STORE_DIR, KFP_DIR, ASSETS_DIR, MLFLOW_DIR, LOGS_DIR = "store", "kfp", "assets", "mlruns", "logs"
+STORE_DIR, KFP_DIR, MLFLOW_DIR, LOGS_DIR = "store", "kfp", "mlruns", "logs"
+
+# The parameters of a self-contained run, built under the work directory (rloo.demo.pipeline.embedded_params)
+Defaults = Callable[[Path], dict[str, Any]]
+# A judge served while the run needs it; yields the judge parameters (rloo.demo.pipeline.toy_judge)
+LocalJudge = Callable[[], AbstractContextManager[dict[str, Any]]]
 
 
 @dataclass
@@ -49,35 +53,6 @@ class LocalResult:
     def artifact_metadata(self, task: str, name: str) -> dict[str, Any]:
         arts = self.outputs.get(task, {}).get("artifacts", {}).get(name, {}).get("artifacts") or [{}]
         return dict(arts[0].get("metadata") or {})
-
-
-def embedded_params(workdir: Path, *, updates: int = TOY_UPDATES, seed: int = 0) -> dict[str, Any]:
-    """The parameters of a self-contained run: build the tiny models and toy datasets under ``workdir`` and
-    train with the toy recipe of ``rloo demo`` (:data:`rloo.toy.TOY_TRAINING`): the settings the pipeline
-    exposes as parameters, the others as ``extra_train_args``."""
-    from rloo.pipeline.steps import TrainParams
-    from rloo.tiny import build_tiny_setup
-    from rloo.toy import TOY_TRAINING, write_toy_dataset, write_toy_eval_dataset
-
-    assets = workdir / ASSETS_DIR
-    setup = build_tiny_setup(assets / "models", arch="gpt_neox", seed=seed)
-    exposed = set(TrainParams.__dataclass_fields__)
-    extra: list[str] = []
-    for flag, value in TOY_TRAINING.items():
-        if flag not in exposed:
-            extra += [f"--{flag}", *(map(str, value) if isinstance(value, list) else [str(value)])]
-    return {
-        "model": str(setup.policy),
-        "reward_model_path": str(setup.reward_model),
-        "dataset_name": str(write_toy_dataset(assets / "prompts", seed=seed)),
-        "eval_dataset_name": str(write_toy_eval_dataset(assets / "eval", seed=seed + 1)),
-        "eval_max_new_tokens": 16,
-        "total_episodes": updates * TOY_TRAINING["per_device_train_batch_size"],
-        **{k: v for k, v in TOY_TRAINING.items() if k in exposed},
-        "seed": seed,
-        "extra_train_args": shlex.join(extra),
-        "gpu_count": 0,
-    }
 
 
 def check_names(params: dict[str, Any], *, required: bool) -> dict[str, Any]:
@@ -114,6 +89,7 @@ def run_local(
     before = set(os.listdir(root))
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(root))
     start = time.perf_counter()
+    failure: str | None
     with warnings.catch_warnings():
         # cluster settings (display names, GPUs, secrets) that kfp.local says it ignores, twice per step
         warnings.filterwarnings(
@@ -166,24 +142,24 @@ def run_pipeline_locally(
     workdir: str | os.PathLike[str],
     user_params: dict[str, Any],
     *,
-    updates: int = TOY_UPDATES,
+    defaults: Defaults | None = None,
+    judge: LocalJudge | None = None,
     verbose: bool = False,
 ) -> LocalResult:
-    """The ``rloo pipeline run --local`` command: embedded defaults (unless ``model`` is given), one
-    tracking store, the toy judge while the run needs it."""
-    from rloo.toy_judge import MODEL, ToyJudge
+    """The ``rloo pipeline run --local`` command: ``defaults`` built under ``workdir`` (unless ``model`` is
+    given), one tracking store, ``judge`` served while the run needs it (unless ``judge_base_url`` is
+    given)."""
     from rloo.tracking.runs import DEFAULT_EXPERIMENT
 
     user_params = check_names(user_params, required=False)  # before anything is built
     work = Path(workdir).resolve()
     work.mkdir(parents=True, exist_ok=True)
-    params: dict[str, Any] = {} if "model" in user_params else embedded_params(work, updates=updates)
+    params: dict[str, Any] = {} if "model" in user_params or defaults is None else defaults(work)
     params.setdefault("output_uri", str(work / STORE_DIR))
     params.update(user_params)
     with ExitStack() as stack:
-        if not params.get("judge_base_url"):
-            judge = stack.enter_context(ToyJudge())
-            params.update(judge_base_url=judge.base_url, judge_model=MODEL)
+        if not params.get("judge_base_url") and judge is not None:
+            params.update(stack.enter_context(judge()))
         uri = None
         try:
             import mlflow  # noqa: F401

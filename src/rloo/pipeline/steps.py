@@ -507,18 +507,19 @@ def push_stage(
     version published under ``<output_uri>/published/<run id>``, and ``push_result.json`` published to
     ``<output_uri>/<run id>/push`` next to the model and the evaluation (its URI is returned as
     ``result_uri``). ``push_options``: the other :class:`rloo.push.config.PushConfig` fields."""
+    from rloo.pipeline.layout import RunLayout
     from rloo.push.config import PushConfig
     from rloo.push.stage import RESULT_FILE, run_push
     from rloo.storage import upload_dir
 
-    base = output_uri.rstrip("/")
+    layout = RunLayout(output_uri, kfp_run_id)
     with tempfile.TemporaryDirectory(prefix="rloo-push-") as tmp:
         cfg = PushConfig(
             model_path=trained_uri,
             eval_results=eval_results_uri or None,
             output_dir=str(Path(tmp) / "push"),
             run_id=kfp_run_id,
-            storage_uri=f"{base}/published",
+            storage_uri=layout.published,
             base_model=base_model or None,
             base_model_revision=base_model_revision or None,
             **push_options,
@@ -527,9 +528,8 @@ def push_stage(
         publish = Path(tmp) / "result"
         publish.mkdir()
         (Path(cfg.output_dir) / RESULT_FILE).rename(publish / RESULT_FILE)
-        results_uri = f"{base}/{kfp_run_id}/push"
-        upload_dir(publish, results_uri, progress=False)
-    return {**result, "result_uri": f"{results_uri}/{RESULT_FILE}"}
+        upload_dir(publish, layout.push, progress=False)
+    return {**result.to_dict(), "result_uri": layout.push_result}
 
 
 def evaluate_stage(

@@ -193,10 +193,16 @@ class Registry:
         self.started_ms = int(run.info.start_time)
         return self.started_ms
 
+    def _name(self) -> str:
+        """The registered model's name, for the methods that only run when there is one."""
+        if not self.name:
+            raise RuntimeError("no registered model name: this push does not register a version")
+        return self.name
+
     # -- the version ------------------------------------------------------------------------------------
     def existing_version(self) -> Any | None:
         versions = self.client.search_model_versions(
-            f"name = '{_quote(self.name)}' and tags.`{TAG_SOURCE_RUN}` = '{_quote(self.run_key)}'"
+            f"name = '{_quote(self._name())}' and tags.`{TAG_SOURCE_RUN}` = '{_quote(self.run_key)}'"
         )
         ready = [v for v in versions if getattr(v, "status", "READY") == "READY"]
         return min(ready, key=lambda v: int(v.version)) if ready else None
@@ -272,7 +278,7 @@ class Registry:
         """The newest other version whose last decision is champion (where ``champion`` goes back to when
         the version holding it is demoted), or None."""
         found = self.client.search_model_versions(
-            f"name = '{_quote(self.name)}' and tags.`{TAG_PROMOTION}` = '{CHAMPION}'"
+            f"name = '{_quote(self._name())}' and tags.`{TAG_PROMOTION}` = '{CHAMPION}'"
         )
         others = [
             self.client.get_model_version(self.name, str(v.version))

@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +46,7 @@ from rloo.push.gate import (
     parse_eval_results,
 )
 from rloo.push.hub import upload_to_hub
-from rloo.push.registry import Registry, build_mlflow_model_dir, link_or_copy
+from rloo.push.registry import Registry, RegistryResult, build_mlflow_model_dir, link_or_copy
 from rloo.storage import Location, download_dir, is_complete, publish_atomic, read_manifest, upload_dir
 from rloo.storage.backends import backend_for
 from rloo.storage.manifest import MANIFEST_NAME, build_manifest, sha256_file
@@ -219,8 +220,100 @@ def _raise_mlflow_as_user_error(exc: BaseException) -> None:
 
 
 # ------------------------------------------------------------------------------------------------------
-def run_push(cfg: PushConfig, *, hub_api: Any = None, mlflow_client: Any = None) -> dict[str, Any]:
-    """Run the push stage; returns (and writes to ``<output_dir>/push_result.json``) the result."""
+# Typed results: push_result.json is PushResult.to_dict() (the same document as before, key for key).
+@dataclass(frozen=True)
+class StoredCopy:
+    """A copy under ``storage_uri`` or ``production_uri``: ``uploaded`` is False when an identical complete
+    copy was already there; a demotion says where the restored copy came from, or that none could be."""
+
+    uri: str
+    uploaded: bool
+    restored_from: str | None = None
+    stale: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"uri": self.uri, "uploaded": self.uploaded}
+        if self.restored_from is not None:
+            d["restored_from"] = self.restored_from
+        if self.stale:
+            d["stale"] = True
+        return d
+
+
+@dataclass
+class MlflowRecord:
+    """The push run, and the registered version when the push registers one."""
+
+    run_id: str
+    registered: RegistryResult | None = None
+    aliases: list[str] = field(default_factory=list)
+    champion_version: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"run_id": self.run_id}
+        if self.registered is not None:
+            reg = self.registered
+            d.update(
+                registered_model_name=reg.name, version=reg.version, source=reg.source, reused=reg.reused
+            )
+            d.update(aliases=self.aliases, champion_version=self.champion_version)
+        return d
+
+
+@dataclass
+class PushResult:
+    """What a push did, target by target (None: not configured, or not for this decision)."""
+
+    decision: Decision
+    promotion_margin: float
+    run_key: str
+    digests: dict[str, str]
+    storage: StoredCopy | None = None
+    production: StoredCopy | None = None
+    mlflow: MlflowRecord | None = None
+    hub: dict[str, str | None] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``push_result.json`` document."""
+        return {
+            "decision": self.decision.decision,
+            "promoted": self.decision.promoted,
+            "reason": self.decision.reason,
+            "promotion_margin": self.promotion_margin,
+            "run_key": self.run_key,
+            "digests": self.digests,
+            "storage": None if self.storage is None else self.storage.to_dict(),
+            "production": None if self.production is None else self.production.to_dict(),
+            "mlflow": None if self.mlflow is None else self.mlflow.to_dict(),
+            "hub": self.hub,
+        }
+
+
+@dataclass(frozen=True)
+class StagedPush:
+    """Checked inputs and the staged files (step 1), before anything is published."""
+
+    model_dir: Path
+    staged: Path
+    digests: dict[str, str]
+    eval_results: EvalResults | None
+    decision: Decision
+    key: str
+    kfp_id: str | None
+    kfp_name: str | None
+
+
+@dataclass(frozen=True)
+class PushRun:
+    """The MLflow push run and the registry it registers in."""
+
+    registry: Registry
+    run_id: str
+
+
+# ------------------------------------------------------------------------------------------------------
+def run_push(cfg: PushConfig, *, hub_api: Any = None, mlflow_client: Any = None) -> PushResult:
+    """Run the push stage; returns the result, also written to ``<output_dir>/push_result.json``."""
     tracking = bool(os.environ.get("MLFLOW_TRACKING_URI")) or mlflow_client is not None
     if not tracking:
         cfg.check_tracking()
@@ -228,7 +321,30 @@ def run_push(cfg: PushConfig, *, hub_api: Any = None, mlflow_client: Any = None)
     result_path = out / RESULT_FILE
     result_path.unlink(missing_ok=True)  # a stale result must not outlive a failed re-run
 
-    # every input is checked before output_dir is created: bad input leaves nothing behind
+    prepared = stage_push(cfg, out)
+    # The MLflow run first: whether this run may take 'champion' depends on its start time.
+    run = open_push_run(cfg, prepared.key, mlflow_client, tracking=tracking) if tracking else None
+    try:
+        result = publish(cfg, prepared, run, hub_api)
+        _write_json_atomic(result_path, result.to_dict())
+        if run is not None:
+            run.registry.client.log_artifact(run.run_id, str(result_path))
+            run.registry.client.set_terminated(run.run_id, status="FINISHED")
+    except BaseException as e:
+        if run is not None:
+            try:
+                run.registry.client.set_terminated(run.run_id, status="FAILED")
+            except Exception:  # the original error is the one to report
+                log.warning("could not mark MLflow run %s FAILED", run.run_id)
+        _raise_mlflow_as_user_error(e)
+        raise
+    log.info("push decision: %s (%s)", result.decision.decision, result.decision.reason)
+    return result
+
+
+def stage_push(cfg: PushConfig, out: Path) -> StagedPush:
+    """Step 1: check every input (before ``out`` is created: bad input leaves nothing behind), decide, and
+    stage the files to publish under ``out/publish``."""
     check_model_source(str(cfg.model_path))
     eval_results = read_eval_results(cfg.eval_results)
     decision = decide(eval_results, cfg.promotion_margin)
@@ -238,100 +354,119 @@ def run_push(cfg: PushConfig, *, hub_api: Any = None, mlflow_client: Any = None)
         hub_token()  # fail on a missing token now, before anything is published
     out.mkdir(parents=True, exist_ok=True)
     model_dir = resolve_model_dir(str(cfg.model_path), out)
-
     staged = stage_files(model_dir, cfg.eval_results, eval_results, out / "publish")
     digests = {f.name: sha256_file(f) for f in sorted(staged.iterdir())}
     kfp_id, kfp_name = pipeline_run_from_env()
     key = run_key(cfg.run_id or kfp_id or _content_key(digests))
-    registered_name = cfg.model_registry_name(tracking=tracking)
+    return StagedPush(model_dir, staged, digests, eval_results, decision, key, kfp_id, kfp_name)
 
-    # The MLflow run first: whether this run may take 'champion' depends on its start time.
-    registry: Registry | None = None
-    run_id: str | None = None
-    if tracking:
-        from mlflow.tracking import MlflowClient
 
-        from rloo.tracking.runs import check_tracking_server
+def open_push_run(cfg: PushConfig, key: str, mlflow_client: Any, *, tracking: bool) -> PushRun:
+    """The push run of this run key (found again on a re-run), in the registry it registers in."""
+    from mlflow.tracking import MlflowClient
 
-        if mlflow_client is None:
-            check_tracking_server()
-        client = mlflow_client or MlflowClient()
-        registry = Registry(client, registered_name, key)
-        try:
-            run_id = registry.find_or_start_run(
-                experiment=cfg.mlflow_experiment,
-                parent_run_id=cfg.mlflow_parent_run_id,
-                run_name="push",  # like "train" and "eval"; the run key is its rloo.source_run tag
-            )
-        except Exception as e:
-            _raise_mlflow_as_user_error(e)
-            raise
+    from rloo.tracking.runs import check_tracking_server
+
+    if mlflow_client is None:
+        check_tracking_server()
+    client = mlflow_client or MlflowClient()
+    registry = Registry(client, cfg.model_registry_name(tracking=tracking), key)
     try:
-        result = _push(cfg, key, kfp_id, kfp_name, model_dir, staged, digests, eval_results, decision,
-                       registry, run_id, hub_api)  # fmt: skip
-        _write_json_atomic(result_path, result)
-        if registry is not None and run_id is not None:
-            registry.client.log_artifact(run_id, str(result_path))
-            registry.client.set_terminated(run_id, status="FINISHED")
-    except BaseException as e:
-        if registry is not None and run_id is not None:
-            try:
-                registry.client.set_terminated(run_id, status="FAILED")
-            except Exception:  # the original error is the one to report
-                log.warning("could not mark MLflow run %s FAILED", run_id)
+        run_id = registry.find_or_start_run(
+            experiment=cfg.mlflow_experiment,
+            parent_run_id=cfg.mlflow_parent_run_id,
+            run_name="push",  # like "train" and "eval"; the run key is its rloo.source_run tag
+        )
+    except Exception as e:
         _raise_mlflow_as_user_error(e)
         raise
-    log.info("push decision: %s (%s)", result["decision"], result["reason"])
+    return PushRun(registry, run_id)
+
+
+def publish(cfg: PushConfig, prepared: StagedPush, run: PushRun | None, hub_api: Any) -> PushResult:
+    """Steps 2-5: the model card, then storage, MLflow, the Hub and promotion, in that order."""
+    out = Path(cfg.output_dir)
+    decision = prepared.decision
+    if run is not None:
+        decision = _tag_and_check_newer(cfg, run, decision)
+    name, card = write_card(cfg, prepared, decision, run)
+    result = PushResult(decision, cfg.promotion_margin, prepared.key, prepared.digests)
+
+    # 2. object storage, versioned by run key
+    if cfg.storage_uri:
+        uri = Location.parse(cfg.storage_uri).child(prepared.key).uri
+        result.storage = StoredCopy(uri, _publish(prepared.staged, uri))
+        log.info("%s %s", "published to" if result.storage.uploaded else "already published at", uri)
+
+    # 3. MLflow registry
+    if run is not None:
+        result.mlflow = register(run, prepared.staged, decision, name, card, out)
+    version = (
+        None
+        if result.mlflow is None or result.mlflow.registered is None
+        else result.mlflow.registered.version
+    )
+
+    # 4. Hub
+    if cfg.hub_repo_id and (decision.promoted or cfg.hub_push_candidates):
+        result.hub = upload_to_hub(
+            prepared.staged,
+            cfg.hub_repo_id,
+            private=cfg.hub_private,
+            commit_message=f"rloo push {prepared.key}: {decision.decision}",
+            api=hub_api,
+        )
+
+    # 5. promotion, last
+    registry = None if run is None else run.registry
+    result.production = promote(cfg, prepared.staged, decision, registry, version, out)
+    if run is not None and result.mlflow is not None:
+        _record_outcome(run, result.mlflow, decision, version)
     return result
 
 
-def _push(
-    cfg: PushConfig,
-    key: str,
-    kfp_id: str | None,
-    kfp_name: str | None,
-    model_dir: Path,
-    staged: Path,
-    digests: dict[str, str],
-    eval_results: EvalResults | None,
-    decision: Decision,
-    registry: Registry | None,
-    run_id: str | None,
-    hub_api: Any,
-) -> dict[str, Any]:
-    out = Path(cfg.output_dir)
-    if registry is not None and run_id is not None:
-        for k, v in {
-            "rloo.train_run_id": cfg.mlflow_train_run_id,
-            "rloo.model_source": str(cfg.model_path),
-        }.items():
-            if v:
-                registry.client.set_tag(run_id, k, v)
-        if registry.name:
-            registry.origin_start_ms(run_id, cfg.mlflow_train_run_id)
-            newer = registry.newer_champion() if decision.promoted else None
-            if newer is not None:
-                decision = Decision(
-                    CANDIDATE,
-                    f"{decision.reason}; but 'champion' is version {newer.version} of "
-                    f"{(newer.tags or {}).get('rloo.source_run', 'another run')}, a newer run than this one: "
-                    "an older run never takes 'champion' back",
-                )
+def _tag_and_check_newer(cfg: PushConfig, run: PushRun, decision: Decision) -> Decision:
+    """Tag the push run with its sources; a champion decision becomes candidate when 'champion' is held by
+    a version of a run that started after this one (an old run retried never takes it back)."""
+    registry = run.registry
+    for k, v in {
+        "rloo.train_run_id": cfg.mlflow_train_run_id,
+        "rloo.model_source": str(cfg.model_path),
+    }.items():
+        if v:
+            registry.client.set_tag(run.run_id, k, v)
+    if not registry.name:
+        return decision
+    registry.origin_start_ms(run.run_id, cfg.mlflow_train_run_id)
+    newer = registry.newer_champion() if decision.promoted else None
+    if newer is None:
+        return decision
+    return Decision(
+        CANDIDATE,
+        f"{decision.reason}; but 'champion' is version {newer.version} of "
+        f"{(newer.tags or {}).get('rloo.source_run', 'another run')}, a newer run than this one: "
+        "an older run never takes 'champion' back",
+    )
 
+
+def write_card(
+    cfg: PushConfig, prepared: StagedPush, decision: Decision, run: PushRun | None
+) -> tuple[str, str]:
+    """Render the model card into the staged files as ``README.md``; returns (model name, card text)."""
+    model_dir = prepared.model_dir
     train_cfg = _read_json(model_dir / "rloo_config.json")
     metrics = _read_metrics(model_dir / "metrics.jsonl")
     base_model = cfg.base_model or train_cfg.get("sft_model_path") or train_cfg.get("model_name_or_path")
     name = (
         cfg.model_name
-        or (registry.name if registry is not None else None)
+        or (run.registry.name if run is not None else None)
         or (cfg.hub_repo_id or "").split("/")[-1]
         or model_dir.name
     )
-    datasets = [d for d in [train_cfg.get("dataset_name")] if d]
     lineage = {
-        "push run key": key,
-        "KFP run id": kfp_id,
-        "KFP run name": kfp_name,
+        "push run key": prepared.key,
+        "KFP run id": prepared.kfp_id,
+        "KFP run name": prepared.kfp_name,
         "MLflow pipeline run": cfg.mlflow_parent_run_id,
         "MLflow training run": cfg.mlflow_train_run_id,
         "model source": str(cfg.model_path),
@@ -342,95 +477,75 @@ def _push(
         CardInputs(
             model_name=name,
             base_model=str(base_model) if base_model else None,
-            datasets=datasets,
+            datasets=[d for d in [train_cfg.get("dataset_name")] if d],
             rloo_config=train_cfg,
             num_updates=len(metrics),
             curves=summarize_curves(metrics),
-            eval=eval_results,
+            eval=prepared.eval_results,
             decision=decision,
             lineage=lineage,
-            digests=digests,
+            digests=prepared.digests,
             base_model_revision=cfg.base_model_revision,
         )
     )
-    (staged / "README.md").write_text(card)
+    (prepared.staged / "README.md").write_text(card)
+    return name, card
 
-    result: dict[str, Any] = {
-        "decision": decision.decision,
-        "promoted": decision.promoted,
-        "reason": decision.reason,
-        "promotion_margin": cfg.promotion_margin,
-        "run_key": key,
-        "digests": digests,
-        "storage": None,
-        "production": None,
-        "mlflow": None,
-        "hub": None,
-    }
 
-    # 2. object storage, versioned by run key
-    if cfg.storage_uri:
-        uri = Location.parse(cfg.storage_uri).child(key).uri
-        uploaded = _publish(staged, uri)
-        result["storage"] = {"uri": uri, "uploaded": uploaded}
-        log.info("%s %s", "published to" if uploaded else "already published at", uri)
+def register(run: PushRun, staged: Path, decision: Decision, name: str, card: str, out: Path) -> MlflowRecord:
+    """Step 3: one registered version per run key (none when the registry has no name), with its decision;
+    ``candidate`` alias when not promoted ('champion' waits for step 5)."""
+    registry = run.registry
+    record = MlflowRecord(run.run_id)
+    if registry.name:
+        mdir = build_mlflow_model_dir(staged, out / "mlflow_model", source_model_name=name, card=card)
+        record.registered = registry.register(run.run_id, mdir, decision, description=decision.reason)
+        registry.set_decision(record.registered.version, decision)
+        if not decision.promoted:
+            registry.set_alias(CANDIDATE, record.registered.version)
+    return record
 
-    # 3. MLflow registry
-    version: str | None = None
-    if registry is not None and run_id is not None:
-        result["mlflow"] = {"run_id": run_id}
-        if registry.name:
-            mdir = build_mlflow_model_dir(staged, out / "mlflow_model", source_model_name=name, card=card)
-            reg = registry.register(run_id, mdir, decision, description=decision.reason)
-            version = reg.version
-            registry.set_decision(version, decision)
-            if not decision.promoted:
-                registry.set_alias(CANDIDATE, version)
-            result["mlflow"].update(
-                {
-                    "registered_model_name": reg.name,
-                    "version": version,
-                    "source": reg.source,
-                    "reused": reg.reused,
-                }
-            )
 
-    # 4. Hub
-    if cfg.hub_repo_id and (decision.promoted or cfg.hub_push_candidates):
-        result["hub"] = upload_to_hub(
-            staged,
-            cfg.hub_repo_id,
-            private=cfg.hub_private,
-            commit_message=f"rloo push {key}: {decision.decision}",
-            api=hub_api,
-        )
-
-    # 5. promotion, last
+def promote(
+    cfg: PushConfig,
+    staged: Path,
+    decision: Decision,
+    registry: Registry | None,
+    version: str | None,
+    out: Path,
+) -> StoredCopy | None:
+    """Step 5: a champion goes to ``production_uri`` (atomically) and takes the alias; a candidate re-run
+    of a version holding 'champion' moves the alias back (:func:`_demote`). Returns the production copy."""
     if decision.promoted:
+        production = None
         if cfg.production_uri:
             uri = Location.parse(cfg.production_uri).uri
-            uploaded = _publish(staged, uri, atomic=True)
-            result["production"] = {"uri": uri, "uploaded": uploaded}
+            production = StoredCopy(uri, _publish(staged, uri, atomic=True))
         if registry is not None and version is not None:
             registry.set_alias(CHAMPION, version)
             # a re-run with a new decision (e.g. a lower margin) must not leave the version both
             registry.drop_alias_if_on(CANDIDATE, version)
-    elif registry is not None and version is not None and CHAMPION in registry.aliases_of(version):
+        return production
+    if registry is not None and version is not None and CHAMPION in registry.aliases_of(version):
         # A re-run of this run decided candidate, but an earlier push of it made it champion: the alias goes
         # back to the newest other version still approved as champion, or is removed when there is none.
-        result["production"] = _demote(cfg, registry, version, out)
-    if registry is not None and run_id is not None:
-        if version is not None:
-            result["mlflow"]["aliases"] = registry.aliases_of(version)
-            holder = registry.alias_holder(CHAMPION)
-            result["mlflow"]["champion_version"] = None if holder is None else str(holder.version)
-            registry.client.set_tag(run_id, "rloo.registered_version", version)
-        registry.client.set_tag(run_id, "rloo.promotion", decision.decision)
-        registry.client.set_tag(run_id, "rloo.promotion_reason", decision.reason[:5000])
-    return result
+        return _demote(cfg, registry, version, out)
+    return None
 
 
-def _demote(cfg: PushConfig, registry: Registry, version: str, out: Path) -> dict[str, Any] | None:
+def _record_outcome(run: PushRun, record: MlflowRecord, decision: Decision, version: str | None) -> None:
+    """Step 6's MLflow part: the version's aliases and the champion in the result, the decision as tags."""
+    client, registry = run.registry.client, run.registry
+    if version is not None:
+        record.aliases = registry.aliases_of(version)
+        holder = registry.alias_holder(CHAMPION)
+        record.champion_version = None if holder is None else str(holder.version)
+        client.set_tag(run.run_id, "rloo.registered_version", version)
+    client.set_tag(run.run_id, "rloo.promotion", decision.decision)
+    client.set_tag(run.run_id, "rloo.promotion_reason", decision.reason[:5000])
+
+
+def _demote(cfg: PushConfig, registry: Registry, version: str, out: Path) -> StoredCopy | None:
     """Move 'champion' off ``version`` (back to the previous champion, or nowhere) and put the previous
     champion's published copy back at ``production_uri`` when there is one."""
     previous = registry.previous_champion(version)
@@ -449,9 +564,9 @@ def _demote(cfg: PushConfig, registry: Registry, version: str, out: Path) -> dic
         if is_complete(src):
             local = out / "previous_champion"
             download_dir(src, local, progress=False, overwrite=True)
-            return {"uri": prod, "uploaded": _publish(local, prod, atomic=True), "restored_from": src}
+            return StoredCopy(prod, _publish(local, prod, atomic=True), restored_from=src)
     log.warning("%s still holds the demoted model: no published copy of an earlier champion to restore", prod)
-    return {"uri": prod, "uploaded": False, "stale": True}
+    return StoredCopy(prod, uploaded=False, stale=True)
 
 
-__all__ = ["RESULT_FILE", "Decision", "run_push"]
+__all__ = ["RESULT_FILE", "Decision", "MlflowRecord", "PushResult", "StoredCopy", "run_push"]

@@ -178,7 +178,13 @@ class MlflowSink:
         # A process that exits without finish() (an exception escaping the caller) leaves a FAILED run,
         # not a RUNNING one.
         ref = weakref.ref(self)
-        atexit.register(lambda: (s := ref()) is not None and s.finish("FAILED"))
+
+        def finish_if_alive() -> None:
+            sink = ref()
+            if sink is not None:
+                sink.finish("FAILED")
+
+        atexit.register(finish_if_alive)
 
     def _enqueue(self, op: _Op) -> None:
         if self._finished or self._disabled:

@@ -32,7 +32,18 @@ import torch
 
 from rloo import algo
 from rloo.config import BatchPlan, RLOOConfig
+from rloo.data import PromptDataset, format_prompts, load_prompt_dataset, tokenize_prompts
 from rloo.errors import UserError
+from rloo.forward import response_logits
+from rloo.generation import (
+    TEMPERATURE_EPS,
+    GenerationInterrupted,
+    SamplingParams,
+    left_pad,
+    row_seeds,
+)
+from rloo.models import load_causal_lm, load_reward_model, load_tokenizer
+from rloo.tracking.base import Status
 from rloo.training import deepspeed_utils
 from rloo.training.checkpoint import (
     PREFIX,
@@ -41,18 +52,8 @@ from rloo.training.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from rloo.training.data import PromptDataset, format_prompts, load_prompt_dataset, tokenize_prompts
-from rloo.training.forward import response_logits
-from rloo.training.generation import (
-    TEMPERATURE_EPS,
-    GenerationInterrupted,
-    SamplingParams,
-    left_pad,
-    row_seeds,
-)
 from rloo.training.metrics import METRICS_FILE, MetricsLogger
 from rloo.training.minibatches import minibatch_rows
-from rloo.training.models import load_causal_lm, load_reward_model, load_tokenizer
 from rloo.training.rewards import (
     RewardBatch,
     RewardFunctionSource,
@@ -95,7 +96,7 @@ class _Timer:
         self.peak_gib: dict[str, float] = defaultdict(float)
 
     @contextlib.contextmanager
-    def __call__(self, name: str):  # type: ignore[no-untyped-def]
+    def __call__(self, name: str):
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
@@ -107,7 +108,7 @@ class _Timer:
         finally:
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
-                peak = torch.cuda.max_memory_allocated(self.device)
+                peak: float = torch.cuda.max_memory_allocated(self.device)
             else:
                 peak = _peak_rss()
             self.seconds[name] += time.perf_counter() - t0
@@ -195,6 +196,7 @@ class RLOOTrainer:
             self.mirror = CheckpointMirror(cfg.mirror_uri, keep_last=cfg.save_total_limit)
 
         # --- data first: cheapest to get wrong, cheapest to check ----------------------------------
+        assert cfg.dataset_name is not None and cfg.model_name_or_path is not None  # RLOOConfig.validate()
         self.train_ds = load_prompt_dataset(
             cfg.dataset_name, cfg.dataset_train_split, config=cfg.dataset_config
         )
@@ -632,6 +634,7 @@ class RLOOTrainer:
                 for mc_start in range(0, mb.numel(), cfg.per_device_train_batch_size):
                     idx = mb[mc_start : mc_start + cfg.per_device_train_batch_size].to(self.device)
                     logprobs, ent = self.forward_logprobs(self.policy, ro, idx, entropy=True)
+                    assert ent is not None  # entropy=True
                     # On-policy the weights that sampled the rollout are the ones in this forward, so
                     # its own detached log-probs are the exact "old" ones: ratio 1, no extra forward.
                     old = logprobs.detach() if self.on_policy else ro.old_logprobs[idx]
@@ -745,7 +748,7 @@ class RLOOTrainer:
         preemption.install()
         if self.world == 1:  # in-loop checks would desynchronise ranks: multi-process checks between phases
             self.generator.should_stop = preemption.requested
-        status = "FAILED"
+        status: Status = "FAILED"
         update = resumed or 0
         try:
             for update in range(resumed or 0, self.num_updates):

@@ -33,15 +33,15 @@ from __future__ import annotations
 import importlib.util
 import os
 import socket
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from rloo.errors import UserError
+from rloo.generation import Generated, Generator, SamplingParams, TransformersGenerator
 from rloo.training import deepspeed_utils
-from rloo.training.generation import Generated, Generator, SamplingParams, TransformersGenerator
 
 __all__ = [
     "Completion",
@@ -378,6 +378,9 @@ class VLLMGenerator:
     the model, small next to a rollout).
     """
 
+    # part of the Generator protocol; vLLM generates a rollout in one call, so there is no step to stop at
+    should_stop: Callable[[], bool] | None = None
+
     def __init__(
         self,
         llm: Any,
@@ -392,7 +395,9 @@ class VLLMGenerator:
         self.accelerator = accelerator
         self.enable_sleep_mode = enable_sleep_mode
         if sampling_params_cls is None:
-            from vllm import SamplingParams as sampling_params_cls
+            from vllm import SamplingParams
+
+            sampling_params_cls = SamplingParams
         self._sampling_params_cls = sampling_params_cls
         if enable_sleep_mode:
             self.sleep()  # free the memory until the first rollout

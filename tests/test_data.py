@@ -11,16 +11,16 @@ import pyarrow.parquet as pq
 import pytest
 from transformers import AutoTokenizer
 
-from rloo.errors import UserError
-from rloo.tiny import TinySetup, build_tokenizer
-from rloo.toy import write_toy_dataset
-from rloo.training.data import (
+from rloo.data import (
     PromptDataset,
     format_prompts,
     load_prompt_dataset,
     local_splits,
     tokenize_prompts,
 )
+from rloo.demo.tiny import TinySetup, build_tokenizer
+from rloo.demo.toy import write_toy_dataset
+from rloo.errors import UserError
 
 
 def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:

@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from rloo.tiny import build_tiny_setup
-from rloo.training.generation import (
+from rloo.demo.tiny import build_tiny_setup
+from rloo.generation import (
     SamplingParams,
     TransformersGenerator,
     left_pad,
@@ -15,7 +15,7 @@ from rloo.training.generation import (
     sample_tokens,
     uniforms,
 )
-from rloo.training.models import load_causal_lm, load_tokenizer
+from rloo.models import load_causal_lm, load_tokenizer
 
 PROBS = torch.tensor([[0.2, 0.5, 0.3]])  # cdf [0.2, 0.7, 1.0]
 

@@ -1,7 +1,7 @@
 """A local OpenAI-compatible judge for the toy task, so the pipeline's evaluation runs with nothing downloaded.
 
 The judge reads the two responses out of the judge prompt (the default template of :mod:`rloo.eval.config`)
-and prefers the one :func:`rloo.toy.letter_reward` scores higher: the toy task's own criterion, so the win
+and prefers the one :func:`rloo.demo.toy.letter_reward` scores higher: the toy task's own criterion, so the win
 rates of a local run mean what they would mean with a real judge on a real task. Equal scores answer ``A``
 (a position-biased judge: the evaluation asks both orders, so such a pair comes out as a tie).
 
@@ -20,7 +20,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from rloo.toy import letter_reward
+from rloo.demo.toy import letter_reward
 
 MODEL = "toy-judge"
 # The default template's section headings; a custom template without them gets an unparseable answer.
@@ -85,6 +85,7 @@ class ToyJudge:
     @property
     def base_url(self) -> str:
         host, port = self._server.server_address[:2]
+        assert isinstance(host, str)  # an AF_INET server (typeshed also allows a Unix socket's bytes)
         return f"http://{host}:{port}/v1"
 
     def start(self) -> ToyJudge:

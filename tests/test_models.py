@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from rloo.demo.tiny import EOS_TOKEN, PAD_TOKEN, TinySetup, build_tokenizer
 from rloo.errors import UserError
-from rloo.tiny import EOS_TOKEN, PAD_TOKEN, TinySetup, build_tokenizer
-from rloo.training.models import disable_dropout, load_causal_lm, load_reward_model, load_tokenizer
+from rloo.models import disable_dropout, load_causal_lm, load_reward_model, load_tokenizer
 
 
 def test_load_tokenizer_sets_pad_to_eos_when_missing(tiny_setup: TinySetup) -> None:

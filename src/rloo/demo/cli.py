@@ -1,7 +1,7 @@
 """``rloo demo``: a complete RLOO run on this machine, nothing downloaded.
 
 Builds a tiny random-initialised policy and reward model of a real architecture, writes a toy prompt
-dataset laid out like a Hub dataset, and trains with ``rloo.toy:letter_reward`` (the fraction of vowels in
+dataset laid out like a Hub dataset, and trains with ``rloo.demo.toy:letter_reward`` (the fraction of vowels in
 a completion) plus the tiny reward model at weight 0 (so the reward-model path runs too). A working run
 shows the reward climbing within a minute on a laptop CPU.
 """
@@ -15,16 +15,16 @@ from pathlib import Path
 from rich.console import Console
 
 from rloo.config import RLOOConfig
+from rloo.demo.toy import TOY_UPDATES
 from rloo.errors import UserError
-from rloo.toy import TOY_UPDATES
 
 # What 'rloo demo --help' prints: the module docstring without its reST markup.
 DESCRIPTION = " ".join(__doc__.replace("``", "").split())
 
 
 def build_config(output_dir: Path, *, updates: int, arch: str, seed: int) -> RLOOConfig:
-    from rloo.tiny import build_tiny_setup
-    from rloo.toy import TOY_TRAINING, write_toy_dataset
+    from rloo.demo.tiny import build_tiny_setup
+    from rloo.demo.toy import TOY_TRAINING, write_toy_dataset
 
     assets = output_dir.parent / f"{output_dir.name}-assets"
     setup = build_tiny_setup(assets / "models", arch=arch, seed=seed)

@@ -7,7 +7,7 @@ written with ``save_pretrained`` and is meant to be loaded back through the norm
 path, exactly like a checkpoint downloaded from the Hub.
 
 The corpus deliberately contains many all-vowel strings ("aeiou", "eau", "oo", ...) so that the vocabulary
-holds merged all-vowel tokens: on the toy task of :mod:`rloo.toy` a tiny policy can then raise its reward
+holds merged all-vowel tokens: on the toy task of :mod:`rloo.demo.toy` a tiny policy can then raise its reward
 quickly by shifting probability mass towards them.
 """
 
@@ -20,7 +20,7 @@ import random
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedTokenizerFast
@@ -99,7 +99,7 @@ def _corpus(seed: int = 1234) -> list[str]:
         lines.append(" ".join(rng.choices(_WORDS, k=rng.randint(3, 8))) + rng.choice((".", ":", ",", "")))
     for _ in range(300):
         lines.append(" ".join(rng.choices(_VOWEL_WORDS, k=rng.randint(3, 8))))
-    # Chat-template scaffolding, prompts of rloo.toy, digits and punctuation so common text is not all bytes.
+    # Chat-template scaffolding, prompts of rloo.demo.toy, digits and punctuation so common text is not all bytes.
     lines += [
         "user: Write about the sea:\n\nassistant:",
         "system: You are a helpful assistant.",
@@ -167,7 +167,8 @@ def build_tokenizer(
         kwargs["chat_template"] = CHAT_TEMPLATE
     tokenizer = PreTrainedTokenizerFast(**kwargs)
     _save_tokenizer(tokenizer, path)
-    return AutoTokenizer.from_pretrained(str(path))
+    # from_pretrained is typed as fast or SentencePiece; a tokenizer.json always loads as the fast one
+    return cast("PreTrainedTokenizerFast", AutoTokenizer.from_pretrained(str(path)))
 
 
 def _save_tokenizer(tokenizer: PreTrainedTokenizerFast, path: Path) -> None:
@@ -190,7 +191,7 @@ def _save_tokenizer(tokenizer: PreTrainedTokenizerFast, path: Path) -> None:
 def _load_tokenizer(tokenizer_path: str | Path) -> PreTrainedTokenizerFast:
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(tokenizer_path))
+    return cast("PreTrainedTokenizerFast", AutoTokenizer.from_pretrained(str(tokenizer_path)))
 
 
 def _make_config(
@@ -223,7 +224,8 @@ def _make_config(
         **extra,
     }
     if arch == "gpt_neox":  # Pythia: untied embed/unembed, partial rotary
-        return GPTNeoXConfig(**common, tie_word_embeddings=False, rotary_pct=0.25)
+        # rotary_pct: transformers 4.x's name, which 5.x maps to rope_parameters but leaves out of its signature
+        return GPTNeoXConfig(**common, tie_word_embeddings=False, rotary_pct=0.25)  # type: ignore[call-arg]
     if arch == "llama":
         return LlamaConfig(**common, num_key_value_heads=num_heads, tie_word_embeddings=False)
     # Small Qwen2 checkpoints tie their embeddings.
@@ -411,9 +413,23 @@ def build_tiny_setup(
             pass  # unreadable marker: rebuild
     marker.unlink(missing_ok=True)
     build_tokenizer(setup.tokenizer)
-    sizes = {"arch": arch, "hidden_size": hidden_size, "num_layers": num_layers}
-    build_causal_lm(setup.policy, setup.tokenizer, seed=seed, vocab_size=vocab_size, **sizes)
-    build_reward_model(setup.reward_model, setup.tokenizer, seed=seed + 1, **sizes)
+    build_causal_lm(
+        setup.policy,
+        setup.tokenizer,
+        seed=seed,
+        arch=arch,
+        hidden_size=hidden_size,
+        num_layers=num_layers,
+        vocab_size=vocab_size,
+    )
+    build_reward_model(
+        setup.reward_model,
+        setup.tokenizer,
+        seed=seed + 1,
+        arch=arch,
+        hidden_size=hidden_size,
+        num_layers=num_layers,
+    )
     # Atomic write so a concurrent reader never sees a half-written marker.
     fd, tmp = tempfile.mkstemp(dir=root, prefix=".tiny_setup.", suffix=".json")
     with os.fdopen(fd, "w") as f:

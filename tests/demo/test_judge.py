@@ -8,9 +8,9 @@ import urllib.request
 
 import pytest
 
+from rloo.demo.judge import MODEL, ToyJudge, verdict
 from rloo.eval.config import DEFAULT_TEMPLATE
 from rloo.eval.judge import JudgeSettings, PairwiseJudge, render_prompt
-from rloo.toy_judge import MODEL, ToyJudge, verdict
 
 
 def test_verdict_prefers_more_vowels_and_breaks_ties_to_a() -> None:

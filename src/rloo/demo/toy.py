@@ -4,7 +4,7 @@
 (``data/<split>-00000-of-00001.parquet``), so it loads exactly like a downloaded one. The reward functions
 follow TRL's signature (keyword arguments ``prompts``, ``completions``, ``completion_ids``,
 ``trainer_state``, every extra dataset column, and ``**kwargs``; one ``float | None`` per completion) and
-score the *text* of a completion by its letters. The tokenizer of :mod:`rloo.tiny` has many all-vowel
+score the *text* of a completion by its letters. The tokenizer of :mod:`rloo.demo.tiny` has many all-vowel
 tokens ("aeiou", " eau", "oo", ...), so a policy raises :func:`letter_reward` simply by moving probability
 mass towards them.
 """
@@ -41,7 +41,7 @@ TOY_TRAINING: dict[str, Any] = {
     "learning_rate": 5e-3,
     "temperature": 1.0,
     "kl_coef": 0.01,
-    "reward_funcs": ["rloo.toy:letter_reward"],
+    "reward_funcs": ["rloo.demo.toy:letter_reward"],
     "reward_weights": [0.0, 1.0],
     "num_sample_generations": 3,
     "save_steps": 0,

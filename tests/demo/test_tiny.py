@@ -1,4 +1,4 @@
-"""Tests for rloo.tiny: tiny random-init models of real architectures, built locally and loaded back."""
+"""Tests for rloo.demo.tiny: tiny random-init models of real architectures, built locally and loaded back."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
-from rloo.tiny import (
+from rloo.demo.tiny import (
     ARCHITECTURES,
     EOS_TOKEN,
     PAD_TOKEN,

@@ -1,4 +1,4 @@
-"""Tests for rloo.toy: the Hub-style toy dataset and the pure-Python reward functions."""
+"""Tests for rloo.demo.toy: the Hub-style toy dataset and the pure-Python reward functions."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from rloo.toy import letter_reward, sometimes_none_reward, target_letter_reward, write_toy_dataset
+from rloo.demo.toy import letter_reward, sometimes_none_reward, target_letter_reward, write_toy_dataset
 
 TRAIN = "data/train-00000-of-00001.parquet"
 TEST = "data/test-00000-of-00001.parquet"
@@ -134,8 +134,8 @@ def test_sometimes_none_reward() -> None:
 
 
 def test_toy_eval_dataset_loads_as_evaluation_rows(tmp_path: Path) -> None:
+    from rloo.demo.toy import letter_reward, write_toy_eval_dataset
     from rloo.eval.data import load_eval_rows
-    from rloo.toy import letter_reward, write_toy_eval_dataset
 
     path = write_toy_eval_dataset(tmp_path / "ev", num_test=8, seed=3)
     rows = load_eval_rows(str(path), "test", config=None, num_examples=None)

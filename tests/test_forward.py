@@ -3,10 +3,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rloo.tiny import build_tiny_setup
-from rloo.training.forward import response_logits
-from rloo.training.generation import left_pad
-from rloo.training.models import load_causal_lm, load_tokenizer
+from rloo.demo.tiny import build_tiny_setup
+from rloo.forward import response_logits
+from rloo.generation import left_pad
+from rloo.models import load_causal_lm, load_tokenizer
 
 PROMPTS = ["Write about the sea:", "Hi", "Tell me a long story about a cat and the wind:"]
 

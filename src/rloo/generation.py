@@ -102,6 +102,9 @@ class Generated:
 class Generator(Protocol):
     """A generation backend (the transformers one below; vLLM later plugs in here)."""
 
+    # polled between sampling steps where the backend can stop early (a pending preemption); None: never
+    should_stop: Callable[[], bool] | None
+
     def generate(
         self,
         prompt_ids: torch.Tensor,
@@ -184,7 +187,7 @@ class TransformersGenerator:
         seeds: torch.Tensor,
         return_logprobs: bool,
     ) -> Generated:
-        from rloo.training.forward import prefill
+        from rloo.forward import prefill
 
         model = self.model
         ctx = self.autocast or contextlib.nullcontext  # a factory: autocast contexts are not re-entrant
