@@ -52,6 +52,7 @@ SHAPES: dict[str, dict[str, Any]] = {
 }
 LABELS = {"ours": "rloo (ours)", "trl": "TRL RLOOTrainer"}
 FIRST_N = 3  # "reward at the start": mean over the first FIRST_N updates
+WARMUP_UPDATES = 2  # marginal throughput leaves out the first updates (one-off start-up costs)
 
 LATEST_START = "<!-- bench:latest:start -->"
 LATEST_END = "<!-- bench:latest:end -->"
@@ -207,6 +208,15 @@ def worker_ours(spec: dict[str, Any]) -> dict[str, Any]:
 
     cfg = rloo_config(spec)
     trainer = RLOOTrainer(cfg)
+    ends: list[float] = []  # seconds since t0 at the end of each update (its one scheduler step)
+    step = trainer.scheduler.step
+
+    def timed_step(*a: Any, **kw: Any) -> Any:
+        out = step(*a, **kw)
+        ends.append(time.perf_counter() - t0)
+        return out
+
+    trainer.scheduler.step = timed_step  # type: ignore[method-assign]
     t0 = time.perf_counter()
     result = trainer.train()
     seconds = time.perf_counter() - t0
@@ -217,6 +227,7 @@ def worker_ours(spec: dict[str, Any]) -> dict[str, Any]:
         "updates": len(hist),
         "rewards": [h["objective/scores"] for h in hist],
         "mean_length": statistics.fmean(h["completions/mean_length"] for h in hist),
+        "update_ends": ends,
         "phase_seconds": {
             name: sum(h.get(f"time/{name}_s", 0.0) for h in hist)
             for name in ("generation", "logprobs", "scoring", "optimization")
@@ -299,6 +310,15 @@ def worker_trl(spec: dict[str, Any]) -> dict[str, Any]:
         train_dataset=train_ds,
         processing_class=tok,
     )
+    from transformers import TrainerCallback
+
+    ends: list[float] = []  # seconds since t0 at the end of each optimizer step (one per update)
+
+    class UpdateEnds(TrainerCallback):
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            ends.append(time.perf_counter() - t0)
+
+    trainer.add_callback(UpdateEnds())
     t0 = time.perf_counter()
     trainer.train()
     seconds = time.perf_counter() - t0
@@ -310,6 +330,7 @@ def worker_trl(spec: dict[str, Any]) -> dict[str, Any]:
         "updates": updates,
         "rewards": [h["reward"] for h in logs],
         "mean_length": statistics.fmean(h["completions/mean_length"] for h in logs),
+        "update_ends": ends,
         "phase_seconds": {},
     }
 
@@ -407,7 +428,19 @@ def run_one(trainer: str, spec: dict[str, Any], root: Path, tag: str) -> dict[st
     )
     result["process_seconds"] = wall
     result["eps"] = result["episodes"] / result["seconds"]
+    result["marginal_eps"] = marginal_eps(
+        result["update_ends"], result["episodes"] // max(1, result["updates"])
+    )
     return result
+
+
+def marginal_eps(ends: list[float], per_update: int, skip: int = WARMUP_UPDATES) -> float:
+    """Episodes/s once warm: the updates after the first ``skip`` over the time they took (the first ones
+    carry one-off costs, such as lazy initialisation and the allocator's first growth, that a long run
+    does not pay again). NaN when the run is too short to say."""
+    if len(ends) <= skip or skip < 1:
+        return float("nan")
+    return (len(ends) - skip) * per_update / (ends[-1] - ends[skip - 1])
 
 
 def summarise(runs: list[dict[str, Any]], first: int, last: int) -> dict[str, Any]:
@@ -418,6 +451,7 @@ def summarise(runs: list[dict[str, Any]], first: int, last: int) -> dict[str, An
     return {
         **best,
         "eps_all": [r["eps"] for r in runs],
+        "marginal_eps_all": [r["marginal_eps"] for r in runs],
         "reward_first": statistics.fmean(rewards[:first]) if rewards else float("nan"),
         "reward_last": statistics.fmean(rewards[-last:]) if rewards else float("nan"),
     }
@@ -534,6 +568,11 @@ def print_report(summary: dict[str, Any], args: argparse.Namespace, machine: dic
             f"reward last {args.last}: ours {summary['ours']['reward_last']:.4f} vs TRL "
             f"{summary['trl']['reward_last']:.4f} (diff {summary['reward_diff']:+.4f})"
         )
+        console.print(
+            f"marginal episodes/s (updates after the first {WARMUP_UPDATES}): ours "
+            f"{statistics.median(summary['ours']['marginal_eps_all']):.2f}, TRL "
+            f"{statistics.median(summary['trl']['marginal_eps_all']):.2f}, ratio {summary['marginal_ratio']:.2f}x"
+        )
     phases = summary.get("ours", {}).get("phase_seconds") or {}
     if phases:
         console.print("ours, seconds per phase: " + ", ".join(f"{k} {v:.2f}" for k, v in phases.items()))
@@ -595,7 +634,9 @@ def latest_block(summary: dict[str, Any], args: argparse.Namespace, machine: dic
         "",
         f"**Ratio ours / TRL episodes/s: {summary['ratio']:.2f}x** (target >= 2x); reward over the last "
         f"{args.last} updates: ours {o['reward_last']:.4f}, TRL {t['reward_last']:.4f} "
-        f"(diff {summary['reward_diff']:+.4f}).",
+        f"(diff {summary['reward_diff']:+.4f}). Marginal episodes/s (the updates after the first "
+        f"{WARMUP_UPDATES}, start-up left out): ours {statistics.median(o['marginal_eps_all']):.2f}, TRL "
+        f"{statistics.median(t['marginal_eps_all']):.2f}, **ratio {summary['marginal_ratio']:.2f}x**.",
     ]
     return "\n".join(lines)
 
@@ -609,7 +650,7 @@ def history_row(summary: dict[str, Any], args: argparse.Namespace, machine: dict
         settings_line(args),
         f"{o['eps']:.1f}",
         f"{t['eps']:.1f}",
-        f"{summary['ratio']:.2f}x",
+        f"{summary['ratio']:.2f}x (marginal {summary['marginal_ratio']:.2f}x)",
         f"{o['reward_last']:.4f} / {t['reward_last']:.4f} (N={args.last})",
         machine["load_before"],
     ]
@@ -699,6 +740,9 @@ def main(argv: list[str] | None = None) -> int:
     summary: dict[str, Any] = {name: summarise(rs, FIRST_N, args.last) for name, rs in runs.items()}
     if "ours" in summary and "trl" in summary:
         summary["ratio"] = summary["ours"]["eps"] / summary["trl"]["eps"]
+        summary["marginal_ratio"] = statistics.median(
+            summary["ours"]["marginal_eps_all"]
+        ) / statistics.median(summary["trl"]["marginal_eps_all"])
         summary["reward_diff"] = summary["ours"]["reward_last"] - summary["trl"]["reward_last"]
         if summary["ours"]["episodes"] != summary["trl"]["episodes"]:
             print(

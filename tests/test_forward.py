@@ -70,3 +70,24 @@ def test_auto_sharing_follows_the_token_count(tmp_path) -> None:
         short, smask = left_pad([tok("Hi")["input_ids"]], tok.pad_token_id)
         response_logits(model, short, smask, torch.zeros(2, dtype=torch.long), torch.randint(0, 500, (2, 40)))
         assert len(calls) == 1
+
+
+def test_plain_rows_compute_the_output_layer_at_response_positions_only(tmp_path) -> None:
+    # The output layer (hidden -> vocabulary) dominates the cost with a real vocabulary: a plain forward
+    # over [prompt; response] must not run it on the L prompt positions, only on the T it needs (+1).
+    setup = build_tiny_setup(tmp_path)
+    tok = load_tokenizer(str(setup.policy))
+    model = load_causal_lm(str(setup.policy), flag="model_name_or_path").eval()
+    ids, mask = left_pad([tok(p)["input_ids"] for p in PROMPTS], tok.pad_token_id)
+    rows, responses = torch.tensor([0, 1, 2]), torch.randint(0, 500, (3, 5))
+    seen: list[int] = []
+    model.get_output_embeddings().register_forward_hook(lambda m, a, out: seen.append(a[0].size(1)))
+    with torch.no_grad():
+        logits = response_logits(model, ids, mask, rows, responses, share_prefix=False)
+        full = model(
+            input_ids=torch.cat([ids[rows], responses], 1),
+            attention_mask=torch.cat([mask[rows], torch.ones_like(responses)], 1),
+            position_ids=(torch.cat([mask[rows], torch.ones_like(responses)], 1).cumsum(-1) - 1).clamp(min=0),
+        ).logits
+    assert seen[0] == 5 + 1  # T + 1 positions, not L + T
+    torch.testing.assert_close(logits, full[:, ids.size(1) - 1 : -1], atol=1e-5, rtol=1e-5)

@@ -66,9 +66,15 @@ def response_logits(
         ids = torch.cat([prompt_ids[rows], responses], dim=1)  # (b, L+T)
         attn = torch.cat([prompt_mask[rows], torch.ones_like(responses)], dim=1)
         pos = (attn.cumsum(-1) - 1).clamp(min=0)
+        t = responses.size(1)
         with ctx():
-            logits = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False).logits
-        return logits[:, prompt_ids.size(1) - 1 : -1]  # (b, T, V)
+            # The output layer only where a response token is predicted (the last T+1 positions, the
+            # final one predicting past the response): with a real vocabulary it costs more than the
+            # transformer, and the prompt's L positions would be most of it.
+            logits = model(
+                input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False, logits_to_keep=t + 1
+            ).logits  # (b, T+1, V)
+        return logits[:, :-1]  # (b, T, V)
 
     uniq, inverse = torch.unique(rows, return_inverse=True)  # (U,), (b,)
     p_mask = prompt_mask[uniq]  # (U, L)
