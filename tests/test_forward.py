@@ -8,7 +8,9 @@ from rloo.forward import response_logits
 from rloo.generation import left_pad
 from rloo.models import load_causal_lm, load_tokenizer
 
-PROMPTS = ["Write about the sea:", "Hi", "Tell me a long story about a cat and the wind:"]
+# "a" is one token: left-padded beside the others, all of its row but the last column is padding, which
+# the shared path's prefill (every prompt token but the last) sees as a row with nothing to attend to.
+PROMPTS = ["Write about the sea:", "Hi", "Tell me a long story about a cat and the wind:", "a"]
 
 
 @pytest.mark.parametrize("arch", ["gpt_neox", "llama", "qwen2"])
@@ -19,19 +21,19 @@ def test_shared_prefix_equals_full_rows_values_and_gradients(tmp_path, arch: str
     tok = load_tokenizer(str(setup.policy))
     model = load_causal_lm(str(setup.policy), flag="model_name_or_path").train()
     ids, mask = left_pad([tok(p)["input_ids"] for p in PROMPTS], tok.pad_token_id)
-    rows = torch.tensor([2, 0, 0, 1, 2, 1, 2])  # unsorted, uneven group sizes
-    responses = torch.randint(0, len(tok), (7, 6), generator=torch.Generator().manual_seed(0))
+    rows = torch.tensor([2, 0, 0, 1, 2, 3, 1, 2])  # unsorted, uneven group sizes
+    responses = torch.randint(0, len(tok), (8, 6), generator=torch.Generator().manual_seed(0))
 
     def run(share: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         model.zero_grad()
-        logits = response_logits(model, ids, mask, rows, responses, share_prefix=share)  # (7, 6, V)
+        logits = response_logits(model, ids, mask, rows, responses, share_prefix=share)  # (8, 6, V)
         logp = torch.log_softmax(logits, -1).gather(-1, responses[..., None]).squeeze(-1)
         (logp * torch.linspace(-1, 1, 6)).sum().backward()  # weights of both signs, like advantages
         return logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
     full, g_full = run(False)
     shared, g_shared = run(True)
-    assert full.shape == (7, 6, len(tok)) or full.shape[:2] == (7, 6)
+    assert full.shape[:2] == (8, 6) and torch.isfinite(shared).all()
     torch.testing.assert_close(shared, full, atol=1e-5, rtol=1e-5)
     assert g_full.keys() == g_shared.keys() and g_full
     for name in g_full:

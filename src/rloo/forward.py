@@ -76,23 +76,30 @@ def response_logits(
             ).logits  # (b, T+1, V)
         return logits[:, :-1]  # (b, T, V)
 
+    width = prompt_ids.size(1)
+    if width < 2:  # nothing to share before the prompt's last token
+        return response_logits(
+            model, prompt_ids, prompt_mask, rows, responses, share_prefix=False, autocast=autocast
+        )
     uniq, inverse = torch.unique(rows, return_inverse=True)  # (U,), (b,)
     p_mask = prompt_mask[uniq]  # (U, L)
-    out, p_pos = prefill(model, prompt_ids[uniq], p_mask, ctx)
-    first = out.logits[:, -1][inverse]  # (b, V): predicts response token 0
-    t = responses.size(1)
-    if t == 1:
-        return first[:, None]
+    # The prompts but their last token run once into a KV cache; each completion row then runs the
+    # prompt's last token and its response but the last: T positions whose logits are exactly the T
+    # needed, from one call (no separate logits for response token 0, no (b, T, V) concatenation). Left
+    # padding puts every prompt's last real token in the last column.
+    out, _ = prefill(model, prompt_ids[uniq, :-1], p_mask[:, :-1], ctx)
     cache = out.past_key_values
     cache.batch_select_indices(inverse)  # (U, ...) -> (b, ...), differentiable gather
+    t = responses.size(1)
+    ids = torch.cat([prompt_ids[rows, -1:], responses[:, :-1]], dim=1)  # (b, T)
     attn = torch.cat([p_mask[inverse], torch.ones_like(responses[:, :-1])], dim=1)  # (b, L+T-1)
-    pos = p_pos[inverse, -1:] + torch.arange(1, t, device=responses.device)  # (b, T-1)
+    last = (p_mask.sum(-1, keepdim=True) - 1).clamp(min=0)[inverse]  # (b, 1) position of the last token
+    pos = last + torch.arange(t, device=responses.device)  # (b, T)
     with ctx():
-        rest = model(
-            input_ids=responses[:, :-1],
+        return model(
+            input_ids=ids,
             attention_mask=attn,
             position_ids=pos,
             past_key_values=cache,
             use_cache=True,
-        ).logits  # (b, T-1, V)
-    return torch.cat([first[:, None].to(rest.dtype), rest], dim=1)
+        ).logits  # (b, T, V)

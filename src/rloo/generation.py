@@ -23,6 +23,15 @@ _MASK32 = 0xFFFFFFFF
 TEMPERATURE_EPS = 1e-7
 
 
+def scale_logits(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """``logits / (temperature + 1e-7)``, the reference's scoring divisor. At temperature 1 that divisor
+    rounds to 1 + 1.2e-7 in float32, a change of at most one unit in the last place, so the division (a
+    full pass over a (b, T, V) tensor and another in its backward) is skipped."""
+    if temperature == 1.0:
+        return logits
+    return logits / (temperature + TEMPERATURE_EPS)
+
+
 def _mix32(x: torch.Tensor) -> torch.Tensor:
     # "lowbias32" integer hash (Wellons). int64 arithmetic wraps, and only the low 32 bits are kept.
     x = x & _MASK32
@@ -53,7 +62,8 @@ def sample_tokens(
     logits: torch.Tensor, u: torch.Tensor, *, temperature: float, top_k: int = 0, top_p: float = 1.0
 ) -> torch.Tensor:
     """Inverse-CDF sampling of one token per row: logits (B, V), u (B,) uniforms -> (B,) ids."""
-    probs = torch.softmax(logits.float() / temperature, dim=-1)  # (B, V)
+    scaled = logits.float() if temperature == 1.0 else logits.float() / temperature
+    probs = torch.softmax(scaled, dim=-1)  # (B, V)
     if top_k and top_k < probs.size(-1):
         kth = torch.topk(probs, top_k, dim=-1).values[:, -1:]  # (B, 1)
         probs = torch.where(probs < kth, torch.zeros_like(probs), probs)
@@ -221,7 +231,7 @@ class TransformersGenerator:
                     logits, u[:, t], temperature=params.temperature, top_k=params.top_k, top_p=params.top_p
                 )
             if logprobs is not None:
-                scaled = logits.float() / (params.temperature + TEMPERATURE_EPS)  # (B, V)
+                scaled = scale_logits(logits.float(), params.temperature)  # (B, V)
                 logprobs[:, t] = scaled.gather(-1, nxt[:, None]).squeeze(-1) - scaled.logsumexp(-1)
             if params.stop_token_id is not None:
                 nxt = torch.where(done, torch.full_like(nxt, params.pad_token_id), nxt)

@@ -44,6 +44,22 @@ def test_selective_log_softmax_half_precision_is_float32_exact(dtype):
     torch.testing.assert_close(out, _reference(logits.float(), index), atol=1e-6, rtol=1e-6)
 
 
+def test_selective_log_softmax_gradient_is_exact_and_masked_vocab_safe():
+    # float64 gradcheck against finite differences, with repeated token ids across rows
+    g = torch.Generator().manual_seed(2)
+    logits = torch.randn(2, 3, 7, generator=g, dtype=torch.float64, requires_grad=True)
+    index = torch.tensor([[1, 1, 6], [0, 3, 1]])
+    assert torch.autograd.gradcheck(lambda x: selective_log_softmax(x, index), (logits,))
+    # a vocabulary entry masked to -inf gets probability 0 and gradient 0, never NaN
+    masked = torch.randn(1, 2, 5, generator=g).index_fill(-1, torch.tensor([4]), float("-inf"))
+    masked.requires_grad_()
+    out = selective_log_softmax(masked, torch.tensor([[0, 2]]))
+    (grad,) = torch.autograd.grad(out.sum(), masked)
+    assert torch.isfinite(grad).all() and (grad[..., 4] == 0).all()
+    # d/dlogit_j of log p_i = 1[j == i] - p_j: each row's gradient sums to 0
+    torch.testing.assert_close(grad.sum(-1), torch.zeros(1, 2), atol=1e-6, rtol=0)
+
+
 def test_selective_log_softmax_shape_error():
     with pytest.raises(ValueError, match="index"):
         selective_log_softmax(torch.zeros(2, 3, 4), torch.zeros(2, 4, dtype=torch.long))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -41,15 +43,40 @@ def selective_log_softmax(logits: Tensor, index: Tensor) -> Tensor:
         out_dtype = logits.dtype if logits.dtype in _FULL_PRECISION else torch.float32
         return logits.new_zeros(index.shape, dtype=out_dtype)
     if logits.dtype in _FULL_PRECISION:
-        selected = torch.gather(logits, -1, index.unsqueeze(-1)).squeeze(-1)  # (B, T)
-        # Per batch row: logsumexp's exp() temporary is (T, V), not (B, T, V).
-        lse = torch.stack([torch.logsumexp(row, dim=-1) for row in logits])  # (B, T)
-        return selected - lse
+        out = _SelectiveLogSoftmax.apply(logits, index)  # (B, T)
+        return out  # type: ignore[no-any-return]
     rows = []
     for row_logits, row_index in zip(logits, index, strict=True):
         row_logp = torch.log_softmax(row_logits.float(), dim=-1)  # (T, V) float32
         rows.append(row_logp.gather(-1, row_index.unsqueeze(-1)).squeeze(-1))  # (T,)
     return torch.stack(rows)  # (B, T)
+
+
+class _SelectiveLogSoftmax(torch.autograd.Function):
+    """``logits[index] - logsumexp(logits)`` with a one-pass backward.
+
+    Autograd's own backward of that expression builds a zero (B, T, V) tensor for the gather, scatters
+    into it, computes softmax for the logsumexp and adds the two: three full passes and a temporary.
+    The gradient is ``onehot(index) - softmax(logits)`` times the incoming gradient, written here as one
+    ``exp(logits - lse)`` (which is the gradient tensor itself) scaled in place, plus a scatter of the
+    incoming gradient at the indexed tokens.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, logits: Tensor, index: Tensor) -> Tensor:
+        selected = torch.gather(logits, -1, index.unsqueeze(-1)).squeeze(-1)  # (B, T)
+        # Per batch row: logsumexp's exp() temporary is (T, V), not (B, T, V).
+        lse = torch.stack([torch.logsumexp(row, dim=-1) for row in logits])  # (B, T)
+        ctx.save_for_backward(logits, index, lse)
+        return selected - lse
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor, None]:
+        logits, index, lse = ctx.saved_tensors
+        grad = torch.sub(logits, lse.unsqueeze(-1)).exp_()  # (B, T, V) softmax
+        grad.mul_(-grad_out.unsqueeze(-1))
+        grad.scatter_add_(-1, index.unsqueeze(-1), grad_out.unsqueeze(-1))
+        return grad, None
 
 
 def entropy_from_logits(logits: Tensor) -> Tensor:
@@ -72,8 +99,9 @@ def entropy_from_logits(logits: Tensor) -> Tensor:
     for chunk in flat.split(_ENTROPY_CHUNK):
         c = chunk if chunk.dtype in _FULL_PRECISION else chunk.float()  # (n, V)
         probs = torch.softmax(c, dim=-1)  # (n, V)
-        # p * l is 0 * -inf = NaN for masked vocab entries; their true contribution is 0.
-        finite = torch.where(torch.isneginf(c), torch.zeros_like(c), c)  # (n, V)
+        # p * l is 0 * -inf = NaN for masked vocab entries; their true contribution is 0. Clamping -inf to
+        # the lowest finite value makes it 0 * finite = 0 in one pass (no mask, no zeros tensor).
+        finite = c.clamp(min=torch.finfo(c.dtype).min)  # (n, V)
         out.append(torch.logsumexp(c, dim=-1) - (probs * finite).sum(-1))  # (n,)
     if not out:
         dtype = logits.dtype if logits.dtype in _FULL_PRECISION else torch.float32

@@ -36,11 +36,11 @@ from rloo.data import PromptDataset, format_prompts, load_prompt_dataset, tokeni
 from rloo.errors import UserError
 from rloo.forward import response_logits
 from rloo.generation import (
-    TEMPERATURE_EPS,
     GenerationInterrupted,
     SamplingParams,
     left_pad,
     row_seeds,
+    scale_logits,
 )
 from rloo.models import load_causal_lm, load_reward_model, load_tokenizer
 from rloo.tracking.base import Status
@@ -54,6 +54,7 @@ from rloo.training.checkpoint import (
 )
 from rloo.training.metrics import METRICS_FILE, MetricsLogger
 from rloo.training.minibatches import minibatch_rows
+from rloo.training.optim import make_adamw
 from rloo.training.rewards import (
     RewardBatch,
     RewardFunctionSource,
@@ -251,7 +252,7 @@ class RLOOTrainer:
         # --- optimisation ----------------------------------------------------------------------------------
         if cfg.gradient_checkpointing:
             enable_activation_checkpointing(self.policy)
-        self.optimizer = torch.optim.AdamW(
+        self.optimizer = make_adamw(
             self.policy.parameters(),
             lr=cfg.learning_rate,
             betas=(cfg.adam_beta1, cfg.adam_beta2),
@@ -362,7 +363,7 @@ class RLOOTrainer:
             share_prefix=share,
             autocast=self.accelerator.autocast,
         )
-        logits = logits.float() / (self.cfg.temperature + TEMPERATURE_EPS)  # (b, T, V)
+        logits = scale_logits(logits.float(), self.cfg.temperature)  # (b, T, V)
         logprobs = algo.selective_log_softmax(logits, ro.responses[idx])  # (b, T)
         ent = None
         if entropy:
