@@ -184,7 +184,7 @@ def check_pipeline_params(
 
 def check_pod_params(params: dict[str, Any]) -> None:
     """The pod settings among ``params`` (those present): CPU and memory quantities, memory above the in-memory
-    /dev/shm, a valid service account name. KFP and the API server would refuse a bad one only when that
+    /dev/shm, a valid service account name, the multi-node backend and runtime. KFP and the API server would refuse a bad one only when that
     step's pod is created, possibly after hours of training."""
     from rloo.pipeline.constants import SHM_SIZE
     from rloo.pipeline.resources import check_pod_memory, check_service_account, cpu_millis
@@ -197,6 +197,13 @@ def check_pod_params(params: dict[str, Any]) -> None:
             check_pod_memory(name, str(params[name]), SHM_SIZE)
     if "train_service_account" in params:
         check_service_account("train_service_account", str(params["train_service_account"]))
+    if "multinode_backend" in params or "training_runtime" in params:
+        from rloo.pipeline.trainjob import DEFAULT_BACKEND, DEFAULT_RUNTIME, check_multinode
+
+        check_multinode(
+            str(params.get("multinode_backend", DEFAULT_BACKEND)),
+            str(params.get("training_runtime", DEFAULT_RUNTIME)),
+        )
 
 
 def check_model_source(
@@ -400,6 +407,58 @@ def on_existing_job(job: dict[str, Any]) -> str:
     """What a (retried) step does with this run's job that it finds already there: ``wait`` for a running or
     finished one, ``replace`` a failed one (the new job resumes from the checkpoints in object storage)."""
     return "replace" if job_outcome(job)[0] == "failed" else "wait"
+
+
+def multinode_spec(
+    *,
+    run_id: str,
+    run_name: str,
+    sft_uri: str,
+    train_args: list[str],
+    output_uri: str,
+    namespace: str,
+    image: str,
+    gpu_count: int,
+    num_nodes: int,
+    gpu_resource: str,
+    node_selector: dict[str, Any],
+    cpu: str,
+    memory: str,
+    service_account: str,
+    s3_secret: str,
+    mlflow_secret: str,
+    hf_secret: str,
+    mlflow_experiment: str,
+) -> Any:
+    """The :class:`rloo.pipeline.trainjob.TrainJobSpec` of a pipeline run's multi-node job: the train step and
+    ``rloo pipeline manifest`` both build it here, so the printed job is the one the step creates."""
+    from rloo.pipeline import constants
+    from rloo.pipeline.trainjob import TrainJobSpec, job_name
+
+    base = f"{output_uri.rstrip('/')}/{run_id}"
+    return TrainJobSpec(
+        name=job_name(run_id),
+        namespace=namespace,
+        image=image,
+        train_args=train_args,
+        sft_uri=sft_uri,
+        model_uri=f"{base}/model",
+        checkpoint_uri=f"{base}/checkpoints",
+        num_nodes=num_nodes,
+        gpus_per_node=gpu_count,
+        gpu_resource=gpu_resource,
+        cpu=cpu,
+        memory=memory,
+        shm_size=constants.SHM_SIZE,
+        service_account=service_account,
+        env={"KFP_RUN_ID": run_id, "KFP_RUN_NAME": run_name, "MLFLOW_EXPERIMENT_NAME": mlflow_experiment},
+        secret_env=constants.secret_env(
+            s3_secret=s3_secret, mlflow_secret=mlflow_secret, hf_secret=hf_secret
+        ),
+        tolerations=[dict(constants.GPU_TOLERATION)],
+        node_selector={str(k): str(v) for k, v in node_selector.items()},
+        active_deadline_seconds=constants.TRAIN_TIMEOUT_S,
+    )
 
 
 def run_multi_node(
