@@ -1,4 +1,4 @@
-"""The RLOO RLHF pipeline: validate -> fetch SFT -> train (1 node, or a multi-node PyTorchJob) -> evaluate -> push,
+"""The RLOO RLHF pipeline: validate -> fetch SFT -> train (1 node, or a multi-node TrainJob/PyTorchJob) -> evaluate -> push,
 inside an exit handler that closes the MLflow parent run (FAILED when a step failed).
 
 Compile with ``rloo pipeline compile`` (writes ``pipelines/rloo_pipeline.yaml``, which is committed).
@@ -97,6 +97,8 @@ def rloo_pipeline(
     gpu_resource: str = "nvidia.com/gpu",
     gpu_count: int = 1,
     num_nodes: int = 1,
+    multinode_backend: str = "trainjob",
+    training_runtime: str = "torch-distributed",
     gpu_node_selector: dict = {},  # noqa: B006 - KFP reads the default, it is never mutated
     train_cpu: str = "16",
     train_memory: str = "128Gi",
@@ -141,14 +143,16 @@ def rloo_pipeline(
         extra_train_args: Any other 'rloo train' flags, shell-quoted (e.g. "--bf16 --gradient_checkpointing").
         gpu_resource: Kubernetes resource name of the GPUs.
         gpu_count: GPUs per training node (>= 0); evaluation uses one.
-        num_nodes: Training nodes; more than one runs a training-operator PyTorchJob.
+        num_nodes: Training nodes; more than one runs a multi-node job (multinode_backend).
+        multinode_backend: The multi-node job: trainjob (Kubeflow Trainer v2 TrainJob) or pytorchjob (Training Operator v1 PyTorchJob, for older clusters).
+        training_runtime: Runtime a TrainJob references: NAME of a ClusterTrainingRuntime (Trainer installs torch-distributed) or TrainingRuntime/NAME in the job's namespace.
         gpu_node_selector: Node labels GPU pods must match, e.g. {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}.
         train_cpu: CPU request and limit of each training pod (e.g. "16", "500m").
         train_memory: Memory request and limit of each training pod (e.g. "128Gi"); more than the 16Gi in-memory /dev/shm, which counts against it.
         eval_cpu: CPU request and limit of the evaluation pod.
         eval_memory: Memory request and limit of the evaluation pod; more than the 16Gi in-memory /dev/shm.
-        train_service_account: Service account of the multi-node PyTorchJob's pods (they get no API token); create a dedicated one without permissions.
-        namespace: Namespace of the multi-node PyTorchJob (default: the pipeline's own).
+        train_service_account: Service account of the multi-node job's pods (they get no API token); create a dedicated one without permissions.
+        namespace: Namespace of the multi-node job (default: the pipeline's own).
         mlflow_experiment: MLflow experiment of the pipeline (parent) run and the stage runs.
         production_uri: Where a promoted model is copied (empty: nowhere).
         registered_model_name: MLflow Model Registry name (empty: named after mlflow_experiment).
@@ -198,6 +202,8 @@ def rloo_pipeline(
             eval_cpu=eval_cpu,
             eval_memory=eval_memory,
             train_service_account=train_service_account,
+            multinode_backend=multinode_backend,
+            training_runtime=training_runtime,
         ).set_display_name("validate parameters")
         kubernetes.set_timeout(check, C.VALIDATE_TIMEOUT_S)
         _fixed_resources(check, C.VALIDATE_RESOURCES)
@@ -249,8 +255,10 @@ def rloo_pipeline(
                 cpu=train_cpu,
                 memory=train_memory,
                 service_account=train_service_account,
+                multinode_backend=multinode_backend,
+                training_runtime=training_runtime,
                 **common,
-            ).set_display_name("train (RLOO, PyTorchJob)")
+            ).set_display_name("train (RLOO, multi-node)")
             # the launcher holds no GPU; the job's own pods get the GPU settings from the manifest
             multi.set_caching_options(enable_caching=False)
             _fixed_resources(multi, C.LAUNCHER_RESOURCES)

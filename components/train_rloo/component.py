@@ -1,4 +1,5 @@
-"""RLOO training: on this pod's GPUs (one node) or as a multi-node PyTorchJob launched from a CPU pod."""
+"""RLOO training: on this pod's GPUs (one node) or as a multi-node job (Kubeflow Trainer TrainJob, or a
+training-operator PyTorchJob) launched from a CPU pod."""
 
 from kfp import dsl
 from kfp.dsl import Input, Markdown, Metrics, Model, Output
@@ -87,6 +88,8 @@ def train_rloo_multinode(
     cpu: str,
     memory: str,
     service_account: str,
+    multinode_backend: str,
+    training_runtime: str,
     kfp_run_id: str,
     kfp_run_name: str,
     mlflow_experiment: str,
@@ -97,41 +100,31 @@ def train_rloo_multinode(
     import json
     from pathlib import Path
 
-    from rloo.pipeline import constants
-    from rloo.pipeline.layout import RunLayout
-    from rloo.pipeline.steps import run_multi_node
-    from rloo.pipeline.trainjob import TrainJobSpec, build_pytorchjob, job_name
+    from rloo.pipeline.steps import multinode_spec, run_multi_node
+    from rloo.pipeline.trainjob import build_job
 
-    layout = RunLayout(output_uri, kfp_run_id)
-    spec = TrainJobSpec(
-        name=job_name(kfp_run_id),
+    spec = multinode_spec(
+        run_id=kfp_run_id,
+        run_name=kfp_run_name,
+        sft_uri=sft_model.metadata["uri"],
+        train_args=json.loads(train_args_json),
+        output_uri=output_uri,
         namespace=namespace
         or Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace").read_text().strip(),
         image=train_image,  # the compile-time train image: the same one the single-node step uses
-        train_args=json.loads(train_args_json),
-        sft_uri=sft_model.metadata["uri"],
-        model_uri=layout.model,
-        checkpoint_uri=layout.checkpoints,
+        gpu_count=gpu_count,
         num_nodes=num_nodes,
-        gpus_per_node=gpu_count,
         gpu_resource=gpu_resource,
+        node_selector=node_selector,
         cpu=cpu,
         memory=memory,
-        shm_size=constants.SHM_SIZE,
         service_account=service_account,
-        env={
-            "KFP_RUN_ID": kfp_run_id,
-            "KFP_RUN_NAME": kfp_run_name,
-            "MLFLOW_EXPERIMENT_NAME": mlflow_experiment,
-        },
-        secret_env=constants.secret_env(
-            s3_secret=s3_secret, mlflow_secret=mlflow_secret, hf_secret=hf_secret
-        ),
-        tolerations=[dict(constants.GPU_TOLERATION)],
-        node_selector={str(k): str(v) for k, v in node_selector.items()},
-        active_deadline_seconds=constants.TRAIN_TIMEOUT_S,
+        s3_secret=s3_secret,
+        mlflow_secret=mlflow_secret,
+        hf_secret=hf_secret,
+        mlflow_experiment=mlflow_experiment,
     )
-    run_multi_node(build_pytorchjob(spec))
+    run_multi_node(build_job(spec, multinode_backend, training_runtime))
     trained_model.metadata.update({"uri": spec.model_uri, "num_nodes": num_nodes})
     with open(trained_model.path, "w") as f:
         json.dump(dict(trained_model.metadata), f)

@@ -37,6 +37,8 @@ def validate_params(
     eval_memory: str,
     train_service_account: str,
     model_revision: str = "",
+    multinode_backend: str = "trainjob",
+    training_runtime: str = "torch-distributed",
 ) -> str:
     """Returns the ``rloo train`` flags (a JSON list) built from the validated parameters."""
     params = dict(locals())  # first statement: exactly the parameters, by their pipeline names

@@ -14,9 +14,12 @@ from typing import Any
 import pytest
 
 from rloo.pipeline.constants import HF_SECRET_KEYS, JUDGE_SECRET_KEYS, MLFLOW_SECRET_KEYS, PIPELINE_NAME
-from rloo.pipeline.trainjob import API_VERSION, KIND
+from tests.fixtures.kube_api import Call, FakeKubeAPI
 from tests.fixtures.servers import free_port, stop_process
 from tests.helm.helpers import CHART, NAMESPACE, documents, env_of, find, pod_spec, render, variant_values
+
+# Where Kubeflow Trainer's control plane runs (the SDK reads its version ConfigMap there).
+TRAINER_SYSTEM_NAMESPACE = "kubeflow-system"
 
 
 def _docs(values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
@@ -93,61 +96,135 @@ def test_upload_disabled_renders_no_hook() -> None:
 # RBAC --------------------------------------------------------------------------------------------------
 
 
-def _api_calls_of_the_training_step() -> set[tuple[str, str, str]]:
-    """(API group, resource, verb) of every Kubernetes client call in ``run_multi_node``, read from its source:
-    the Role is compared with what the code does, not with a list kept by hand."""
-    import ast
-    import inspect
-    import re
+def _api_calls_of_the_training_step(backend: str, runtime: str, monkeypatch: pytest.MonkeyPatch) -> set[Call]:
+    """Every Kubernetes API call of ``run_multi_node`` (for a TrainJob, the Kubeflow SDK's too), recorded at the
+    API boundary while the step replaces a failed job, follows the new one's log and sees it succeed: the
+    Role is compared with what the code does, not with a list kept by hand."""
+    import kubernetes
 
-    from rloo.pipeline import steps
+    from rloo.pipeline.steps import run_multi_node
+    from rloo.pipeline.trainjob import TrainJobSpec, build_job
 
-    tree = ast.parse(inspect.getsource(steps.run_multi_node))
-    group, _, _ = API_VERSION.partition("/")
-    resources = {
-        "custom_object": (group, KIND.lower() + "s"),
-        "pod": ("", "pods"),
-        "pod_log": ("", "pods/log"),
+    failed = {
+        "type": "Failed",
+        "status": "True",
+        "reason": "x",
+        "message": "",
+        "lastTransitionTime": "2026-01-01T00:00:00Z",
     }
-    verbs = {"read": "get", "replace": "update"}
-    calls = set()
-    for node in ast.walk(tree):
-        if (
-            isinstance(node, ast.Attribute)
-            and isinstance(node.value, ast.Name)
-            and node.value.id in ("api", "core")
-        ):
-            m = re.fullmatch(r"(create|get|delete|list|patch|replace|read)_namespaced_(\w+)", node.attr)
-            assert m, f"unknown Kubernetes call {node.attr}: map it to a verb here"
-            calls.add((*resources[m.group(2)], verbs.get(m.group(1), m.group(1))))
-    return calls
+    fake = FakeKubeAPI(outcome="Complete" if backend == "trainjob" else "Succeeded", existing=[failed])
+    monkeypatch.setattr(kubernetes.client, "CustomObjectsApi", lambda *a, **k: fake)
+    monkeypatch.setattr(kubernetes.client, "CoreV1Api", lambda *a, **k: fake)
+    monkeypatch.setattr(kubernetes.config, "load_incluster_config", lambda *a, **k: None)
+    monkeypatch.setattr(kubernetes.config, "load_kube_config", lambda *a, **k: None)
+    if runtime.startswith("TrainingRuntime/"):  # the namespace's own runtime, found there
+        fake.namespaced_runtimes[runtime.partition("/")[2]] = fake.runtimes["torch-distributed"]
+    spec = TrainJobSpec(
+        name="rloo-train-r1",
+        namespace=NAMESPACE,
+        image="img",
+        train_args=[],
+        sft_uri="s3://b/sft",
+        model_uri="s3://b/model",
+        checkpoint_uri="s3://b/ck",
+        num_nodes=2,
+        gpus_per_node=1,
+    )
+    run_multi_node(build_job(spec, backend, runtime), poll_seconds=0.05, timeout_s=60)
+    assert fake.deleted and fake.created  # the replace path ran: create, get, delete
+    return fake.calls
 
 
-def test_rbac_grants_exactly_what_the_training_step_calls() -> None:
-    docs = _docs()
-    role = find(docs, "Role", "-pipeline")
-    assert role["metadata"]["namespace"] == NAMESPACE
-    granted = {
-        (g, r, v)
-        for rule in role["rules"]
+def _granted(doc: dict[str, Any], scope: str) -> set[Call]:
+    return {
+        (scope, g, r, v)
+        for rule in doc["rules"]
         for g in rule["apiGroups"]
         for r in rule["resources"]
         for v in rule["verbs"]
     }
-    used = _api_calls_of_the_training_step()
-    assert used == {
-        ("kubeflow.org", "pytorchjobs", "create"),
-        ("kubeflow.org", "pytorchjobs", "get"),
-        ("kubeflow.org", "pytorchjobs", "delete"),
-        ("", "pods", "list"),
-        ("", "pods/log", "get"),
-    }
+
+
+@pytest.mark.parametrize(
+    ("backend", "runtime"),
+    [
+        ("trainjob", "torch-distributed"),
+        ("trainjob", "TrainingRuntime/team-torch"),
+        ("pytorchjob", "torch-distributed"),
+    ],
+)
+def test_rbac_grants_exactly_what_the_training_step_calls(
+    backend: str, runtime: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    docs = _docs({"pipeline": {"multinode": {"backend": backend, "trainingRuntime": runtime}}})
+    role = find(docs, "Role", "-pipeline")
+    assert role["metadata"]["namespace"] == NAMESPACE
+    granted = _granted(role, NAMESPACE)
+    cluster_roles = [d for d in docs if d["kind"] == "ClusterRole"]
+    for cr in cluster_roles:
+        granted |= _granted(cr, "")
+    used = _api_calls_of_the_training_step(backend, runtime, monkeypatch)
+    # Trainer's version ConfigMap in its own namespace: the SDK only warns when it cannot read it
+    used.discard((TRAINER_SYSTEM_NAMESPACE, "", "configmaps", "get"))
+    job_resource = (
+        ("trainer.kubeflow.org", "trainjobs") if backend == "trainjob" else ("kubeflow.org", "pytorchjobs")
+    )
+    expected = {(NAMESPACE, *job_resource, verb) for verb in ("create", "get", "delete")}
+    expected |= {(NAMESPACE, "", "pods", "list"), (NAMESPACE, "", "pods/log", "get")}
+    if backend == "trainjob":
+        expected.add((NAMESPACE, "trainer.kubeflow.org", "trainingruntimes", "get"))
+        if not runtime.startswith("TrainingRuntime/"):
+            expected.add(("", "trainer.kubeflow.org", "clustertrainingruntimes", "get"))
+    assert used == expected
     assert granted == used
+    # the runtimes: only the one the jobs reference
+    name = runtime.rpartition("/")[2]
+    for rule in [*role["rules"], *(r for cr in cluster_roles for r in cr["rules"])]:
+        if "runtimes" in rule["resources"][0]:
+            assert rule["resourceNames"] == [name]
     binding = find(docs, "RoleBinding", "-pipeline")
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
-    assert binding["subjects"] == [
-        {"kind": "ServiceAccount", "name": "pipeline-runner", "namespace": NAMESPACE}
+    subject = {"kind": "ServiceAccount", "name": "pipeline-runner", "namespace": NAMESPACE}
+    assert binding["subjects"] == [subject]
+    cluster_bindings = [d for d in docs if d["kind"] == "ClusterRoleBinding"]
+    assert [b["roleRef"]["name"] for b in cluster_bindings] == [
+        cr["metadata"]["name"] for cr in cluster_roles
     ]
+    assert all(b["subjects"] == [subject] for b in cluster_bindings)
+
+
+@pytest.mark.parametrize(
+    ("multinode", "prerequisite", "submit_params"),
+    [
+        (
+            {},
+            "Kubeflow Trainer v2 (trainer.kubeflow.org/v1alpha1 TrainJob) with the\nClusterTrainingRuntime "
+            "torch-distributed",
+            [],
+        ),
+        (
+            {"trainingRuntime": "TrainingRuntime/team-torch"},
+            "TrainingRuntime team-torch in namespace rloo",
+            ["--param training_runtime=TrainingRuntime/team-torch"],
+        ),
+        (
+            {"backend": "pytorchjob"},
+            "the Kubeflow Training Operator v1 (kubeflow.org/v1 PyTorchJob)",
+            ["--param multinode_backend=pytorchjob"],
+        ),
+    ],
+)
+def test_notes_name_the_multinode_prerequisite(
+    multinode: dict[str, str], prerequisite: str, submit_params: list[str]
+) -> None:
+    notes = _notes({"pipeline": {"multinode": multinode}})
+    assert prerequisite in notes
+    submit = notes[notes.index("rloo pipeline submit") :]
+    assert [
+        line.strip(" \\")
+        for line in submit.splitlines()
+        if "multinode_backend" in line or "training_runtime" in line
+    ] == submit_params
 
 
 def test_rbac_follows_a_multi_user_profile_namespace() -> None:

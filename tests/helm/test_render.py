@@ -64,6 +64,10 @@ def test_lint_reports_a_broken_chart(tmp_path) -> None:
     assert report["errors"], report
 
 
+# Kinds without a namespace (the ClusterRole that reads the TrainJobs' ClusterTrainingRuntime, and its binding).
+CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding"}
+
+
 def test_manifests_parse_and_are_named(variant) -> None:
     name, docs = variant
     assert docs, name
@@ -72,8 +76,9 @@ def test_manifests_parse_and_are_named(variant) -> None:
         assert {"apiVersion", "kind", "metadata"} <= set(doc), doc
         meta = doc["metadata"]
         assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", meta["name"]) and len(meta["name"]) <= 63, meta
-        assert meta.get("namespace"), f"{doc['kind']}/{meta['name']} has no namespace"
-        key = (doc["kind"], meta["namespace"], meta["name"])
+        if doc["kind"] not in CLUSTER_SCOPED:
+            assert meta.get("namespace"), f"{doc['kind']}/{meta['name']} has no namespace"
+        key = (doc["kind"], meta.get("namespace"), meta["name"])
         assert key not in seen, f"duplicate {key}"
         seen.add(key)
         assert meta["labels"]["app.kubernetes.io/instance"] == "rel"

@@ -65,6 +65,16 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
         "both object stores enabled: seaweedfs.enabled is true and s3.endpoint is set",
     ),
     ("ingress without host", {"mlflow": {"ingress": {"enabled": True}}}, "mlflow.ingress.host is empty"),
+    (
+        "unknown multi-node backend",
+        {"pipeline": {"multinode": {"backend": "mpijob"}}},
+        "at '/pipeline/multinode/backend': value must be one of",
+    ),
+    (
+        "bad runtime name",
+        {"pipeline": {"multinode": {"trainingRuntime": "ClusterTrainingRuntime/torch"}}},
+        "at '/pipeline/multinode/trainingRuntime'",
+    ),
 ]
 
 

@@ -104,6 +104,16 @@ def test_run_local_checks_types_before_kfp_local_starts(own_tempdir: Path, tmp_p
             "Pipeline_Runner",
             "train_service_account must be a Kubernetes service account",
         ),
+        (
+            "multinode_backend",
+            "mpijob",
+            "multinode_backend must be one of trainjob, pytorchjob (got 'mpijob').",
+        ),
+        (
+            "training_runtime",
+            "Torch Distributed",
+            "training_runtime 'Torch Distributed' is not a runtime name",
+        ),
     ],
 )
 def test_submit_refuses_bad_pod_settings(param: str, value: str, message: str) -> None:
@@ -116,3 +126,11 @@ def test_submit_refuses_bad_pod_settings(param: str, value: str, message: str) -
     with pytest.raises(UserError) as err:
         params_for_submit(params | {param: value})
     assert str(err.value).startswith(message), str(err.value)
+
+
+def test_multinode_parameters_default_to_a_trainjob_on_torch_distributed() -> None:
+    from rloo.pipeline.trainjob import DEFAULT_BACKEND, DEFAULT_RUNTIME
+
+    defaults = {p.name: p.default for p in pipeline_params()}
+    assert defaults["multinode_backend"] == DEFAULT_BACKEND == "trainjob"
+    assert defaults["training_runtime"] == DEFAULT_RUNTIME == "torch-distributed"

@@ -1,9 +1,11 @@
-"""The multi-node PyTorchJob manifest, field by field."""
+"""The multi-node job manifests (TrainJob and PyTorchJob) field by field and against the real CRDs, `rloo
+pipeline manifest`, and the train step against the Kubernetes API boundary."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +15,17 @@ import pytest
 import yaml
 
 from rloo.errors import UserError
-from rloo.pipeline import constants
-from rloo.pipeline.trainjob import SecretEnv, TrainJobSpec, build_pytorchjob, job_name
+from rloo.pipeline import constants, trainjob
+from rloo.pipeline.steps import check_pod_params, run_multi_node
+from rloo.pipeline.trainjob import (
+    SecretEnv,
+    TrainJobSpec,
+    build_job,
+    build_pytorchjob,
+    build_trainjob,
+    job_name,
+)
+from tests.fixtures.kube_api import FakeKubeAPI
 from tests.helm.helpers import policy_violations
 
 
@@ -240,3 +251,292 @@ def test_vendored_schema_is_the_crds() -> None:
 def test_bad_pod_settings(change: dict[str, object], message: str) -> None:
     with pytest.raises(UserError, match=message):
         build_pytorchjob(_spec(**change))
+
+
+# TrainJob (Kubeflow Trainer v2) ---------------------------------------------------------------------------
+
+TRAINJOB_SCHEMA = Path(__file__).resolve().parents[1] / "fixtures" / "crds" / "trainjob.v2.3.0.schema.json"
+TORCH_RUNTIME = (
+    Path(__file__).resolve().parents[1] / "fixtures" / "crds" / "runtime.torch_distributed.v2.3.0.yaml"
+)
+
+
+def _trainjob_pod(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The pod template Trainer gives a node of this TrainJob on the default runtime: the runtime's template,
+    the job's trainer fields and its runtime patch merged the way Trainer merges them (patched containers by
+    name, lists appended, pod fields set). Enough to check what the pods end up with, not Trainer itself."""
+    runtime = yaml.safe_load(TORCH_RUNTIME.read_text())
+    (rjob,) = runtime["spec"]["template"]["spec"]["replicatedJobs"]
+    template = json.loads(json.dumps(rjob["template"]["spec"]["template"]))
+    pod = template["spec"]
+    (container,) = [c for c in pod["containers"] if c["name"] == trainjob.TRAINJOB_NODE]
+    t = manifest["spec"]["trainer"]
+    container.update(image=t["image"], command=t["command"], env=t["env"], resources=t["resourcesPerNode"])
+    (patch,) = manifest["spec"]["runtimePatches"]
+    (job_patch,) = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+    assert job_patch["name"] == rjob["name"]  # the patch names a job the runtime has
+    pod_patch = job_patch["template"]["spec"]["template"]
+    template.setdefault("metadata", {}).setdefault("labels", {}).update(pod_patch["metadata"]["labels"])
+    for key, value in pod_patch["spec"].items():
+        if key == "containers":
+            for cp in value:
+                (target,) = [c for c in pod["containers"] if c["name"] == cp["name"]]
+                target.setdefault("volumeMounts", []).extend(cp.get("volumeMounts", []))
+                target.setdefault("env", []).extend(cp.get("env", []))
+                if "securityContext" in cp:
+                    target["securityContext"] = cp["securityContext"]
+        elif isinstance(value, list):
+            pod.setdefault(key, []).extend(value)
+        else:
+            pod[key] = value
+    return template
+
+
+def _validate_trainjob(manifest: dict[str, Any]) -> None:
+    """The TrainJob against Trainer's CRD schema (strict) and its CEL rule on the name; the pod it gives,
+    against the Kubernetes API's PodTemplate schema with kubernetes-validate --strict."""
+    jsonschema.validate(manifest, _strict(json.loads(TRAINJOB_SCHEMA.read_text())))
+    name = manifest["metadata"]["name"]  # x-kubernetes-validations of the CRD (jsonschema skips CEL)
+    assert re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name) and len(name) <= 63, name
+    doc = {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "node"}}
+    for version in KUBE_VERSIONS:
+        kubernetes_validate.validate({**doc, "template": _trainjob_pod(manifest)}, version, strict=True)
+
+
+def test_trainjob_fields() -> None:
+    m = build_trainjob(_spec())
+    assert m["apiVersion"] == "trainer.kubeflow.org/v1alpha1" and m["kind"] == "TrainJob"
+    assert m["metadata"] == {
+        "name": "rloo-train-abc",
+        "namespace": "team-a",
+        "labels": {"app.kubernetes.io/name": "rloo-train"},
+    }
+    spec = m["spec"]
+    assert spec["runtimeRef"] == {
+        "apiGroup": "trainer.kubeflow.org",
+        "kind": "ClusterTrainingRuntime",
+        "name": "torch-distributed",
+    }
+    assert spec["activeDeadlineSeconds"] == 3600
+    t = spec["trainer"]
+    assert t["image"] == "reg/rloo-train:1" and t["numNodes"] == 3 and t["numProcPerNode"] == 8
+    pytorchjob_pod = build_pytorchjob(_spec())["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
+    (pc,) = pytorchjob_pod["containers"]
+    # the same command, environment (secrets by reference) and resources as the PyTorchJob path
+    assert (
+        t["command"] == pc["command"] and t["env"] == pc["env"] and t["resourcesPerNode"] == pc["resources"]
+    )
+    template = _trainjob_pod(m)
+    pod = template["spec"]
+    assert template["metadata"]["labels"]["app.kubernetes.io/name"] == "rloo-train"
+    for key in ("serviceAccountName", "securityContext", "tolerations", "nodeSelector"):
+        assert pod[key] == pytorchjob_pod[key], key
+    assert _spec().active_deadline_seconds == 3600
+    assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}} in pod["volumes"]
+    (c,) = pod["containers"]
+    assert c["name"] == "node" and c["securityContext"] == pc["securityContext"]
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in c["volumeMounts"]
+    # no API token in the training container: its path is taken by an empty mount (see trainjob's docstring)
+    assert {"name": "no-api-token", "mountPath": trainjob.SA_TOKEN_PATH, "readOnly": True} in c[
+        "volumeMounts"
+    ]
+
+
+def test_trainjob_pods_are_restricted() -> None:
+    pod = _trainjob_pod(build_trainjob(_spec(service_account="rloo-train")))
+    as_pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "train"}, "spec": pod["spec"]}
+    # a TrainJob cannot set automountServiceAccountToken (the CRD refuses it, see below): the token's path is
+    # taken by an empty mount in the only container instead (test_trainjob_fields)
+    allowed = ("readOnlyRootFilesystem", "automountServiceAccountToken")
+    problems = [p for p in policy_violations(as_pod) if not any(a in p for a in allowed)]
+    assert problems == []
+    (c,) = pod["spec"]["containers"]
+    assert trainjob.SA_TOKEN_PATH in {m["mountPath"] for m in c["volumeMounts"]}
+
+
+@pytest.mark.parametrize(
+    ("change", "runtime"),
+    [
+        ({}, "torch-distributed"),
+        ({"gpus_per_node": 0, "active_deadline_seconds": None}, "TrainingRuntime/team-torch"),
+        ({"num_nodes": 2, "service_account": "a.b-c", "namespace": ""}, "torch-distributed"),
+    ],
+)
+def test_trainjob_validates_against_the_crd_and_the_pod_schema(
+    change: dict[str, object], runtime: str
+) -> None:
+    m = build_trainjob(_spec(**change), runtime)
+    _validate_trainjob(m)
+    assert m["spec"]["runtimeRef"]["name"] == runtime.rpartition("/")[2]
+
+
+def test_trainjob_validation_catches_bad_manifests() -> None:
+    m = build_trainjob(_spec())
+    bad = json.loads(json.dumps(m))
+    bad["spec"]["trainer"]["numNodes"] = "3"
+    with pytest.raises(jsonschema.ValidationError):
+        _validate_trainjob(bad)
+    bad = json.loads(json.dumps(m))
+    bad["spec"]["trainer"]["nprocPerNode"] = 8  # a PyTorchJob field: pruned silently by the API server
+    with pytest.raises(jsonschema.ValidationError):
+        _validate_trainjob(bad)
+    bad = json.loads(json.dumps(m))
+    patch = bad["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
+    patch["template"]["spec"]["template"]["spec"]["automountServiceAccountToken"] = False  # not patchable
+    with pytest.raises(jsonschema.ValidationError):
+        _validate_trainjob(bad)
+
+
+@pytest.mark.skipif(
+    not (CRD_DIR / "trainer.kubeflow.org_trainjobs.v2.3.0.yaml").is_file(), reason="no CRD at hand"
+)
+def test_vendored_trainjob_schema_and_runtime_are_trainers() -> None:
+    def strip(node: Any) -> Any:
+        if isinstance(node, dict):
+            return {k: strip(v) for k, v in node.items() if k != "description"}
+        return [strip(v) for v in node] if isinstance(node, list) else node
+
+    crd = yaml.safe_load((CRD_DIR / "trainer.kubeflow.org_trainjobs.v2.3.0.yaml").read_text())
+    (version,) = crd["spec"]["versions"]
+    got = json.loads(TRAINJOB_SCHEMA.read_text())
+    got.pop("$comment")
+    assert got == strip(version["schema"]["openAPIV3Schema"])
+    ours = TORCH_RUNTIME.read_text().split("\n", 2)[2]  # the two lines that say where it comes from
+    assert ours == (CRD_DIR / "runtime.torch_distributed.v2.3.0.yaml").read_text()
+
+
+@pytest.mark.parametrize(
+    ("backend", "runtime", "message"),
+    [
+        (
+            "jobset",
+            "torch-distributed",
+            r"^multinode_backend must be one of trainjob, pytorchjob \(got 'jobset'\)\.$",
+        ),
+        ("trainjob", "Torch_Distributed", "training_runtime 'Torch_Distributed' is not a runtime name"),
+        ("trainjob", "Runtime/x", "training_runtime 'Runtime/x' is not a runtime name"),
+    ],
+)
+def test_bad_backend_or_runtime(backend: str, runtime: str, message: str) -> None:
+    with pytest.raises(UserError, match=message):
+        build_job(_spec(), backend, runtime)
+    with pytest.raises(UserError, match=message):
+        check_pod_params({"multinode_backend": backend, "training_runtime": runtime})
+
+
+def test_build_job_picks_the_backend() -> None:
+    assert build_job(_spec())["kind"] == "TrainJob"
+    assert build_job(_spec(), "pytorchjob")["kind"] == "PyTorchJob"
+
+
+# rloo pipeline manifest ------------------------------------------------------------------------------------
+
+
+def test_manifest_command_prints_the_job_for_either_backend(capsys: pytest.CaptureFixture[str]) -> None:
+    from rloo.cli.pipeline_cmd import main
+
+    args = ["manifest", "--param", "num_nodes=2", "--param", "gpu_count=4", "--param", "learning_rate=3e-6"]
+    assert main([*args, "--param", "namespace=team-a"]) == 0
+    out = capsys.readouterr().out
+    job = yaml.safe_load(out)
+    _validate_trainjob(job)
+    assert job["metadata"]["namespace"] == "team-a" and job["spec"]["trainer"]["numNodes"] == 2
+    cmd = job["spec"]["trainer"]["command"]
+    assert cmd[cmd.index("--learning_rate") + 1] == "3e-06"
+    assert '- "3e-06"' in out  # quoted: a YAML 1.2 reader (kubectl) would read 3e-06 as a number
+    assert cmd[cmd.index("--dataset_name") + 1] == "<dataset_name>"  # placeholders for what is not given
+    assert main([*args, "--backend", "pytorchjob", "--run_id", "r1"]) == 0
+    job = yaml.safe_load(capsys.readouterr().out)
+    _validate(job)
+    assert job["metadata"]["name"] == "rloo-train-r1" and "namespace" not in job["metadata"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ([], r"^rloo pipeline: error: the multi-node job is for num_nodes >= 2 \(got 1\)"),
+        (["--param", "num_nodes=2", "--param", "multinode_backend=mpi"], "multinode_backend must be one of"),
+        (["--param", "num_node=2"], r"unknown pipeline parameter\(s\) num_node \(did you mean num_nodes\?\)"),
+    ],
+)
+def test_manifest_command_refuses_in_one_line(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from rloo.cli.pipeline_cmd import main
+
+    assert main(["manifest", *args]) != 0
+    err = capsys.readouterr().err
+    assert re.search(message, err) and err.count("\n") == 1, err
+
+
+# The step against the Kubernetes API boundary (the real Kubeflow SDK above it) -----------------------------
+
+
+@pytest.fixture
+def kube(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Install a FakeKubeAPI (made by the returned function) in place of the Kubernetes client's APIs."""
+    import kubernetes
+
+    def install(**kw: Any) -> FakeKubeAPI:
+        fake = FakeKubeAPI(**kw)
+        monkeypatch.setattr(kubernetes.client, "CustomObjectsApi", lambda *a, **k: fake)
+        monkeypatch.setattr(kubernetes.client, "CoreV1Api", lambda *a, **k: fake)
+        monkeypatch.setattr(kubernetes.config, "load_incluster_config", lambda *a, **k: None)
+        monkeypatch.setattr(kubernetes.config, "load_kube_config", lambda *a, **k: None)
+        return fake
+
+    return install
+
+
+def test_trainjob_step_creates_follows_and_returns(kube: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    fake = kube()
+    m = build_trainjob(_spec())
+    run_multi_node(m, poll_seconds=0.05, timeout_s=60)
+    assert fake.created == [m]
+    out = capsys.readouterr().out
+    assert "[rloo] created TrainJob team-a/rloo-train-abc" in out
+    assert "[node-0] step 1 loss 0.5\n[node-0] done\n" in out  # node 0's log, streamed through the SDK
+
+
+def test_trainjob_step_fails_with_the_controllers_reason(kube: Any) -> None:
+    kube(outcome="Failed", reason="DeadlineExceeded", message="TrainJob exceeded\n its deadline")
+    with pytest.raises(
+        RuntimeError,
+        match=r"^TrainJob team-a/rloo-train-abc failed: DeadlineExceeded: TrainJob exceeded its deadline$",
+    ):
+        run_multi_node(build_trainjob(_spec()), poll_seconds=0.05, timeout_s=60)
+
+
+def _condition(kind: str, reason: str) -> dict[str, str]:
+    return {
+        "type": kind,
+        "status": "True",
+        "reason": reason,
+        "message": "",
+        "lastTransitionTime": "2025-12-31T23:00:00Z",
+    }
+
+
+@pytest.mark.parametrize("kind", ["trainjob", "pytorchjob"])
+def test_retried_step_replaces_a_failed_job_and_adopts_a_running_one(
+    kind: str, kube: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    m = build_job(_spec(), kind)
+    ok = "Complete" if kind == "trainjob" else "Succeeded"
+    fake = kube(outcome=ok, existing=[_condition("Failed", "BackoffLimitExceeded")])
+    run_multi_node(m, poll_seconds=0.05, timeout_s=60)
+    assert fake.deleted == ["rloo-train-abc"] and fake.created == [m]
+    assert "failed before this retry: replacing it" in capsys.readouterr().out
+    fake = kube(outcome=ok, existing=[] if kind == "trainjob" else [_condition("Created", "Created")])
+    run_multi_node(m, poll_seconds=0.05, timeout_s=60)
+    assert fake.deleted == [] and fake.created == []
+    assert "adopting" in capsys.readouterr().out
+
+
+def test_pytorchjob_step_follows_the_master(kube: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    kube(outcome="Failed", reason="PyTorchJobFailed", message="Worker exited 137")
+    with pytest.raises(
+        RuntimeError, match=r"^PyTorchJob team-a/rloo-train-abc failed: PyTorchJobFailed: Worker exited 137$"
+    ):
+        run_multi_node(build_pytorchjob(_spec()), poll_seconds=0.05)
+    assert "[master] step 1 loss 0.5\n" in capsys.readouterr().out

@@ -44,7 +44,7 @@ def selective_log_softmax(logits: Tensor, index: Tensor) -> Tensor:
         return logits.new_zeros(index.shape, dtype=out_dtype)
     if logits.dtype in _FULL_PRECISION:
         out = _SelectiveLogSoftmax.apply(logits, index)  # (B, T)
-        return out  # type: ignore[no-any-return]
+        return out
     rows = []
     for row_logits, row_index in zip(logits, index, strict=True):
         row_logp = torch.log_softmax(row_logits.float(), dim=-1)  # (T, V) float32

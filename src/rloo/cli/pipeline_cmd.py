@@ -8,6 +8,9 @@
 - ``rloo pipeline upload --host URL [--package FILE] [--name NAME]``: create the pipeline or add a version
   (idempotent: an unchanged package uploads nothing).
 - ``rloo pipeline submit --host URL --param NAME=VALUE ...``: upload as above, start a run, print its URL.
+- ``rloo pipeline manifest --backend trainjob|pytorchjob [--param NAME=VALUE ...]``: print, as YAML, the
+  multi-node job the train step would create for these parameters (placeholders for what is not given), for
+  review or ``kubectl apply``.
 """
 
 from __future__ import annotations
@@ -66,6 +69,19 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--run_name", default=None, help="KFP run name (default: <pipeline>-<time>)")
     submit.add_argument("--ui_host", default=None, help="KFP UI URL for the printed link (default: --host)")
     submit.add_argument("--service_account", default=None, help="service account of the run's pods")
+    manifest = sub.add_parser(
+        "manifest", help="print the multi-node training job the train step would create"
+    )
+    manifest.add_argument(
+        "--backend",
+        choices=["trainjob", "pytorchjob"],
+        default=None,
+        help="TrainJob (Kubeflow Trainer v2) or PyTorchJob (Training Operator v1); default: multinode_backend",
+    )
+    manifest.add_argument(
+        "--run_id", default="manual", help="run id in the job's name and storage paths (default: manual)"
+    )
+    _params_args(manifest)
     return parser
 
 
@@ -107,6 +123,14 @@ def _dispatch(ns: argparse.Namespace) -> int:
 
         for path in compile_pipeline(ns.output):
             print(path)
+        return 0
+    if ns.action == "manifest":
+        from rloo.pipeline.manifest import manifest_yaml
+
+        params = parse_params(ns.param, ns.params)
+        if ns.backend:
+            params["multinode_backend"] = ns.backend
+        sys.stdout.write(manifest_yaml(params, run_id=ns.run_id))
         return 0
     if ns.action == "run":
         if not ns.local:

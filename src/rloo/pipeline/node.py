@@ -2,7 +2,8 @@
 
 ``python -m rloo.pipeline.node --sft_uri S --model_uri M --checkpoint_uri C --nproc_per_node N
 --num_nodes K -- <rloo train flags>``. Used by the single-node train step (``accelerate launch``) and by
-every pod of the multi-node PyTorchJob (``torchrun``, rendezvous from the operator's ``PET_*`` variables).
+every pod of the multi-node TrainJob or PyTorchJob (``torchrun``, rendezvous from the ``PET_*`` variables both
+operators set).
 Node 0 uploads the final model; re-running after a preemption resumes from ``--checkpoint_uri``.
 """
 

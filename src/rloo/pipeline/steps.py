@@ -184,7 +184,7 @@ def check_pipeline_params(
 
 def check_pod_params(params: dict[str, Any]) -> None:
     """The pod settings among ``params`` (those present): CPU and memory quantities, memory above the in-memory
-    /dev/shm, a valid service account name. KFP and the API server would refuse a bad one only when that
+    /dev/shm, a valid service account name, the multi-node backend and runtime. KFP and the API server would refuse a bad one only when that
     step's pod is created, possibly after hours of training."""
     from rloo.pipeline.constants import SHM_SIZE
     from rloo.pipeline.resources import check_pod_memory, check_service_account, cpu_millis
@@ -197,6 +197,13 @@ def check_pod_params(params: dict[str, Any]) -> None:
             check_pod_memory(name, str(params[name]), SHM_SIZE)
     if "train_service_account" in params:
         check_service_account("train_service_account", str(params["train_service_account"]))
+    if "multinode_backend" in params or "training_runtime" in params:
+        from rloo.pipeline.trainjob import DEFAULT_BACKEND, DEFAULT_RUNTIME, check_multinode
+
+        check_multinode(
+            str(params.get("multinode_backend", DEFAULT_BACKEND)),
+            str(params.get("training_runtime", DEFAULT_RUNTIME)),
+        )
 
 
 def check_model_source(
@@ -373,38 +380,210 @@ def resolve_hub_commit(repo_id: str, revision: str | None, hub_api: Any = None) 
 # Labels the training operator puts on a PyTorchJob's pods (kubeflow/training-operator v1).
 JOB_NAME_LABEL = "training.kubeflow.org/job-name"
 REPLICA_TYPE_LABEL = "training.kubeflow.org/replica-type"
+# The terminal conditions: a PyTorchJob's (training operator v1) and a TrainJob's (Trainer v2).
+_TERMINAL = {"Succeeded": "succeeded", "Complete": "succeeded", "Failed": "failed"}
+# The step of a TrainJob whose log the train step streams: node 0, which the rank-0 processes run on.
+TRAINJOB_LOG_STEP = "node-0"
 
 
 def job_outcome(job: dict[str, Any]) -> tuple[str, str]:
-    """``("succeeded" | "failed" | "running", reason)`` from a PyTorchJob's status conditions.
+    """``("succeeded" | "failed" | "running", reason)`` from a PyTorchJob's or TrainJob's status conditions.
 
-    The operator appends conditions (Created, Running, Restarting, Succeeded, Failed); the newest true
-    terminal one decides, and its reason and message are what the user needs to see.
+    The operators append conditions (PyTorchJob: Created, Running, Restarting, Succeeded, Failed; TrainJob:
+    Suspended, Complete, Failed, ...); the newest true terminal one decides, and its reason and message are
+    what the user needs to see.
     """
     conds = [c for c in (job.get("status") or {}).get("conditions") or [] if c.get("status") == "True"]
     conds.sort(key=lambda c: str(c.get("lastTransitionTime") or c.get("lastUpdateTime") or ""))
     for cond in reversed(conds):
-        kind = cond.get("type")
-        if kind in ("Succeeded", "Failed"):
-            why = ": ".join(x for x in (cond.get("reason"), cond.get("message")) if x) or kind
-            return kind.lower(), " ".join(str(why).split())
+        state = _TERMINAL.get(str(cond.get("type")))
+        if state:
+            why = ": ".join(x for x in (cond.get("reason"), cond.get("message")) if x) or cond["type"]
+            return state, " ".join(str(why).split())
     return "running", ""
 
 
 def on_existing_job(job: dict[str, Any]) -> str:
-    """What a (retried) step does with this run's PyTorchJob that it finds already there: ``wait`` for a
-    running or finished one, ``replace`` a failed one (the new job resumes from the checkpoints in object
-    storage)."""
+    """What a (retried) step does with this run's job that it finds already there: ``wait`` for a running or
+    finished one, ``replace`` a failed one (the new job resumes from the checkpoints in object storage)."""
     return "replace" if job_outcome(job)[0] == "failed" else "wait"
 
 
-def run_multi_node(manifest: dict[str, Any], *, poll_seconds: float = 30.0) -> None:  # pragma: no cover
-    """Create the PyTorchJob (or adopt it when a retried step finds it), stream its master's log into this
-    step's log, and return when it succeeds; raise with the operator's reason when it fails.
+def multinode_spec(
+    *,
+    run_id: str,
+    run_name: str,
+    sft_uri: str,
+    train_args: list[str],
+    output_uri: str,
+    namespace: str,
+    image: str,
+    gpu_count: int,
+    num_nodes: int,
+    gpu_resource: str,
+    node_selector: dict[str, Any],
+    cpu: str,
+    memory: str,
+    service_account: str,
+    s3_secret: str,
+    mlflow_secret: str,
+    hf_secret: str,
+    mlflow_experiment: str,
+) -> Any:
+    """The :class:`rloo.pipeline.trainjob.TrainJobSpec` of a pipeline run's multi-node job: the train step and
+    ``rloo pipeline manifest`` both build it here, so the printed job is the one the step creates."""
+    from rloo.pipeline import constants
+    from rloo.pipeline.layout import RunLayout
+    from rloo.pipeline.trainjob import TrainJobSpec, job_name
 
-    Thin on purpose: the job comes from :func:`rloo.pipeline.trainjob.build_pytorchjob`, decisions from
-    :func:`job_outcome` and :func:`on_existing_job`.
+    layout = RunLayout(output_uri, run_id)
+    return TrainJobSpec(
+        name=job_name(run_id),
+        namespace=namespace,
+        image=image,
+        train_args=train_args,
+        sft_uri=sft_uri,
+        model_uri=layout.model,
+        checkpoint_uri=layout.checkpoints,
+        num_nodes=num_nodes,
+        gpus_per_node=gpu_count,
+        gpu_resource=gpu_resource,
+        cpu=cpu,
+        memory=memory,
+        shm_size=constants.SHM_SIZE,
+        service_account=service_account,
+        env={"KFP_RUN_ID": run_id, "KFP_RUN_NAME": run_name, "MLFLOW_EXPERIMENT_NAME": mlflow_experiment},
+        secret_env=constants.secret_env(
+            s3_secret=s3_secret, mlflow_secret=mlflow_secret, hf_secret=hf_secret
+        ),
+        tolerations=[dict(constants.GPU_TOLERATION)],
+        node_selector={str(k): str(v) for k, v in node_selector.items()},
+        active_deadline_seconds=constants.TRAIN_TIMEOUT_S,
+    )
+
+
+def run_multi_node(
+    manifest: dict[str, Any], *, poll_seconds: float = 30.0, timeout_s: int | None = None
+) -> None:
+    """Create the multi-node job (or adopt it when a retried step finds it; replace it when it had failed),
+    stream its rank-0 node's log into this step's log, and return when it succeeds; raise with the
+    operator's reason when it fails.
+
+    Thin on purpose: the job comes from :func:`rloo.pipeline.trainjob.build_job`, decisions from
+    :func:`job_outcome` and :func:`on_existing_job`. A ``TrainJob`` is followed with the Kubeflow SDK; a
+    ``PyTorchJob``, which that SDK does not handle, with the Kubernetes client.
     """
+    from rloo.pipeline.constants import TRAIN_TIMEOUT_S
+    from rloo.pipeline.trainjob import TRAINJOB_KIND
+
+    if manifest["kind"] == TRAINJOB_KIND:
+        _run_trainjob(manifest, poll_seconds=poll_seconds, timeout_s=timeout_s or TRAIN_TIMEOUT_S)
+    else:
+        _run_pytorchjob(manifest, poll_seconds=poll_seconds)
+
+
+def _trainer_client(namespace: str) -> Any:
+    """The Kubeflow SDK's TrainerClient for ``namespace`` (in-cluster credentials in the step's pod)."""
+    from kubeflow.common.types import KubernetesBackendConfig
+    from kubeflow.trainer import TrainerClient
+
+    # The client first reads Trainer's version ConfigMap in the control plane's namespace, which this step
+    # may not (its Role is in the pipeline's namespace), and only warns about it: not worth a warning here.
+    sdk_log = logging.getLogger("kubeflow.trainer.backends.kubernetes.backend")
+    level = sdk_log.level
+    sdk_log.setLevel(logging.ERROR)
+    try:
+        return TrainerClient(backend_config=KubernetesBackendConfig(namespace=namespace))
+    finally:
+        sdk_log.setLevel(level)
+
+
+def _run_trainjob(manifest: dict[str, Any], *, poll_seconds: float, timeout_s: int) -> None:
+    """A TrainJob through the Kubeflow SDK: ``wait_for_job_status``, ``get_job``/``get_job_logs`` (node 0's
+    log) and ``delete_job``. Two calls are made with the SDK's own API client instead, because the SDK cannot
+    express them: creating *this* manifest (``TrainerClient.train`` assembles its own TrainJob from typed
+    options, so what ``rloo pipeline manifest`` prints and the tests validate against the CRD would not be
+    what is created), and reading a job's conditions (the SDK's ``TrainJob`` keeps the status name, not the
+    controller's reason)."""
+    import threading
+
+    from kubernetes.client.rest import ApiException
+
+    trainer = _trainer_client(manifest["metadata"]["namespace"])
+    api = trainer.backend.custom_api
+    group, version = manifest["apiVersion"].split("/")
+    ns, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
+    plural = "trainjobs"
+    what = f"TrainJob {ns}/{name}"
+
+    def get() -> dict[str, Any]:
+        return api.get_namespaced_custom_object(group, version, ns, plural, name)
+
+    try:
+        api.create_namespaced_custom_object(group, version, ns, plural, manifest)
+        print(f"[rloo] created {what}", flush=True)
+    except ApiException as e:
+        if e.status != 409:
+            raise
+        if on_existing_job(get()) == "replace":
+            print(f"[rloo] {what} failed before this retry: replacing it", flush=True)
+            trainer.delete_job(name)
+            _wait_until_gone(get, poll_seconds)
+            api.create_namespaced_custom_object(group, version, ns, plural, manifest)
+        else:
+            print(f"[rloo] adopting {what} (this step was retried)", flush=True)
+
+    done = threading.Event()
+
+    def follow_node0_log() -> None:
+        seen: set[str] = set()  # pod names: a replaced node-0 pod is followed again
+        while not done.is_set():
+            try:
+                step = next((s for s in trainer.get_job(name).steps if s.name == TRAINJOB_LOG_STEP), None)
+                if step is not None and step.pod_name not in seen and step.status not in (None, "Pending"):
+                    seen.add(step.pod_name)
+                    for line in trainer.get_job_logs(name, follow=True, step=TRAINJOB_LOG_STEP):
+                        sys.stdout.write(f"[{TRAINJOB_LOG_STEP}] {line}\n")
+                        sys.stdout.flush()
+            except Exception as e:  # logs are a convenience: the job's status decides the outcome
+                log.warning("following %s's log: %s", TRAINJOB_LOG_STEP, e)
+            done.wait(min(10.0, poll_seconds))
+
+    threading.Thread(target=follow_node0_log, daemon=True, name="job-log").start()
+    try:
+        trainer.wait_for_job_status(
+            name, status={"Complete"}, timeout=timeout_s, polling_interval=max(1, int(poll_seconds))
+        )
+    except RuntimeError as e:  # the SDK's "is Failed", or a failed read
+        try:
+            state, reason = job_outcome(get())
+        except ApiException as gone:
+            if gone.status == 404:
+                raise RuntimeError(f"{what} was deleted while the step waited for it") from None
+            raise
+        if state == "failed":
+            raise RuntimeError(f"{what} failed: {reason}") from None
+        raise RuntimeError(f"waiting for {what}: {e}") from e
+    finally:
+        done.set()
+
+
+def _wait_until_gone(get: Any, poll_seconds: float) -> None:
+    """Return once ``get`` answers 404: a deleted job's name is free only once the job is gone."""
+    from kubernetes.client.rest import ApiException
+
+    while True:
+        try:
+            get()
+        except ApiException as gone:
+            if gone.status == 404:
+                return
+            raise
+        time.sleep(min(5.0, poll_seconds))
+
+
+def _run_pytorchjob(manifest: dict[str, Any], *, poll_seconds: float) -> None:
+    """A PyTorchJob through the Kubernetes client (the Kubeflow SDK handles Trainer v2 TrainJobs only)."""
     import threading
 
     from kubernetes import client, config
@@ -430,14 +609,7 @@ def run_multi_node(manifest: dict[str, Any], *, poll_seconds: float = 30.0) -> N
             api.delete_namespaced_custom_object(
                 group, version, ns, plural, name, body=client.V1DeleteOptions(propagation_policy="Foreground")
             )
-            while True:  # the name is free only once the old job is gone
-                try:
-                    get()
-                except ApiException as gone:
-                    if gone.status == 404:
-                        break
-                    raise
-                time.sleep(5)
+            _wait_until_gone(get, poll_seconds)
             api.create_namespaced_custom_object(group, version, ns, plural, manifest)
         else:
             print(f"[rloo] adopting PyTorchJob {ns}/{name} (this step was retried)", flush=True)
@@ -462,7 +634,7 @@ def run_multi_node(manifest: dict[str, Any], *, poll_seconds: float = 30.0) -> N
                         sys.stdout.flush()
             except Exception as e:  # logs are a convenience: status polling decides the outcome
                 log.warning("following the master's log: %s", e)
-            done.wait(10)
+            done.wait(min(10.0, poll_seconds))
 
     threading.Thread(target=follow_master_log, daemon=True, name="job-log").start()
     try:

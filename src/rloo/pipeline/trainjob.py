@@ -1,18 +1,25 @@
-"""The multi-node training job as a Kubeflow training-operator ``PyTorchJob`` manifest (a pure function).
+"""The multi-node training job, as a pure function: a Kubeflow Trainer v2 ``TrainJob`` (the default) or a
+training-operator v1 ``PyTorchJob`` (``multinode_backend=pytorchjob``, for clusters that still run it).
 
-Why ``PyTorchJob`` (``kubeflow.org/v1``) rather than Trainer v2's ``TrainJob``: a ``TrainJob`` only runs
-against a ``ClusterTrainingRuntime`` that a cluster admin installs separately, and its API is still
-``v1alpha1``; ``PyTorchJob`` is self-contained (every field the pods need is in the manifest, so it is
-reviewable and testable here) and is what the training operator shipped with Kubeflow 1.x platforms runs.
-The operator sets ``PET_NNODES``/``PET_NODE_RANK``/``PET_MASTER_ADDR``/... on every pod, which ``torchrun``
-reads, so the command (:mod:`rloo.pipeline.node`) is the same on every node.
+``TrainJob`` (``trainer.kubeflow.org/v1alpha1``) is what new Kubeflow clusters install; the Training Operator v1
+(``kubeflow.org/v1``) is the legacy line. A ``TrainJob`` runs against a (Cluster)TrainingRuntime a cluster admin
+installs (default ``torch-distributed``, which Trainer installs with itself): ``spec.trainer`` carries the image,
+command, environment, node count and per-node resources, and a ``runtimePatches`` entry the rest of what the
+pods need (``/dev/shm``, node selector, tolerations, service account, security contexts, labels). Both
+operators set ``PET_NNODES``/``PET_NODE_RANK``/``PET_MASTER_ADDR``/... on every pod, which ``torchrun`` reads,
+so the command (:mod:`rloo.pipeline.node`) is the same on every node and on both backends.
 
 The pods run restricted: as the images' non-root uid, no privilege escalation, no capabilities, the runtime's
 seccomp profile, and no service-account token (they talk to object storage and MLflow, never to the
-Kubernetes API), under a named service account (``train_service_account``).
+Kubernetes API), under a named service account (``train_service_account``). A ``TrainJob``'s pod patch cannot
+set ``automountServiceAccountToken`` (Trainer v2.3.0's ``PodSpecPatch`` has no such field), so the training
+container mounts an empty directory at the token's path instead: the ServiceAccount admission controller
+mounts the token into no container that already has a mount there.
 
-A preempted pod restarts (``restartPolicy: OnFailure``) and ``rloo train`` resumes from the newest complete
-checkpoint under ``--checkpoint_uri``, which therefore must be object storage, not a pod-local path.
+A preempted pod is restarted (the ``PyTorchJob``'s ``restartPolicy: OnFailure``; a ``TrainJob``'s Job
+template comes from its runtime, whose Kubernetes Job retries the pod) and ``rloo train`` resumes from the
+newest complete checkpoint under ``--checkpoint_uri``, which therefore must be object storage, not a pod-local
+path.
 """
 
 from __future__ import annotations
@@ -27,6 +34,18 @@ from rloo.pipeline.resources import check_pod_memory, check_service_account, cpu
 API_VERSION = "kubeflow.org/v1"
 KIND = "PyTorchJob"
 CONTAINER_NAME = "pytorch"  # the training operator finds the training container by this name
+
+TRAINJOB_API_VERSION = "trainer.kubeflow.org/v1alpha1"
+TRAINJOB_KIND = "TrainJob"
+# The replicated job and container of Trainer's torch runtimes that run the training (Trainer's "node"): a
+# runtime patch must name ones the runtime has.
+TRAINJOB_NODE = "node"
+DEFAULT_RUNTIME = "torch-distributed"
+RUNTIME_PATCH_MANAGER = "rloo-kfp.github.io/train"
+BACKENDS = ("trainjob", "pytorchjob")
+DEFAULT_BACKEND = "trainjob"
+# Where the ServiceAccount admission controller mounts the API token (see the module docstring).
+SA_TOKEN_PATH = "/var/run/secrets/kubernetes.io/serviceaccount"
 _DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
@@ -42,7 +61,7 @@ class SecretEnv:
 
 @dataclass(frozen=True)
 class TrainJobSpec:
-    """Typed inputs of :func:`build_pytorchjob`."""
+    """Typed inputs of :func:`build_trainjob` and :func:`build_pytorchjob`."""
 
     name: str
     namespace: str
@@ -75,7 +94,7 @@ class TrainJobSpec:
             )
         if self.num_nodes < 2:
             raise UserError(
-                f"a PyTorchJob is for num_nodes >= 2 (got {self.num_nodes}); 1 node runs in the step."
+                f"a multi-node job is for num_nodes >= 2 (got {self.num_nodes}); 1 node runs in the step."
             )
         if self.gpus_per_node < 0:
             raise UserError(f"gpu_count must be >= 0 (got {self.gpus_per_node}).")
@@ -94,13 +113,9 @@ class TrainJobSpec:
                 raise UserError(f"{flag} is set by the job itself; remove it from the training arguments.")
 
 
-def build_pytorchjob(spec: TrainJobSpec) -> dict[str, Any]:
-    """The ``PyTorchJob`` manifest: one Master and ``num_nodes - 1`` Workers, identical pods, each running
-    ``torchrun`` with ``gpus_per_node`` processes (1 on CPU-only pods)."""
-    spec.validate()
-    nproc = max(spec.gpus_per_node, 1)
+def _command(spec: TrainJobSpec) -> list[str]:
     # rloo.pipeline.node: download the SFT model, torchrun 'rloo train', upload the result from node 0
-    command = [
+    return [
         "python",
         "-m",
         "rloo.pipeline.node",
@@ -111,62 +126,101 @@ def build_pytorchjob(spec: TrainJobSpec) -> dict[str, Any]:
         "--checkpoint_uri",
         spec.checkpoint_uri,
         "--nproc_per_node",
-        str(nproc),
+        str(_nproc(spec)),
         "--num_nodes",
         str(spec.num_nodes),
         "--",
         *spec.train_args,
     ]
+
+
+def _nproc(spec: TrainJobSpec) -> int:
+    return max(spec.gpus_per_node, 1)  # 1 process on a CPU-only pod
+
+
+def _env(spec: TrainJobSpec) -> list[dict[str, Any]]:
     env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in sorted(spec.env.items())]
-    env += [
+    return env + [
         {
             "name": s.env,
             "valueFrom": {"secretKeyRef": {"name": s.secret, "key": s.key, "optional": s.optional}},
         }
         for s in spec.secret_env
     ]
+
+
+def _resources(spec: TrainJobSpec) -> dict[str, dict[str, str]]:
     resources: dict[str, str] = {"cpu": spec.cpu, "memory": spec.memory}
     if spec.gpus_per_node > 0:
         resources[spec.gpu_resource] = str(spec.gpus_per_node)
+    # requests == limits: GPUs cannot be overcommitted, and equal CPU/memory gives Guaranteed QoS (the last
+    # pods evicted under node pressure).
+    return {"requests": dict(resources), "limits": dict(resources)}
+
+
+# the "restricted" Pod Security Standard, container and pod level
+_CONTAINER_SECURITY = {
+    "allowPrivilegeEscalation": False,
+    "runAsNonRoot": True,
+    "capabilities": {"drop": ["ALL"]},
+}
+
+
+def _pod_security(spec: TrainJobSpec) -> dict[str, Any]:
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": spec.run_as_user,
+        "runAsGroup": spec.run_as_group,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def _shm_volume(spec: TrainJobSpec) -> dict[str, Any]:
+    # NCCL and DataLoader workers use /dev/shm; the container runtime default is 64 MiB.
+    return {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.shm_size}}
+
+
+def _labels(spec: TrainJobSpec) -> dict[str, str]:
+    # the chart's NetworkPolicies admit the training pods to MLflow and SeaweedFS by this label
+    return {"app.kubernetes.io/name": "rloo-train", **spec.labels}
+
+
+def _metadata(spec: TrainJobSpec) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": spec.name}
+    if spec.namespace:  # empty: 'kubectl apply -n' decides (rloo pipeline manifest)
+        meta["namespace"] = spec.namespace
+    return meta | {"labels": _labels(spec)}
+
+
+def build_pytorchjob(spec: TrainJobSpec) -> dict[str, Any]:
+    """The ``PyTorchJob`` manifest: one Master and ``num_nodes - 1`` Workers, identical pods, each running
+    ``torchrun`` with ``gpus_per_node`` processes (1 on CPU-only pods)."""
+    spec.validate()
     container = {
         "name": CONTAINER_NAME,
         "image": spec.image,
-        "command": command,
-        "env": env,
-        # requests == limits: GPUs cannot be overcommitted, and equal CPU/memory gives Guaranteed QoS (the
-        # last pods evicted under node pressure).
-        "resources": {"requests": dict(resources), "limits": dict(resources)},
+        "command": _command(spec),
+        "env": _env(spec),
+        "resources": _resources(spec),
         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
-        # the "restricted" Pod Security Standard
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "runAsNonRoot": True,
-            "capabilities": {"drop": ["ALL"]},
-        },
+        "securityContext": dict(_CONTAINER_SECURITY),
     }
     pod_spec: dict[str, Any] = {
         "serviceAccountName": spec.service_account,
         # nothing in the pod calls the Kubernetes API: no token to steal from it
         "automountServiceAccountToken": False,
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": spec.run_as_user,
-            "runAsGroup": spec.run_as_group,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": _pod_security(spec),
         "containers": [container],
-        # NCCL and DataLoader workers use /dev/shm; the container runtime default is 64 MiB.
-        "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.shm_size}}],
+        "volumes": [_shm_volume(spec)],
         "tolerations": [dict(t) for t in spec.tolerations],
         "nodeSelector": dict(spec.node_selector),
     }
-    labels = {"app.kubernetes.io/name": "rloo-train", **spec.labels}
 
     def replica(n: int) -> dict[str, Any]:
         return {
             "replicas": n,
             "restartPolicy": "OnFailure",
-            "template": {"metadata": {"labels": dict(labels)}, "spec": pod_spec},
+            "template": {"metadata": {"labels": _labels(spec)}, "spec": pod_spec},
         }
 
     run_policy: dict[str, Any] = {"backoffLimit": spec.backoff_limit, "cleanPodPolicy": "Running"}
@@ -175,16 +229,104 @@ def build_pytorchjob(spec: TrainJobSpec) -> dict[str, Any]:
     return {
         "apiVersion": API_VERSION,
         "kind": KIND,
-        "metadata": {"name": spec.name, "namespace": spec.namespace, "labels": dict(labels)},
+        "metadata": _metadata(spec),
         "spec": {
-            "nprocPerNode": str(nproc),
+            "nprocPerNode": str(_nproc(spec)),
             "runPolicy": run_policy,
             "pytorchReplicaSpecs": {"Master": replica(1), "Worker": replica(spec.num_nodes - 1)},
         },
     }
 
 
+def runtime_ref(runtime: str) -> dict[str, str]:
+    """The ``runtimeRef`` of a TrainJob for the ``training_runtime`` parameter: ``NAME`` is a
+    ClusterTrainingRuntime (what Trainer installs, e.g. ``torch-distributed``), ``TrainingRuntime/NAME`` one
+    in the job's namespace."""
+    kind, _, name = runtime.rpartition("/")
+    kind = kind or "ClusterTrainingRuntime"
+    if (
+        kind not in ("ClusterTrainingRuntime", "TrainingRuntime")
+        or not _DNS1123.match(name)
+        or len(name) > 63
+    ):
+        raise UserError(
+            f"training_runtime {runtime!r} is not a runtime name: give NAME (a ClusterTrainingRuntime such as "
+            f"{DEFAULT_RUNTIME}) or TrainingRuntime/NAME (one in the job's namespace)."
+        )
+    return {"apiGroup": "trainer.kubeflow.org", "kind": kind, "name": name}
+
+
+def check_multinode(backend: str, runtime: str) -> None:
+    """``multinode_backend`` and ``training_runtime``: a one-line UserError for a bad value."""
+    if backend not in BACKENDS:
+        raise UserError(f"multinode_backend must be one of {', '.join(BACKENDS)} (got {backend!r}).")
+    runtime_ref(runtime)
+
+
+def build_trainjob(spec: TrainJobSpec, runtime: str = DEFAULT_RUNTIME) -> dict[str, Any]:
+    """The ``TrainJob`` manifest: ``num_nodes`` identical pods of the runtime's ``node`` job, each running
+    ``torchrun`` with ``gpus_per_node`` processes (1 on CPU-only pods).
+
+    ``spec.backoff_limit`` does not apply: a TrainJob cannot patch its Job's retry policy, the runtime's
+    decides (Kubernetes' Job default for Trainer's ``torch-distributed``)."""
+    spec.validate()
+    container_patch = {
+        "name": TRAINJOB_NODE,
+        "volumeMounts": [
+            {"name": "dshm", "mountPath": "/dev/shm"},
+            # the token is not mounted over an existing mount (see the module docstring)
+            {"name": "no-api-token", "mountPath": SA_TOKEN_PATH, "readOnly": True},
+        ],
+        "securityContext": dict(_CONTAINER_SECURITY),
+    }
+    pod_patch: dict[str, Any] = {
+        "serviceAccountName": spec.service_account,
+        "securityContext": _pod_security(spec),
+        "containers": [container_patch],
+        "volumes": [_shm_volume(spec), {"name": "no-api-token", "emptyDir": {"sizeLimit": "1Mi"}}],
+        "tolerations": [dict(t) for t in spec.tolerations],
+        "nodeSelector": dict(spec.node_selector),
+    }
+    job_patch = {
+        "name": TRAINJOB_NODE,
+        "template": {"spec": {"template": {"metadata": {"labels": _labels(spec)}, "spec": pod_patch}}},
+    }
+    job: dict[str, Any] = {
+        "runtimeRef": runtime_ref(runtime),
+        "trainer": {
+            "image": spec.image,
+            "command": _command(spec),
+            "env": _env(spec),
+            "numNodes": spec.num_nodes,
+            "numProcPerNode": _nproc(spec),
+            "resourcesPerNode": _resources(spec),
+        },
+        "runtimePatches": [
+            {
+                "manager": RUNTIME_PATCH_MANAGER,
+                "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [job_patch]}}},
+            }
+        ],
+    }
+    if spec.active_deadline_seconds is not None:
+        job["activeDeadlineSeconds"] = spec.active_deadline_seconds
+    return {
+        "apiVersion": TRAINJOB_API_VERSION,
+        "kind": TRAINJOB_KIND,
+        "metadata": _metadata(spec),
+        "spec": job,
+    }
+
+
+def build_job(
+    spec: TrainJobSpec, backend: str = DEFAULT_BACKEND, runtime: str = DEFAULT_RUNTIME
+) -> dict[str, Any]:
+    """The multi-node job of ``backend`` (``multinode_backend``): what the train step creates."""
+    check_multinode(backend, runtime)
+    return build_trainjob(spec, runtime) if backend == "trainjob" else build_pytorchjob(spec)
+
+
 def job_name(run_id: str) -> str:
-    """A valid, deterministic PyTorchJob name for a pipeline run (a retried step finds its own job)."""
+    """A valid, deterministic job name for a pipeline run (a retried step finds its own job)."""
     slug = re.sub(r"[^a-z0-9-]+", "-", run_id.lower()).strip("-")
     return ("rloo-train-" + slug)[:63].rstrip("-") or "rloo-train"

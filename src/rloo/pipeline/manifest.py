@@ -1,0 +1,91 @@
+"""``rloo pipeline manifest``: the multi-node job the train step would create for some pipeline parameters, as
+YAML, for review or ``kubectl apply``.
+
+The parameters get the checks ``rloo pipeline submit`` applies (names, types, the validate step's checks,
+without looking at storage or the Hub); required ones that are not given become placeholders. What only a run
+knows is a placeholder too: the SFT model's URI is where the fetch step writes it, the run id ``--run_id``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from rloo.errors import UserError
+
+# What a required pipeline parameter becomes when it is not given: visibly a placeholder, yet a value every
+# check accepts (the job only carries output_uri and the training flags).
+PLACEHOLDERS: dict[str, Any] = {
+    "model": "<model>",
+    "dataset_name": "<dataset_name>",
+    "eval_dataset_name": "<eval_dataset_name>",
+    "judge_base_url": "http://judge.invalid/v1",
+    "judge_model": "<judge_model>",
+    "output_uri": "s3://<bucket>/<prefix>",
+}
+# The namespace when the namespace parameter is empty: none in the manifest, so 'kubectl apply -n' decides.
+NO_NAMESPACE = ""
+
+
+def manifest(params: dict[str, Any], *, run_id: str = "manual") -> dict[str, Any]:
+    """The job (TrainJob or PyTorchJob, by ``multinode_backend``) for ``params`` (pipeline parameters)."""
+    from rloo.pipeline.images import TRAIN_IMAGE
+    from rloo.pipeline.params import check_params, with_defaults
+    from rloo.pipeline.steps import check_pipeline_params, multinode_spec
+    from rloo.pipeline.trainjob import build_job
+
+    given = check_params(params, required=False)
+    p = with_defaults({k: v for k, v in PLACEHOLDERS.items() if k not in given} | given)
+    if not p["reward_model_path"] and "--reward_funcs" not in str(p["extra_train_args"]):
+        p["reward_model_path"] = "<reward_model_path>"  # a reward source is required; none was given
+    flags = check_pipeline_params(p, check_paths=False)
+    if int(p["num_nodes"]) < 2:
+        raise UserError(
+            f"the multi-node job is for num_nodes >= 2 (got {p['num_nodes']}): pass --param num_nodes=N."
+        )
+    base = f"{str(p['output_uri']).rstrip('/')}/{run_id}"
+    spec = multinode_spec(
+        run_id=run_id,
+        run_name=run_id,
+        sft_uri=f"{base}/sft",  # where the fetch step publishes the SFT model
+        train_args=flags,
+        output_uri=str(p["output_uri"]),
+        namespace=str(p["namespace"]) or NO_NAMESPACE,
+        image=TRAIN_IMAGE,
+        gpu_count=int(p["gpu_count"]),
+        num_nodes=int(p["num_nodes"]),
+        gpu_resource=str(p["gpu_resource"]),
+        node_selector=dict(p["gpu_node_selector"]),
+        cpu=str(p["train_cpu"]),
+        memory=str(p["train_memory"]),
+        service_account=str(p["train_service_account"]),
+        s3_secret=str(p["s3_secret"]),
+        mlflow_secret=str(p["mlflow_secret"]),
+        hf_secret=str(p["hf_secret"]),
+        mlflow_experiment=str(p["mlflow_experiment"]),
+    )
+    return build_job(spec, str(p["multinode_backend"]), str(p["training_runtime"]))
+
+
+# Plain scalars a YAML 1.2 reader (kubectl's Go YAML) takes for a number, a boolean or null, which PyYAML
+# (YAML 1.1) writes unquoted: "3e-06" is a string to PyYAML and a float to kubectl, and a float in a
+# container's command is refused by the API server.
+_NOT_A_STRING_IN_YAML_12 = re.compile(
+    r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?|[-+]?\.(inf|Inf|INF)|\.(nan|NaN|NAN)"
+    r"|0x[0-9a-fA-F]+|0o[0-7]+|true|True|TRUE|false|False|FALSE|null|Null|NULL|~|"
+)
+
+
+def manifest_yaml(params: dict[str, Any], *, run_id: str = "manual") -> str:
+    """:func:`manifest` as YAML that every YAML reader reads back as the same strings."""
+    import yaml
+
+    class Dumper(yaml.SafeDumper):
+        pass
+
+    def represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+        style = '"' if _NOT_A_STRING_IN_YAML_12.fullmatch(value) else None
+        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+    Dumper.add_representer(str, represent_str)
+    return yaml.dump(manifest(params, run_id=run_id), Dumper=Dumper, sort_keys=False, width=120)
