@@ -194,8 +194,20 @@ def test_static_cache_decode_matches_the_dynamic_one(arch_lm, attn: str, greedy:
         )
         for impl in ("dynamic", "static")
     }
-    assert torch.equal(runs["static"].tokens, runs["dynamic"].tokens)
-    torch.testing.assert_close(runs["static"].logprobs, runs["dynamic"].logprobs, atol=1e-5, rtol=1e-5)
+    _assert_same_samples(runs["static"], runs["dynamic"])
+
+
+def _assert_same_samples(a, b) -> None:
+    """Equal up to float summation order: the static cache attends over a wider, masked key range, so
+    logits can differ in the last bit, and a uniform that falls on a CDF boundary can (rarely) pick the
+    neighbouring token, after which the row goes its own way. Every row agrees up to its first such
+    flip with equal log-probs, and nearly all tokens agree."""
+    agree = a.tokens == b.tokens  # (B, T)
+    assert float(agree.float().mean()) >= 0.95
+    for row in range(agree.size(0)):
+        flips = (~agree[row]).nonzero()
+        upto = int(flips[0]) if flips.numel() else agree.size(1)
+        torch.testing.assert_close(a.logprobs[row, :upto], b.logprobs[row, :upto], atol=1e-5, rtol=1e-5)
 
 
 def test_static_cache_decode_stops_like_the_dynamic_one(lm) -> None:
@@ -208,8 +220,13 @@ def test_static_cache_decode_stops_like_the_dynamic_one(lm) -> None:
     params = SamplingParams(**{**free.__dict__, "stop_token_id": int(sampled[0, 3])})
     dynamic, static = (
         TransformersGenerator(model, batch_size=64, cache_implementation=impl).generate(
-            ids, mask, 4, params, seeds
+            ids, mask, 4, params, seeds, return_logprobs=True
         )
         for impl in ("dynamic", "static")
     )
-    assert torch.equal(static.tokens, dynamic.tokens)
+    _assert_same_samples(static, dynamic)
+    stop = params.stop_token_id
+    for row in static.tokens:  # nothing but padding after the stop token, however late the loop noticed
+        hits = (row == stop).nonzero()
+        if hits.numel():
+            assert (row[int(hits[0]) + 1 :] == params.pad_token_id).all()
