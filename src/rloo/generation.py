@@ -380,7 +380,8 @@ def static_cache_from(dynamic: Any, model: Any, max_len: int) -> Any:
     lays caches out differently (layers with keys, values and a cumulative length)."""
     from transformers import StaticCache
 
-    static = StaticCache(config=model.config, max_cache_len=max_len)
+    # Any: transformers types its layers as a union that includes linear-attention and dummy layers
+    static: Any = StaticCache(config=model.config, max_cache_len=max_len)
     if len(static.layers) != len(dynamic.layers) or not all(
         hasattr(layer, "cumulative_length") for layer in static.layers
     ):
