@@ -193,6 +193,29 @@ class RLOOConfig:
     offload_ref_model: bool = _f(
         False, "Keep the frozen reference model in CPU memory, moving it to the GPU only for its forward."
     )
+    # --- LoRA / PEFT (TRL's names) -------------------------------------------------------------------
+    use_peft: bool = _f(
+        False,
+        "Train LoRA adapters instead of every weight (pip install peft); the reference is the base model "
+        "with the adapters off, so no second copy of the weights is held.",
+    )
+    lora_r: int = _f(16, "LoRA rank.")
+    lora_alpha: float = _f(32.0, "LoRA scaling numerator (the update is scaled by lora_alpha / lora_r).")
+    lora_dropout: float = _f(
+        0.0,
+        "Dropout on the LoRA input (TRL defaults to 0.05; 0 here, as the policy's own dropout is off, so "
+        "that the first PPO ratio is exactly 1).",
+    )
+    lora_target_modules: list[str] | None = _f(
+        None, "Module names to adapt, e.g. q_proj v_proj (default: PEFT's choice for the architecture)."
+    )
+    merge_adapter: bool = _f(
+        False,
+        "Also write the base model with the adapter merged in, to output_dir/merged (needs --use_peft).",
+    )
+    load_in_4bit: bool = _f(
+        False, "QLoRA: hold the frozen base weights in 4 bits (bitsandbytes; CUDA only; needs --use_peft)."
+    )
     bf16: bool = _f(False, "bfloat16 mixed precision.")
     fp16: bool = _f(False, "float16 mixed precision (GPU only).")
 
@@ -279,6 +302,14 @@ class RLOOConfig:
             raise UserError(
                 "--cache_implementation and --compile_generation set up the built-in generator; with --use_vllm "
                 "vLLM manages its own cache and graphs: drop them."
+            )
+        if not self.use_peft and (self.merge_adapter or self.load_in_4bit):
+            flag = "--merge_adapter" if self.merge_adapter else "--load_in_4bit"
+            raise UserError(f"{flag} applies to LoRA training: add --use_peft, or drop {flag}.")
+        if self.lora_r < 1 or not self.lora_alpha > 0 or not 0.0 <= self.lora_dropout < 1.0:
+            raise UserError(
+                f"--lora_r must be >= 1, --lora_alpha > 0 and --lora_dropout in [0, 1) (got {self.lora_r}, "
+                f"{self.lora_alpha}, {self.lora_dropout})."
             )
         if self.vllm_mode != "colocate":
             raise UserError(

@@ -44,7 +44,7 @@ from rloo.generation import (
 )
 from rloo.models import load_causal_lm, load_reward_model, load_tokenizer
 from rloo.tracking.base import Status
-from rloo.training import deepspeed_utils
+from rloo.training import deepspeed_utils, lora
 from rloo.training.checkpoint import (
     PREFIX,
     checkpoint_problem,
@@ -213,12 +213,35 @@ class RLOOTrainer:
         self.tokenizer = load_tokenizer(cfg.model_name_or_path, trust_remote_code=cfg.trust_remote_code)
         policy_flag = "sft_model_path" if cfg.sft_model_path else "model_name_or_path"
         self.policy = load_causal_lm(
-            cfg.policy_path, flag=policy_flag, trust_remote_code=cfg.trust_remote_code
+            cfg.policy_path,
+            flag=policy_flag,
+            trust_remote_code=cfg.trust_remote_code,
+            **lora.quantization_kwargs(cfg.load_in_4bit, bf16=cfg.bf16),
         )
-        self.ref_policy = load_causal_lm(
-            cfg.policy_path, flag=policy_flag, trust_remote_code=cfg.trust_remote_code
-        )
-        self.ref_policy.eval().requires_grad_(False)
+        # LoRA: the reference is the policy with its adapters off (lora.adapter_disabled), not a copy
+        self.ref_policy: Any = None
+        if cfg.use_peft:
+            self.policy = lora.wrap_with_lora(
+                self.policy,
+                r=cfg.lora_r,
+                alpha=cfg.lora_alpha,
+                dropout=cfg.lora_dropout,
+                target_modules=cfg.lora_target_modules,
+                gradient_checkpointing=cfg.gradient_checkpointing,
+                quantized=cfg.load_in_4bit,
+            )
+            trainable, total = lora.parameter_counts(self.policy)
+            log.info(
+                "LoRA: %s of %s parameters trainable (%.2f%%)",
+                f"{trainable:,}",
+                f"{total:,}",
+                100 * trainable / total,
+            )
+        else:
+            self.ref_policy = load_causal_lm(
+                cfg.policy_path, flag=policy_flag, trust_remote_code=cfg.trust_remote_code
+            )
+            self.ref_policy.eval().requires_grad_(False)
         self.stop_token_id = (
             cfg.stop_token_id
             if cfg.stop_token_id is not None
@@ -253,7 +276,8 @@ class RLOOTrainer:
         if cfg.gradient_checkpointing:
             enable_activation_checkpointing(self.policy)
         self.optimizer = make_adamw(
-            self.policy.parameters(),
+            # the trainable ones: with LoRA only the adapters (every parameter otherwise, in the same order)
+            [q for q in self.policy.parameters() if q.requires_grad],
             lr=cfg.learning_rate,
             betas=(cfg.adam_beta1, cfg.adam_beta2),
             eps=cfg.adam_epsilon,
@@ -288,7 +312,7 @@ class RLOOTrainer:
             self.policy.to(self.device)
             self.optimizer = self.accelerator.prepare(self.optimizer)
         # under ZeRO-3 the frozen models become DeepSpeed inference engines; otherwise just moved
-        if self.deepspeed or not cfg.offload_ref_model:
+        if self.ref_policy is not None and (self.deepspeed or not cfg.offload_ref_model):
             self.ref_policy = deepspeed_utils.prepare_reference_model(self.ref_policy, self.accelerator)
         for src in self.sources:
             if isinstance(src, RewardModelSource):
@@ -470,12 +494,16 @@ class RLOOTrainer:
             else:
                 self.policy.train()  # the same mode as the optimisation forward: ratios start at exactly 1
                 old_logprobs = self.batched_logprobs(self.policy, ro)  # (B, T)
-            offload = cfg.offload_ref_model and not self.deepspeed  # ZeRO places it itself
-            if offload:
-                self.ref_policy.to(dev)
-            ref_logprobs = self.batched_logprobs(self.ref_policy, ro)  # (B, T)
-            if offload:
-                self.ref_policy.to("cpu")  # its GPU memory goes back to the policy's optimisation
+            if self.ref_policy is None:  # LoRA: the base model is the policy with its adapters off
+                with lora.adapter_disabled(self.policy) as base:
+                    ref_logprobs = self.batched_logprobs(base, ro)  # (B, T)
+            else:
+                offload = cfg.offload_ref_model and not self.deepspeed  # ZeRO places it itself
+                if offload:
+                    self.ref_policy.to(dev)
+                ref_logprobs = self.batched_logprobs(self.ref_policy, ro)  # (B, T)
+                if offload:
+                    self.ref_policy.to("cpu")  # its GPU memory goes back to the policy's optimisation
 
         with timer("scoring"):
             batch = self._reward_batch(self.train_ds, self.train_texts, index, k, responses, mask)
@@ -741,7 +769,11 @@ class RLOOTrainer:
         logger = MetricsLogger(
             total_updates=self.num_updates, show_progress=main and not cfg.disable_tqdm, sinks=self.sinks
         )
-        logger.log_params(cfg.recorded())  # held until open(): nothing reaches MLflow before update 1
+        trainable, total = lora.parameter_counts(self.accelerator.unwrap_model(self.policy))
+        # held until open(): nothing reaches MLflow before update 1
+        logger.log_params(
+            {**cfg.recorded(), "model/trainable_params": trainable, "model/total_params": total}
+        )
         if resumed is not None and main:
             logger.open(out_dir, keep_until_update=resumed)
             logger.progress(resumed)
@@ -900,6 +932,13 @@ class RLOOTrainer:
                 out_dir, state_dict=state_dict, safe_serialization=True
             )
             self.tokenizer.save_pretrained(out_dir)
+            if self.cfg.use_peft:
+                lora.record_base_model(
+                    out_dir, self.cfg.sft_model_path or self.cfg.recorded()["model_name_or_path"]
+                )
+                if self.cfg.merge_adapter:
+                    policy = self.accelerator.unwrap_model(self.policy)
+                    lora.save_merged(policy, self.tokenizer, out_dir / lora.MERGED_SUBDIR)
             (out_dir / "rloo_config.json").write_text(json.dumps(self.cfg.recorded(), indent=2, default=str))
             state = {**self._trainer_state(self.num_updates), "complete": True}
             (out_dir / COMPLETE_MARKER).write_text(json.dumps(state, indent=2))

@@ -413,6 +413,13 @@ class VLLMGenerator:
         """Copy the policy's current weights into the engine and drop KV blocks computed with the old ones."""
         if self.enable_sleep_mode:
             self._wake_up("weights")
+        bare = self.accelerator.unwrap_model(self.model) if self.accelerator is not None else self.model
+        from rloo.training.lora import is_peft_model, merged_weights
+
+        if is_peft_model(bare):  # the engine holds the base model: hand it the adapter merged in
+            with merged_weights(bare) as weights:
+                push_weights(self.llm, ((vllm_weight_name(n), t) for n, t in weights))
+            return
         push_weights(self.llm, named_weights(self.model, self.accelerator))
 
     def sleep(self) -> None:
