@@ -166,3 +166,33 @@ def test_merged_weights_for_an_inference_engine(setup, data: Path, tmp_path: Pat
         for name, tensor in got.items():
             torch.testing.assert_close(tensor, reference[name].data)
     torch.testing.assert_close(_logits(model, ids), before)  # unmerged: the adapter is live again
+
+
+@pytest.mark.parametrize("merge", [False, True])
+def test_push_publishes_a_lora_output_as_a_full_model(
+    setup, data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, merge: bool
+) -> None:
+    from rloo.push import PushConfig, run_push
+    from rloo.storage import read_manifest
+
+    for name in ("MLFLOW_TRACKING_URI", "KFP_RUN_ID", "KFP_RUN_NAME", "HF_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    out = tmp_path / "out"
+    train(_cfg(setup, data, out, merge_adapter=merge))
+    result = run_push(
+        PushConfig(
+            model_path=str(out), output_dir=str(tmp_path / "push"), storage_uri=str(tmp_path / "store")
+        )
+    )
+    version = tmp_path / "store" / result.run_key
+    files = {f.path for f in read_manifest(version).files}
+    # a full model (merged here, or as --merge_adapter wrote it), without the adapter files, which
+    # transformers would apply on top of the merged weights a second time
+    assert {"config.json", "model.safetensors", "rloo_config.json", "training_complete.json"} <= files
+    assert not files & {"adapter_config.json", "adapter_model.safetensors"}
+    from transformers import AutoModelForCausalLM
+
+    ids = torch.tensor([[5, 17, 42, 9, 3]])
+    published = AutoModelForCausalLM.from_pretrained(str(version)).eval()
+    trained = load_causal_lm(str(out), flag="model_path").eval()  # the adapter dir, merged on load
+    torch.testing.assert_close(_logits(published, ids), _logits(trained, ids), atol=1e-5, rtol=1e-5)
