@@ -196,3 +196,15 @@ def test_push_publishes_a_lora_output_as_a_full_model(
     published = AutoModelForCausalLM.from_pretrained(str(version)).eval()
     trained = load_causal_lm(str(out), flag="model_path").eval()  # the adapter dir, merged on load
     torch.testing.assert_close(_logits(published, ids), _logits(trained, ids), atol=1e-5, rtol=1e-5)
+
+
+def test_vllm_eval_takes_the_merged_model_of_a_lora_output(setup, data: Path, tmp_path: Path) -> None:
+    from rloo.eval.generation import full_model_dir
+
+    plain, merged = tmp_path / "plain", tmp_path / "merged"
+    train(_cfg(setup, data, plain))
+    train(_cfg(setup, data, merged, merge_adapter=True))
+    assert full_model_dir(str(setup.policy), "model_name_or_path") == str(setup.policy)
+    assert full_model_dir(str(merged), "model_name_or_path") == str(merged / lora.MERGED_SUBDIR)
+    with pytest.raises(UserError, match="--merge_adapter"):
+        full_model_dir(str(plain), "model_name_or_path")
