@@ -222,6 +222,21 @@ def test_agg_loss_hand_values(mode, expected):
     assert agg_loss(AGG_LOSSES, AGG_MASK, mode).item() == pytest.approx(expected)
 
 
+def test_token_mean_with_a_mini_batch_token_count():
+    # A mini-batch split into two micro-batches: rows 0-1 (4 tokens, sum 1+2+3+4 = 10) and a second one
+    # with 2 tokens summing to 8. The mini-batch token mean is (10 + 8) / 6 = 3; the trainer averages the
+    # two micro-batch losses, so each gets num_tokens = 6 / 2 = 3: (10 / 3 + 8 / 3) / 2 = 3.
+    second = torch.tensor([[5.0, 3.0]])
+    first_loss = agg_loss(AGG_LOSSES, AGG_MASK, "token-mean", num_tokens=3.0)
+    second_loss = agg_loss(second, torch.ones(1, 2, dtype=torch.bool), "token-mean", num_tokens=3.0)
+    assert ((first_loss + second_loss) / 2).item() == pytest.approx(3.0)
+    # without it each micro-batch takes its own mean: (2.5 + 4) / 2 = 3.25, not the mini-batch's 3
+    own = (
+        agg_loss(AGG_LOSSES, AGG_MASK, "token-mean") + agg_loss(second, torch.ones(1, 2).bool(), "token-mean")
+    ) / 2
+    assert own.item() == pytest.approx(3.25)
+
+
 def test_agg_loss_norm_uses_the_given_constant():
     # sums [6, 4, 0] / 10 = [0.6, 0.4, 0], mean over 3 sequences = 1 / 3
     assert agg_loss(AGG_LOSSES, AGG_MASK, "seq-mean-token-sum-norm", 10).item() == pytest.approx(1 / 3)

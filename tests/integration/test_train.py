@@ -270,3 +270,53 @@ def test_resume_from_a_broken_path_is_a_user_error(make_config, tmp_path: Path) 
 
     with pytest.raises(UserError, match="resume_from_checkpoint"):
         train(make_config(resume_from_checkpoint=str(tmp_path / "nope")))
+
+
+def test_issue_17_loss_options_through_rloo_train(tiny, toy_data: Path, tmp_path: Path) -> None:
+    # KL as a k3 loss term, token-mean aggregation, clip-higher (by its current-trainer alias) and
+    # truncated-completion masking, through the real command line, off-policy (2 epochs x 2 mini-batches)
+    out = tmp_path / "out"
+    argv = [
+        "train",
+        "--model_name_or_path", str(tiny.policy),
+        "--reward_funcs", "rloo.demo.toy:letter_reward",
+        "--dataset_name", str(toy_data),
+        "--output_dir", str(out),
+        "--per_device_train_batch_size", "8", "--rloo_k", "4", "--num_ppo_epochs", "2",
+        "--num_mini_batches", "2", "--response_length", "6", "--learning_rate", "5e-3",
+        "--temperature", "1.0", "--max_steps", "2", "--num_sample_generations", "0", "--seed", "3",
+        "--kl_estimator", "k3", "--kl_in_loss", "--beta", "0.1",
+        "--loss_agg_mode", "token-mean",
+        "--epsilon_high", "0.28",
+        "--mask_truncated_completions", "--stop_token", "eos",
+        "--disable_tqdm",
+    ]  # fmt: skip
+    assert main(argv) == 0
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len(records) == 2
+    for r in records:
+        for name in [*CLASSIC_METRICS, "loss/kl_avg"]:
+            assert r[name] is not None and math.isfinite(r[name]), name
+        # the KL left the reward for the loss: the reward is the score, and the k3 term is >= 0
+        assert r["objective/non_score_reward"] == 0.0
+        assert r["objective/rlhf_reward"] == pytest.approx(r["objective/scores"])
+        assert r["loss/kl_avg"] >= 0.0
+    # objective/kl stays the classic k1 sum, which the first update's rollout (policy == reference) has 0
+    assert records[0]["objective/kl"] == pytest.approx(0.0, abs=1e-5)
+    # the options are recorded with the run (MLflow params come from the same dict)
+    recorded = json.loads((out / "rloo_config.json").read_text())
+    assert recorded["kl_in_loss"] is True and recorded["kl_estimator"] == "k3"
+    assert recorded["loss_agg_mode"] == "token-mean" and recorded["cliprange_high"] == 0.28
+    assert recorded["mask_truncated_completions"] is True
+
+
+def test_masked_truncated_completions_get_no_gradient(make_config, tiny) -> None:
+    # A stop token the policy never samples (an id past its vocabulary) makes every completion truncated:
+    # with --mask_truncated_completions nothing is trained, so the weights stay the initial ones, while
+    # the rollouts are still scored.
+    cfg = make_config(stop_token_id=10**6, mask_truncated_completions=True, max_steps=2)
+    hist = train(cfg).history
+    assert all(h["completions/clipped_ratio"] == 1.0 and h["loss/policy_avg"] == 0.0 for h in hist)
+    assert all(math.isfinite(h["objective/scores"]) for h in hist)
+    init, trained = _weights(tiny.policy), _weights(Path(cfg.output_dir))
+    assert all(torch.equal(init[k], trained[k]) for k in init)

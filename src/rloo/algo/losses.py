@@ -26,7 +26,11 @@ LOSS_AGG_MODES: tuple[str, ...] = (
 
 
 def agg_loss(
-    loss_mat: Tensor, mask: Tensor, loss_agg_mode: str, max_response_length: int | None = None
+    loss_mat: Tensor,
+    mask: Tensor,
+    loss_agg_mode: str,
+    max_response_length: int | None = None,
+    num_tokens: float | Tensor | None = None,
 ) -> Tensor:
     """Reduce per-token losses to one scalar, verl's ``agg_loss``.
 
@@ -40,11 +44,17 @@ def agg_loss(
 
     A sequence with no unmasked token contributes 0 and still counts in the mean over sequences.
 
+    The sequence modes average over this call's sequences; a trainer summing equal-sized micro-batches
+    (and ranks) gets the mean over the whole mini-batch. ``token-mean`` over the whole mini-batch needs its
+    token count, which one micro-batch does not know: pass ``num_tokens`` (the mini-batch's unmasked
+    tokens divided by the number of micro-batch losses averaged), and the loss is ``sum / num_tokens``.
+
     Args:
         loss_mat: (B, T) per-token losses; anything where ``mask`` is False.
         mask: (B, T) bool.
         loss_agg_mode: one of ``LOSS_AGG_MODES``.
         max_response_length: the constant of ``seq-mean-token-sum-norm``; default T.
+        num_tokens: the denominator of ``token-mean``; default the unmasked tokens of ``mask``.
 
     Returns:
         0-dim loss.
@@ -52,7 +62,9 @@ def agg_loss(
     if loss_agg_mode == "seq-mean-token-sum":
         return masked_sum(loss_mat, mask, dim=1).mean()
     if loss_agg_mode == "token-mean":
-        return masked_mean(loss_mat, mask)
+        if num_tokens is None:
+            return masked_mean(loss_mat, mask)
+        return masked_sum(loss_mat, mask) / num_tokens
     if loss_agg_mode == "seq-mean-token-mean":
         return masked_mean(loss_mat, mask, dim=1).mean()
     if loss_agg_mode == "seq-mean-token-sum-norm":
@@ -70,6 +82,7 @@ def kl_loss(
     estimator: str,
     loss_agg_mode: str = "seq-mean-token-sum",
     max_response_length: int | None = None,
+    num_tokens: float | Tensor | None = None,
 ) -> Tensor:
     """KL(policy || ref) as a loss term (GRPO / verl ``use_kl_loss``), aggregated like the policy loss.
 
@@ -83,12 +96,13 @@ def kl_loss(
         estimator: "k1", "k2" or "k3" (see :func:`per_token_kl`).
         loss_agg_mode: one of ``LOSS_AGG_MODES`` (see :func:`agg_loss`).
         max_response_length: the constant of ``seq-mean-token-sum-norm``.
+        num_tokens: the denominator of ``token-mean`` (see :func:`agg_loss`).
 
     Returns:
         0-dim KL estimate; multiply by the KL coefficient and add to the policy loss.
     """
     kl = per_token_kl(logprobs, ref_logprobs.detach(), mask, estimator)  # (B, T)
-    return agg_loss(kl, mask, loss_agg_mode, max_response_length)
+    return agg_loss(kl, mask, loss_agg_mode, max_response_length, num_tokens)
 
 
 @dataclass
@@ -168,6 +182,7 @@ def policy_loss(
     cliprange_high: float | None = None,
     loss_agg_mode: str = "seq-mean-token-sum",
     max_response_length: int | None = None,
+    num_tokens: float | Tensor | None = None,
     is_weights: Tensor | None = None,
 ) -> tuple[Tensor, PolicyLossStats]:
     """PPO-clipped RLOO policy loss.
@@ -194,6 +209,7 @@ def policy_loss(
         cliprange_high: upper clip range (DAPO's clip-higher, TRL's ``epsilon_high``); default ``cliprange``.
         loss_agg_mode: one of ``LOSS_AGG_MODES`` (see :func:`agg_loss`).
         max_response_length: the constant of ``seq-mean-token-sum-norm``; default T.
+        num_tokens: the denominator of ``token-mean``; default this call's unmasked tokens (see :func:`agg_loss`).
         is_weights: constant importance weights multiplying each surrogate (truncated importance sampling
             against the sampler's log-probs, see :func:`truncated_importance_weights`): (B,) per sequence,
             or (B, T) per token on the token-level path; default none.
@@ -257,6 +273,6 @@ def policy_loss(
     losses, clipped, unclipped = _clipped_surrogate(ratio, advantages, cliprange, c_high)  # (B, T) each
     if w is not None:
         losses = losses * (w.unsqueeze(1) if w.dim() == 1 else w)  # (B, T)
-    loss = agg_loss(losses, mask, loss_agg_mode, max_response_length)
+    loss = agg_loss(losses, mask, loss_agg_mode, max_response_length, num_tokens)
     stats = _stats(logratio, ratio, advantages, clipped, unclipped, mask, cliprange, c_high)
     return loss, stats
