@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -320,3 +321,58 @@ def test_masked_truncated_completions_get_no_gradient(make_config, tiny) -> None
     assert all(math.isfinite(h["objective/scores"]) for h in hist)
     init, trained = _weights(tiny.policy), _weights(Path(cfg.output_dir))
     assert all(torch.equal(init[k], trained[k]) for k in init)
+
+
+@pytest.mark.parametrize(
+    ("mode", "cap", "capped"),
+    [
+        # per token: train - sampler = 0.5, weight e^0.5 = 1.65 < 2, nothing capped
+        ("token-mean", 2.0, 0.0),
+        # per token with cap 1.5 < 1.65: every weight capped
+        ("token-mean", 1.5, 1.0),
+        # the classic sequence ratio takes one weight per completion: e^(0.5 x 6 tokens) = 20 > 2
+        ("seq-mean-token-sum", 2.0, 1.0),
+    ],
+)
+def test_vllm_importance_sampling_correction_with_a_stand_in_sampler(
+    make_config, monkeypatch: pytest.MonkeyPatch, mode: str, cap: float, capped: float
+) -> None:
+    # vLLM needs CUDA. A stand-in sampler generates with the built-in backend and reports each sampled
+    # token's log-prob 0.5 lower than it is, as a mismatched inference engine would; the trainer's own
+    # forward (two epochs: off-policy, "old" log-probs recomputed) gives the true ones.
+    import dataclasses
+    from types import SimpleNamespace
+
+    from rloo.training import trainer as trainer_module
+
+    real_make_generator = trainer_module.make_generator
+
+    class ShiftedSampler:
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        def generate(self, *args: Any, return_logprobs: bool = False, **kwargs: Any) -> Any:
+            gen = self.inner.generate(*args, return_logprobs=True, **kwargs)
+            return dataclasses.replace(gen, logprobs=gen.logprobs - 0.5)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.inner, name)
+
+    def stand_in(cfg: Any, model: Any, **kwargs: Any) -> ShiftedSampler:
+        plain = SimpleNamespace(use_vllm=False, ds3_gather_for_generation=cfg.ds3_gather_for_generation)
+        return ShiftedSampler(real_make_generator(plain, model, **kwargs))
+
+    monkeypatch.setattr(trainer_module, "make_generator", stand_in)
+    cfg = make_config(
+        use_vllm=True,
+        vllm_importance_sampling_correction=True,
+        vllm_importance_sampling_cap=cap,
+        loss_agg_mode=mode,
+        num_ppo_epochs=2,
+        max_steps=1,
+    )
+    (h,) = train(cfg).history
+    # |train - sampler| = 0.5 up to the KV-cache numerics of generation vs the training forward
+    assert h["objective/vllm_logp_diff_abs_mean"] == pytest.approx(0.5, abs=1e-4)
+    assert h["objective/vllm_is_capped_frac"] == capped
+    assert math.isfinite(h["loss/policy_avg"])

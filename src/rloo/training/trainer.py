@@ -732,6 +732,9 @@ class RLOOTrainer:
                     else:
                         self.accelerator.backward(loss)  # divided by gradient_accumulation_steps
                     stats["policy/entropy_avg"].append(algo.masked_mean(ent, ro.mask[idx]))
+                    # A micro-batch whose completions were all masked as truncated has no ratio: NaN keeps
+                    # it out of the ratio and clip statistics (a 0 would read as "ratio 0").
+                    untrained = cfg.mask_truncated_completions and not bool(ro.loss_mask[idx].any())
                     for name in (
                         "clipfrac",
                         "approxkl",
@@ -739,10 +742,11 @@ class RLOOTrainer:
                         "ratio_var",
                         "clip_low_frac",
                         "clip_high_frac",
+                        "ratio_min",
+                        "ratio_max",
                     ):
-                        stats[name].append(getattr(st, name))
-                    stats["ratio_min"].append(st.ratio_min)
-                    stats["ratio_max"].append(st.ratio_max)
+                        value = getattr(st, name)
+                        stats[name].append(torch.full_like(value, math.nan) if untrained else value)
                 self._sync_gradients()
                 if cfg.max_grad_norm > 0:
                     gn = self.accelerator.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm)
@@ -752,10 +756,22 @@ class RLOOTrainer:
                 self.optimizer.zero_grad(set_to_none=True)
 
         def avg(name: str) -> float:
-            return self._mean_over_ranks(float(torch.stack(stats[name]).float().mean()))
+            values = torch.stack(stats[name]).float()
+            if not cfg.mask_truncated_completions:
+                return self._mean_over_ranks(float(values.mean()))
+            # over the micro-batches of all ranks that trained on something (see `untrained`); 0 if none
+            kept = ~values.isnan()
+            total = torch.stack([torch.where(kept, values, 0.0).sum(), kept.sum().float()]).to(self.device)
+            if self.world > 1:
+                total = self.accelerator.reduce(total, reduction="sum")
+            return float(total[0] / total[1]) if total[1] > 0 else 0.0
 
         low = self._gather(torch.stack(stats["clip_low_frac"]).float())
         high = self._gather(torch.stack(stats["clip_high_frac"]).float())
+        if cfg.mask_truncated_completions:  # leave out the untrained micro-batches' NaNs
+            low, high = low[~low.isnan()], high[~high.isnan()]
+            if low.numel() == 0:
+                low, high = low.new_zeros(1), high.new_zeros(1)
         out = {
             "loss/policy_avg": avg("loss/policy_avg"),
             "policy/entropy_avg": avg("policy/entropy_avg"),
