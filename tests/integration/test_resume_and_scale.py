@@ -217,7 +217,9 @@ def test_loss_options_resume_exactly(tiny, toy_data: Path, tmp_path: Path) -> No
 def test_two_processes_match_one(tiny, toy_data: Path, tmp_path: Path, options: dict[str, object]) -> None:
     # 16 completions per update (4 prompts x k=4, two mini-batches of 2 prompts): 1 process x 16 in
     # micro-batches of 8, the same in micro-batches of 4 (the float-order yardstick), 2 processes x 8.
-    # With token-mean this holds only because each micro-batch divides by the global mini-batch's tokens.
+    # (The tiny policy's completions all run to full length here, so every micro-batch holds as many
+    # tokens; tests/integration/test_train.py::test_token_mean_does_not_depend_on_the_micro_batch_size
+    # covers unequal ones.)
     one, one_small, two = tmp_path / "one", tmp_path / "one_small", tmp_path / "two"
     for out, flags in ((one, {}), (one_small, {"gradient_accumulation_steps": 2})):
         pdtbs = 8 // flags.get("gradient_accumulation_steps", 1)
@@ -237,7 +239,7 @@ def test_two_processes_match_one(tiny, toy_data: Path, tmp_path: Path, options: 
     # whose order noise is tiny (here both gaps are ~1e-5 with global mini-batches; with mini-batches
     # shuffled per rank the two-process gap was 8e-2)
     yardstick = _metric_gap(m1, m1_small)
-    if options:  # token-mean over the global mini-batch: micro-batch size changes only summation order
+    if options:  # the loss options too: micro-batch size changes only summation order
         assert yardstick < 1e-3, yardstick
     assert _metric_gap(m1, m2) <= max(10 * yardstick, 1e-3), (_metric_gap(m1, m2), yardstick)
     w0, w1, w1_small, w2 = _weights_init(tiny), _weights(one), _weights(one_small), _weights(two)

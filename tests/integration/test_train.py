@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -323,6 +325,36 @@ def test_masked_truncated_completions_get_no_gradient(make_config, tiny) -> None
     assert all(torch.equal(init[k], trained[k]) for k in init)
 
 
+def _stand_in_sampler(monkeypatch: pytest.MonkeyPatch, edit: Callable[[Any, Any], Any]) -> None:
+    """Make the trainer sample with the built-in backend, then pass each result through ``edit(gen,
+    params)``: a stand-in for a backend the test cannot run (vLLM needs CUDA) or for samples of a shape the
+    tiny random policy does not produce."""
+    from types import SimpleNamespace
+
+    from rloo.training import trainer as trainer_module
+
+    real_make_generator = trainer_module.make_generator
+
+    class EditedSampler:
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        def generate(
+            self, prompt_ids: Any, prompt_mask: Any, k: int, params: Any, *args: Any, **kw: Any
+        ) -> Any:
+            kw["return_logprobs"] = True
+            return edit(self.inner.generate(prompt_ids, prompt_mask, k, params, *args, **kw), params)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.inner, name)
+
+    def stand_in(cfg: Any, model: Any, **kwargs: Any) -> EditedSampler:
+        plain = SimpleNamespace(use_vllm=False, ds3_gather_for_generation=cfg.ds3_gather_for_generation)
+        return EditedSampler(real_make_generator(plain, model, **kwargs))
+
+    monkeypatch.setattr(trainer_module, "make_generator", stand_in)
+
+
 @pytest.mark.parametrize(
     ("mode", "cap", "capped"),
     [
@@ -340,29 +372,7 @@ def test_vllm_importance_sampling_correction_with_a_stand_in_sampler(
     # vLLM needs CUDA. A stand-in sampler generates with the built-in backend and reports each sampled
     # token's log-prob 0.5 lower than it is, as a mismatched inference engine would; the trainer's own
     # forward (two epochs: off-policy, "old" log-probs recomputed) gives the true ones.
-    import dataclasses
-    from types import SimpleNamespace
-
-    from rloo.training import trainer as trainer_module
-
-    real_make_generator = trainer_module.make_generator
-
-    class ShiftedSampler:
-        def __init__(self, inner: Any) -> None:
-            self.inner = inner
-
-        def generate(self, *args: Any, return_logprobs: bool = False, **kwargs: Any) -> Any:
-            gen = self.inner.generate(*args, return_logprobs=True, **kwargs)
-            return dataclasses.replace(gen, logprobs=gen.logprobs - 0.5)
-
-        def __getattr__(self, name: str) -> Any:
-            return getattr(self.inner, name)
-
-    def stand_in(cfg: Any, model: Any, **kwargs: Any) -> ShiftedSampler:
-        plain = SimpleNamespace(use_vllm=False, ds3_gather_for_generation=cfg.ds3_gather_for_generation)
-        return ShiftedSampler(real_make_generator(plain, model, **kwargs))
-
-    monkeypatch.setattr(trainer_module, "make_generator", stand_in)
+    _stand_in_sampler(monkeypatch, lambda gen, params: dataclasses.replace(gen, logprobs=gen.logprobs - 0.5))
     cfg = make_config(
         use_vllm=True,
         vllm_importance_sampling_correction=True,
@@ -376,3 +386,44 @@ def test_vllm_importance_sampling_correction_with_a_stand_in_sampler(
     assert h["objective/vllm_logp_diff_abs_mean"] == pytest.approx(0.5, abs=1e-4)
     assert h["objective/vllm_is_capped_frac"] == capped
     assert math.isfinite(h["loss/policy_avg"])
+
+
+def test_token_mean_does_not_depend_on_the_micro_batch_size(
+    make_config, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # token-mean is the mean over every trained token of a mini-batch. Completions of different lengths
+    # put different token counts in different micro-batches, so each micro-batch taking its own token
+    # mean would weigh tokens unequally and depend on the micro-batch size. The tiny random policy hardly
+    # ever samples EOS, so a stand-in sampler ends completion i after (i % 6) + 1 tokens.
+    def ends_early(gen: Any, params: Any) -> Any:
+        tokens = gen.tokens.clone()  # (B, T)
+        rows = torch.arange(tokens.size(0))
+        tokens[rows, rows % tokens.size(1)] = params.stop_token_id
+        return dataclasses.replace(gen, tokens=tokens)
+
+    _stand_in_sampler(monkeypatch, ends_early)
+    runs = []
+    for pdtbs, gas in ((8, 1), (4, 2)):  # the same 2 mini-batches of 8 completions per epoch
+        cfg = make_config(
+            loss_agg_mode="token-mean",
+            stop_token="eos",
+            num_ppo_epochs=2,
+            num_mini_batches=2,
+            per_device_train_batch_size=pdtbs,
+            gradient_accumulation_steps=gas,
+            max_steps=2,
+            output_dir=make_config().output_dir + f"-{pdtbs}",
+        )
+        runs.append((train(cfg).history, _weights(Path(cfg.output_dir))))
+    (h1, w1), (h2, w2) = runs
+    assert h1[0]["completions/min_length"] == 1.0 and h1[0]["completions/max_length"] == 6.0
+    # the loss and its gradient (the ratio statistics stay per-micro-batch means, averaged)
+    for a, b in zip(h1, h2, strict=True):
+        for key in ("loss/policy_avg", "grad_norm"):
+            assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), key
+    # the weights: apart by float-order noise only (which Adam can turn into single steps of up to one
+    # learning rate on near-zero gradients), far less than training moved them
+    init = _weights(Path(make_config().model_name_or_path))
+    apart = float(torch.cat([(w1[k] - w2[k]).flatten() for k in w1]).norm())
+    moved = float(torch.cat([(w1[k] - init[k]).flatten() for k in w1]).norm())
+    assert apart < 1e-3 * moved, (apart, moved)
