@@ -49,6 +49,7 @@ LR_SCHEDULERS = ("linear", "cosine", "constant", "constant_with_warmup")
 KL_ESTIMATORS = ("k1", "k2", "k3")
 # verl's names; the first is the classic RLOO loss (one sequence-level ratio, summed log-probs)
 LOSS_AGG_MODES = ("seq-mean-token-sum", "token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+CACHE_IMPLEMENTATIONS = ("dynamic", "static")
 
 
 @dataclass
@@ -196,6 +197,16 @@ class RLOOConfig:
     vllm_importance_sampling_cap: float = _f(
         2.0, "Upper bound of the truncated importance sampling weight (> 1)."
     )
+    cache_implementation: str = _f(
+        "dynamic",
+        "KV cache of the built-in generator: 'dynamic' grows a token a step; 'static' is preallocated to "
+        "prompt + response length so every decode step has the same shapes (needed by --compile_generation).",
+    )
+    compile_generation: bool = _f(
+        False,
+        "torch.compile the static-cache decode step (mode 'reduce-overhead': on a GPU each step replays as "
+        "one CUDA graph, one launch per token); needs --cache_implementation static.",
+    )
     ds3_gather_for_generation: bool = _f(
         True,
         "Under DeepSpeed ZeRO-3, gather the full policy once per rollout for fast generation; false generates "
@@ -289,6 +300,20 @@ class RLOOConfig:
             raise UserError("--save_steps, --num_sample_generations and --warmup_steps must be >= 0.")
         if self.report_to not in (None, "mlflow", "none"):
             raise UserError(f"--report_to must be 'mlflow' or 'none' (got {self.report_to!r}).")
+        if self.cache_implementation not in CACHE_IMPLEMENTATIONS:
+            raise UserError(
+                f"--cache_implementation must be one of {', '.join(CACHE_IMPLEMENTATIONS)} "
+                f"(got {self.cache_implementation!r})."
+            )
+        if self.compile_generation and self.cache_implementation != "static":
+            raise UserError(
+                "--compile_generation needs --cache_implementation static (fixed-shape decode steps)."
+            )
+        if self.use_vllm and (self.compile_generation or self.cache_implementation != "dynamic"):
+            raise UserError(
+                "--cache_implementation and --compile_generation set up the built-in generator; with --use_vllm "
+                "vLLM manages its own cache and graphs: drop them."
+            )
         if self.vllm_mode != "colocate":
             raise UserError(
                 f"--vllm_mode must be 'colocate' (got {self.vllm_mode!r}); server mode is not supported."

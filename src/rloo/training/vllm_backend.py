@@ -498,6 +498,8 @@ def make_generator(
             synced_steps=generation_needs_synced_steps(
                 accelerator, gather=bool(getattr(cfg, "ds3_gather_for_generation", True))
             ),
+            cache_implementation=str(getattr(cfg, "cache_implementation", "dynamic")),
+            compile_decode=bool(getattr(cfg, "compile_generation", False)),
         )
     require_vllm()
     enable_sleep_mode = bool(getattr(cfg, "vllm_enable_sleep_mode", False))
