@@ -115,7 +115,12 @@ BAD_VALUES = [
     ("warmup_steps", -1),
     ("reward_clip_range", 0.0),
     ("stop_token", "</s>"),
-    ("kl_estimator", "k2"),
+    ("kl_estimator", "k4"),
+    ("loss_agg_mode", "seq-sum"),
+    ("cliprange_high", 0.1),  # below cliprange (0.2)
+    ("cliprange_high", math.inf),
+    ("vllm_importance_sampling_cap", 1.0),
+    ("vllm_importance_sampling_cap", math.nan),
     ("lr_scheduler_type", "exponential"),
     ("cache_implementation", "paged"),
     ("compile_generation", True),  # without --cache_implementation static: decode shapes change per step
@@ -133,6 +138,56 @@ def test_validation_error_names_the_field(name: str, value: Any) -> None:
     msg = str(info.value)
     assert f"--{name}" in msg
     assert "\n" not in msg
+
+
+def test_issue_17_options_default_to_the_classic_loss() -> None:
+    cfg = make()
+    assert cfg.kl_estimator == "k1" and cfg.kl_in_loss is False
+    assert cfg.loss_agg_mode == "seq-mean-token-sum"
+    assert cfg.cliprange_high is None
+    assert cfg.mask_truncated_completions is False
+    assert cfg.vllm_importance_sampling_correction is False
+    assert cfg.vllm_importance_sampling_cap == 2.0  # TRL GRPOConfig's default
+    assert ALIASES["epsilon_high"] == "cliprange_high"
+
+
+def test_issue_17_options_accept_good_values() -> None:
+    cfg = make(
+        kl_estimator="k2",
+        kl_in_loss=True,
+        loss_agg_mode="seq-mean-token-sum-norm",
+        cliprange=0.2,
+        cliprange_high=0.28,
+        mask_truncated_completions=True,
+        stop_token="eos",
+        use_vllm=True,
+        vllm_importance_sampling_correction=True,
+        vllm_importance_sampling_cap=3.0,
+    )
+    assert cfg.cliprange_high == 0.28
+    assert make(cliprange_high=0.2).cliprange_high == 0.2  # equal to cliprange: a symmetric clip
+
+
+BAD_COMBINATIONS = [
+    (
+        {"kl_in_loss": True, "kl_estimator": "k3", "token_level_kl": True},
+        r"--kl_in_loss and --token_level_kl",
+    ),
+    ({"kl_in_loss": True}, r"--kl_in_loss needs --kl_estimator k2 or k3"),
+    ({"mask_truncated_completions": True}, r"--mask_truncated_completions needs --stop_token"),
+    ({"vllm_importance_sampling_correction": True}, r"--vllm_importance_sampling_correction .* --use_vllm"),
+    (
+        {"vllm_importance_sampling_correction": True, "use_vllm": True, "top_p": 0.9},
+        r"--vllm_importance_sampling_correction needs --top_k 0 and --top_p 1.0",
+    ),
+]
+
+
+@pytest.mark.parametrize(("kw", "match"), BAD_COMBINATIONS, ids=[m for _, m in BAD_COMBINATIONS])
+def test_bad_combinations_are_one_line_errors(kw: dict[str, Any], match: str) -> None:
+    with pytest.raises(UserError, match=match) as info:
+        make(**kw)
+    assert "\n" not in str(info.value)
 
 
 def test_reward_source_required() -> None:

@@ -42,10 +42,13 @@ ALIASES: dict[str, str] = {
     "steps_per_generation": "num_mini_batches",
     "max_completion_length": "response_length",
     "normalize_advantages": "normalize_advantage",
+    "epsilon_high": "cliprange_high",
 }
 
 LR_SCHEDULERS = ("linear", "cosine", "constant", "constant_with_warmup")
-KL_ESTIMATORS = ("k1", "k3")
+KL_ESTIMATORS = ("k1", "k2", "k3")
+# verl's names; the first is the classic RLOO loss (one sequence-level ratio, summed log-probs)
+LOSS_AGG_MODES = ("seq-mean-token-sum", "token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 CACHE_IMPLEMENTATIONS = ("dynamic", "static")
 
 
@@ -123,11 +126,34 @@ class RLOOConfig:
     rloo_k: int = _f(2, "Completions sampled per prompt (K); the baseline is the mean of the other K-1.")
     num_ppo_epochs: int = _f(4, "Optimisation passes over each rollout batch.")
     kl_coef: float = _f(0.05, "KL penalty coefficient against the reference policy.")
-    kl_estimator: str = _f("k1", "Per-token KL estimator in the reward: k1 (logp - ref_logp) or k3.")
+    kl_estimator: str = _f(
+        "k1",
+        "Per-token KL estimator: k1 (logp - ref_logp), k2 (0.5 (logp - ref_logp)^2) or k3 "
+        "(exp(ref_logp - logp) - (ref_logp - logp) - 1).",
+    )
+    kl_in_loss: bool = _f(
+        False,
+        "Add kl_coef x the KL estimate (current policy vs reference, aggregated like the loss) to the loss, "
+        "GRPO/verl style, instead of subtracting it from the reward; needs --kl_estimator k2 or k3.",
+    )
     token_level_kl: bool = _f(
         False, "Per-token KL penalty with returns-to-go (REINFORCE++) instead of one sequence-level penalty."
     )
     cliprange: float = _f(0.2, "PPO clip range for the sequence-level importance ratio.")
+    cliprange_high: float | None = _f(
+        None,
+        "Upper clip range: the ratio is clipped to [1 - cliprange, 1 + cliprange_high] (default cliprange).",
+    )
+    loss_agg_mode: str = _f(
+        "seq-mean-token-sum",
+        "How per-token losses become one (verl's names): " + ", ".join(LOSS_AGG_MODES) + ". The default is "
+        "the classic sequence-level ratio; the others use per-token ratios.",
+    )
+    mask_truncated_completions: bool = _f(
+        False,
+        "Completions that reach response_length without the stop token get no gradient (they still count "
+        "in their group's baseline); needs --stop_token or --stop_token_id.",
+    )
     missing_eos_penalty: float | None = _f(
         None, "Subtracted from the score of completions without an EOS token."
     )
@@ -162,6 +188,14 @@ class RLOOConfig:
         False,
         "Run vLLM with VLLM_BATCH_INVARIANT=1 (batch-invariant kernels, slower): a completion then does not "
         "depend on the other requests in its batch; without it, ties can break differently across layouts.",
+    )
+    vllm_importance_sampling_correction: bool = _f(
+        False,
+        "With --use_vllm: weight the loss by min(pi_train / pi_vllm, cap) (truncated importance sampling) to "
+        "correct the mismatch between vLLM's sampling and the trainer's forward.",
+    )
+    vllm_importance_sampling_cap: float = _f(
+        2.0, "Upper bound of the truncated importance sampling weight (> 1)."
     )
     cache_implementation: str = _f(
         "dynamic",
@@ -337,6 +371,7 @@ class RLOOConfig:
             raise UserError(
                 f"--kl_estimator must be one of {', '.join(KL_ESTIMATORS)} (got {self.kl_estimator!r})."
             )
+        self._validate_loss_options()
         if self.lr_scheduler_type not in LR_SCHEDULERS:
             raise UserError(
                 f"--lr_scheduler_type must be one of {', '.join(LR_SCHEDULERS)} (got {self.lr_scheduler_type!r})."
@@ -360,6 +395,50 @@ class RLOOConfig:
                     "(reward model first, then each --reward_funcs entry): give one weight per source."
                 )
         self.batch_plan(world_size=1)  # raises on indivisible batch arithmetic
+
+    def _validate_loss_options(self) -> None:
+        """The KL placement, loss aggregation, clipping, masking and vLLM-correction flags (issue 17)."""
+        if self.kl_in_loss and self.token_level_kl:
+            raise UserError(
+                "--kl_in_loss and --token_level_kl are exclusive: --token_level_kl puts per-token KL into the "
+                "rewards, --kl_in_loss takes it out of them; choose one."
+            )
+        if self.kl_in_loss and self.kl_estimator == "k1":
+            raise UserError(
+                "--kl_in_loss needs --kl_estimator k2 or k3: the gradient of k1 (logp - ref_logp) is 0 in "
+                "expectation, so it would not pull the policy towards the reference."
+            )
+        if self.loss_agg_mode not in LOSS_AGG_MODES:
+            raise UserError(
+                f"--loss_agg_mode must be one of {', '.join(LOSS_AGG_MODES)} (got {self.loss_agg_mode!r})."
+            )
+        if self.cliprange_high is not None and not (
+            math.isfinite(self.cliprange_high) and self.cliprange_high >= self.cliprange
+        ):
+            raise UserError(
+                f"--cliprange_high must be a finite number >= --cliprange ({self.cliprange}) "
+                f"(got {self.cliprange_high}); omit it for a symmetric clip."
+            )
+        if self.mask_truncated_completions and self.stop_token is None and self.stop_token_id is None:
+            raise UserError(
+                "--mask_truncated_completions needs --stop_token eos or --stop_token_id: without a stop token "
+                "every completion runs to --response_length and would be masked."
+            )
+        if not (math.isfinite(self.vllm_importance_sampling_cap) and self.vllm_importance_sampling_cap > 1):
+            raise UserError(
+                f"--vllm_importance_sampling_cap must be a finite number > 1 (got "
+                f"{self.vllm_importance_sampling_cap}); TRL's default is 2.0."
+            )
+        if self.vllm_importance_sampling_correction and not self.use_vllm:
+            raise UserError(
+                "--vllm_importance_sampling_correction corrects vLLM's sampling: it needs --use_vllm (the "
+                "built-in generator samples from the trainer's own forward)."
+            )
+        if self.vllm_importance_sampling_correction and (self.top_k > 0 or self.top_p < 1.0):
+            raise UserError(
+                "--vllm_importance_sampling_correction needs --top_k 0 and --top_p 1.0: vLLM's log-probs are "
+                "renormalised after top-k/top-p and would not compare with the trainer's."
+            )
 
     def _validate_locations(self) -> None:
         """Which path-like flags take s3:// (output_dir, checkpoint_uri) and which refuse it, in one line."""

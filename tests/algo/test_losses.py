@@ -3,7 +3,15 @@ import math
 import pytest
 import torch
 
-from rloo.algo import PolicyLossStats, leave_one_out_advantages, normalize_advantages, policy_loss
+from rloo.algo import (
+    LOSS_AGG_MODES,
+    PolicyLossStats,
+    agg_loss,
+    kl_loss,
+    leave_one_out_advantages,
+    normalize_advantages,
+    policy_loss,
+)
 
 NAN, INF = math.nan, math.inf
 
@@ -186,3 +194,167 @@ def test_policy_loss_errors():
         policy_loss(x, x, torch.zeros(3), mask, 0.2)
     with pytest.raises(ValueError, match="mask"):
         policy_loss(x, x, torch.zeros(2), mask.float(), 0.2)
+    with pytest.raises(ValueError, match="cliprange_high"):
+        policy_loss(x, x, torch.zeros(2), mask, 0.2, cliprange_high=math.nan)
+    with pytest.raises(ValueError, match="loss_agg_mode"):
+        policy_loss(x, x, torch.zeros(2), mask, 0.2, loss_agg_mode="sum")
+
+
+# --- loss aggregation (verl's loss_agg_mode) ---------------------------------------------------------
+AGG_LOSSES = torch.tensor([[1.0, 2.0, 3.0, NAN], [4.0, INF, NAN, NAN], [NAN, NAN, NAN, NAN]])
+AGG_MASK = torch.tensor([[True, True, True, False], [True, False, False, False], [False] * 4])
+
+
+@pytest.mark.parametrize(
+    ("mode", "expected"),
+    [
+        # per-sequence sums [6, 4, 0] (the empty row counts), mean over 3 sequences = 10 / 3
+        ("seq-mean-token-sum", 10 / 3),
+        # 4 unmasked tokens 1 + 2 + 3 + 4 = 10, mean 10 / 4 = 2.5
+        ("token-mean", 2.5),
+        # per-sequence means [2, 4, 0], mean over 3 sequences = 2
+        ("seq-mean-token-mean", 2.0),
+        # per-sequence sums / T = [6/4, 4/4, 0], mean over 3 sequences = 2.5 / 3
+        ("seq-mean-token-sum-norm", 2.5 / 3),
+    ],
+)
+def test_agg_loss_hand_values(mode, expected):
+    assert agg_loss(AGG_LOSSES, AGG_MASK, mode).item() == pytest.approx(expected)
+
+
+def test_token_mean_with_a_mini_batch_token_count():
+    # A mini-batch split into two micro-batches: rows 0-1 (4 tokens, sum 1+2+3+4 = 10) and a second one
+    # with 2 tokens summing to 8. The mini-batch token mean is (10 + 8) / 6 = 3; the trainer averages the
+    # two micro-batch losses, so each gets num_tokens = 6 / 2 = 3: (10 / 3 + 8 / 3) / 2 = 3.
+    second = torch.tensor([[5.0, 3.0]])
+    first_loss = agg_loss(AGG_LOSSES, AGG_MASK, "token-mean", num_tokens=3.0)
+    second_loss = agg_loss(second, torch.ones(1, 2, dtype=torch.bool), "token-mean", num_tokens=3.0)
+    assert ((first_loss + second_loss) / 2).item() == pytest.approx(3.0)
+    # without it each micro-batch takes its own mean: (2.5 + 4) / 2 = 3.25, not the mini-batch's 3
+    own = (
+        agg_loss(AGG_LOSSES, AGG_MASK, "token-mean") + agg_loss(second, torch.ones(1, 2).bool(), "token-mean")
+    ) / 2
+    assert own.item() == pytest.approx(3.25)
+
+
+def test_agg_loss_norm_uses_the_given_constant():
+    # sums [6, 4, 0] / 10 = [0.6, 0.4, 0], mean over 3 sequences = 1 / 3
+    assert agg_loss(AGG_LOSSES, AGG_MASK, "seq-mean-token-sum-norm", 10).item() == pytest.approx(1 / 3)
+    with pytest.raises(ValueError, match="loss_agg_mode"):
+        agg_loss(AGG_LOSSES, AGG_MASK, "seq-sum")
+
+
+def test_default_mode_is_the_classic_sequence_ratio_bit_for_bit():
+    g = torch.Generator().manual_seed(2)
+    old = -torch.rand(6, 5, generator=g)
+    new = (old + torch.randn(6, 5, generator=g) * 0.3).requires_grad_()
+    mask = torch.arange(5) < torch.randint(1, 6, (6, 1), generator=g)
+    adv = torch.randn(6, generator=g)
+    loss, _ = policy_loss(new, old, adv, mask, 0.2)
+    explicit, _ = policy_loss(
+        new, old, adv, mask, 0.2, loss_agg_mode="seq-mean-token-sum", cliprange_high=0.2
+    )
+    # the classic formula written out: exp(sum new - sum old), PPO clip, mean over sequences
+    ratio = torch.exp((new * mask).sum(1) - (old * mask).sum(1))
+    classic = torch.maximum(-adv * ratio, -adv * ratio.clamp(0.8, 1.2)).mean()
+    assert torch.equal(loss, explicit)
+    torch.testing.assert_close(loss, classic)
+
+
+def test_token_modes_with_sequence_advantages_hand_values():
+    # two sequences; ratio 1 everywhere (new == old), so each token's loss is -A_b
+    new = torch.zeros(2, 3, requires_grad=True)
+    mask = torch.tensor([[True, True, True], [True, False, False]])
+    adv = torch.tensor([1.0, -2.0])
+    # token losses: row 0 [-1, -1, -1], row 1 [2]
+    cases = {
+        "token-mean": (-3 + 2) / 4,  # 4 tokens: -0.25
+        "seq-mean-token-mean": (-1 + 2) / 2,  # per-sequence means [-1, 2]: 0.5
+        "seq-mean-token-sum-norm": (-3 / 3 + 2 / 3) / 2,  # sums [-3, 2] / T=3, mean: -1/6
+    }
+    for mode, expected in cases.items():
+        loss, stats = policy_loss(new, torch.zeros(2, 3), adv, mask, 0.2, loss_agg_mode=mode)
+        assert loss.item() == pytest.approx(expected), mode
+        assert stats.ratio_mean.item() == 1.0  # stats over the 4 unmasked tokens
+    # gradient of token-mean: d/dnew_t (-A_b * r_t) / 4 = -A_b / 4 -> row 0 -0.25, row 1 +0.5
+    new.grad = None
+    loss, _ = policy_loss(new, torch.zeros(2, 3), adv, mask, 0.2, loss_agg_mode="token-mean")
+    loss.backward()
+    torch.testing.assert_close(new.grad, torch.tensor([[-0.25, -0.25, -0.25], [0.5, 0.0, 0.0]]))
+
+
+def test_asymmetric_clip_hand_values():
+    # ratios e^0.25 = 1.28403 (A = 1) and e^-0.25 = 0.77880 (A = -1), cliprange 0.2, cliprange_high 0.28
+    new = torch.tensor([[0.25], [-0.25]])
+    old = torch.zeros(2, 1)
+    mask = torch.ones(2, 1, dtype=torch.bool)
+    adv = torch.tensor([1.0, -1.0])
+    loss, stats = policy_loss(new, old, adv, mask, 0.2, cliprange_high=0.28)
+    # row 0: 1.28403 > 1.28 -> clipped at the high bound: max(-1.28403, -1.28) = -1.28
+    # row 1: 0.77880 < 0.8 -> clipped at the low bound: max(0.77880, 0.8) = 0.8
+    assert loss.item() == pytest.approx((-1.28 + 0.8) / 2)
+    assert stats.clip_high_frac.item() == 0.5 and stats.clip_low_frac.item() == 0.5
+    # with cliprange_high 0.3 the upper bound 1.3 no longer binds: row 0 loss -1.28403
+    loss, stats = policy_loss(new, old, adv, mask, 0.2, cliprange_high=0.3)
+    assert loss.item() == pytest.approx((-math.exp(0.25) + 0.8) / 2)
+    assert stats.clip_high_frac.item() == 0.0 and stats.clipfrac.item() == 0.5
+
+
+def test_is_weights_scale_each_surrogate():
+    new = torch.zeros(2, 2, requires_grad=True)
+    mask = torch.tensor([[True, True], [True, False]])
+    adv = torch.tensor([1.0, 1.0])
+    # sequence ratio 1: losses [-1, -1], weights [2, 0.5] -> (-2 - 0.5) / 2 = -1.25
+    loss, _ = policy_loss(new, torch.zeros(2, 2), adv, mask, 0.2, is_weights=torch.tensor([2.0, 0.5]))
+    assert loss.item() == pytest.approx(-1.25)
+    # token-level: token losses [[-1, -1], [-1]] x weights [[2, 0.5], [1]] summed per sequence [-2.5, -1],
+    # mean -1.75; the weight at padding (NaN) is ignored
+    w = torch.tensor([[2.0, 0.5], [1.0, NAN]])
+    loss, _ = policy_loss(new, torch.zeros(2, 2), adv[:, None].expand(2, 2), mask, 0.2, is_weights=w)
+    assert loss.item() == pytest.approx(-1.75)
+    loss.backward()
+    # weights are constants: d/dnew = -A * r * w per token, / 2 sequences
+    torch.testing.assert_close(new.grad, torch.tensor([[-1.0, -0.25], [-0.5, 0.0]]))
+    with pytest.raises(ValueError, match="is_weights"):
+        policy_loss(new, torch.zeros(2, 2), adv, mask, 0.2, is_weights=w)  # per-token with a sequence ratio
+
+
+def test_sequence_without_tokens_contributes_nothing():
+    # row 1 has no completion token (a masked truncated completion): its loss is 0 rather than -A * 1,
+    # it still counts in the mean over sequences, and the stats cover row 0 only
+    new = torch.tensor([[0.1, 0.0], [5.0, 5.0]], requires_grad=True)
+    mask = torch.tensor([[True, False], [False, False]])
+    loss, stats = policy_loss(new, torch.zeros(2, 2), torch.tensor([1.0, 3.0]), mask, 0.2)
+    assert loss.item() == pytest.approx(-math.exp(0.1) / 2)  # (-1 * e^0.1 + 0) / 2
+    assert stats.ratio_mean.item() == pytest.approx(math.exp(0.1))
+    loss.backward()
+    assert new.grad[1].eq(0).all()
+
+
+def test_kl_loss_hand_values_and_gradient():
+    logp = torch.tensor([[-1.0, -2.0, 9.0]], requires_grad=True)
+    ref = torch.tensor([[-1.5, -1.0, NAN]])
+    mask = torch.tensor([[True, True, False]])
+    # k2 per token [0.125, 0.5]; seq-mean-token-sum: 0.625; token-mean: 0.3125
+    assert kl_loss(logp, ref, mask, "k2").item() == pytest.approx(0.625)
+    assert kl_loss(logp, ref, mask, "k2", "token-mean").item() == pytest.approx(0.3125)
+    # k3 with d = ref - logp = [-0.5, 1]: [e^-0.5 - 1 + 0.5, e - 1 - 1], summed
+    k3 = math.exp(-0.5) - 0.5 + math.e - 2
+    loss = kl_loss(logp, ref, mask, "k3")
+    assert loss.item() == pytest.approx(k3)
+    loss.backward()
+    # d k3 / d logp = 1 - e^(ref - logp) = [1 - e^-0.5, 1 - e]; padding 0
+    torch.testing.assert_close(
+        logp.grad, torch.tensor([[1 - math.exp(-0.5), 1 - math.e, 0.0]]), rtol=1e-6, atol=1e-6
+    )
+
+
+@pytest.mark.parametrize("mode", LOSS_AGG_MODES)
+def test_every_mode_ignores_garbage_at_padding(mode):
+    mask = torch.tensor([[True, True, False], [True, False, False]])
+    old = torch.tensor([[-1.0, -0.5, NAN], [-0.3, INF, -INF]])
+    new = torch.tensor([[-0.9, -0.6, INF], [-0.2, NAN, 1e30]], requires_grad=True)
+    loss, stats = policy_loss(new, old, torch.tensor([0.5, -1.0]), mask, 0.2, loss_agg_mode=mode)
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(new.grad).all() and new.grad[~mask].eq(0).all()
+    assert all(torch.isfinite(v) for v in vars(stats).values())

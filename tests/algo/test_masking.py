@@ -11,6 +11,7 @@ from rloo.algo import (
     masked_var,
     masked_whiten,
     truncate_after_stop,
+    truncated_completions,
 )
 
 NAN, INF = math.nan, math.inf
@@ -127,3 +128,11 @@ def test_truncate_and_mask_match_loop_reference():
     assert not expected_mask.all() and (~expected_mask).any(dim=1).sum() < 40  # both kinds of rows
     torch.testing.assert_close(truncate_after_stop(ids, 3, 0), expected_ids)
     torch.testing.assert_close(completion_mask(ids, 3), expected_mask)
+
+
+def test_truncated_completions_are_rows_without_a_stop_token():
+    ids = torch.tensor([[5, 2, 0], [5, 6, 7], [2, 2, 2], [0, 0, 0]])
+    # stop token 2: rows 0 and 2 contain it; rows 1 and 3 ran to the length limit without it
+    assert truncated_completions(ids, 2).tolist() == [False, True, False, True]
+    # after truncate_after_stop with pad 0 the answer is the same (the stop token itself is kept)
+    assert truncated_completions(truncate_after_stop(ids, 2, 0), 2).tolist() == [False, True, False, True]

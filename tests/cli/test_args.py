@@ -207,6 +207,7 @@ def test_aliases_map_to_classic_fields(base: list[str]) -> None:
             "--steps_per_generation", "2",
             "--max_completion_length", "16",
             "--normalize_advantages", "true",
+            "--epsilon_high", "0.35",
         ]
     )  # fmt: skip
     assert cfg.rloo_k == 4
@@ -216,6 +217,25 @@ def test_aliases_map_to_classic_fields(base: list[str]) -> None:
     assert cfg.num_mini_batches == 2
     assert cfg.response_length == 16
     assert cfg.normalize_advantage is True
+    assert cfg.cliprange_high == 0.35
+
+
+def test_issue_17_flags_parse(base: list[str]) -> None:
+    cfg = parse(
+        [
+            *base,
+            "--kl_estimator", "k3",
+            "--kl_in_loss",
+            "--loss_agg_mode", "token-mean",
+            "--cliprange_high", "0.28",
+            "--mask_truncated_completions", "true",
+            "--stop_token", "eos",
+            "--vllm_importance_sampling_cap", "3",
+        ]
+    )  # fmt: skip
+    assert cfg.kl_estimator == "k3" and cfg.kl_in_loss is True
+    assert cfg.loss_agg_mode == "token-mean" and cfg.cliprange_high == 0.28
+    assert cfg.mask_truncated_completions is True and cfg.vllm_importance_sampling_cap == 3.0
 
 
 def test_alias_and_classic_name_last_one_wins(base: list[str]) -> None:

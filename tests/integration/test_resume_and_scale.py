@@ -186,15 +186,49 @@ def _metric_gap(m1: list[dict], m2: list[dict]) -> float:
     )
 
 
-def test_two_processes_match_one(tiny, toy_data: Path, tmp_path: Path) -> None:
+# Non-default loss options (issue 17): KL as a k2 loss term, token-mean over the global mini-batch,
+# clip-higher. They are config, so resume and layouts must honour them. (Masking truncated completions
+# is left out: the tiny random policy seldom samples EOS, so it would mask nearly everything here.)
+LOSS_OPTION_FLAGS: dict[str, object] = dict(
+    kl_estimator="k2",
+    kl_in_loss="true",
+    loss_agg_mode="token-mean",
+    cliprange_high=0.3,
+    stop_token="eos",
+)
+
+
+def test_loss_options_resume_exactly(tiny, toy_data: Path, tmp_path: Path) -> None:
+    straight, out = tmp_path / "straight", tmp_path / "out"
+    proc = _run(_args(tiny, toy_data, straight, **LOSS_OPTION_FLAGS))
+    assert proc.returncode == 0, proc.stderr
+    killed = _run(_args(tiny, toy_data, out, **LOSS_OPTION_FLAGS), RLOO_FAULT_INJECT="kill@3:optimization")
+    assert killed.returncode == -signal.SIGKILL
+    resumed = _run(_args(tiny, toy_data, out, **LOSS_OPTION_FLAGS))
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resumed from" in resumed.stdout
+    w_straight, w_resumed = _weights(straight), _weights(out)
+    assert all(torch.equal(w_straight[k], w_resumed[k]) for k in w_straight)
+    assert _metrics(out) == _metrics(straight)
+    assert all("loss/kl_avg" in m for m in _metrics(out))
+
+
+@pytest.mark.parametrize("options", [{}, LOSS_OPTION_FLAGS], ids=["classic", "loss_options"])
+def test_two_processes_match_one(tiny, toy_data: Path, tmp_path: Path, options: dict[str, object]) -> None:
     # 16 completions per update (4 prompts x k=4, two mini-batches of 2 prompts): 1 process x 16 in
-    # micro-batches of 8, the same in micro-batches of 4 (the float-order yardstick), 2 processes x 8
+    # micro-batches of 8, the same in micro-batches of 4 (the float-order yardstick), 2 processes x 8.
+    # (The tiny policy's completions all run to full length here, so every micro-batch holds as many
+    # tokens; tests/integration/test_train.py::test_token_mean_does_not_depend_on_the_micro_batch_size
+    # covers unequal ones.)
     one, one_small, two = tmp_path / "one", tmp_path / "one_small", tmp_path / "two"
     for out, flags in ((one, {}), (one_small, {"gradient_accumulation_steps": 2})):
         pdtbs = 8 // flags.get("gradient_accumulation_steps", 1)
-        proc = _run(_args(tiny, toy_data, out, per_device_train_batch_size=pdtbs, **LAYOUT_FLAGS, **flags))
+        argv = _args(
+            tiny, toy_data, out, per_device_train_batch_size=pdtbs, **LAYOUT_FLAGS, **options, **flags
+        )
+        proc = _run(argv)
         assert proc.returncode == 0, proc.stderr
-    proc2 = _two_ranks(tiny, toy_data, two, per_device_train_batch_size=4, **LAYOUT_FLAGS)
+    proc2 = _two_ranks(tiny, toy_data, two, per_device_train_batch_size=4, **LAYOUT_FLAGS, **options)
     assert proc2.returncode == 0, proc2.stderr[-3000:]
     m1, m1_small, m2 = _metrics(one), _metrics(one_small), _metrics(two)
     assert [m["episode"] for m in m2] == [16, 32, 48]
@@ -205,6 +239,8 @@ def test_two_processes_match_one(tiny, toy_data: Path, tmp_path: Path) -> None:
     # whose order noise is tiny (here both gaps are ~1e-5 with global mini-batches; with mini-batches
     # shuffled per rank the two-process gap was 8e-2)
     yardstick = _metric_gap(m1, m1_small)
+    if options:  # the loss options too: micro-batch size changes only summation order
+        assert yardstick < 1e-3, yardstick
     assert _metric_gap(m1, m2) <= max(10 * yardstick, 1e-3), (_metric_gap(m1, m2), yardstick)
     w0, w1, w1_small, w2 = _weights_init(tiny), _weights(one), _weights(one_small), _weights(two)
     moved = _apart(w1, w0)

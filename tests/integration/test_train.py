@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -270,3 +273,157 @@ def test_resume_from_a_broken_path_is_a_user_error(make_config, tmp_path: Path) 
 
     with pytest.raises(UserError, match="resume_from_checkpoint"):
         train(make_config(resume_from_checkpoint=str(tmp_path / "nope")))
+
+
+def test_issue_17_loss_options_through_rloo_train(tiny, toy_data: Path, tmp_path: Path) -> None:
+    # KL as a k3 loss term, token-mean aggregation, clip-higher (by its current-trainer alias) and
+    # truncated-completion masking, through the real command line, off-policy (2 epochs x 2 mini-batches)
+    out = tmp_path / "out"
+    argv = [
+        "train",
+        "--model_name_or_path", str(tiny.policy),
+        "--reward_funcs", "rloo.demo.toy:letter_reward",
+        "--dataset_name", str(toy_data),
+        "--output_dir", str(out),
+        "--per_device_train_batch_size", "8", "--rloo_k", "4", "--num_ppo_epochs", "2",
+        "--num_mini_batches", "2", "--response_length", "6", "--learning_rate", "5e-3",
+        "--temperature", "1.0", "--max_steps", "2", "--num_sample_generations", "0", "--seed", "3",
+        "--kl_estimator", "k3", "--kl_in_loss", "--beta", "0.1",
+        "--loss_agg_mode", "token-mean",
+        "--epsilon_high", "0.28",
+        "--mask_truncated_completions", "--stop_token", "eos",
+        "--disable_tqdm",
+    ]  # fmt: skip
+    assert main(argv) == 0
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len(records) == 2
+    for r in records:
+        for name in [*CLASSIC_METRICS, "loss/kl_avg"]:
+            assert r[name] is not None and math.isfinite(r[name]), name
+        # the KL left the reward for the loss: the reward is the score, and the k3 term is >= 0
+        assert r["objective/non_score_reward"] == 0.0
+        assert r["objective/rlhf_reward"] == pytest.approx(r["objective/scores"])
+        assert r["loss/kl_avg"] >= 0.0
+    # objective/kl stays the classic k1 sum, which the first update's rollout (policy == reference) has 0
+    assert records[0]["objective/kl"] == pytest.approx(0.0, abs=1e-5)
+    # the options are recorded with the run (MLflow params come from the same dict)
+    recorded = json.loads((out / "rloo_config.json").read_text())
+    assert recorded["kl_in_loss"] is True and recorded["kl_estimator"] == "k3"
+    assert recorded["loss_agg_mode"] == "token-mean" and recorded["cliprange_high"] == 0.28
+    assert recorded["mask_truncated_completions"] is True
+
+
+def test_masked_truncated_completions_get_no_gradient(make_config, tiny) -> None:
+    # A stop token the policy never samples (an id past its vocabulary) makes every completion truncated:
+    # with --mask_truncated_completions nothing is trained, so the weights stay the initial ones, while
+    # the rollouts are still scored.
+    cfg = make_config(stop_token_id=10**6, mask_truncated_completions=True, max_steps=2)
+    hist = train(cfg).history
+    assert all(h["completions/clipped_ratio"] == 1.0 and h["loss/policy_avg"] == 0.0 for h in hist)
+    assert all(math.isfinite(h["objective/scores"]) for h in hist)
+    init, trained = _weights(tiny.policy), _weights(Path(cfg.output_dir))
+    assert all(torch.equal(init[k], trained[k]) for k in init)
+
+
+def _stand_in_sampler(monkeypatch: pytest.MonkeyPatch, edit: Callable[[Any, Any], Any]) -> None:
+    """Make the trainer sample with the built-in backend, then pass each result through ``edit(gen,
+    params)``: a stand-in for a backend the test cannot run (vLLM needs CUDA) or for samples of a shape the
+    tiny random policy does not produce."""
+    from types import SimpleNamespace
+
+    from rloo.training import trainer as trainer_module
+
+    real_make_generator = trainer_module.make_generator
+
+    class EditedSampler:
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        def generate(
+            self, prompt_ids: Any, prompt_mask: Any, k: int, params: Any, *args: Any, **kw: Any
+        ) -> Any:
+            kw["return_logprobs"] = True
+            return edit(self.inner.generate(prompt_ids, prompt_mask, k, params, *args, **kw), params)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.inner, name)
+
+    def stand_in(cfg: Any, model: Any, **kwargs: Any) -> EditedSampler:
+        plain = SimpleNamespace(use_vllm=False, ds3_gather_for_generation=cfg.ds3_gather_for_generation)
+        return EditedSampler(real_make_generator(plain, model, **kwargs))
+
+    monkeypatch.setattr(trainer_module, "make_generator", stand_in)
+
+
+@pytest.mark.parametrize(
+    ("mode", "cap", "capped"),
+    [
+        # per token: train - sampler = 0.5, weight e^0.5 = 1.65 < 2, nothing capped
+        ("token-mean", 2.0, 0.0),
+        # per token with cap 1.5 < 1.65: every weight capped
+        ("token-mean", 1.5, 1.0),
+        # the classic sequence ratio takes one weight per completion: e^(0.5 x 6 tokens) = 20 > 2
+        ("seq-mean-token-sum", 2.0, 1.0),
+    ],
+)
+def test_vllm_importance_sampling_correction_with_a_stand_in_sampler(
+    make_config, monkeypatch: pytest.MonkeyPatch, mode: str, cap: float, capped: float
+) -> None:
+    # vLLM needs CUDA. A stand-in sampler generates with the built-in backend and reports each sampled
+    # token's log-prob 0.5 lower than it is, as a mismatched inference engine would; the trainer's own
+    # forward (two epochs: off-policy, "old" log-probs recomputed) gives the true ones.
+    _stand_in_sampler(monkeypatch, lambda gen, params: dataclasses.replace(gen, logprobs=gen.logprobs - 0.5))
+    cfg = make_config(
+        use_vllm=True,
+        vllm_importance_sampling_correction=True,
+        vllm_importance_sampling_cap=cap,
+        loss_agg_mode=mode,
+        num_ppo_epochs=2,
+        max_steps=1,
+    )
+    (h,) = train(cfg).history
+    # |train - sampler| = 0.5 up to the KV-cache numerics of generation vs the training forward
+    assert h["objective/vllm_logp_diff_abs_mean"] == pytest.approx(0.5, abs=1e-4)
+    assert h["objective/vllm_is_capped_frac"] == capped
+    assert math.isfinite(h["loss/policy_avg"])
+
+
+def test_token_mean_does_not_depend_on_the_micro_batch_size(
+    make_config, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # token-mean is the mean over every trained token of a mini-batch. Completions of different lengths
+    # put different token counts in different micro-batches, so each micro-batch taking its own token
+    # mean would weigh tokens unequally and depend on the micro-batch size. The tiny random policy hardly
+    # ever samples EOS, so a stand-in sampler ends completion i after (i % 6) + 1 tokens.
+    def ends_early(gen: Any, params: Any) -> Any:
+        tokens = gen.tokens.clone()  # (B, T)
+        rows = torch.arange(tokens.size(0))
+        tokens[rows, rows % tokens.size(1)] = params.stop_token_id
+        return dataclasses.replace(gen, tokens=tokens)
+
+    _stand_in_sampler(monkeypatch, ends_early)
+    runs = []
+    for pdtbs, gas in ((8, 1), (4, 2)):  # the same 2 mini-batches of 8 completions per epoch
+        cfg = make_config(
+            loss_agg_mode="token-mean",
+            stop_token="eos",
+            num_ppo_epochs=2,
+            num_mini_batches=2,
+            per_device_train_batch_size=pdtbs,
+            gradient_accumulation_steps=gas,
+            max_steps=2,
+            output_dir=make_config().output_dir + f"-{pdtbs}",
+        )
+        runs.append((train(cfg).history, _weights(Path(cfg.output_dir))))
+    (h1, w1), (h2, w2) = runs
+    assert h1[0]["completions/min_length"] == 1.0 and h1[0]["completions/max_length"] == 6.0
+    # the loss and its gradient (the ratio statistics stay per-micro-batch means, averaged)
+    for a, b in zip(h1, h2, strict=True):
+        for key in ("loss/policy_avg", "grad_norm"):
+            assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), key
+    # the weights: apart by float-order noise only (which Adam can turn into single steps of up to one
+    # learning rate on near-zero gradients), far less than training moved them
+    init = _weights(Path(make_config().model_name_or_path))
+    apart = float(torch.cat([(w1[k] - w2[k]).flatten() for k in w1]).norm())
+    moved = float(torch.cat([(w1[k] - init[k]).flatten() for k in w1]).norm())
+    assert apart < 1e-3 * moved, (apart, moved)

@@ -5,9 +5,10 @@ prompt-major (flat index ``p * K + k``). Masks are bool tensors. Invalid argumen
 """
 
 from .advantages import group_reward_stats, leave_one_out_advantages, leave_one_out_baseline
+from .importance import SamplingMismatchStats, truncated_importance_weights
 from .kl import KL_ESTIMATORS, per_token_kl, sequence_kl
 from .logprobs import entropy_from_logits, selective_log_softmax
-from .losses import PolicyLossStats, policy_loss
+from .losses import LOSS_AGG_MODES, PolicyLossStats, agg_loss, kl_loss, policy_loss
 from .masking import (
     completion_mask,
     first_true_index,
@@ -16,6 +17,7 @@ from .masking import (
     masked_var,
     masked_whiten,
     truncate_after_stop,
+    truncated_completions,
 )
 from .rewards import (
     apply_missing_eos_penalty,
@@ -28,13 +30,17 @@ from .rewards import (
 
 __all__ = [
     "KL_ESTIMATORS",
+    "LOSS_AGG_MODES",
     "PolicyLossStats",
+    "SamplingMismatchStats",
+    "agg_loss",
     "apply_missing_eos_penalty",
     "combine_reward_sources",
     "completion_mask",
     "entropy_from_logits",
     "first_true_index",
     "group_reward_stats",
+    "kl_loss",
     "leave_one_out_advantages",
     "leave_one_out_baseline",
     "masked_mean",
@@ -50,4 +56,6 @@ __all__ = [
     "sequence_level_rewards",
     "token_level_advantages",
     "truncate_after_stop",
+    "truncated_completions",
+    "truncated_importance_weights",
 ]

@@ -1,4 +1,8 @@
-"""The RLOO policy loss: PPO-clipped REINFORCE with a sequence-level (or per-token) importance ratio."""
+"""The RLOO policy loss: PPO-clipped REINFORCE with a sequence-level (or per-token) importance ratio.
+
+Loss aggregation follows verl's ``loss_agg_mode`` names (see :func:`agg_loss`); the default,
+``seq-mean-token-sum``, is the classic RLOO loss.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +12,97 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from .kl import per_token_kl
 from .masking import masked_mean, masked_sum, masked_var
 
-__all__ = ["PolicyLossStats", "policy_loss"]
+__all__ = ["LOSS_AGG_MODES", "PolicyLossStats", "agg_loss", "kl_loss", "policy_loss"]
+
+LOSS_AGG_MODES: tuple[str, ...] = (
+    "seq-mean-token-sum",
+    "token-mean",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum-norm",
+)
+
+
+def agg_loss(
+    loss_mat: Tensor,
+    mask: Tensor,
+    loss_agg_mode: str,
+    max_response_length: int | None = None,
+    num_tokens: float | Tensor | None = None,
+) -> Tensor:
+    """Reduce per-token losses to one scalar, verl's ``agg_loss``.
+
+    - ``seq-mean-token-sum``: sum over each sequence's tokens, mean over sequences (classic RLOO).
+    - ``token-mean``: mean over every unmasked token of the batch (DAPO): long completions weigh more.
+    - ``seq-mean-token-mean``: mean over each sequence's tokens, mean over sequences (GRPO).
+    - ``seq-mean-token-sum-norm``: sum over each sequence's tokens divided by the constant
+      ``max_response_length``, mean over sequences (Dr. GRPO): no length bias from the divisor. verl
+      divides the batch's total by the constant instead of averaging over sequences, which scales the
+      loss with the micro-batch size; the mean keeps the scale of the other modes.
+
+    A sequence with no unmasked token contributes 0 and still counts in the mean over sequences.
+
+    The sequence modes average over this call's sequences; a trainer summing equal-sized micro-batches
+    (and ranks) gets the mean over the whole mini-batch. ``token-mean`` over the whole mini-batch needs its
+    token count, which one micro-batch does not know: pass ``num_tokens`` (the mini-batch's unmasked
+    tokens divided by the number of micro-batch losses averaged), and the loss is ``sum / num_tokens``.
+
+    Args:
+        loss_mat: (B, T) per-token losses; anything where ``mask`` is False.
+        mask: (B, T) bool.
+        loss_agg_mode: one of ``LOSS_AGG_MODES``.
+        max_response_length: the constant of ``seq-mean-token-sum-norm``; default T.
+        num_tokens: the denominator of ``token-mean``; default the unmasked tokens of ``mask``.
+
+    Returns:
+        0-dim loss.
+    """
+    if loss_agg_mode == "seq-mean-token-sum":
+        return masked_sum(loss_mat, mask, dim=1).mean()
+    if loss_agg_mode == "token-mean":
+        if num_tokens is None:
+            return masked_mean(loss_mat, mask)
+        return masked_sum(loss_mat, mask) / num_tokens
+    if loss_agg_mode == "seq-mean-token-mean":
+        return masked_mean(loss_mat, mask, dim=1).mean()
+    if loss_agg_mode == "seq-mean-token-sum-norm":
+        norm = loss_mat.shape[-1] if max_response_length is None else max_response_length
+        if norm < 1:
+            raise ValueError(f"max_response_length must be >= 1 (got {norm}); pass the response length")
+        return (masked_sum(loss_mat, mask, dim=1) / norm).mean()
+    raise ValueError(f"loss_agg_mode must be one of {LOSS_AGG_MODES} (got {loss_agg_mode!r}); pick one")
+
+
+def kl_loss(
+    logprobs: Tensor,
+    ref_logprobs: Tensor,
+    mask: Tensor,
+    estimator: str,
+    loss_agg_mode: str = "seq-mean-token-sum",
+    max_response_length: int | None = None,
+    num_tokens: float | Tensor | None = None,
+) -> Tensor:
+    """KL(policy || ref) as a loss term (GRPO / verl ``use_kl_loss``), aggregated like the policy loss.
+
+    The gradient flows through ``logprobs`` (the current policy's); the reference is a constant. With
+    k1 the gradient is 0 in expectation (it is the score function), so use k2 or k3 here.
+
+    Args:
+        logprobs: (B, T) current policy log-probs of the sampled tokens (with grad).
+        ref_logprobs: (B, T) reference-model log-probs of the same tokens.
+        mask: (B, T) bool completion mask.
+        estimator: "k1", "k2" or "k3" (see :func:`per_token_kl`).
+        loss_agg_mode: one of ``LOSS_AGG_MODES`` (see :func:`agg_loss`).
+        max_response_length: the constant of ``seq-mean-token-sum-norm``.
+        num_tokens: the denominator of ``token-mean`` (see :func:`agg_loss`).
+
+    Returns:
+        0-dim KL estimate; multiply by the KL coefficient and add to the policy loss.
+    """
+    kl = per_token_kl(logprobs, ref_logprobs.detach(), mask, estimator)  # (B, T)
+    return agg_loss(kl, mask, loss_agg_mode, max_response_length, num_tokens)
 
 
 @dataclass
@@ -40,10 +132,12 @@ class PolicyLossStats:
     ratio_max: Tensor
 
 
-def _clipped_surrogate(ratio: Tensor, advantages: Tensor, cliprange: float) -> tuple[Tensor, Tensor, Tensor]:
+def _clipped_surrogate(
+    ratio: Tensor, advantages: Tensor, c_low: float, c_high: float
+) -> tuple[Tensor, Tensor, Tensor]:
     """Return ``(loss, clipped, unclipped)`` elementwise: ``max(-A*r, -A*clip(r))`` and its two parts."""
     unclipped = -advantages * ratio
-    clipped = -advantages * torch.clamp(ratio, 1.0 - cliprange, 1.0 + cliprange)
+    clipped = -advantages * torch.clamp(ratio, 1.0 - c_low, 1.0 + c_high)
     return torch.maximum(unclipped, clipped), clipped, unclipped
 
 
@@ -54,7 +148,8 @@ def _stats(
     clipped: Tensor,
     unclipped: Tensor,
     mask: Tensor,
-    c: float,
+    c_low: float,
+    c_high: float,
 ) -> PolicyLossStats:
     """Stats over the True entries of ``mask`` (sequences or tokens); all inputs share its shape."""
     with torch.no_grad():
@@ -63,8 +158,8 @@ def _stats(
         any_entry = mask.any()
         ratio_min = torch.where(mask, ratio, inf).min() if mask.numel() else inf
         ratio_max = torch.where(mask, ratio, -inf).max() if mask.numel() else -inf
-        low = (ratio < 1.0 - c) & (advantages < 0)
-        high = (ratio > 1.0 + c) & (advantages > 0)
+        low = (ratio < 1.0 - c_low) & (advantages < 0)
+        high = (ratio > 1.0 + c_high) & (advantages > 0)
         return PolicyLossStats(
             clipfrac=masked_mean((clipped > unclipped).to(ratio.dtype), mask),
             approxkl=masked_mean(0.5 * logratio**2, mask),
@@ -78,18 +173,29 @@ def _stats(
 
 
 def policy_loss(
-    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, cliprange: float
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    cliprange: float,
+    *,
+    cliprange_high: float | None = None,
+    loss_agg_mode: str = "seq-mean-token-sum",
+    max_response_length: int | None = None,
+    num_tokens: float | Tensor | None = None,
+    is_weights: Tensor | None = None,
 ) -> tuple[Tensor, PolicyLossStats]:
     """PPO-clipped RLOO policy loss.
 
-    Sequence level (``advantages`` (B,), the reference's): ``logratio = sum_t new - sum_t old`` over
-    the completion tokens, ``ratio = exp(logratio)``, loss ``= mean_b max(-A*ratio, -A*clip(ratio,
-    1-c, 1+c))``.
+    Sequence level (``advantages`` (B,) with ``loss_agg_mode="seq-mean-token-sum"``, the reference's):
+    ``logratio = sum_t new - sum_t old`` over the completion tokens, ``ratio = exp(logratio)``, loss
+    ``= mean_b max(-A*ratio, -A*clip(ratio, 1-c, 1+c_high))``. A sequence without completion tokens has
+    no ratio: it contributes 0 and is left out of the stats.
 
-    Token level (``advantages`` (B, T), for per-token KL advantages): per-token ratio
-    ``exp(new_t - old_t)`` and clipped surrogate, summed over each sequence's completion tokens and
-    averaged over sequences. At ratio 1 with a constant per-token advantage its gradient equals the
-    sequence-level one.
+    Token level (``advantages`` (B, T), for per-token KL advantages, or (B,) broadcast to every token with
+    any other ``loss_agg_mode``): per-token ratio ``exp(new_t - old_t)`` and clipped surrogate, reduced by
+    :func:`agg_loss`. With ``seq-mean-token-sum`` (summed over each sequence's tokens, averaged over
+    sequences) its gradient at ratio 1 with a constant per-token advantage equals the sequence-level one.
 
     Positions where ``mask`` is False never influence the loss, its gradient or the stats, whatever
     ``logprobs`` / ``old_logprobs`` / ``advantages`` hold there.
@@ -99,14 +205,25 @@ def policy_loss(
         old_logprobs: (B, T) log-probs under the policy that sampled them (no grad needed).
         advantages: (B,) sequence-level or (B, T) token-level advantages.
         mask: (B, T) bool completion mask.
-        cliprange: PPO clip range ``c >= 0``.
+        cliprange: PPO clip range ``c >= 0`` (the lower one when ``cliprange_high`` is set).
+        cliprange_high: upper clip range (DAPO's clip-higher, TRL's ``epsilon_high``); default ``cliprange``.
+        loss_agg_mode: one of ``LOSS_AGG_MODES`` (see :func:`agg_loss`).
+        max_response_length: the constant of ``seq-mean-token-sum-norm``; default T.
+        num_tokens: the denominator of ``token-mean``; default this call's unmasked tokens (see :func:`agg_loss`).
+        is_weights: constant importance weights multiplying each surrogate (truncated importance sampling
+            against the sampler's log-probs, see :func:`truncated_importance_weights`): (B,) per sequence,
+            or (B, T) per token on the token-level path; default none.
 
     Returns:
-        ``(loss, stats)``: 0-dim loss and :class:`PolicyLossStats` (over sequences for sequence-level,
-        over unmasked tokens for token-level).
+        ``(loss, stats)``: 0-dim loss and :class:`PolicyLossStats` (over sequences with tokens for
+        sequence-level, over unmasked tokens for token-level). The stats ignore ``is_weights``.
     """
-    if not (cliprange >= 0 and math.isfinite(cliprange)):
-        raise ValueError(f"cliprange must be a finite number >= 0 (got {cliprange}); use e.g. 0.2")
+    c_high = cliprange if cliprange_high is None else cliprange_high
+    for name, c in (("cliprange", cliprange), ("cliprange_high", c_high)):
+        if not (c >= 0 and math.isfinite(c)):
+            raise ValueError(f"{name} must be a finite number >= 0 (got {c}); use e.g. 0.2")
+    if loss_agg_mode not in LOSS_AGG_MODES:
+        raise ValueError(f"loss_agg_mode must be one of {LOSS_AGG_MODES} (got {loss_agg_mode!r}); pick one")
     if logprobs.dim() != 2 or old_logprobs.shape != logprobs.shape or mask.shape != logprobs.shape:
         raise ValueError(
             f"logprobs {tuple(logprobs.shape)}, old_logprobs {tuple(old_logprobs.shape)} and mask "
@@ -114,31 +231,48 @@ def policy_loss(
         )
     if mask.dtype != torch.bool:
         raise ValueError(f"mask must be a bool tensor (got {mask.dtype}); pass mask.bool()")
+    if advantages.shape not in (logprobs.shape[:1], logprobs.shape):
+        raise ValueError(
+            f"advantages must have shape (B,) = {tuple(logprobs.shape[:1])} or (B, T) = "
+            f"{tuple(logprobs.shape)} (got {tuple(advantages.shape)}); pass sequence- or token-level advantages"
+        )
+    sequence_ratio = advantages.dim() == 1 and loss_agg_mode == "seq-mean-token-sum"
+    if is_weights is not None and is_weights.shape not in (
+        logprobs.shape[:1],
+        logprobs.shape[:1] if sequence_ratio else logprobs.shape,
+    ):
+        raise ValueError(
+            f"is_weights shape {tuple(is_weights.shape)} must be (B,) = {tuple(logprobs.shape[:1])}"
+            + ("" if sequence_ratio else f" or (B, T) = {tuple(logprobs.shape)}")
+            + "; per-token weights need a token-level loss"
+        )
     old_logprobs = old_logprobs.detach()
     zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
+    w = None if is_weights is None else is_weights.detach().to(logprobs.dtype)
 
-    if advantages.shape == logprobs.shape[:1]:
+    if sequence_ratio:
         advantages = advantages.detach().to(logprobs.dtype)
         # Sequence-level: one ratio per completion, as in the reference trainer.
         logratio = masked_sum(logprobs, mask, dim=1) - masked_sum(old_logprobs, mask, dim=1)  # (B,)
         ratio = torch.exp(logratio)  # (B,)
-        losses, clipped, unclipped = _clipped_surrogate(ratio, advantages, cliprange)  # (B,) each
+        losses, clipped, unclipped = _clipped_surrogate(ratio, advantages, cliprange, c_high)  # (B,) each
+        has_tokens = mask.any(dim=1)  # (B,) e.g. False for a masked truncated completion
+        losses = torch.where(has_tokens, losses, zero)  # (B,)
+        if w is not None:
+            losses = losses * w
         loss = losses.mean()
-        seq_mask = torch.ones_like(ratio, dtype=torch.bool)  # (B,)
-        stats = _stats(logratio, ratio, advantages, clipped, unclipped, seq_mask, cliprange)
+        stats = _stats(logratio, ratio, advantages, clipped, unclipped, has_tokens, cliprange, c_high)
         return loss, stats
 
-    if advantages.shape == logprobs.shape:
-        advantages = torch.where(mask, advantages.detach().to(logprobs.dtype), zero)  # (B, T)
-        # where() before exp(): garbage at padding must yield neither inf values nor NaN gradients.
-        logratio = torch.where(mask, logprobs - old_logprobs, zero)  # (B, T)
-        ratio = torch.exp(logratio)  # (B, T)
-        losses, clipped, unclipped = _clipped_surrogate(ratio, advantages, cliprange)  # (B, T) each
-        loss = masked_sum(losses, mask, dim=1).mean()
-        stats = _stats(logratio, ratio, advantages, clipped, unclipped, mask, cliprange)
-        return loss, stats
-
-    raise ValueError(
-        f"advantages must have shape (B,) = {tuple(logprobs.shape[:1])} or (B, T) = {tuple(logprobs.shape)} "
-        f"(got {tuple(advantages.shape)}); pass sequence- or token-level advantages"
-    )
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(1).expand_as(logprobs)  # (B, T): every token gets A_b
+    advantages = torch.where(mask, advantages.detach().to(logprobs.dtype), zero)  # (B, T)
+    # where() before exp(): garbage at padding must yield neither inf values nor NaN gradients.
+    logratio = torch.where(mask, logprobs - old_logprobs, zero)  # (B, T)
+    ratio = torch.exp(logratio)  # (B, T)
+    losses, clipped, unclipped = _clipped_surrogate(ratio, advantages, cliprange, c_high)  # (B, T) each
+    if w is not None:
+        losses = losses * (w.unsqueeze(1) if w.dim() == 1 else w)  # (B, T)
+    loss = agg_loss(losses, mask, loss_agg_mode, max_response_length, num_tokens)
+    stats = _stats(logratio, ratio, advantages, clipped, unclipped, mask, cliprange, c_high)
+    return loss, stats

@@ -17,6 +17,7 @@ __all__ = [
     "masked_var",
     "masked_whiten",
     "truncate_after_stop",
+    "truncated_completions",
 ]
 
 
@@ -174,3 +175,16 @@ def truncate_after_stop(response_ids: Tensor, stop_token_id: int, pad_token_id: 
     """
     keep = completion_mask(response_ids, stop_token_id)  # (B, T)
     return torch.where(keep, response_ids, torch.full_like(response_ids, pad_token_id))
+
+
+def truncated_completions(response_ids: Tensor, stop_token_id: int) -> Tensor:
+    """Which completions hit the length limit without a stop token.
+
+    Args:
+        response_ids: (B, T) token ids (before or after :func:`truncate_after_stop`).
+        stop_token_id: the stop (usually eos) token id.
+
+    Returns:
+        (B,) bool, True for rows with no ``stop_token_id`` at all.
+    """
+    return first_true_index(response_ids == stop_token_id) == response_ids.shape[-1]  # (B,)

@@ -79,6 +79,11 @@ class Rollout:
     mask: torch.Tensor  # (B, T) bool: response tokens that count
     old_logprobs: torch.Tensor  # (B, T)
     ref_logprobs: torch.Tensor  # (B, T)
+    # (B, T) bool: the tokens the loss trains on; mask less the truncated completions with
+    # --mask_truncated_completions (they keep their reward, their KL and their place in the baseline)
+    loss_mask: torch.Tensor
+    # (B, T) the sampler's (vLLM's) log-probs, kept for --vllm_importance_sampling_correction; else None
+    sampling_logprobs: torch.Tensor | None
     advantages: torch.Tensor  # (B,) or (B, T) with token-level KL
     metrics: dict[str, float]
     texts: tuple[list[str], list[str], torch.Tensor]  # prompt texts (P), completion texts (B), scores (B,)
@@ -466,13 +471,30 @@ class RLOOTrainer:
                 self.policy, self.accelerator, self.gather_for_generation
             ):
                 gen = self.generator.generate(
-                    prompt_ids, prompt_mask, k, params, seeds, return_logprobs=self.on_policy
+                    prompt_ids,
+                    prompt_mask,
+                    k,
+                    params,
+                    seeds,
+                    return_logprobs=self.on_policy or cfg.vllm_importance_sampling_correction,
                 )
         responses = gen.tokens  # (B, T)
         t = responses.size(1)
         mask = algo.completion_mask(responses, self.stop_token_id)  # (B, T)
+        loss_mask = mask
+        if cfg.mask_truncated_completions:  # the config requires a stop token with this flag
+            assert self.stop_token_id is not None
+            truncated = algo.truncated_completions(responses, self.stop_token_id)  # (B,)
+            loss_mask = mask & ~truncated[:, None]  # (B, T)
         if self.stop_token_id is not None:
             responses = algo.truncate_after_stop(responses, self.stop_token_id, tok.pad_token_id)
+        sampling_logprobs = None
+        if cfg.vllm_importance_sampling_correction:
+            if gen.logprobs is None:  # the config refuses top-k/top-p with this flag; nothing else drops them
+                raise RuntimeError(
+                    "the vLLM engine returned no log-probs for the importance sampling correction"
+                )
+            sampling_logprobs = gen.logprobs.masked_fill(~mask, 0.0)  # (B, T)
         ro = Rollout(
             prompt_index=index,
             prompt_ids=prompt_ids,
@@ -482,12 +504,14 @@ class RLOOTrainer:
             mask=mask,
             old_logprobs=torch.empty(0),
             ref_logprobs=torch.empty(0),
+            loss_mask=loss_mask,
+            sampling_logprobs=sampling_logprobs,
             advantages=torch.empty(0),
             metrics={},
             texts=([], [], torch.empty(0)),
         )
         with timer("logprobs"):
-            if gen.logprobs is not None:
+            if self.on_policy and gen.logprobs is not None:
                 # On-policy: the loss takes its "old" log-probs from its own forward (see optimize), so
                 # these generation-time values only feed the KL penalty and the entropy metric.
                 old_logprobs = gen.logprobs.masked_fill(~mask, 0.0)  # (B, T)
@@ -518,7 +542,14 @@ class RLOOTrainer:
                 )
                 scores = self._local(g_scores)
             kl = algo.per_token_kl(old_logprobs, ref_logprobs, mask, cfg.kl_estimator)  # (B, T)
-            if cfg.token_level_kl:
+            # objective/kl and kl keep the classic meaning (k1 summed per sequence) whatever the estimator
+            kl_k1 = kl if cfg.kl_estimator == "k1" else algo.per_token_kl(old_logprobs, ref_logprobs, mask)
+            if cfg.kl_in_loss:
+                # The KL is a loss term on the current policy (see optimize): the reward is the score alone.
+                rlhf_reward, non_score = scores, torch.zeros_like(scores)  # (B,), (B,)
+                advantages = algo.leave_one_out_advantages(rlhf_reward.view(p, k), valid.view(p, k)).view(-1)
+                adv_mask = valid
+            elif cfg.token_level_kl:
                 adv, non_score = algo.token_level_advantages(
                     scores.view(p, k), kl.view(p, k, t), mask.view(p, k, t), cfg.kl_coef, valid.view(p, k)
                 )
@@ -543,7 +574,7 @@ class RLOOTrainer:
             [
                 raw_scores,
                 valid.float(),
-                algo.sequence_kl(kl, mask),
+                algo.sequence_kl(kl_k1, mask),
                 -algo.masked_sum(old_logprobs, mask, dim=1),
                 non_score,
                 rlhf_reward,
@@ -640,6 +671,22 @@ class RLOOTrainer:
         ):
             q.grad.copy_(synced)
 
+    def _token_mean_denominator(self, ro: Rollout, mb: torch.Tensor) -> torch.Tensor | None:
+        """With ``token-mean``: the global mini-batch's trained tokens / (micro-batches x ranks), else None.
+
+        Each micro-batch loss is divided by gradient_accumulation_steps and the gradients are averaged over
+        ranks, so dividing each micro-batch's token sum by this makes the step's gradient the mean over
+        every token of the mini-batch on all ranks: the same whatever the micro-batch size or process count.
+        """
+        if self.cfg.loss_agg_mode != "token-mean":
+            return None
+        n = ro.loss_mask[mb.to(ro.loss_mask.device)].sum().float()  # this rank's tokens in the mini-batch
+        if self.world > 1:
+            n = self.accelerator.reduce(n, reduction="sum")
+        micro_batches = math.ceil(mb.numel() / self.cfg.per_device_train_batch_size)
+        # clamp: a mini-batch without tokens has a zero sum; 0 / 1 keeps the loss finite
+        return (n / (micro_batches * self.world)).clamp(min=1.0 / (micro_batches * self.world))
+
     # ------------------------------------------------------------------------------------------------
     def optimize(self, ro: Rollout, update: int) -> dict[str, float]:
         cfg = self.cfg
@@ -647,6 +694,7 @@ class RLOOTrainer:
         p = ro.prompt_ids.size(0)
         stats: dict[str, list[torch.Tensor]] = defaultdict(list)
         g = torch.Generator().manual_seed(cfg.seed * 7919 + update)
+        sequence_ratio = ro.advantages.dim() == 1 and cfg.loss_agg_mode == "seq-mean-token-sum"
         self.policy.train()
         for _ in range(cfg.num_ppo_epochs):
             # Mini-batches from global positions (see minibatches.py): the same optimizer steps over the
@@ -660,6 +708,7 @@ class RLOOTrainer:
                 num_mini_batches=cfg.num_mini_batches,
                 generator=g,
             ):
+                num_tokens = self._token_mean_denominator(ro, mb)
                 for mc_start in range(0, mb.numel(), cfg.per_device_train_batch_size):
                     idx = mb[mc_start : mc_start + cfg.per_device_train_batch_size].to(self.device)
                     logprobs, ent = self.forward_logprobs(self.policy, ro, idx, entropy=True)
@@ -667,16 +716,53 @@ class RLOOTrainer:
                     # On-policy the weights that sampled the rollout are the ones in this forward, so
                     # its own detached log-probs are the exact "old" ones: ratio 1, no extra forward.
                     old = logprobs.detach() if self.on_policy else ro.old_logprobs[idx]
+                    is_weights = None
+                    if ro.sampling_logprobs is not None:
+                        # pi_train / pi_vllm of the sampled tokens: per sequence for the classic sequence
+                        # ratio, whose tokens have no surrogate of their own; per token otherwise
+                        is_weights, mismatch = algo.truncated_importance_weights(
+                            old,
+                            ro.sampling_logprobs[idx],
+                            ro.mask[idx],
+                            cfg.vllm_importance_sampling_cap,
+                            per_sequence=sequence_ratio,
+                        )
+                        stats["vllm_logp_diff_abs"].append(mismatch.logp_diff_abs_mean)
+                        stats["vllm_is_capped"].append(mismatch.capped_frac)
                     loss, st = algo.policy_loss(
-                        logprobs, old, ro.advantages[idx], ro.mask[idx], cfg.cliprange
+                        logprobs,
+                        old,
+                        ro.advantages[idx],
+                        ro.loss_mask[idx],
+                        cfg.cliprange,
+                        cliprange_high=cfg.cliprange_high,
+                        loss_agg_mode=cfg.loss_agg_mode,
+                        max_response_length=cfg.response_length,
+                        num_tokens=num_tokens,
+                        is_weights=is_weights,
                     )
+                    stats["loss/policy_avg"].append(loss.detach())
+                    if cfg.kl_in_loss:
+                        kl_term = algo.kl_loss(
+                            logprobs,
+                            ro.ref_logprobs[idx],
+                            ro.loss_mask[idx],
+                            cfg.kl_estimator,
+                            cfg.loss_agg_mode,
+                            cfg.response_length,
+                            num_tokens,
+                        )
+                        stats["loss/kl_avg"].append(kl_term.detach())
+                        loss = loss + cfg.kl_coef * kl_term
                     if self.deepspeed:  # DeepSpeed decides the optimizer-step boundary itself
                         with self.accelerator.accumulate(self.policy):
                             self.accelerator.backward(loss)
                     else:
                         self.accelerator.backward(loss)  # divided by gradient_accumulation_steps
-                    stats["loss/policy_avg"].append(loss.detach())
                     stats["policy/entropy_avg"].append(algo.masked_mean(ent, ro.mask[idx]))
+                    # A micro-batch whose completions were all masked as truncated has no ratio: NaN keeps
+                    # it out of the ratio and clip statistics (a 0 would read as "ratio 0").
+                    untrained = cfg.mask_truncated_completions and not bool(ro.loss_mask[idx].any())
                     for name in (
                         "clipfrac",
                         "approxkl",
@@ -684,10 +770,11 @@ class RLOOTrainer:
                         "ratio_var",
                         "clip_low_frac",
                         "clip_high_frac",
+                        "ratio_min",
+                        "ratio_max",
                     ):
-                        stats[name].append(getattr(st, name))
-                    stats["ratio_min"].append(st.ratio_min)
-                    stats["ratio_max"].append(st.ratio_max)
+                        value = getattr(st, name)
+                        stats[name].append(torch.full_like(value, math.nan) if untrained else value)
                 self._sync_gradients()
                 if cfg.max_grad_norm > 0:
                     gn = self.accelerator.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm)
@@ -697,10 +784,22 @@ class RLOOTrainer:
                 self.optimizer.zero_grad(set_to_none=True)
 
         def avg(name: str) -> float:
-            return self._mean_over_ranks(float(torch.stack(stats[name]).float().mean()))
+            values = torch.stack(stats[name]).float()
+            if not cfg.mask_truncated_completions:
+                return self._mean_over_ranks(float(values.mean()))
+            # over the micro-batches of all ranks that trained on something (see `untrained`); 0 if none
+            kept = ~values.isnan()
+            total = torch.stack([torch.where(kept, values, 0.0).sum(), kept.sum().float()]).to(self.device)
+            if self.world > 1:
+                total = self.accelerator.reduce(total, reduction="sum")
+            return float(total[0] / total[1]) if total[1] > 0 else 0.0
 
         low = self._gather(torch.stack(stats["clip_low_frac"]).float())
         high = self._gather(torch.stack(stats["clip_high_frac"]).float())
+        if cfg.mask_truncated_completions:  # leave out the untrained micro-batches' NaNs
+            low, high = low[~low.isnan()], high[~high.isnan()]
+            if low.numel() == 0:
+                low, high = low.new_zeros(1), high.new_zeros(1)
         out = {
             "loss/policy_avg": avg("loss/policy_avg"),
             "policy/entropy_avg": avg("policy/entropy_avg"),
@@ -719,6 +818,11 @@ class RLOOTrainer:
         }
         if stats["grad_norm"]:
             out["grad_norm"] = avg("grad_norm")
+        if stats["loss/kl_avg"]:  # --kl_in_loss: the KL term before kl_coef
+            out["loss/kl_avg"] = avg("loss/kl_avg")
+        if stats["vllm_logp_diff_abs"]:  # --vllm_importance_sampling_correction
+            out["objective/vllm_logp_diff_abs_mean"] = avg("vllm_logp_diff_abs")
+            out["objective/vllm_is_capped_frac"] = avg("vllm_is_capped")
         return out
 
     # ------------------------------------------------------------------------------------------------

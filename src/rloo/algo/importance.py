@@ -1,0 +1,88 @@
+"""Truncated importance sampling (TIS) for the mismatch between the sampler (vLLM) and the trainer.
+
+A rollout sampled by an inference engine comes from the engine's numerics, not exactly from the policy the
+trainer computes: kernels, precision and batch composition differ. The policy-gradient estimate is
+corrected by weighting each surrogate with ``pi_train / pi_sampler``, truncated from above at ``cap`` to
+bound its variance (Yao et al., "Your efficient RL framework secretly brings you off-policy RL training",
+2025; TRL's ``vllm_importance_sampling_correction``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from .masking import masked_mean, masked_sum
+
+__all__ = ["SamplingMismatchStats", "truncated_importance_weights"]
+
+
+@dataclass
+class SamplingMismatchStats:
+    """How far the sampler's log-probs are from the trainer's; detached 0-dim tensors.
+
+    Attributes:
+        logp_diff_abs_mean: mean over completion tokens of ``|train_logp - sampler_logp|``.
+        capped_frac: fraction of the weights (tokens or sequences) that the cap truncated.
+    """
+
+    logp_diff_abs_mean: Tensor
+    capped_frac: Tensor
+
+
+def truncated_importance_weights(
+    train_logprobs: Tensor,
+    sampling_logprobs: Tensor,
+    mask: Tensor,
+    cap: float,
+    *,
+    per_sequence: bool = False,
+) -> tuple[Tensor, SamplingMismatchStats]:
+    """Weights ``min(pi_train / pi_sampler, cap)`` of the sampled tokens, as constants (no gradient).
+
+    Per token: ``w_t = min(exp(train_t - sampler_t), cap)``. Per sequence (for the sequence-level ratio
+    of the classic loss, where tokens have no surrogate of their own): ``w = min(exp(sum_t (train_t -
+    sampler_t)), cap)``.
+
+    Args:
+        train_logprobs: (B, T) log-probs of the sampled tokens under the trainer's forward of the policy
+            that sampled them ("old" log-probs).
+        sampling_logprobs: (B, T) the sampler's log-probs of the same tokens.
+        mask: (B, T) bool completion mask.
+        cap: truncation bound, > 0 (TRL's default 2.0).
+        per_sequence: one weight per sequence instead of one per token.
+
+    Returns:
+        ``(weights, stats)``: (B, T) weights, 1 where ``mask`` is False, or (B,) with ``per_sequence``;
+        :class:`SamplingMismatchStats` (``capped_frac`` over tokens, or over sequences with
+        ``per_sequence``).
+    """
+    if not cap > 0:
+        raise ValueError(f"cap must be > 0 (got {cap}); use e.g. 2.0")
+    if (
+        train_logprobs.dim() != 2
+        or sampling_logprobs.shape != train_logprobs.shape
+        or mask.shape != (train_logprobs.shape)
+    ):
+        raise ValueError(
+            f"train_logprobs {tuple(train_logprobs.shape)}, sampling_logprobs {tuple(sampling_logprobs.shape)} "
+            f"and mask {tuple(mask.shape)} must share one (B, T) shape; align them"
+        )
+    if mask.dtype != torch.bool:
+        raise ValueError(f"mask must be a bool tensor (got {mask.dtype}); pass mask.bool()")
+    with torch.no_grad():
+        zero = torch.zeros((), dtype=train_logprobs.dtype, device=train_logprobs.device)
+        # where() before exp(): padding may hold -inf or garbage, which must not become inf or NaN.
+        diff = torch.where(mask, train_logprobs - sampling_logprobs, zero)  # (B, T)
+        logp_diff_abs_mean = masked_mean(diff.abs(), mask)
+        log_w = masked_sum(diff, mask, dim=1) if per_sequence else diff  # (B,) or (B, T)
+        raw = torch.exp(log_w)  # (B,) or (B, T); may overflow to inf, which the cap turns into cap
+        capped = raw > cap
+        weights = raw.clamp(max=cap)
+        entries = torch.ones_like(capped) if per_sequence else mask
+        return weights, SamplingMismatchStats(
+            logp_diff_abs_mean=logp_diff_abs_mean,
+            capped_frac=masked_mean(capped.to(diff.dtype), entries),
+        )
