@@ -15,6 +15,7 @@ from __future__ import annotations
 import gc
 import importlib.util
 import logging
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
@@ -182,11 +183,13 @@ class VLLMEngine:  # pragma: no cover - needs vLLM and a GPU; its arguments are 
     def generate(self, model_path: str, prompts: list[Any]) -> list[str]:
         import os
 
-        from rloo.models import load_tokenizer
+        from rloo.models import check_safetensors_weights, load_tokenizer
 
         cfg = self.cfg
         flag = "baseline_model" if model_path == cfg.baseline_model else "model_name_or_path"
         tok = load_tokenizer(model_path, flag=flag, trust_remote_code=cfg.trust_remote_code)
+        if Path(model_path).is_dir():  # vLLM loads the weights itself: check them as load_causal_lm does
+            check_safetensors_weights(Path(model_path), flag=flag, shown=model_path)
         ids = prompt_token_ids(prompts, tok, vllm_max_len(cfg, model_path), cfg.max_new_tokens)
         # read by vLLM when the engine starts
         os.environ["VLLM_BATCH_INVARIANT"] = "1" if cfg.vllm_batch_invariant else "0"

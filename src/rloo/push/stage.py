@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from rloo.errors import UserError
+from rloo.models import check_safetensors_weights
 from rloo.push.card import CardInputs, render_model_card, summarize_curves
 from rloo.push.config import PushConfig, run_key
 from rloo.push.gate import (
@@ -81,6 +82,8 @@ def resolve_model_dir(model_path: str, work: Path) -> Path:
         raise UserError(
             f"--model_path {model_path}: no *.safetensors weights; push a finished 'rloo train' output_dir."
         )
+    # a NaN/overflowing model must never be published, whatever training_complete.json says
+    check_safetensors_weights(path, flag="model_path", shown=model_path)
     return path
 
 

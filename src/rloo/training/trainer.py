@@ -42,7 +42,13 @@ from rloo.generation import (
     row_seeds,
     scale_logits,
 )
-from rloo.models import load_causal_lm, load_reward_model, load_tokenizer
+from rloo.models import (
+    describe_value,
+    find_bad_tensor,
+    load_causal_lm,
+    load_reward_model,
+    load_tokenizer,
+)
 from rloo.tracking.base import Status
 from rloo.training import deepspeed_utils
 from rloo.training.checkpoint import (
@@ -476,6 +482,16 @@ class RLOOTrainer:
             ref_logprobs = self.batched_logprobs(self.ref_policy, ro)  # (B, T)
             if offload:
                 self.ref_policy.to("cpu")  # its GPU memory goes back to the policy's optimisation
+            # NaN logits still sample (inverse-CDF sampling never fails): stop here, before they reach the loss
+            self._stop_if_nonfinite(
+                update,
+                {
+                    "rollout/logprobs": ~(
+                        torch.isfinite(old_logprobs.masked_fill(~mask, 0.0)).all()
+                        & torch.isfinite(ref_logprobs.masked_fill(~mask, 0.0)).all()
+                    )
+                },
+            )
 
         with timer("scoring"):
             batch = self._reward_batch(self.train_ds, self.train_texts, index, k, responses, mask)
@@ -632,6 +648,7 @@ class RLOOTrainer:
                 num_mini_batches=cfg.num_mini_batches,
                 generator=g,
             ):
+                loss_bad = torch.zeros((), dtype=torch.bool, device=self.device)
                 for mc_start in range(0, mb.numel(), cfg.per_device_train_batch_size):
                     idx = mb[mc_start : mc_start + cfg.per_device_train_batch_size].to(self.device)
                     logprobs, ent = self.forward_logprobs(self.policy, ro, idx, entropy=True)
@@ -648,6 +665,7 @@ class RLOOTrainer:
                     else:
                         self.accelerator.backward(loss)  # divided by gradient_accumulation_steps
                     stats["loss/policy_avg"].append(loss.detach())
+                    loss_bad |= ~torch.isfinite(loss.detach())  # on device: no sync per micro-batch
                     stats["policy/entropy_avg"].append(algo.masked_mean(ent, ro.mask[idx]))
                     for name in (
                         "clipfrac",
@@ -661,10 +679,14 @@ class RLOOTrainer:
                     stats["ratio_min"].append(st.ratio_min)
                     stats["ratio_max"].append(st.ratio_max)
                 self._sync_gradients()
+                checks = {"loss": loss_bad}
                 if cfg.max_grad_norm > 0:
                     gn = self.accelerator.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm)
                     if gn is not None:  # DeepSpeed clips inside its step and reports nothing here
                         stats["grad_norm"].append(torch.as_tensor(gn).float())
+                        checks["grad norm"] = ~torch.isfinite(torch.as_tensor(gn))
+                # before the step: a NaN gradient would otherwise turn every weight into NaN
+                self._stop_if_nonfinite(update, checks)
                 self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=True)
 
@@ -692,6 +714,25 @@ class RLOOTrainer:
         if stats["grad_norm"]:
             out["grad_norm"] = avg("grad_norm")
         return out
+
+    def _stop_if_nonfinite(self, update: int, checks: dict[str, torch.Tensor]) -> None:
+        """Stop training (one line) when a check of ``checks`` (phase -> 0-dim bool "is bad") is true on any
+        rank; one host sync and, on several processes, one all-reduce, so every rank stops together."""
+        flags = torch.stack([c.reshape(()).to(self.device, torch.float32) for c in checks.values()])
+        if self.world > 1:
+            flags = self.accelerator.reduce(flags, reduction="sum")
+        bad = [phase for phase, f in zip(checks, flags.tolist(), strict=True) if f > 0]
+        if bad:
+            what = {
+                "rollout/logprobs": "policy or reference log-probs of the rollout",
+                "loss": "policy loss",
+                "grad norm": "gradient norm",
+            }
+            raise UserError(
+                f"update {update + 1} of {self.num_updates}: non-finite {what[bad[0]]} (phase {bad[0]}); "
+                "training stopped, no model saved (checkpoints written before it are intact): lower "
+                f"--learning_rate (got {self.cfg.learning_rate:g}) or check the model and the rewards."
+            )
 
     # ------------------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -869,8 +910,28 @@ class RLOOTrainer:
             "seed": self.cfg.seed,
         }
 
+    def _check_saved_weights(self, update: int, state_dict: dict[str, Any] | None = None) -> None:
+        """Never write a model holding NaN/inf (or overflowing) weights: a reader would take it as trained."""
+        bad = None
+        if self.accelerator.is_main_process:  # under ZeRO-3 only it holds the assembled weights
+            model = self.accelerator.unwrap_model(self.policy)
+            bad = find_bad_tensor(state_dict.items() if state_dict is not None else model.named_parameters())
+        if self.world > 1:  # every rank stops, none is left waiting at the next barrier
+            from accelerate.utils import broadcast_object_list
+
+            bad = broadcast_object_list([bad])[0]
+        if bad is not None:
+            name, peak = bad
+            raise UserError(
+                f"update {update} of {self.num_updates}: the policy's tensor {name!r} holds "
+                f"{describe_value(peak)} (phase save); training stopped, no model saved (checkpoints written "
+                f"before it are intact): lower --learning_rate (got {self.cfg.learning_rate:g}) or check the "
+                "model and the rewards."
+            )
+
     def save_checkpoint(self, out_dir: Path, update: int) -> Path:
         path = out_dir / f"{PREFIX}{update}"
+        self._check_saved_weights(update)
         if self.accelerator.is_main_process:
             path = save_checkpoint(
                 out_dir,
@@ -894,6 +955,7 @@ class RLOOTrainer:
         """The trained model + tokenizer (safetensors) in output_dir, and a marker that training is done."""
         # under ZeRO-3 the weights are sharded: every rank takes part in assembling them
         state_dict = self.accelerator.get_state_dict(self.policy) if self.deepspeed else None
+        self._check_saved_weights(self.num_updates, state_dict)
         if self.accelerator.is_main_process:
             out_dir.mkdir(parents=True, exist_ok=True)
             self.accelerator.unwrap_model(self.policy).save_pretrained(
