@@ -176,3 +176,22 @@ def load_reward_model(
     model.config.pad_token_id = tok.pad_token_id
     model.eval().requires_grad_(False)
     return model, tok
+
+
+# transformers' "no limit" for tokenizers saved without one (VERY_LARGE_INTEGER is ~1e30)
+_NO_TOKENIZER_LIMIT = 10**9
+
+
+def position_limit(model_config: Any, tokenizer: Any) -> tuple[int, str] | None:
+    """The most positions (prompt + completion tokens) the model takes, and where that number comes from:
+    ``max_position_embeddings`` of its config and the tokenizer's ``model_max_length``, the smaller of the
+    ones that are known; None when neither is."""
+    text_config = getattr(model_config, "get_text_config", lambda: model_config)()
+    found: list[tuple[int, str]] = []
+    positions = getattr(text_config, "max_position_embeddings", None)
+    if isinstance(positions, int) and positions > 0:
+        found.append((positions, "max_position_embeddings"))
+    tok_max = getattr(tokenizer, "model_max_length", None)
+    if isinstance(tok_max, int) and 0 < tok_max < _NO_TOKENIZER_LIMIT:
+        found.append((tok_max, "the tokenizer's model_max_length"))
+    return min(found) if found else None

@@ -69,6 +69,10 @@ CASES: dict[str, Case] = {
         lambda r: ["--reward_model_path", str(r / "nonfinite_rm")],
         ("--reward_model_path", "nonfinite_rm: tensor '", "magnitude 3.4e+38", "corrupt"),
     ),
+    "response_fills_the_model": Case(  # the tiny policy has 512 positions
+        lambda r: ["--response_length", "512"],
+        ("--response_length 512 leaves no room for a prompt", "512 positions", "below 512"),
+    ),
     "reward_func_unresolved": Case(
         lambda r: ["--reward_funcs", "no_such_module_xyz:reward"],
         ("--reward_funcs no_such_module_xyz:reward", "cannot import module", "PYTHONPATH"),

@@ -48,6 +48,7 @@ from rloo.models import (
     load_causal_lm,
     load_reward_model,
     load_tokenizer,
+    position_limit,
 )
 from rloo.tracking.base import Status
 from rloo.training import deepspeed_utils
@@ -254,6 +255,7 @@ class RLOOTrainer:
         self.eval_ids = tokenize_prompts(self.eval_texts, self.tokenizer, chat=self.eval_ds.conversational)
         if any(len(ids) == 0 for ids in self.train_ids):
             raise UserError("a training prompt tokenises to nothing; drop empty prompts from the dataset.")
+        self.truncated_prompts = self._fit_prompts()
 
         # --- optimisation ----------------------------------------------------------------------------------
         if cfg.gradient_checkpointing:
@@ -329,6 +331,45 @@ class RLOOTrainer:
             self.num_updates * self.plan.batch_size,
             cfg.num_ppo_epochs * cfg.num_mini_batches,
         )
+
+    def _fit_prompts(self) -> set[int]:
+        """Cut prompts to ``max_prompt_length`` tokens, keeping their end (where the task is asked): past the
+        model's positions a learned-position model fails with IndexError and a rotary one trains on positions
+        it never saw. Returns the training prompts that were cut."""
+        cfg = self.cfg
+        found = position_limit(self.policy.config, self.tokenizer)
+        keep = cfg.max_prompt_length
+        if found is not None:
+            limit, source = found
+            if limit <= cfg.response_length:
+                raise UserError(
+                    f"--response_length {cfg.response_length} leaves no room for a prompt: the model takes "
+                    f"{limit} positions ({source}); use a response_length below {limit}."
+                )
+            if keep is None:
+                keep = limit - cfg.response_length
+            elif keep + cfg.response_length > limit:
+                raise UserError(
+                    f"--max_prompt_length {keep} + --response_length {cfg.response_length} exceeds the model's "
+                    f"{limit} positions ({source}); use a max_prompt_length of at most "
+                    f"{limit - cfg.response_length}, or omit it."
+                )
+        if keep is None:
+            return set()
+        truncated = {i for i, ids in enumerate(self.train_ids) if len(ids) > keep}
+        if truncated:
+            longest = max(len(self.train_ids[i]) for i in truncated)
+            log.warning(
+                "%d of %d training prompts are longer than max_prompt_length (%d tokens, the longest %d): "
+                "their beginning is cut off",
+                len(truncated),
+                len(self.train_ids),
+                keep,
+                longest,
+            )
+        self.train_ids = [ids[-keep:] for ids in self.train_ids]
+        self.eval_ids = [ids[-keep:] for ids in self.eval_ids]
+        return truncated
 
     # ------------------------------------------------------------------------------------------------
     # data order: a seeded permutation per epoch, consumed across epoch boundaries
@@ -542,6 +583,8 @@ class RLOOTrainer:
             dim=1,
         )  # (B, 9)
         metrics = self._rollout_metrics(self._gather(per_seq), self._gather(per_source), k)
+        num_cut = torch.tensor([float(sum(i in self.truncated_prompts for i in index))], device=dev)
+        metrics["prompts/num_truncated"] = float(self._gather(num_cut).sum())  # global batch
         ro.old_logprobs, ro.ref_logprobs, ro.advantages, ro.metrics = (
             old_logprobs,
             ref_logprobs,
