@@ -138,3 +138,29 @@ def test_rng_state_of_the_previous_format_still_resumes(tmp_path: Path) -> None:
     np.random.seed(0)
     set_rng_states(_load_state(tmp_path / "rng_state.pt"))
     assert float(np.random.rand()) == expected
+
+
+def test_disk_full_while_saving_is_one_line_and_leaves_no_partial_checkpoint(
+    parts, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Thin patch, at the one seam: ``torch.save`` raises the OSError a full disk gives (ENOSPC). The real
+    full-disk runs are in tests/integration/test_disk_full.py (they need unprivileged mount namespaces)."""
+    import errno
+
+    from rloo.diskspace import DiskFullError
+
+    good = _save(parts, tmp_path, 1)
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", full)
+    with pytest.raises(DiskFullError) as info:
+        _save(parts, tmp_path, 2)
+    msg = str(info.value)
+    assert msg.startswith(
+        f"no space left on the disk of {tmp_path / 'checkpoint-2'} while writing checkpoint "
+    )
+    assert "it needs about " in msg and " free now" in msg and "\n" not in msg
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-1"]  # the temporary one is gone
+    assert latest_checkpoint(tmp_path) == good

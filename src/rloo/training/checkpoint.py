@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from rloo.diskspace import disk_full_as_one_line, tensor_bytes
 from rloo.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -107,25 +108,39 @@ def save_checkpoint(
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
-    model.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
-    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-    torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
-    torch.save(rng_states(), tmp / "rng_state.pt")
-    (tmp / "rloo_config.json").write_text(json.dumps(config, indent=2, default=str))
-    (tmp / STATE).write_text(json.dumps(state, indent=2))
-    for extra in extra_files or []:
-        if extra.is_file():
-            shutil.copy2(extra, tmp / extra.name)
-    files = {}
-    for path in sorted(p for p in tmp.rglob("*") if p.is_file()):
-        _fsync(path)
-        entry: dict[str, Any] = {"size": path.stat().st_size}
-        if entry["size"] <= _HASH_LIMIT:
-            entry["sha256"] = _sha256(path)
-        files[str(path.relative_to(tmp))] = entry
-    (tmp / MANIFEST).write_text(json.dumps({"update": update, "files": files}, indent=2))
-    _fsync(tmp / MANIFEST)
+    optimizer_state = optimizer.state_dict()
+    # what this checkpoint takes on disk, for a full disk's message: weights, optimizer tensors, ~1 MiB of rest
+    needed = (
+        tensor_bytes(model.state_dict().values())
+        + tensor_bytes(t for s in optimizer_state.get("state", {}).values() for t in s.values())
+        + 2**20
+    )
+    try:
+        with disk_full_as_one_line(final, needed, f"checkpoint {final.name}"):
+            model.save_pretrained(tmp, safe_serialization=True)
+            tokenizer.save_pretrained(tmp)
+            torch.save(optimizer_state, tmp / "optimizer.pt")
+            torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+            torch.save(rng_states(), tmp / "rng_state.pt")
+            (tmp / "rloo_config.json").write_text(json.dumps(config, indent=2, default=str))
+            (tmp / STATE).write_text(json.dumps(state, indent=2))
+            for extra in extra_files or []:
+                if extra.is_file():
+                    shutil.copy2(extra, tmp / extra.name)
+            files = {}
+            for path in sorted(p for p in tmp.rglob("*") if p.is_file()):
+                _fsync(path)
+                entry: dict[str, Any] = {"size": path.stat().st_size}
+                if entry["size"] <= _HASH_LIMIT:
+                    entry["sha256"] = _sha256(path)
+                files[str(path.relative_to(tmp))] = entry
+            (tmp / MANIFEST).write_text(json.dumps({"update": update, "files": files}, indent=2))
+            _fsync(tmp / MANIFEST)
+    except BaseException:
+        # a half-written checkpoint is never read (no manifest, hidden name), but it holds the space that
+        # the next attempt needs
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     if final.exists():  # a stale copy of the same update (e.g. re-saved after a preemption)
         shutil.rmtree(final)
     os.replace(tmp, final)

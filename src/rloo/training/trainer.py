@@ -24,6 +24,7 @@ import signal
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ import torch
 from rloo import algo
 from rloo.config import BatchPlan, RLOOConfig
 from rloo.data import PromptDataset, format_prompts, load_prompt_dataset, tokenize_prompts
+from rloo.diskspace import disk_full_as_one_line, tensor_bytes, write_bytes_atomic
 from rloo.errors import UserError
 from rloo.forward import response_logits
 from rloo.generation import (
@@ -975,8 +977,9 @@ class RLOOTrainer:
     def save_checkpoint(self, out_dir: Path, update: int) -> Path:
         path = out_dir / f"{PREFIX}{update}"
         self._check_saved_weights(update)
-        if self.accelerator.is_main_process:
-            path = save_checkpoint(
+
+        def write() -> None:
+            save_checkpoint(
                 out_dir,
                 update,
                 model=self.accelerator.unwrap_model(self.policy),
@@ -991,6 +994,8 @@ class RLOOTrainer:
             )
             if self.mirror is not None:
                 self.mirror.submit(path)
+
+        self._on_main(write)
         self.accelerator.wait_for_everyone()
         return path
 
@@ -999,16 +1004,48 @@ class RLOOTrainer:
         # under ZeRO-3 the weights are sharded: every rank takes part in assembling them
         state_dict = self.accelerator.get_state_dict(self.policy) if self.deepspeed else None
         self._check_saved_weights(self.num_updates, state_dict)
-        if self.accelerator.is_main_process:
-            out_dir.mkdir(parents=True, exist_ok=True)
-            self.accelerator.unwrap_model(self.policy).save_pretrained(
-                out_dir, state_dict=state_dict, safe_serialization=True
-            )
-            self.tokenizer.save_pretrained(out_dir)
-            (out_dir / "rloo_config.json").write_text(json.dumps(self.cfg.recorded(), indent=2, default=str))
-            state = {**self._trainer_state(self.num_updates), "complete": True}
-            (out_dir / COMPLETE_MARKER).write_text(json.dumps(state, indent=2))
+        self._on_main(lambda: self._write_final(out_dir, state_dict))
         self.accelerator.wait_for_everyone()
+
+    def _write_final(self, out_dir: Path, state_dict: dict[str, Any] | None) -> None:
+        # Assembled in a hidden directory and moved into place file by file (renames take no space): a full
+        # disk leaves neither a config.json without weights nor a truncated model.safetensors behind.
+        out_dir.mkdir(parents=True, exist_ok=True)
+        tmp = out_dir / FINAL_TMP
+        shutil.rmtree(tmp, ignore_errors=True)
+        model = self.accelerator.unwrap_model(self.policy)
+        needed = tensor_bytes((state_dict or model.state_dict()).values()) + 2**20
+        try:
+            with disk_full_as_one_line(out_dir, needed, "the final model"):
+                tmp.mkdir()
+                model.save_pretrained(tmp, state_dict=state_dict, safe_serialization=True)
+                self.tokenizer.save_pretrained(tmp)
+                (tmp / "rloo_config.json").write_text(json.dumps(self.cfg.recorded(), indent=2, default=str))
+                for f in sorted(tmp.iterdir()):
+                    os.replace(f, out_dir / f.name)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        state = {**self._trainer_state(self.num_updates), "complete": True}
+        # the marker last, whole or not at all: it is what says the directory holds a finished model
+        write_bytes_atomic(out_dir / COMPLETE_MARKER, json.dumps(state, indent=2).encode(), COMPLETE_MARKER)
+
+    def _on_main(self, fn: Callable[[], Any]) -> None:
+        """Run ``fn`` on the main process; a UserError there (a full disk) is raised on every rank, so none
+        is left waiting at the next barrier."""
+        message = None
+        if self.accelerator.is_main_process:
+            try:
+                fn()
+            except UserError as e:
+                if self.world == 1:
+                    raise
+                message = str(e)
+        if self.world > 1:
+            from accelerate.utils import broadcast_object_list
+
+            message = broadcast_object_list([message])[0]
+        if message is not None:
+            raise UserError(message)
 
     def publish(self, out_dir: Path) -> None:
         """With an s3:// output_dir: upload the final model, metrics.jsonl, samples and plots (not the
@@ -1130,9 +1167,11 @@ class _Preempted(Exception):
 
 
 COMPLETE_MARKER = "training_complete.json"
+# where the final model is assembled inside output_dir before its files are moved into place
+FINAL_TMP = ".final-model.tmp"
 # Left out of the upload of an s3:// output_dir: checkpoints (mirrored to <prefix>/checkpoints as they are
 # written) and an embedded MLflow store (a live sqlite file; MLFLOW_TRACKING_URI names a server to use).
-PUBLISH_EXCLUDE = ("checkpoint-*", ".checkpoint-*", "mlruns")
+PUBLISH_EXCLUDE = ("checkpoint-*", ".checkpoint-*", "mlruns", FINAL_TMP)
 
 
 class _Preemption:
