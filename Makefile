@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo ui test test-vllm lint format bench clean
+.PHONY: install demo ui test test-vllm lint format bench gpu-wheels gpu-check clean
 
 install: $(STAMP)
 
@@ -56,6 +56,23 @@ format: install
 bench: install
 	$(BIN)/pip install -q -c constraints.txt -e '.[bench]'
 	$(BIN)/python benchmarks/bench_vs_trl.py
+
+# A bare, air-gapped GPU node (PyTorch, transformers, accelerate, peft): `make gpu-wheels` here, with network,
+# fetches what it lacks as wheels for its Python (3.12, x86-64); copy the checkout with gpu-wheels/ there and
+# run `make gpu-check` (or benchmarks/gpu_check.sh): GPU tests + GPU benchmark, results in gpu-check/.
+GPU_WHEELS ?= gpu-wheels
+GPU_PY ?= 3.12
+# DeepSpeed publishes a source archive only: built here into a pure-Python wheel (ops compile on the node)
+DEEPSPEED ?= deepspeed==0.19.8
+gpu-wheels: install
+	$(BIN)/pip download -q --no-deps --only-binary=:all: --python-version $(GPU_PY) --implementation cp \
+	  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+	  -d $(GPU_WHEELS) -r benchmarks/gpu-requirements.txt
+	DS_BUILD_OPS=0 $(BIN)/pip wheel -q --no-deps --no-build-isolation -w $(GPU_WHEELS) '$(DEEPSPEED)'
+
+# on the GPU node: no install step (no network there); the node's python3 runs it
+gpu-check:
+	benchmarks/gpu_check.sh $(GPU_WHEELS) gpu-check
 
 clean:
 	rm -rf $(VENV) $(VLLM_SITE) runs rloo-local .pytest_cache .ruff_cache

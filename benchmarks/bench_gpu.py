@@ -1,17 +1,18 @@
 #!/usr/bin/env python
-"""GPU benchmark: this project's RLOO trainer against TRL's ``RLOOTrainer`` at ~160M and ~1B parameters.
+"""GPU benchmark: this project's RLOO trainer against TRL's ``RLOOTrainer`` at ~0.5B and ~1.5B parameters.
 
-For each model size, both trainers train the same random-init Llama-architecture model (built locally,
-nothing is downloaded) on the same toy task in bf16 autocast, each in a fresh subprocess, and one table
-reports side by side: episodes/s, tokens/s per phase (generation, log-probs + scoring, optimisation),
-training MFU (6 * N * training tokens / optimisation time / peak bf16 FLOP/s), generation throughput as a
-fraction of the memory-bandwidth bound of decoding, and peak GPU memory.
+For each model size, both trainers train the same random-init Qwen2-shaped model with its full vocabulary
+(built locally, nothing is downloaded) on the same toy task at the TL;DR shape (~512-token prompts,
+53-token completions, k=4, 64 completions per update) in bf16 autocast, each in a fresh subprocess, and
+one table reports side by side: episodes/s, tokens/s per phase (generation, log-probs + scoring,
+optimisation), training MFU (6 * N * training tokens / optimisation time / peak bf16 FLOP/s), generation
+throughput as a fraction of the memory-bandwidth bound of decoding, and peak GPU memory.
 
-Targets (not asserted): ours >= 2x TRL's episodes/s; training >= 40% MFU at 1B; generation >= 50% of the
+Targets (not asserted): ours >= 2x TRL's episodes/s; training >= 40% MFU at 1.5B; generation >= 50% of the
 bandwidth bound.
 
     python benchmarks/bench_gpu.py                  # both sizes, both trainers (needs trl: make bench)
-    python benchmarks/bench_gpu.py --sizes 160m --only ours
+    python benchmarks/bench_gpu.py --sizes 0.5b --only ours --generation compiled
     python benchmarks/bench_gpu.py --dry-run        # the plan and the GPU's peak figures, nothing trained
 
 Without a CUDA GPU it prints "no GPU: skipped" and exits 0. See benchmarks/README.md ("GPU benchmark").
@@ -51,13 +52,21 @@ class Preset:
     k: int
     length: int  # completion tokens, forced exactly in both trainers
     micro_batch: int  # completions per forward/backward
+    vocab: int | None = None  # None: rloo.demo.tiny's 512 tokens; else rows no token reaches, as real models
+    prompt_words: int = 0  # 'POST: ...' words before each prompt; the tiny tokenizer gives ~1.6 tokens a word
 
 
-# Llama MLPs are gated (3 matrices of hidden x 4*hidden), so a layer holds 16 * hidden^2 weights; with the
-# 512-token vocabulary of rloo.demo.tiny the embeddings are negligible. 17 x 768 -> ~161M, 16 x 2048 -> ~1.07B.
+# Qwen2-shaped (tied embeddings, Qwen2's 151,936-row vocabulary) at the TL;DR shape: ~512-token prompts
+# (320 words), 53-token completions, 16 prompts x k=4 = 64 completions per update. A layer holds
+# 16 * hidden^2 weights (attention 4 h^2, MLP 3 x 4 h^2): 24 x 896 -> ~0.44B, 32 x 1536 -> ~1.44B.
+QWEN2_VOCAB = 151_936
 PRESETS: dict[str, Preset] = {
-    "160m": Preset("llama", 768, 17, 12, prompts=64, k=4, length=128, micro_batch=64),
-    "1b": Preset("llama", 2048, 16, 16, prompts=32, k=4, length=128, micro_batch=32),
+    "0.5b": Preset(
+        "qwen2", 896, 24, 14, prompts=16, k=4, length=53, micro_batch=16, vocab=QWEN2_VOCAB, prompt_words=320
+    ),
+    "1.5b": Preset(
+        "qwen2", 1536, 32, 12, prompts=16, k=4, length=53, micro_batch=8, vocab=QWEN2_VOCAB, prompt_words=320
+    ),
 }
 
 # (substring of torch.cuda.get_device_name(), label, dense bf16 FLOP/s, HBM bytes/s) from NVIDIA's data
@@ -95,6 +104,20 @@ def llama_param_counts(hidden: int, layers: int, vocab: int) -> tuple[int, int]:
     return total, total - embed
 
 
+def model_param_counts(config: Any) -> tuple[int, int]:
+    """(total parameters, matmul parameters) of a model config, counted on the meta device. The input
+    embedding is a lookup, not a matmul, unless it is tied to the LM head (Qwen2), which multiplies."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    total = sum(p.numel() for p in model.parameters())  # a tied matrix is counted once
+    if getattr(config, "tie_word_embeddings", False):
+        return total, total
+    return total, total - model.get_input_embeddings().weight.numel()
+
+
 def training_mfu(matmul_params: int, train_tokens: float, seconds: float, peak_flops: float) -> float:
     """Model FLOPs utilisation of the optimisation phase: 6 * N * tokens (forward + backward) / time / peak."""
     if seconds <= 0 or peak_flops <= 0:
@@ -124,18 +147,26 @@ def decode_bandwidth_bound(
 # command line
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        description="rloo vs TRL's RLOOTrainer on one GPU at ~160M and ~1B parameters: one table.",
+        description="rloo vs TRL's RLOOTrainer on one GPU at ~0.5B and ~1.5B parameters: one table.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--sizes", default="160m,1b", help=f"Comma-separated presets: {', '.join(PRESETS)}.")
+    p.add_argument("--sizes", default="0.5b,1.5b", help=f"Comma-separated presets: {', '.join(PRESETS)}.")
     p.add_argument("--updates", type=int, default=8, help="RLOO updates per run (the first is warm-up).")
     p.add_argument(
-        "--prompt-words", type=int, default=0, help="'POST: ...' words before each prompt (0: ~6 tokens)."
+        "--prompt-words",
+        type=int,
+        help="'POST: ...' words before each prompt (0: ~6-token prompts; default: the preset's, TL;DR-like).",
     )
     p.add_argument("--lr", type=float, default=1e-6)
     p.add_argument("--beta", type=float, default=0.05, help="KL coefficient.")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--only", choices=TRAINERS, help="Run one trainer only.")
+    p.add_argument(
+        "--generation",
+        choices=("dynamic", "static", "compiled"),
+        default="dynamic",
+        help="Our decode path: growing KV cache, static cache, or static cache with a compiled step (CUDA graphs).",
+    )
     p.add_argument("--peak-tflops", type=float, help="Override the GPU's dense bf16 peak (TFLOP/s).")
     p.add_argument("--peak-bandwidth", type=float, help="Override the GPU's memory bandwidth (TB/s).")
     p.add_argument("--workdir", type=Path, help="Keep models, data and run logs here (default: temp dir).")
@@ -168,7 +199,7 @@ def _reset_peak_memory() -> None:
     import torch
 
     if torch.cuda.is_available():
-        _reset_peak_memory()
+        torch.cuda.reset_peak_memory_stats()
 
 
 def _peak_memory() -> int:
@@ -181,7 +212,13 @@ def worker_ours(spec: dict[str, Any]) -> dict[str, Any]:
     from rloo.training.trainer import RLOOTrainer
 
     batch = spec["prompts"] * spec["k"]
-    cfg = bench_vs_trl.rloo_config(spec, bf16=True)
+    generation = spec.get("generation", "dynamic")
+    cfg = bench_vs_trl.rloo_config(
+        spec,
+        bf16=True,
+        cache_implementation="dynamic" if generation == "dynamic" else "static",
+        compile_generation=generation == "compiled",
+    )
     trainer = RLOOTrainer(cfg)
     _reset_peak_memory()
     _sync()
@@ -309,7 +346,7 @@ def build_inputs(preset: Preset, root: Path, args: argparse.Namespace) -> dict[s
     tok_dir = root / "tokenizer"
     if not tok_dir.is_dir():
         build_tokenizer(tok_dir)
-    policy = root / f"policy-{preset.hidden}x{preset.layers}"
+    policy = root / f"policy-{preset.arch}-{preset.hidden}x{preset.layers}-v{preset.vocab or 0}"
     if not (policy / "config.json").is_file():
         build_causal_lm(
             policy,
@@ -319,11 +356,32 @@ def build_inputs(preset: Preset, root: Path, args: argparse.Namespace) -> dict[s
             num_layers=preset.layers,
             num_heads=preset.heads,
             seed=args.seed,
+            vocab_size=preset.vocab,
+            max_position_embeddings=2048,
         )
-    data = root / f"data-{args.prompt_words}"
+    words = preset.prompt_words if args.prompt_words is None else args.prompt_words
+    data = root / f"data-{words}"
     if not data.is_dir():
-        write_toy_dataset(data, num_train=1024, seed=args.seed, context_words=args.prompt_words)
+        write_toy_dataset(data, num_train=1024, seed=args.seed, context_words=words)
     return {"policy": str(policy), "dataset": str(data)}
+
+
+def preset_param_counts(preset: Preset) -> tuple[int, int]:
+    """(total, matmul) parameters of a preset's model, from its config alone (nothing is built)."""
+    from rloo.demo.tiny import build_tokenizer, causal_lm_config
+
+    with tempfile.TemporaryDirectory() as tmp:
+        build_tokenizer(Path(tmp))
+        config = causal_lm_config(
+            tmp,
+            arch=preset.arch,
+            hidden_size=preset.hidden,
+            num_layers=preset.layers,
+            num_heads=preset.heads,
+            vocab_size=preset.vocab,
+            max_position_embeddings=2048,
+        )
+    return model_param_counts(config)
 
 
 def run_one(trainer: str, spec: dict[str, Any], run_dir: Path) -> dict[str, Any]:
@@ -374,7 +432,7 @@ ROWS = (
 TARGETS = {
     "episodes_per_s": ">= 2x TRL",
     "generation_fraction_of_bandwidth_bound": ">= 50%",
-    "training_mfu": ">= 40% at 1B",
+    "training_mfu": ">= 40% at 1.5B",
 }
 
 
@@ -420,9 +478,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     if peak is None:
         raise SystemExit(f"unknown GPU {name!r}: pass --peak-tflops and --peak-bandwidth")
-    from rloo.demo.tiny import VOCAB_SIZE
-
-    counts = {s: llama_param_counts(PRESETS[s].hidden, PRESETS[s].layers, VOCAB_SIZE) for s in args.sizes}
+    counts = {s: preset_param_counts(PRESETS[s]) for s in args.sizes}
     print(f"GPU: {name} ({peak[0]}: {peak[1] / 1e12:.0f} TFLOP/s bf16 dense, {peak[2] / 1e12:.2f} TB/s)")
     for s in args.sizes:
         pr = PRESETS[s]
@@ -451,6 +507,7 @@ def main(argv: list[str] | None = None) -> int:
                 **build_inputs(pr, root, args),
                 **{k: v for k, v in asdict(pr).items() if k in ("prompts", "k", "length", "micro_batch")},
                 "updates": args.updates,
+                "generation": args.generation,
                 "seed": args.seed,
                 "lr": args.lr,
                 "beta": args.beta,

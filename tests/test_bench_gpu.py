@@ -35,7 +35,7 @@ def _env() -> dict[str, str]:
     return {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
 
 
-@pytest.mark.parametrize("flags", [[], ["--dry-run"], ["--sizes", "1b", "--only", "ours"]])
+@pytest.mark.parametrize("flags", [[], ["--dry-run"], ["--sizes", "1.5b", "--only", "ours"]])
 def test_without_a_gpu_it_skips_and_succeeds(flags: list[str]) -> None:
     proc = subprocess.run(
         [sys.executable, str(SCRIPT), *flags],
@@ -104,11 +104,20 @@ def test_param_count_matches_the_built_architecture(bench: ModuleType) -> None:
         model = LlamaForCausalLM(config)
     total = sum(p.numel() for p in model.parameters())
     assert bench.llama_param_counts(hidden, layers, vocab) == (total, total - vocab * hidden)
-    # the presets are the sizes they are named after
-    for name, lo, hi in (("160m", 150e6, 170e6), ("1b", 1.0e9, 1.15e9)):
+    # the meta-device count agrees with the formula (untied: the input embedding does no matmul)
+    assert bench.model_param_counts(config) == (total, total - vocab * hidden)
+
+
+def test_presets_are_the_sizes_and_shape_they_are_named_after(bench: ModuleType) -> None:
+    for name, lo, hi in (("0.5b", 0.4e9, 0.6e9), ("1.5b", 1.3e9, 1.6e9)):
         preset = bench.PRESETS[name]
-        assert lo < bench.llama_param_counts(preset.hidden, preset.layers, vocab)[0] < hi
+        total, matmul = bench.preset_param_counts(preset)
+        assert lo < total < hi
+        assert matmul == total  # Qwen2 ties its embeddings: the one matrix is also the LM head's matmul
         assert preset.hidden // preset.heads in (64, 128)
+        # TL;DR: 53-token completions, k=4, 64+ completions per update, full vocabulary
+        assert (preset.length, preset.k, preset.vocab) == (53, 4, 151_936)
+        assert preset.prompts * preset.k >= 64
 
 
 def test_mfu_and_bandwidth_bound_by_hand(bench: ModuleType) -> None:

@@ -117,6 +117,8 @@ BAD_VALUES = [
     ("stop_token", "</s>"),
     ("kl_estimator", "k2"),
     ("lr_scheduler_type", "exponential"),
+    ("cache_implementation", "paged"),
+    ("compile_generation", True),  # without --cache_implementation static: decode shapes change per step
     ("total_episodes", 0),
     ("num_train_epochs", 0.0),
     ("reward_funcs", ["nodotnocolon"]),
@@ -137,6 +139,12 @@ def test_reward_source_required() -> None:
     with pytest.raises(UserError, match=r"--reward_model_path.*--reward_funcs"):
         RLOOConfig(model_name_or_path="/m", dataset_name="/d")
     assert RLOOConfig(model_name_or_path="/m", dataset_name="/d", reward_model_path="/rm").reward_funcs == []
+
+
+def test_generator_options_are_refused_with_vllm() -> None:
+    with pytest.raises(UserError, match=r"--cache_implementation.*--use_vllm"):
+        make(use_vllm=True, cache_implementation="static")
+    assert make(cache_implementation="static", compile_generation=True).compile_generation
 
 
 def test_bf16_and_fp16_are_exclusive() -> None:

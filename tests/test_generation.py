@@ -165,3 +165,68 @@ def test_generation_logprobs_match_a_full_forward(lm) -> None:
         logits = model(input_ids=full, attention_mask=attn, position_ids=pos).logits[:, ids.size(1) - 1 : -1]
     expected = torch.log_softmax(logits / (0.7 + 1e-7), -1).gather(-1, gen.tokens[..., None]).squeeze(-1)
     torch.testing.assert_close(gen.logprobs, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.fixture(scope="module", params=["gpt_neox", "llama", "qwen2"])
+def arch_lm(request, tmp_path_factory):
+    from rloo.demo.tiny import build_causal_lm, build_tokenizer
+
+    root = tmp_path_factory.mktemp(f"static-{request.param}")
+    build_tokenizer(root / "tok")
+    path = build_causal_lm(root / "lm", root / "tok", arch=request.param, seed=3)
+    tok = load_tokenizer(str(path))
+    return tok, load_causal_lm(str(path), flag="model_name_or_path").eval()
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("greedy", [False, True])
+def test_static_cache_decode_matches_the_dynamic_one(arch_lm, attn: str, greedy: bool) -> None:
+    # The static path (preallocated cache, fixed-shape steps: what CUDA graphs replay) must sample what
+    # the dynamic one samples: same uniforms, logits equal up to float summation order.
+    tok, model = arch_lm
+    model.config._attn_implementation = attn
+    ids, mask = left_pad([tok(p)["input_ids"] for p in PROMPTS], tok.pad_token_id)
+    seeds = row_seeds(5, 1, torch.arange(3), 4)
+    params = SamplingParams(max_new_tokens=20, temperature=0.9, pad_token_id=tok.pad_token_id, greedy=greedy)
+    runs = {
+        impl: TransformersGenerator(model, batch_size=64, cache_implementation=impl).generate(
+            ids, mask, 4, params, seeds, return_logprobs=True
+        )
+        for impl in ("dynamic", "static")
+    }
+    _assert_same_samples(runs["static"], runs["dynamic"])
+
+
+def _assert_same_samples(a, b) -> None:
+    """Equal up to float summation order: the static cache attends over a wider, masked key range, so
+    logits can differ in the last bit, and a uniform that falls on a CDF boundary can (rarely) pick the
+    neighbouring token, after which the row goes its own way. Every row agrees up to its first such
+    flip with equal log-probs, and nearly all tokens agree."""
+    agree = a.tokens == b.tokens  # (B, T)
+    assert float(agree.float().mean()) >= 0.95
+    for row in range(agree.size(0)):
+        flips = (~agree[row]).nonzero()
+        upto = int(flips[0]) if flips.numel() else agree.size(1)
+        torch.testing.assert_close(a.logprobs[row, :upto], b.logprobs[row, :upto], atol=1e-5, rtol=1e-5)
+
+
+def test_static_cache_decode_stops_like_the_dynamic_one(lm) -> None:
+    # The static loop looks at `done` only every STOP_CHECK_EVERY steps; the rows must not show it.
+    _, tok, model = lm
+    ids, mask = left_pad([tok(p)["input_ids"] for p in PROMPTS], tok.pad_token_id)
+    seeds = row_seeds(0, 0, torch.arange(3), 4)
+    free = SamplingParams(max_new_tokens=40, temperature=1.0, pad_token_id=tok.pad_token_id)
+    sampled = TransformersGenerator(model, batch_size=64).generate(ids, mask, 4, free, seeds).tokens
+    params = SamplingParams(**{**free.__dict__, "stop_token_id": int(sampled[0, 3])})
+    dynamic, static = (
+        TransformersGenerator(model, batch_size=64, cache_implementation=impl).generate(
+            ids, mask, 4, params, seeds, return_logprobs=True
+        )
+        for impl in ("dynamic", "static")
+    )
+    _assert_same_samples(static, dynamic)
+    stop = params.stop_token_id
+    for row in static.tokens:  # nothing but padding after the stop token, however late the loop noticed
+        hits = (row == stop).nonzero()
+        if hits.numel():
+            assert (row[int(hits[0]) + 1 :] == params.pad_token_id).all()

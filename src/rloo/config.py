@@ -46,6 +46,7 @@ ALIASES: dict[str, str] = {
 
 LR_SCHEDULERS = ("linear", "cosine", "constant", "constant_with_warmup")
 KL_ESTIMATORS = ("k1", "k3")
+CACHE_IMPLEMENTATIONS = ("dynamic", "static")
 
 
 @dataclass
@@ -168,6 +169,16 @@ class RLOOConfig:
         "Run vLLM with VLLM_BATCH_INVARIANT=1 (batch-invariant kernels, slower): a completion then does not "
         "depend on the other requests in its batch; without it, ties can break differently across layouts.",
     )
+    cache_implementation: str = _f(
+        "dynamic",
+        "KV cache of the built-in generator: 'dynamic' grows a token a step; 'static' is preallocated to "
+        "prompt + response length so every decode step has the same shapes (needed by --compile_generation).",
+    )
+    compile_generation: bool = _f(
+        False,
+        "torch.compile the static-cache decode step (mode 'reduce-overhead': on a GPU each step replays as "
+        "one CUDA graph, one launch per token); needs --cache_implementation static.",
+    )
     ds3_gather_for_generation: bool = _f(
         True,
         "Under DeepSpeed ZeRO-3, gather the full policy once per rollout for fast generation; false generates "
@@ -187,6 +198,29 @@ class RLOOConfig:
     gradient_checkpointing: bool = _f(False, "Recompute activations in backward to save memory.")
     offload_ref_model: bool = _f(
         False, "Keep the frozen reference model in CPU memory, moving it to the GPU only for its forward."
+    )
+    # --- LoRA / PEFT (TRL's names) -------------------------------------------------------------------
+    use_peft: bool = _f(
+        False,
+        "Train LoRA adapters instead of every weight (pip install peft); the reference is the base model "
+        "with the adapters off, so no second copy of the weights is held.",
+    )
+    lora_r: int = _f(16, "LoRA rank.")
+    lora_alpha: float = _f(32.0, "LoRA scaling numerator (the update is scaled by lora_alpha / lora_r).")
+    lora_dropout: float = _f(
+        0.0,
+        "Dropout on the LoRA input (TRL defaults to 0.05; 0 here, as the policy's own dropout is off, so "
+        "that the first PPO ratio is exactly 1).",
+    )
+    lora_target_modules: list[str] | None = _f(
+        None, "Module names to adapt, e.g. q_proj v_proj (default: PEFT's choice for the architecture)."
+    )
+    merge_adapter: bool = _f(
+        False,
+        "Also write the base model with the adapter merged in, to output_dir/merged (needs --use_peft).",
+    )
+    load_in_4bit: bool = _f(
+        False, "QLoRA: hold the frozen base weights in 4 bits (bitsandbytes; CUDA only; needs --use_peft)."
     )
     bf16: bool = _f(False, "bfloat16 mixed precision.")
     fp16: bool = _f(False, "float16 mixed precision (GPU only).")
@@ -265,6 +299,28 @@ class RLOOConfig:
             raise UserError("--save_steps, --num_sample_generations and --warmup_steps must be >= 0.")
         if self.report_to not in (None, "mlflow", "none"):
             raise UserError(f"--report_to must be 'mlflow' or 'none' (got {self.report_to!r}).")
+        if self.cache_implementation not in CACHE_IMPLEMENTATIONS:
+            raise UserError(
+                f"--cache_implementation must be one of {', '.join(CACHE_IMPLEMENTATIONS)} "
+                f"(got {self.cache_implementation!r})."
+            )
+        if self.compile_generation and self.cache_implementation != "static":
+            raise UserError(
+                "--compile_generation needs --cache_implementation static (fixed-shape decode steps)."
+            )
+        if self.use_vllm and (self.compile_generation or self.cache_implementation != "dynamic"):
+            raise UserError(
+                "--cache_implementation and --compile_generation set up the built-in generator; with --use_vllm "
+                "vLLM manages its own cache and graphs: drop them."
+            )
+        if not self.use_peft and (self.merge_adapter or self.load_in_4bit):
+            flag = "--merge_adapter" if self.merge_adapter else "--load_in_4bit"
+            raise UserError(f"{flag} applies to LoRA training: add --use_peft, or drop {flag}.")
+        if self.lora_r < 1 or not self.lora_alpha > 0 or not 0.0 <= self.lora_dropout < 1.0:
+            raise UserError(
+                f"--lora_r must be >= 1, --lora_alpha > 0 and --lora_dropout in [0, 1) (got {self.lora_r}, "
+                f"{self.lora_alpha}, {self.lora_dropout})."
+            )
         if self.vllm_mode != "colocate":
             raise UserError(
                 f"--vllm_mode must be 'colocate' (got {self.vllm_mode!r}); server mode is not supported."

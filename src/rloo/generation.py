@@ -78,10 +78,9 @@ def sample_tokens(
     idx = torch.searchsorted(cdf, target, right=True).squeeze(-1)
     # guard the float edge where target == total mass, and never pick a zero-probability token
     idx = idx.clamp(max=probs.size(-1) - 1)
+    # Unconditional where, not `if bad.any()`: that test would wait on the device at every token.
     bad = probs.gather(-1, idx[:, None]).squeeze(-1) <= 0
-    if bad.any():
-        idx = torch.where(bad, probs.argmax(-1), idx)
-    return idx
+    return torch.where(bad, probs.argmax(-1), idx)
 
 
 @dataclass(frozen=True)
@@ -145,11 +144,24 @@ class TransformersGenerator:
     """KV-cached sampling with any transformers causal LM, prefilling each prompt once for its K samples."""
 
     def __init__(
-        self, model: Any, *, batch_size: int, autocast: Any = None, synced_steps: bool = False
+        self,
+        model: Any,
+        *,
+        batch_size: int,
+        autocast: Any = None,
+        synced_steps: bool = False,
+        cache_implementation: str = "dynamic",
+        compile_decode: bool = False,
     ) -> None:
         self.model = model
         self.batch_size = batch_size  # completions per sampling batch
         self.autocast = autocast
+        # "static": decode into a KV cache preallocated to prompt + response length, with shapes that do
+        # not change from step to step (what CUDA graphs need); "dynamic": the cache grows by a token a step
+        self.cache_implementation = cache_implementation
+        # compile the static decode step (torch.compile "reduce-overhead": CUDA graphs on a GPU)
+        self.compile_decode = compile_decode
+        self._compiled: Any = None
         # every decode step runs even when all rows have stopped: with ZeRO-3 shards each forward is a
         # collective, and a rank that stopped early would leave the others waiting
         self.synced_steps = synced_steps
@@ -209,30 +221,61 @@ class TransformersGenerator:
         cache = out.past_key_values
         cache.batch_repeat_interleave(k)  # one prefill serves all K samples of a prompt
         logits = out.logits[:, -1].repeat_interleave(k, dim=0)  # (B, V)
-        n, width = logits.size(0), prompt_mask.size(1)
+        pos = position_ids[:, -1:].repeat_interleave(k, dim=0)  # (B, 1)
+        mask = prompt_mask.repeat_interleave(k, dim=0)  # (B, L)
+        if self.cache_implementation == "static":
+            return self._decode_static(cache, logits, pos, mask, u, params, return_logprobs)
+        return self._decode_dynamic(cache, logits, pos, mask, u, params, return_logprobs)
+
+    def _pick(
+        self,
+        logits: torch.Tensor,
+        u_t: torch.Tensor,
+        params: SamplingParams,
+        logprobs: torch.Tensor | None,
+        t: int,
+    ) -> torch.Tensor:
+        """Choose the next token of every row (B,) and record its log-prob at step ``t`` if asked."""
+        if params.greedy:
+            nxt = logits.argmax(-1)
+        else:
+            nxt = sample_tokens(
+                logits, u_t, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p
+            )
+        if logprobs is not None:
+            scaled = scale_logits(logits.float(), params.temperature)  # (B, V)
+            logprobs[:, t] = scaled.gather(-1, nxt[:, None]).squeeze(-1) - scaled.logsumexp(-1)
+        return nxt
+
+    def _decode_dynamic(
+        self,
+        cache: Any,
+        logits: torch.Tensor,
+        pos: torch.Tensor,
+        mask: torch.Tensor,
+        u: torch.Tensor,
+        params: SamplingParams,
+        return_logprobs: bool,
+    ) -> Generated:
+        model = self.model
+        ctx = self.autocast or contextlib.nullcontext
+        device = logits.device
+        steps = params.max_new_tokens
+        n, width = mask.shape
         # (B, L+T) preallocated: each step attends to a growing prefix view, no per-step concatenation
-        attn = torch.ones((n, width + steps), dtype=prompt_mask.dtype, device=device)
-        attn[:, :width] = prompt_mask.repeat_interleave(k, dim=0)
+        attn = torch.ones((n, width + steps), dtype=mask.dtype, device=device)
+        attn[:, :width] = mask
         # With SDPA attention, hand the model a ready (B, 1, 1, L+T) bool mask: transformers passes 4D
         # masks through untouched, which saves rebuilding one from the 2D mask at every decode step.
         if getattr(model.config, "_attn_implementation", None) == "sdpa":
             step_mask = attn.bool()[:, None, None, :]  # (B, 1, 1, L+T)
         else:
             step_mask = attn
-        pos = position_ids[:, -1:].repeat_interleave(k, dim=0)  # (B, 1)
         tokens = torch.full((n, steps), params.pad_token_id, dtype=torch.long, device=device)
         logprobs = torch.zeros((n, steps), dtype=torch.float32, device=device) if return_logprobs else None
         done = torch.zeros(n, dtype=torch.bool, device=device)
         for t in range(steps):
-            if params.greedy:
-                nxt = logits.argmax(-1)
-            else:
-                nxt = sample_tokens(
-                    logits, u[:, t], temperature=params.temperature, top_k=params.top_k, top_p=params.top_p
-                )
-            if logprobs is not None:
-                scaled = scale_logits(logits.float(), params.temperature)  # (B, V)
-                logprobs[:, t] = scaled.gather(-1, nxt[:, None]).squeeze(-1) - scaled.logsumexp(-1)
+            nxt = self._pick(logits, u[:, t], params, logprobs, t)
             if params.stop_token_id is not None:
                 nxt = torch.where(done, torch.full_like(nxt, params.pad_token_id), nxt)
                 done = done | (nxt == params.stop_token_id)
@@ -253,6 +296,108 @@ class TransformersGenerator:
                 )
             logits = out.logits[:, -1]
         return Generated(tokens=tokens, logprobs=logprobs)
+
+    def _decode_static(
+        self,
+        dynamic: Any,
+        logits: torch.Tensor,
+        pos: torch.Tensor,
+        mask: torch.Tensor,
+        u: torch.Tensor,
+        params: SamplingParams,
+        return_logprobs: bool,
+    ) -> Generated:
+        """The decode loop over a preallocated cache: every step feeds the model tensors of one shape at
+        one address (the whole (B, L+T) mask with the future masked, positions and ids updated in place),
+        so a compiled step can be replayed as a CUDA graph; the host reads the device only every
+        ``STOP_CHECK_EVERY`` steps, to stop once every row has finished."""
+        model = self.model
+        ctx = self.autocast or contextlib.nullcontext
+        device = logits.device
+        steps = params.max_new_tokens
+        n, width = mask.shape
+        cache = static_cache_from(dynamic, model, width + steps)
+        # SDPA takes a (B, 1, 1, L+T) bool mask as it is (no per-step rebuild); other attentions a 2D one
+        if getattr(model.config, "_attn_implementation", None) == "sdpa":
+            attn = torch.zeros((n, 1, 1, width + steps), dtype=torch.bool, device=device)
+            attn[:, 0, 0, :width] = mask.bool()
+        else:
+            attn = torch.zeros((n, width + steps), dtype=mask.dtype, device=device)
+            attn[:, :width] = mask
+        ids = torch.zeros((n, 1), dtype=torch.long, device=device)  # (B, 1) the step's input, in place
+        pos = pos.clone()  # (B, 1)
+        step = self._step_fn()
+        tokens = torch.full((n, steps), params.pad_token_id, dtype=torch.long, device=device)
+        logprobs = torch.zeros((n, steps), dtype=torch.float32, device=device) if return_logprobs else None
+        done = torch.zeros(n, dtype=torch.bool, device=device)
+        for t in range(steps):
+            nxt = self._pick(logits, u[:, t], params, logprobs, t)
+            if params.stop_token_id is not None:
+                nxt = torch.where(done, torch.full_like(nxt, params.pad_token_id), nxt)
+                done = done | (nxt == params.stop_token_id)
+            tokens[:, t] = nxt
+            if t + 1 == steps:
+                break
+            check = (
+                params.stop_token_id is not None and not self.synced_steps and (t + 1) % STOP_CHECK_EVERY == 0
+            )
+            if check and bool(done.all()):
+                break
+            if self.should_stop is not None and self.should_stop():
+                raise GenerationInterrupted
+            ids.copy_(nxt[:, None])
+            pos.add_(1)
+            attn[..., width + t] = 1  # this step's token, written to cache slot L+t, becomes visible
+            with ctx():
+                logits = step(ids, attn, pos, cache)
+        return Generated(tokens=tokens, logprobs=logprobs)
+
+    def _step_fn(self) -> Callable[..., torch.Tensor]:
+        model = self.model
+
+        def step(ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any) -> torch.Tensor:
+            out = model(
+                input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True
+            )
+            return out.logits[:, -1]  # (B, V)
+
+        if not self.compile_decode:
+            return step
+        if self._compiled is None:
+            # "reduce-overhead" records the step as a CUDA graph: one launch per token instead of one per
+            # kernel, which is what decode at small batch is bound by
+            self._compiled = torch.compile(step, mode="reduce-overhead", dynamic=False)
+        return self._compiled
+
+
+# The static decode loop reads ``done`` from the device this often (a host sync), to stop early.
+STOP_CHECK_EVERY = 16
+
+
+def static_cache_from(dynamic: Any, model: Any, max_len: int) -> Any:
+    """A transformers ``StaticCache`` of ``max_len`` positions holding what ``dynamic`` (a prefilled
+    ``DynamicCache``, batch already repeated) holds. Raises RuntimeError when this transformers version
+    lays caches out differently (layers with keys, values and a cumulative length)."""
+    from transformers import StaticCache
+
+    # Any: transformers types its layers as a union that includes linear-attention and dummy layers
+    static: Any = StaticCache(config=model.config, max_cache_len=max_len)
+    if len(static.layers) != len(dynamic.layers) or not all(
+        hasattr(layer, "cumulative_length") for layer in static.layers
+    ):
+        raise RuntimeError(
+            "cache_implementation='static' needs a transformers version whose StaticCache layers keep a "
+            "cumulative_length (5.x); use cache_implementation='dynamic' here"
+        )
+    for src, dst in zip(dynamic.layers, static.layers, strict=True):
+        if getattr(dst, "sliding_window", None):
+            raise RuntimeError("cache_implementation='static' does not support sliding-window layers yet")
+        length = src.keys.size(2)
+        dst.lazy_initialization(src.keys, src.values)  # allocates (B, H, max_len, D) zeros
+        dst.keys[:, :, :length].copy_(src.keys)
+        dst.values[:, :, :length].copy_(src.values)
+        dst.cumulative_length.fill_(length)
+    return static
 
 
 def _normal(t: torch.Tensor) -> torch.Tensor:

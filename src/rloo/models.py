@@ -85,7 +85,7 @@ def _check_source(flag: str, path: str) -> None:
         return  # a Hub id: transformers resolves it (and reports its own failure, wrapped below)
     if not p.is_dir():
         raise UserError(f"--{flag} {path}: no such directory; pass a model directory or a Hub id.")
-    if not (p / "config.json").is_file():
+    if not (p / "config.json").is_file() and not (p / "adapter_config.json").is_file():
         raise UserError(
             f"--{flag} {path}: not a model directory (no config.json); pass a save_pretrained output."
         )
@@ -134,19 +134,61 @@ def disable_dropout(model: torch.nn.Module) -> None:
             m.p = 0.0
 
 
+ADAPTER_CONFIG = "adapter_config.json"
+
+
 def load_causal_lm(
-    path: str, *, flag: str, trust_remote_code: bool = False, dtype: torch.dtype = torch.float32
+    path: str,
+    *,
+    flag: str,
+    trust_remote_code: bool = False,
+    dtype: torch.dtype = torch.float32,
+    **from_pretrained: Any,
 ) -> Any:
+    """A causal LM from a model directory or Hub id. A LoRA adapter directory (``adapter_config.json``,
+    what ``rloo train --use_peft`` writes) loads its base model and merges the adapter in."""
     from transformers import AutoModelForCausalLM
 
+    if (Path(path).expanduser() / ADAPTER_CONFIG).is_file():
+        return _load_adapter(path, flag=flag, trust_remote_code=trust_remote_code, dtype=dtype)
     model = _wrap_load(
         flag,
         path,
-        lambda: AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=trust_remote_code),
+        lambda: AutoModelForCausalLM.from_pretrained(
+            path, dtype=dtype, trust_remote_code=trust_remote_code, **from_pretrained
+        ),
     )
     check_finite_weights(model, flag=flag, path=path)
     disable_dropout(model)
     return model
+
+
+def _load_adapter(path: str, *, flag: str, trust_remote_code: bool, dtype: torch.dtype) -> Any:
+    import json
+
+    try:
+        from peft import PeftModel
+    except ImportError:
+        raise UserError(
+            f"--{flag} {path} is a LoRA adapter: loading it needs the peft package (pip install peft)."
+        ) from None
+    try:
+        base_path = json.loads((Path(path).expanduser() / ADAPTER_CONFIG).read_text())[
+            "base_model_name_or_path"
+        ]
+    except (ValueError, KeyError):
+        raise UserError(
+            f"--{flag} {path}: {ADAPTER_CONFIG} names no base_model_name_or_path; re-save the adapter."
+        ) from None
+    if not base_path:
+        raise UserError(f"--{flag} {path}: {ADAPTER_CONFIG} names no base model; re-save the adapter.")
+    base = load_causal_lm(
+        base_path, flag=f"{flag} (the adapter's base model)", trust_remote_code=trust_remote_code, dtype=dtype
+    )
+    model = _wrap_load(flag, path, lambda: PeftModel.from_pretrained(base, path))
+    merged = model.merge_and_unload()  # a plain model again: generation and push see no adapter
+    check_finite_weights(merged, flag=flag, path=path)  # the base was checked; this checks the adapter too
+    return merged
 
 
 def load_reward_model(

@@ -231,7 +231,9 @@ def test_rloo_ui_serves_the_demo_runs(local_run: dict[str, Any]) -> None:
         out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0, out
     assert "stopping the MLflow UI" in out
-    with socket.socket() as s:  # nothing of the server is left holding the port
+    with socket.socket() as s:  # nothing of the server is left listening on the port
+        # SO_REUSEADDR, as servers bind: the closed connections' TIME_WAIT is no listener
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(("127.0.0.1", port))
 
 

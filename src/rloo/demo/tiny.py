@@ -326,6 +326,29 @@ def build_causal_lm(
     )
 
 
+def causal_lm_config(
+    tokenizer_path: str | Path,
+    *,
+    arch: str = "gpt_neox",
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    max_position_embeddings: int = 512,
+    vocab_size: int | None = None,
+) -> PretrainedConfig:
+    """The config :func:`build_causal_lm` builds its model from, without building it (for counting)."""
+    extra = {} if vocab_size is None else {"vocab_size": vocab_size}
+    return _make_config(
+        arch,
+        _load_tokenizer(tokenizer_path),
+        hidden_size=hidden_size,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        max_position_embeddings=max_position_embeddings,
+        **extra,
+    )
+
+
 def build_reward_model(
     path: str | Path,
     tokenizer_path: str | Path,

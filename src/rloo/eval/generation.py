@@ -71,6 +71,7 @@ class TransformersEngine:
 
         cfg = self.cfg
         flag = "baseline_model" if model_path == cfg.baseline_model else "model_name_or_path"
+        model_path = full_model_dir(model_path, flag)
         tok = load_tokenizer(model_path, flag=flag, trust_remote_code=cfg.trust_remote_code)
         dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         model = load_causal_lm(model_path, flag=flag, trust_remote_code=cfg.trust_remote_code, dtype=dtype)
@@ -167,6 +168,22 @@ def vllm_prompts(ids: list[list[int]]) -> list[dict[str, list[int]]]:
     return [{"prompt_token_ids": list(s)} for s in ids]
 
 
+def full_model_dir(model_path: str, flag: str) -> str:
+    """What vLLM can load for ``model_path``: itself, or for a LoRA output (adapter only) the merged
+    model beside it; a one-line error when there is none."""
+    from pathlib import Path
+
+    path = Path(model_path)
+    if not (path / "adapter_config.json").is_file() or (path / "config.json").is_file():
+        return model_path
+    if (path / "merged" / "config.json").is_file():
+        return str(path / "merged")
+    raise UserError(
+        f"--{flag} {model_path} is a LoRA adapter: the vLLM engine evaluates full models; train with "
+        "--merge_adapter (and pass this directory) or evaluate with --engine transformers."
+    )
+
+
 def vllm_max_len(cfg: EvalConfig, model_path: str) -> int | None:
     """The sequence length vLLM will allow: ``--vllm_max_model_len``, else the model's context length."""
     if cfg.vllm_max_model_len is not None:
@@ -191,6 +208,7 @@ class VLLMEngine:  # pragma: no cover - needs vLLM and a GPU; its arguments are 
 
         cfg = self.cfg
         flag = "baseline_model" if model_path == cfg.baseline_model else "model_name_or_path"
+        model_path = full_model_dir(model_path, flag)
         tok = load_tokenizer(model_path, flag=flag, trust_remote_code=cfg.trust_remote_code)
         if Path(model_path).is_dir():  # vLLM loads the weights itself: check them as load_causal_lm does
             check_safetensors_weights(Path(model_path), flag=flag, shown=model_path)

@@ -58,6 +58,9 @@ log = logging.getLogger("rloo.push")
 
 RESULT_FILE = "push_result.json"
 REQUIRED_MODEL_FILES = ("config.json", "training_complete.json")
+# A LoRA run's output_dir (rloo train --use_peft) has the adapter's config in place of config.json.
+ADAPTER_CONFIG = "adapter_config.json"
+MERGED_SUBDIR = "merged"  # where --merge_adapter writes the merged model
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -73,6 +76,8 @@ def resolve_model_dir(model_path: str, work: Path) -> Path:
     if not path.is_dir():
         raise UserError(f"--model_path {model_path}: no such directory; give the output_dir of 'rloo train'.")
     for name in REQUIRED_MODEL_FILES:
+        if name == "config.json" and (path / ADAPTER_CONFIG).is_file():
+            continue
         if not (path / name).is_file():
             why = "training did not finish" if name == "training_complete.json" else "not a model directory"
             raise UserError(
@@ -84,6 +89,10 @@ def resolve_model_dir(model_path: str, work: Path) -> Path:
         )
     # a NaN/overflowing model must never be published, whatever training_complete.json says
     check_safetensors_weights(path, flag="model_path", shown=model_path)
+    if (path / MERGED_SUBDIR).is_dir():  # a LoRA run's merged model is what gets published
+        check_safetensors_weights(
+            path / MERGED_SUBDIR, flag="model_path", shown=f"{model_path}/{MERGED_SUBDIR}"
+        )
     return path
 
 
@@ -99,6 +108,8 @@ def check_model_source(model_path: str) -> None:
     except UserError as e:
         raise UserError(f"--model_path {model_path}: {e}") from None
     for name in REQUIRED_MODEL_FILES:
+        if name == "config.json" and ADAPTER_CONFIG in files:
+            continue
         if name not in files:
             why = "training did not finish" if name == "training_complete.json" else "not a model directory"
             raise UserError(
@@ -158,6 +169,8 @@ def stage_files(model_dir: Path, eval_uri: str | None, eval_results: EvalResults
     for f in sorted(model_dir.iterdir()):
         if f.is_file() and f.name not in (MANIFEST_NAME, "README.md") and not f.name.startswith("."):
             link_or_copy(f, dest / f.name)
+    if (dest / ADAPTER_CONFIG).is_file() and not (dest / "config.json").is_file():
+        _stage_merged(model_dir, dest)
     if eval_results is not None and eval_uri:
         loc = Location.parse(eval_uri)
         if loc.is_local:
@@ -165,6 +178,25 @@ def stage_files(model_dir: Path, eval_uri: str | None, eval_results: EvalResults
         else:  # already validated: write the canonical bytes we read
             (dest / "eval_results.json").write_text(json.dumps(_eval_as_dict(eval_results), indent=1))
     return dest
+
+
+def _stage_merged(adapter_dir: Path, dest: Path) -> None:
+    """A LoRA output is published as a full model, which the registry, the Hub and vLLM load as any
+    other: ``merged/`` as written by --merge_adapter, else the base model named in the adapter's config
+    with the adapter merged in here. The adapter files are not published beside it: transformers would
+    apply an adapter found next to a model's weights a second time."""
+    for name in (ADAPTER_CONFIG, "adapter_model.safetensors"):
+        (dest / name).unlink(missing_ok=True)
+    merged = adapter_dir / MERGED_SUBDIR
+    if (merged / "config.json").is_file():
+        for f in sorted(merged.iterdir()):
+            if f.is_file() and f.suffix in (".json", ".safetensors") and not (dest / f.name).exists():
+                link_or_copy(f, dest / f.name)
+        return
+    from rloo.models import load_causal_lm
+
+    log.info("merging the LoRA adapter in %s into its base model", adapter_dir)
+    load_causal_lm(str(adapter_dir), flag="model_path").save_pretrained(dest, safe_serialization=True)
 
 
 def _eval_as_dict(e: EvalResults) -> dict[str, Any]:

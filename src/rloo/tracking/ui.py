@@ -8,6 +8,7 @@ tracking server need nothing of this: the server is the UI.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -66,21 +67,34 @@ class UiServer:
     log_path: Path
 
     def stop(self) -> None:
-        """Stop the server and the workers it started (its own process group)."""
+        """Stop the server and the workers it started (its own process group). Returns once no process
+        of the group is left: a worker outliving the server would keep holding the port."""
         for sig, wait in ((signal.SIGTERM, 20.0), (signal.SIGKILL, 10.0)):
             try:
                 os.killpg(self.proc.pid, sig)
             except ProcessLookupError:
                 break
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout=wait)
+            if _group_gone(self.proc.pid, wait):
                 break
-            except subprocess.TimeoutExpired:
-                continue
+
+
+def _group_gone(pgid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)  # signal 0: does any process of the group remain?
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
 
 
 def _check_port(host: str, port: int) -> None:
     with socket.socket() as s:
+        # as the server will bind it: connections of an earlier UI in TIME_WAIT do not block the port
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:

@@ -193,9 +193,14 @@ def load_checkpoint(path: Path, *, model: Any, optimizer: Any, scheduler: Any) -
     """Restore model, optimizer, scheduler and RNG states in place; return the trainer state."""
     # through from_pretrained: transformers renames some keys between memory and disk (per architecture
     # and version), and only its own loader knows the mapping
-    saved = type(model).from_pretrained(path, dtype=next(model.parameters()).dtype)
-    model.load_state_dict(saved.state_dict())
-    del saved
+    from rloo.training.lora import is_peft_model, load_adapter_weights
+
+    if is_peft_model(model):  # a LoRA run's checkpoint holds the adapter only; the base never changed
+        load_adapter_weights(model, path)
+    else:
+        saved = type(model).from_pretrained(path, dtype=next(model.parameters()).dtype)
+        model.load_state_dict(saved.state_dict())
+        del saved
     optimizer.load_state_dict(_load_state(path / "optimizer.pt"))
     scheduler.load_state_dict(_load_state(path / "scheduler.pt"))
     set_rng_states(_load_state(path / "rng_state.pt"))

@@ -53,7 +53,7 @@ from rloo.models import (
     position_limit,
 )
 from rloo.tracking.base import Status
-from rloo.training import deepspeed_utils
+from rloo.training import deepspeed_utils, lora
 from rloo.training.checkpoint import (
     PREFIX,
     checkpoint_problem,
@@ -222,12 +222,35 @@ class RLOOTrainer:
         self.tokenizer = load_tokenizer(cfg.model_name_or_path, trust_remote_code=cfg.trust_remote_code)
         policy_flag = "sft_model_path" if cfg.sft_model_path else "model_name_or_path"
         self.policy = load_causal_lm(
-            cfg.policy_path, flag=policy_flag, trust_remote_code=cfg.trust_remote_code
+            cfg.policy_path,
+            flag=policy_flag,
+            trust_remote_code=cfg.trust_remote_code,
+            **lora.quantization_kwargs(cfg.load_in_4bit, bf16=cfg.bf16),
         )
-        self.ref_policy = load_causal_lm(
-            cfg.policy_path, flag=policy_flag, trust_remote_code=cfg.trust_remote_code
-        )
-        self.ref_policy.eval().requires_grad_(False)
+        # LoRA: the reference is the policy with its adapters off (lora.adapter_disabled), not a copy
+        self.ref_policy: Any = None
+        if cfg.use_peft:
+            self.policy = lora.wrap_with_lora(
+                self.policy,
+                r=cfg.lora_r,
+                alpha=cfg.lora_alpha,
+                dropout=cfg.lora_dropout,
+                target_modules=cfg.lora_target_modules,
+                gradient_checkpointing=cfg.gradient_checkpointing,
+                quantized=cfg.load_in_4bit,
+            )
+            trainable, total = lora.parameter_counts(self.policy)
+            log.info(
+                "LoRA: %s of %s parameters trainable (%.2f%%)",
+                f"{trainable:,}",
+                f"{total:,}",
+                100 * trainable / total,
+            )
+        else:
+            self.ref_policy = load_causal_lm(
+                cfg.policy_path, flag=policy_flag, trust_remote_code=cfg.trust_remote_code
+            )
+            self.ref_policy.eval().requires_grad_(False)
         self.stop_token_id = (
             cfg.stop_token_id
             if cfg.stop_token_id is not None
@@ -263,7 +286,8 @@ class RLOOTrainer:
         if cfg.gradient_checkpointing:
             enable_activation_checkpointing(self.policy)
         self.optimizer = make_adamw(
-            self.policy.parameters(),
+            # the trainable ones: with LoRA only the adapters (every parameter otherwise, in the same order)
+            [q for q in self.policy.parameters() if q.requires_grad],
             lr=cfg.learning_rate,
             betas=(cfg.adam_beta1, cfg.adam_beta2),
             eps=cfg.adam_epsilon,
@@ -298,7 +322,7 @@ class RLOOTrainer:
             self.policy.to(self.device)
             self.optimizer = self.accelerator.prepare(self.optimizer)
         # under ZeRO-3 the frozen models become DeepSpeed inference engines; otherwise just moved
-        if self.deepspeed or not cfg.offload_ref_model:
+        if self.ref_policy is not None and (self.deepspeed or not cfg.offload_ref_model):
             self.ref_policy = deepspeed_utils.prepare_reference_model(self.ref_policy, self.accelerator)
         for src in self.sources:
             if isinstance(src, RewardModelSource):
@@ -519,12 +543,16 @@ class RLOOTrainer:
             else:
                 self.policy.train()  # the same mode as the optimisation forward: ratios start at exactly 1
                 old_logprobs = self.batched_logprobs(self.policy, ro)  # (B, T)
-            offload = cfg.offload_ref_model and not self.deepspeed  # ZeRO places it itself
-            if offload:
-                self.ref_policy.to(dev)
-            ref_logprobs = self.batched_logprobs(self.ref_policy, ro)  # (B, T)
-            if offload:
-                self.ref_policy.to("cpu")  # its GPU memory goes back to the policy's optimisation
+            if self.ref_policy is None:  # LoRA: the base model is the policy with its adapters off
+                with lora.adapter_disabled(self.policy) as base:
+                    ref_logprobs = self.batched_logprobs(base, ro)  # (B, T)
+            else:
+                offload = cfg.offload_ref_model and not self.deepspeed  # ZeRO places it itself
+                if offload:
+                    self.ref_policy.to(dev)
+                ref_logprobs = self.batched_logprobs(self.ref_policy, ro)  # (B, T)
+                if offload:
+                    self.ref_policy.to("cpu")  # its GPU memory goes back to the policy's optimisation
             # NaN logits still sample (inverse-CDF sampling never fails): stop here, before they reach the loss
             self._stop_if_nonfinite(
                 update,
@@ -827,7 +855,11 @@ class RLOOTrainer:
         logger = MetricsLogger(
             total_updates=self.num_updates, show_progress=main and not cfg.disable_tqdm, sinks=self.sinks
         )
-        logger.log_params(cfg.recorded())  # held until open(): nothing reaches MLflow before update 1
+        trainable, total = lora.parameter_counts(self.accelerator.unwrap_model(self.policy))
+        # held until open(): nothing reaches MLflow before update 1
+        logger.log_params(
+            {**cfg.recorded(), "model/trainable_params": trainable, "model/total_params": total}
+        )
         if resumed is not None and main:
             logger.open(out_dir, keep_until_update=resumed)
             logger.progress(resumed)
@@ -1020,8 +1052,16 @@ class RLOOTrainer:
                 tmp.mkdir()
                 model.save_pretrained(tmp, state_dict=state_dict, safe_serialization=True)
                 self.tokenizer.save_pretrained(tmp)
+                if self.cfg.use_peft:
+                    lora.record_base_model(
+                        tmp, self.cfg.sft_model_path or self.cfg.recorded()["model_name_or_path"]
+                    )
+                    if self.cfg.merge_adapter:
+                        lora.save_merged(model, self.tokenizer, tmp / lora.MERGED_SUBDIR)
                 (tmp / "rloo_config.json").write_text(json.dumps(self.cfg.recorded(), indent=2, default=str))
                 for f in sorted(tmp.iterdir()):
+                    if f.is_dir() and (out_dir / f.name).is_dir():  # merged/ of an earlier save
+                        shutil.rmtree(out_dir / f.name)
                     os.replace(f, out_dir / f.name)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -413,6 +413,13 @@ class VLLMGenerator:
         """Copy the policy's current weights into the engine and drop KV blocks computed with the old ones."""
         if self.enable_sleep_mode:
             self._wake_up("weights")
+        bare = self.accelerator.unwrap_model(self.model) if self.accelerator is not None else self.model
+        from rloo.training.lora import is_peft_model, merged_weights
+
+        if is_peft_model(bare):  # the engine holds the base model: hand it the adapter merged in
+            with merged_weights(bare) as weights:
+                push_weights(self.llm, ((vllm_weight_name(n), t) for n, t in weights))
+            return
         push_weights(self.llm, named_weights(self.model, self.accelerator))
 
     def sleep(self) -> None:
@@ -498,6 +505,8 @@ def make_generator(
             synced_steps=generation_needs_synced_steps(
                 accelerator, gather=bool(getattr(cfg, "ds3_gather_for_generation", True))
             ),
+            cache_implementation=str(getattr(cfg, "cache_implementation", "dynamic")),
+            compile_decode=bool(getattr(cfg, "compile_generation", False)),
         )
     require_vllm()
     enable_sleep_mode = bool(getattr(cfg, "vllm_enable_sleep_mode", False))

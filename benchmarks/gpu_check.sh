@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# One command on a bare, air-gapped GPU node: install what it lacks from a folder of wheels, run the GPU
+# tests and the GPU benchmark, and leave every table and log in one folder.
+#
+#   benchmarks/gpu_check.sh [WHEELS_DIR] [OUT_DIR]      (defaults: gpu-wheels, gpu-check)
+#   make gpu-check WHEELS=... OUT=...                   (the same)
+#
+# WHEELS_DIR comes from `make gpu-wheels` on a machine with network (see benchmarks/gpu-requirements.txt).
+# The node's own torch, transformers and accelerate are used as they are, even when older than the
+# project's pins; the wheels go into OUT_DIR/site, ahead of nothing the node has, and the project runs
+# from this checkout's src/. Nothing is downloaded: the models are built locally at random init.
+#
+# OUT_DIR receives: environment.txt (GPU, driver, versions), gpu-tests.log and gpu-tests.xml
+# (`pytest -m gpu`), bench.md and bench.json (bench_gpu.py: ours vs TRL at 0.5B and 1.5B),
+# bench-compiled.md (ours with the static-cache, compiled decode), and bench.log.
+# Exit status: non-zero when a test failed or a benchmark could not run; every step still runs.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+WHEELS=${1:-${WHEELS:-gpu-wheels}}
+OUT=${2:-${OUT:-gpu-check}}
+PY=${PYTHON:-python3}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+
+if compgen -G "$WHEELS/*.whl" >/dev/null; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$OUT/site" "$WHEELS"/*.whl \
+    || { echo "gpu_check: installing the wheels in $WHEELS failed" >&2; exit 2; }
+else
+  echo "gpu_check: no wheels in $WHEELS: TRL's side of the benchmark and the DeepSpeed tests will be skipped" >&2
+fi
+export PYTHONPATH="$PWD/src:$OUT/site${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+
+"$PY" - >"$OUT/environment.txt" 2>&1 <<'PYEOF'
+import datetime, importlib, platform
+import torch
+print("date:", datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
+print("python:", platform.python_version())
+for name in ("torch", "transformers", "accelerate", "peft", "trl", "datasets", "deepspeed", "vllm"):
+    try:
+        print(f"{name}: {importlib.import_module(name).__version__}")
+    except Exception as e:  # absent, or broken against the node's torch: say which
+        print(f"{name}: not available ({type(e).__name__})")
+print("cuda:", torch.version.cuda, "available:", torch.cuda.is_available())
+if torch.cuda.is_available():
+    p = torch.cuda.get_device_properties(0)
+    print(f"gpu: {p.name}, {p.total_memory / 2**30:.1f} GiB, {p.multi_processor_count} SMs")
+PYEOF
+cat "$OUT/environment.txt"
+
+status=0
+echo "== GPU tests (pytest -m gpu) =="
+"$PY" -m pytest -m gpu tests/gpu -q -rs -p no:cacheprovider --junitxml "$OUT/gpu-tests.xml" 2>&1 | tee "$OUT/gpu-tests.log"
+rc=${PIPESTATUS[0]}
+[ "$rc" -eq 0 ] || [ "$rc" -eq 5 ] || status=1  # 5: nothing collected, every module skipped (no CUDA)
+
+echo "== GPU benchmark: ours vs TRL =="
+"$PY" benchmarks/bench_gpu.py --json "$OUT/bench.json" >"$OUT/bench.md" 2>>"$OUT/bench.log" || status=1
+cat "$OUT/bench.md"
+echo "== GPU benchmark: ours, static cache + compiled decode =="
+"$PY" benchmarks/bench_gpu.py --only ours --generation compiled >"$OUT/bench-compiled.md" 2>>"$OUT/bench.log" || status=1
+cat "$OUT/bench-compiled.md"
+echo "gpu_check: results in $OUT (exit $status)"
+exit $status

@@ -1,0 +1,236 @@
+"""bf16 training and the built-in generator on a real GPU (``pytest -m gpu``; skipped without CUDA).
+
+What issue 13 asks the GPU to show, on random-initialised models of real architectures with their full
+vocabularies (built locally, nothing downloaded): a bf16 run trains without NaN and its first PPO ratio
+is 1 within 1e-3; the built-in generator samples what ``generate`` samples (greedy identical, sampled
+sequences equally likely under the model); the static-cache decode path, compiled, agrees with the
+dynamic one; DeepSpeed ZeRO-2 and ZeRO-3 run on one GPU and resume from a checkpoint.
+
+Run them with ``benchmarks/gpu_check.sh`` (or ``make gpu-check``), which also installs what a bare node
+lacks from a folder of wheels. The CPU suite covers the same code paths in float32 on tiny models.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+
+from rloo.config import RLOOConfig  # noqa: E402
+from rloo.demo.tiny import build_causal_lm, build_tokenizer  # noqa: E402
+from rloo.demo.toy import write_toy_dataset  # noqa: E402
+from rloo.generation import SamplingParams, TransformersGenerator, left_pad, row_seeds  # noqa: E402
+from rloo.models import load_causal_lm, load_tokenizer  # noqa: E402
+from rloo.training.trainer import train  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+# the real vocabularies: Qwen2's 151,936 rows and Llama 3's 128,256
+FULL_VOCAB = {"qwen2": 151_936, "llama": 128_256}
+PROMPTS = ["Write about the sea:", "Hi", "Tell me a long story about a cat and the wind:", "Once upon"]
+
+
+@pytest.fixture(scope="module", params=sorted(FULL_VOCAB))
+def full_vocab_model(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp(f"gpu-{request.param}")
+    build_tokenizer(root / "tok")
+    return build_causal_lm(
+        root / "lm",
+        root / "tok",
+        arch=request.param,
+        hidden_size=512,
+        num_layers=4,
+        num_heads=8,
+        vocab_size=FULL_VOCAB[request.param],
+        max_position_embeddings=2048,
+        seed=11,
+    )
+
+
+@pytest.fixture(scope="module")
+def toy_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_toy_dataset(tmp_path_factory.mktemp("toy"))
+
+
+def _config(model: Path, data: Path, out: Path, **overrides: Any) -> RLOOConfig:
+    kw: dict[str, Any] = dict(
+        model_name_or_path=str(model),
+        reward_funcs=["rloo.demo.toy:letter_reward"],
+        dataset_name=str(data),
+        output_dir=str(out),
+        per_device_train_batch_size=64,
+        rloo_k=4,
+        response_length=53,
+        temperature=1.0,
+        bf16=True,
+        num_sample_generations=0,
+        save_steps=0,
+        disable_tqdm=True,
+        seed=5,
+    )
+    kw.update(overrides)
+    return RLOOConfig(**kw)
+
+
+def test_bf16_first_ratio_is_one(full_vocab_model: Path, toy_data: Path, tmp_path: Path) -> None:
+    # lr 0: the weights never move, so every ratio of 2 epochs x 2 mini-batches is 1 up to the batch
+    # composition of the bf16 forward -- the reference took its "old" log-probs from generation and
+    # clipped 20-40% of its ratios in bf16.
+    cfg = _config(
+        full_vocab_model,
+        toy_data,
+        tmp_path / "out",
+        max_steps=1,
+        learning_rate=0.0,
+        num_ppo_epochs=2,
+        num_mini_batches=2,
+    )
+    (h,) = train(cfg).history
+    assert h["val/ratio"] == pytest.approx(1.0, abs=1e-3)
+    assert h["policy/clipfrac_avg"] == pytest.approx(0.0, abs=1e-3)
+
+
+def test_bf16_run_trains_without_nan(full_vocab_model: Path, toy_data: Path, tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    out = tmp_path / "out"
+    cfg = _config(full_vocab_model, toy_data, out, max_steps=4, learning_rate=1e-5, num_ppo_epochs=2)
+    history = train(cfg).history
+    assert len(history) == 4
+    for record in history:
+        bad = {k: v for k, v in record.items() if isinstance(v, float) and not math.isfinite(v)}
+        assert not bad, f"non-finite metrics at episode {record['episode']}: {bad}"
+    weights = load_file(str(out / "model.safetensors"))
+    assert all(bool(torch.isfinite(w.float()).all()) for w in weights.values())
+
+
+def _loaded(path: Path, dtype: torch.dtype) -> tuple[Any, Any]:
+    tok = load_tokenizer(str(path))
+    model = load_causal_lm(str(path), flag="model_name_or_path").to("cuda", dtype).eval()
+    return tok, model
+
+
+def test_greedy_matches_generate_in_bf16(full_vocab_model: Path) -> None:
+    tok, model = _loaded(full_vocab_model, torch.bfloat16)
+    ids, mask = left_pad([tok(p)["input_ids"] for p in PROMPTS], tok.pad_token_id, torch.device("cuda"))
+    params = SamplingParams(max_new_tokens=24, pad_token_id=tok.pad_token_id, greedy=True)
+    seeds = torch.zeros(len(PROMPTS), dtype=torch.long)
+    ours = TransformersGenerator(model, batch_size=64).generate(ids, mask, 1, params, seeds).tokens
+    ref = model.generate(
+        input_ids=ids,
+        attention_mask=mask,
+        do_sample=False,
+        max_new_tokens=24,
+        min_new_tokens=24,
+        pad_token_id=tok.pad_token_id,
+    )[:, ids.size(1) :]
+    assert torch.equal(ours, ref)
+
+
+def _sequence_logprob(
+    model: Any, ids: torch.Tensor, mask: torch.Tensor, completions: torch.Tensor
+) -> torch.Tensor:
+    """(b,) summed log-probability of each completion under a plain full forward in float32."""
+    full = torch.cat([ids, completions], dim=1)
+    attn = torch.cat([mask, torch.ones_like(completions)], dim=1)
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        logits = model(input_ids=full, attention_mask=attn, position_ids=pos).logits[:, ids.size(1) - 1 : -1]
+    logp = torch.log_softmax(logits.float(), -1).gather(-1, completions[..., None]).squeeze(-1)  # (b, T)
+    return logp.sum(-1)
+
+
+def test_sampling_matches_generate_in_distribution(full_vocab_model: Path) -> None:
+    # Both samplers draw from the same distribution iff the mean log-probability (under one scoring
+    # forward) of what they draw agrees: E[log p(x)] = -H. 1024 sequences a prompt; 4 standard errors.
+    tok, model = _loaded(full_vocab_model, torch.bfloat16)
+    n, steps = 1024, 16
+    ids, mask = left_pad([tok(PROMPTS[0])["input_ids"]], tok.pad_token_id, torch.device("cuda"))
+    params = SamplingParams(max_new_tokens=steps, temperature=1.0, pad_token_id=tok.pad_token_id)
+    ours = TransformersGenerator(model, batch_size=n).generate(
+        ids, mask, n, params, row_seeds(3, 0, torch.arange(1), n)
+    )
+    torch.manual_seed(0)
+    theirs = model.generate(
+        input_ids=ids.expand(n, -1),
+        attention_mask=mask.expand(n, -1),
+        do_sample=True,
+        top_k=0,
+        temperature=1.0,
+        max_new_tokens=steps,
+        min_new_tokens=steps,
+        pad_token_id=tok.pad_token_id,
+    )[:, ids.size(1) :]
+    a = _sequence_logprob(model, ids.expand(n, -1), mask.expand(n, -1), ours.tokens.cuda())
+    b = _sequence_logprob(model, ids.expand(n, -1), mask.expand(n, -1), theirs)
+    se = math.sqrt(float(a.var()) / n + float(b.var()) / n)
+    assert abs(float(a.mean()) - float(b.mean())) < 4 * se, (float(a.mean()), float(b.mean()), se)
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_static_decode_matches_dynamic_on_gpu(full_vocab_model: Path, compiled: bool) -> None:
+    # fp32 so that equality is a fair ask: the compiled step may fuse kernels differently
+    tok, model = _loaded(full_vocab_model, torch.float32)
+    ids, mask = left_pad([tok(p)["input_ids"] for p in PROMPTS], tok.pad_token_id, torch.device("cuda"))
+    params = SamplingParams(max_new_tokens=32, temperature=1.0, pad_token_id=tok.pad_token_id)
+    seeds = row_seeds(1, 0, torch.arange(len(PROMPTS)), 4)
+    dynamic = TransformersGenerator(model, batch_size=64).generate(ids, mask, 4, params, seeds)
+    static = TransformersGenerator(
+        model, batch_size=64, cache_implementation="static", compile_decode=compiled
+    ).generate(ids, mask, 4, params, seeds)
+    # equal up to float summation order: a uniform on a CDF boundary can rarely flip a token
+    agree = float((static.tokens == dynamic.tokens).float().mean())
+    assert agree >= 0.95, agree
+
+
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="needs deepspeed")
+@pytest.mark.parametrize("stage", [2, 3])
+def test_deepspeed_on_one_gpu_runs_and_resumes(
+    stage: int, full_vocab_model: Path, toy_data: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+
+    def launch(max_steps: int) -> None:
+        cmd = [
+            sys.executable, "-m", "accelerate.commands.launch",
+            "--config_file", str(REPO / "configs" / "accelerate" / f"deepspeed_zero{stage}.yaml"),
+            "--num_processes", "1",
+            "-m", "rloo.cli", "train",
+            "--model_name_or_path", str(full_vocab_model),
+            "--reward_funcs", "rloo.demo.toy:letter_reward",
+            "--dataset_name", str(toy_data),
+            "--output_dir", str(out),
+            "--per_device_train_batch_size", "16",
+            "--rloo_k", "4",
+            "--response_length", "16",
+            "--learning_rate", "1e-5",
+            "--bf16",
+            "--max_steps", str(max_steps),
+            "--save_steps", "1",
+            "--num_sample_generations", "0",
+            "--disable_tqdm",
+        ]  # fmt: skip
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+        )
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+    launch(2)
+    launch(4)  # resumes from the checkpoint of update 2
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    episodes = [r["episode"] for r in records]
+    assert len(episodes) == 4 and episodes == sorted(set(episodes))  # updates 3 and 4 follow 1 and 2
+    assert all(math.isfinite(r["loss/policy_avg"]) for r in records)
+    assert (out / "training_complete.json").is_file()
