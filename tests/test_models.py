@@ -10,7 +10,15 @@ import torch
 
 from rloo.demo.tiny import EOS_TOKEN, PAD_TOKEN, TinySetup, build_tokenizer
 from rloo.errors import UserError
-from rloo.models import disable_dropout, load_causal_lm, load_reward_model, load_tokenizer
+from rloo.models import (
+    check_finite_weights,
+    check_safetensors_weights,
+    disable_dropout,
+    load_causal_lm,
+    load_reward_model,
+    load_tokenizer,
+)
+from tests.fixtures.weights import corrupt_copy
 
 
 def test_load_tokenizer_sets_pad_to_eos_when_missing(tiny_setup: TinySetup) -> None:
@@ -90,3 +98,42 @@ def test_garbage_config_is_a_user_error(tmp_path: Path, tiny_setup: TinySetup) -
     with pytest.raises(UserError) as info:
         load_causal_lm(str(bad), flag="model_name_or_path")
     assert "cannot load it" in str(info.value) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("byte", [0x7F, 0xFF])  # 3.39e38 (finite, overflowing) and NaN in float32
+@pytest.mark.parametrize("which", ["policy", "reward_model"])
+def test_non_finite_weights_are_refused_naming_path_and_tensor(
+    tmp_path: Path, tiny_setup: TinySetup, which: str, byte: int
+) -> None:
+    # the header is intact, so transformers loads these bytes without complaint
+    bad = corrupt_copy(getattr(tiny_setup, which), tmp_path / "bad", byte)
+    with pytest.raises(UserError) as info:
+        if which == "policy":
+            load_causal_lm(str(bad), flag="model_name_or_path")
+        else:
+            load_reward_model(str(bad))
+    msg = str(info.value)
+    flag = "--model_name_or_path" if which == "policy" else "--reward_model_path"
+    assert msg.startswith(f"{flag} {bad}: tensor '"), msg
+    assert ("NaN" if byte == 0xFF else "magnitude 3.4e+38") in msg
+    assert "corrupt" in msg and "\n" not in msg
+
+
+def test_check_safetensors_weights_names_the_file_and_tensor(tmp_path: Path, tiny_setup: TinySetup) -> None:
+    check_safetensors_weights(tiny_setup.policy, flag="model_path")  # a sound model passes
+    bad = corrupt_copy(tiny_setup.policy, tmp_path / "bad")
+    with pytest.raises(
+        UserError, match=r"^--model_path .*bad: tensor 'model.safetensors:[\w.]+' holds a value"
+    ):
+        check_safetensors_weights(bad, flag="model_path")
+
+
+def test_large_but_sane_weights_pass() -> None:
+    net = torch.nn.Linear(2, 2)
+    with torch.no_grad():
+        net.weight.fill_(1e6)
+    check_finite_weights(net, flag="model_name_or_path", path="/m")
+    with torch.no_grad():
+        net.bias[0] = float("inf")
+    with pytest.raises(UserError, match=r"tensor 'bias' holds inf"):
+        check_finite_weights(net, flag="model_name_or_path", path="/m")

@@ -163,6 +163,12 @@ class RLOOConfig:
 
     # --- generation ---------------------------------------------------------------------------------
     response_length: int = _f(53, "New tokens sampled per completion.")
+    max_prompt_length: int | None = _f(
+        None,
+        "Prompt tokens kept (longer prompts lose their beginning, with a warning; the metric "
+        "prompts/num_truncated counts them). Default: the model's positions (max_position_embeddings, or the "
+        "tokenizer's model_max_length if smaller) minus response_length.",
+    )
     temperature: float = _f(0.7, "Sampling temperature (log-probs are computed at the same temperature).")
     top_k: int = _f(0, "Top-k sampling (0 = off).")
     top_p: float = _f(1.0, "Nucleus sampling probability mass (1.0 = off).")
@@ -301,6 +307,10 @@ class RLOOConfig:
         for name in positive:
             if getattr(self, name) < 1:
                 raise UserError(f"--{name} must be >= 1 (got {getattr(self, name)}).")
+        if self.max_prompt_length is not None and self.max_prompt_length < 1:
+            raise UserError(
+                f"--max_prompt_length must be >= 1 (got {self.max_prompt_length}); omit it for the model's limit."
+            )
         if self.rloo_k < 2:
             raise UserError(
                 f"--rloo_k must be >= 2 (got {self.rloo_k}): the leave-one-out baseline needs at least "

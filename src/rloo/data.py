@@ -194,5 +194,9 @@ def format_prompts(prompts: list[Any], tokenizer: Any) -> list[str]:
 
 
 def tokenize_prompts(texts: list[str], tokenizer: Any, *, chat: bool) -> list[list[int]]:
-    """Token ids of each prompt. Chat-formatted text already carries the template's special tokens."""
-    return tokenizer(texts, add_special_tokens=not chat)["input_ids"]
+    """Token ids of each prompt. Chat-formatted text already carries the template's special tokens.
+
+    Over-long prompts are kept whole: the callers cut them from the left to fit the model (and say so once),
+    so transformers' own "will result in indexing errors" warning would be a second, wrong line.
+    """
+    return tokenizer(texts, add_special_tokens=not chat, verbose=False)["input_ids"]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import math
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +13,69 @@ import torch
 from rloo.errors import UserError
 
 log = logging.getLogger(__name__)
+
+# Above this magnitude a weight is corrupt, not trained: its square overflows float32 (max 3.4e38), so the
+# first norm layer it reaches turns the whole forward into inf/NaN. Bytes overwritten with 0x7f read back as
+# 3.39e38 in float32 and bfloat16: finite, so a plain isfinite() check would let them through.
+MAX_WEIGHT_MAGNITUDE = 1.8e19
+
+
+def _bad_value(t: torch.Tensor) -> float | None:
+    """The largest magnitude in ``t`` if it is non-finite or above MAX_WEIGHT_MAGNITUDE, else None."""
+    if not t.is_floating_point() or t.numel() == 0:
+        return None
+    # the inf-norm is the max |x| in one reduction without an |x| copy; a NaN anywhere makes it NaN
+    peak = float(torch.linalg.vector_norm(t.detach(), ord=float("inf")))
+    return None if peak <= MAX_WEIGHT_MAGNITUDE else peak
+
+
+def describe_value(peak: float) -> str:
+    """How a bad value of :func:`find_bad_tensor` reads in an error line."""
+    return "NaN" if math.isnan(peak) else "inf" if math.isinf(peak) else f"a value of magnitude {peak:.3g}"
+
+
+def _refuse(flag: str, path: str, name: str, peak: float) -> UserError:
+    return UserError(
+        f"--{flag} {path}: tensor {name!r} holds {describe_value(peak)} (non-finite or overflowing weights); "
+        "the checkpoint is corrupt or diverged: re-download or re-save it."
+    )
+
+
+def find_bad_tensor(tensors: Iterable[tuple[str, torch.Tensor]]) -> tuple[str, float] | None:
+    """(name, largest magnitude) of the first tensor holding NaN, inf or an overflowing value, else None."""
+    for name, t in tensors:
+        peak = _bad_value(t)
+        if peak is not None:
+            return name, peak
+    return None
+
+
+def check_finite_weights(model: torch.nn.Module, *, flag: str, path: str) -> None:
+    """Refuse a loaded model whose parameters hold NaN, inf or overflowing values (one line, the tensor named).
+
+    Without it such a model trains "successfully" to a NaN model: sampling from NaN probabilities does not fail.
+    """
+    bad = find_bad_tensor(model.named_parameters())
+    if bad is not None:
+        raise _refuse(flag, path, *bad)
+
+
+def check_safetensors_weights(model_dir: Path, *, flag: str, shown: str | None = None) -> None:
+    """:func:`check_finite_weights` for the ``*.safetensors`` files of a directory, without building the model
+    (for a stage that only copies the files, or hands them to vLLM)."""
+    from safetensors import SafetensorError, safe_open
+
+    for f in sorted(Path(model_dir).glob("*.safetensors")):
+        try:
+            with safe_open(str(f), framework="pt") as st:
+                for name in st.keys():  # noqa: SIM118 - safe_open is not a mapping
+                    peak = _bad_value(st.get_tensor(name))
+                    if peak is not None:
+                        raise _refuse(flag, shown or str(model_dir), f"{f.name}:{name}", peak)
+        except SafetensorError as e:
+            raise UserError(
+                f"--{flag} {shown or model_dir}: {f.name} is not readable safetensors ({e}); re-save it."
+            ) from None
 
 
 def _check_source(flag: str, path: str) -> None:
@@ -93,6 +158,7 @@ def load_causal_lm(
             path, dtype=dtype, trust_remote_code=trust_remote_code, **from_pretrained
         ),
     )
+    check_finite_weights(model, flag=flag, path=path)
     disable_dropout(model)
     return model
 
@@ -120,7 +186,9 @@ def _load_adapter(path: str, *, flag: str, trust_remote_code: bool, dtype: torch
         base_path, flag=f"{flag} (the adapter's base model)", trust_remote_code=trust_remote_code, dtype=dtype
     )
     model = _wrap_load(flag, path, lambda: PeftModel.from_pretrained(base, path))
-    return model.merge_and_unload()  # a plain model again: generation and push see no adapter
+    merged = model.merge_and_unload()  # a plain model again: generation and push see no adapter
+    check_finite_weights(merged, flag=flag, path=path)  # the base was checked; this checks the adapter too
+    return merged
 
 
 def load_reward_model(
@@ -137,6 +205,7 @@ def load_reward_model(
             path, num_labels=1, dtype=dtype, trust_remote_code=trust_remote_code
         ),
     )
+    check_finite_weights(model, flag=flag, path=path)
     tok = _wrap_load(
         flag,
         path,
@@ -149,3 +218,22 @@ def load_reward_model(
     model.config.pad_token_id = tok.pad_token_id
     model.eval().requires_grad_(False)
     return model, tok
+
+
+# transformers' "no limit" for tokenizers saved without one (VERY_LARGE_INTEGER is ~1e30)
+_NO_TOKENIZER_LIMIT = 10**9
+
+
+def position_limit(model_config: Any, tokenizer: Any) -> tuple[int, str] | None:
+    """The most positions (prompt + completion tokens) the model takes, and where that number comes from:
+    ``max_position_embeddings`` of its config and the tokenizer's ``model_max_length``, the smaller of the
+    ones that are known; None when neither is."""
+    text_config = getattr(model_config, "get_text_config", lambda: model_config)()
+    found: list[tuple[int, str]] = []
+    positions = getattr(text_config, "max_position_embeddings", None)
+    if isinstance(positions, int) and positions > 0:
+        found.append((positions, "max_position_embeddings"))
+    tok_max = getattr(tokenizer, "model_max_length", None)
+    if isinstance(tok_max, int) and 0 < tok_max < _NO_TOKENIZER_LIMIT:
+        found.append((tok_max, "the tokenizer's model_max_length"))
+    return min(found) if found else None

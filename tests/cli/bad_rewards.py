@@ -24,3 +24,8 @@ def nan_reward(completions: list[Any], **kwargs: Any) -> list[float]:
 
 def raising(completions: list[Any], **kwargs: Any) -> list[float]:
     raise KeyError("no_such_column")
+
+
+def huge_reward(completions: list[Any], **kwargs: Any) -> list[float]:
+    """Finite rewards (so accepted) big enough that the policy gradient overflows float32."""
+    return [3e38 if i % 2 else 0.0 for i in range(len(completions))]

@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from rloo.demo.tiny import TinySetup
+from tests.fixtures.weights import corrupt_copy
 
 HERE = Path(__file__).resolve().parent  # holds bad_rewards.py, importable by the subprocess
 TINY_RUN = [
@@ -59,6 +60,18 @@ CASES: dict[str, Case] = {
     "corrupt_model_dir": Case(
         lambda r: ["--model_name_or_path", str(r / "corrupt_model")],
         ("--model_name_or_path", "corrupt_model: cannot load it", "save_pretrained"),
+    ),
+    "non_finite_policy": Case(  # a safetensors file that parses, its data bytes all 0x7f
+        lambda r: ["--model_name_or_path", str(r / "nonfinite_policy")],
+        ("--model_name_or_path", "nonfinite_policy: tensor '", "magnitude 3.4e+38", "corrupt"),
+    ),
+    "non_finite_reward_model": Case(
+        lambda r: ["--reward_model_path", str(r / "nonfinite_rm")],
+        ("--reward_model_path", "nonfinite_rm: tensor '", "magnitude 3.4e+38", "corrupt"),
+    ),
+    "response_fills_the_model": Case(  # the tiny policy has 512 positions
+        lambda r: ["--response_length", "512"],
+        ("--response_length 512 leaves no room for a prompt", "512 positions", "below 512"),
     ),
     "reward_func_unresolved": Case(
         lambda r: ["--reward_funcs", "no_such_module_xyz:reward"],
@@ -108,6 +121,8 @@ def _prepare(root: Path, setup: TinySetup) -> None:
         if f.suffix != ".safetensors":
             (corrupt / f.name).write_bytes(f.read_bytes())
     (corrupt / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{garbage" + bytes(64))
+    corrupt_copy(setup.policy, root / "nonfinite_policy")
+    corrupt_copy(setup.reward_model, root / "nonfinite_rm")
     existing = root / "existing_out"
     (existing / "sub").mkdir(parents=True)
     (existing / "notes.txt").write_text("keep me\n")

@@ -250,3 +250,22 @@ def test_one_model_without_baseline(
     results = json.loads((tmp_path / "o" / "eval_results.json").read_text())
     assert list(results["models"]) == ["trained"] and results["paired_difference"] is None
     assert results["num_examples"] == 2 and scripted_judge.requests == 1 + 4
+
+
+def test_non_finite_model_is_refused_in_one_line(
+    tiny_setup: TinySetup, tldr_like: Path, scripted_judge: ScriptedJudge, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    from rloo.cli import main as rloo_main
+    from tests.fixtures.weights import corrupt_copy
+
+    monkeypatch.setenv("OPENAI_API_KEY", API_KEY)
+    bad = corrupt_copy(tiny_setup.policy, tmp_path / "bad_model")  # parses, every weight 3.39e38
+    args = argv(tiny_setup, tldr_like, scripted_judge.base_url, tmp_path / "o")
+    args[args.index("--model_name_or_path") + 1] = str(bad)
+    assert rloo_main(["eval", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith(f"rloo eval: error: --model_name_or_path {bad}: tensor '"), err
+    assert "magnitude 3.4e+38" in err
+    assert not (tmp_path / "o" / "eval_results.json").exists()

@@ -19,6 +19,7 @@ import torch
 from safetensors.torch import load_file
 
 from rloo.training.checkpoint import checkpoint_problem
+from tests.fixtures.planted import plant
 
 pytestmark = pytest.mark.slow
 
@@ -101,6 +102,24 @@ def test_sigkill_then_resume_matches_an_uninterrupted_run(
     assert all(torch.equal(w_straight[k], w_resumed[k]) for k in w_straight)
     assert _metrics(out) == _metrics(uninterrupted)
     assert [m["update"] for m in _metrics(out)] == [1, 2, 3, 4, 5, 6]
+
+
+def test_resume_refuses_a_planted_pickle_in_one_line(tiny, toy_data: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    killed = _run(_args(tiny, toy_data, out), RLOO_FAULT_INJECT="kill@3:generation")
+    assert killed.returncode == -signal.SIGKILL
+    marker = tmp_path / "marker"
+    plant(out / "checkpoint-2", "rng_state.pt", marker)  # manifest rewritten: the checkpoint looks complete
+    resumed = _run(_args(tiny, toy_data, out))
+    assert "Traceback" not in resumed.stderr and resumed.returncode == 2, resumed.stderr
+    errors = [line for line in resumed.stderr.splitlines() if line.startswith("rloo train: error:")]
+    assert errors == [
+        f"rloo train: error: cannot resume from {out / 'checkpoint-2'}: rng_state.pt holds more than tensors "
+        "and plain containers (it names getattr), and unpickling it could run code, so it was not loaded; "
+        "resume only from checkpoints this trainer wrote, or pass --resume_from_checkpoint none to start over."
+    ], resumed.stderr
+    assert not marker.exists()
+    assert not (out / "training_complete.json").exists()
 
 
 def test_sigterm_checkpoints_and_exits_then_resumes(tiny, toy_data: Path, tmp_path: Path) -> None:

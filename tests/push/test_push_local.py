@@ -11,6 +11,7 @@ from rloo.cli.push_cmd import main
 from rloo.push import PushConfig, run_push
 from rloo.push.stage import StoredCopy
 from rloo.storage import MANIFEST_NAME, read_manifest
+from tests.fixtures.weights import corrupt_copy
 from tests.push.conftest import write_eval
 
 
@@ -114,6 +115,8 @@ def test_cli_success_prints_the_decision(
         (["--model_path", "{model}", "--hub_repo_id", "o/m", "--eval_results", "{eval}"], "set HF_TOKEN"),
         (["--model_path", "{model}", "--bogus", "1"], "unknown flag"),
         (["--model_path", "{incomplete}"], "training_complete.json is missing"),
+        # a finished run's directory whose weights were overwritten with 0x7f bytes (header intact)
+        (["--model_path", "{non_finite}"], "tensor 'model.safetensors:"),
     ],
 )
 def test_cli_errors_are_one_line_exit_2(
@@ -132,7 +135,10 @@ def test_cli_errors_are_one_line_exit_2(
     incomplete = tmp_path / "incomplete"
     incomplete.mkdir()
     (incomplete / "config.json").write_text("{}")
+    if "{non_finite}" in args:
+        corrupt_copy(trained_dir, tmp_path / "non_finite")
     subs = {
+        "{non_finite}": str(tmp_path / "non_finite"),
         "{model}": str(trained_dir),
         "{bad_eval}": str(bad),
         "{eval}": str(tmp_path / "e.json"),

@@ -156,6 +156,8 @@ def test_checkpoint_mirror_uploads_in_background_prunes_and_restores(base: str, 
         ckpt = make_tree(out / f"checkpoint-{n}", big=1000, seed=bytes([n]))
         write_manifest(ckpt)  # the trainer seals its local checkpoint; the mirror re-derives the same one
         mirror.submit(ckpt)
+        if n > 2:  # one upload in flight at most: submitting n waited for n - 2 to be complete remotely
+            assert is_complete(f"{base}/ckpts/checkpoint-{n - 2}")
         if n == 4:
             import shutil
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import gc
 import importlib.util
 import logging
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
@@ -66,7 +67,7 @@ class TransformersEngine:
 
     def generate(self, model_path: str, prompts: list[Any]) -> list[str]:
         from rloo.generation import SamplingParams, TransformersGenerator, left_pad
-        from rloo.models import load_causal_lm, load_tokenizer
+        from rloo.models import load_causal_lm, load_tokenizer, position_limit
 
         cfg = self.cfg
         flag = "baseline_model" if model_path == cfg.baseline_model else "model_name_or_path"
@@ -75,9 +76,8 @@ class TransformersEngine:
         dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         model = load_causal_lm(model_path, flag=flag, trust_remote_code=cfg.trust_remote_code, dtype=dtype)
         model.to(self.device).eval()
-        ids = prompt_token_ids(
-            prompts, tok, getattr(model.config, "max_position_embeddings", None), cfg.max_new_tokens
-        )
+        found = position_limit(model.config, tok)
+        ids = prompt_token_ids(prompts, tok, found[0] if found else None, cfg.max_new_tokens)
         params = SamplingParams(
             max_new_tokens=cfg.max_new_tokens,
             temperature=cfg.temperature if cfg.temperature > 0 else 1.0,
@@ -114,7 +114,12 @@ def prompt_token_ids(
     chat = bool(prompts) and isinstance(prompts[0], list)
     ids = tokenize_prompts(format_prompts(prompts, tok), tok, chat=chat)
     if max_len is not None:
-        keep = max(1, max_len - max_new_tokens)
+        if max_len <= max_new_tokens:  # no room for even one prompt token: positions past the model's
+            raise UserError(
+                f"--max_new_tokens {max_new_tokens} leaves no room for a prompt: the model takes {max_len} "
+                f"positions; use a max_new_tokens below {max_len}."
+            )
+        keep = max_len - max_new_tokens
         ids = [s[-keep:] for s in ids]
     return [list(s) for s in ids]
 
@@ -199,12 +204,14 @@ class VLLMEngine:  # pragma: no cover - needs vLLM and a GPU; its arguments are 
     def generate(self, model_path: str, prompts: list[Any]) -> list[str]:
         import os
 
-        from rloo.models import load_tokenizer
+        from rloo.models import check_safetensors_weights, load_tokenizer
 
         cfg = self.cfg
         flag = "baseline_model" if model_path == cfg.baseline_model else "model_name_or_path"
         model_path = full_model_dir(model_path, flag)
         tok = load_tokenizer(model_path, flag=flag, trust_remote_code=cfg.trust_remote_code)
+        if Path(model_path).is_dir():  # vLLM loads the weights itself: check them as load_causal_lm does
+            check_safetensors_weights(Path(model_path), flag=flag, shown=model_path)
         ids = prompt_token_ids(prompts, tok, vllm_max_len(cfg, model_path), cfg.max_new_tokens)
         # read by vLLM when the engine starts
         os.environ["VLLM_BATCH_INVARIANT"] = "1" if cfg.vllm_batch_invariant else "0"

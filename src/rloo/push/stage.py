@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from rloo.errors import UserError
+from rloo.models import check_safetensors_weights
 from rloo.push.card import CardInputs, render_model_card, summarize_curves
 from rloo.push.config import PushConfig, run_key
 from rloo.push.gate import (
@@ -85,6 +86,12 @@ def resolve_model_dir(model_path: str, work: Path) -> Path:
     if not any(path.glob("*.safetensors")):
         raise UserError(
             f"--model_path {model_path}: no *.safetensors weights; push a finished 'rloo train' output_dir."
+        )
+    # a NaN/overflowing model must never be published, whatever training_complete.json says
+    check_safetensors_weights(path, flag="model_path", shown=model_path)
+    if (path / MERGED_SUBDIR).is_dir():  # a LoRA run's merged model is what gets published
+        check_safetensors_weights(
+            path / MERGED_SUBDIR, flag="model_path", shown=f"{model_path}/{MERGED_SUBDIR}"
         )
     return path
 

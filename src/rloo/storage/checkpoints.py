@@ -26,7 +26,8 @@ log = logging.getLogger(__name__)
 
 
 class CheckpointMirror:
-    """Uploads checkpoints one at a time, in submission order, from hard-link snapshots.
+    """Uploads checkpoints one at a time, in submission order, from hard-link snapshots; a submission waits
+    for the previous upload to finish.
 
     The snapshot (hard links, or a copy across filesystems) lets the trainer rotate or delete its local
     checkpoint while the upload is still running. ``keep_last`` deletes older remote checkpoints once a newer
@@ -67,6 +68,10 @@ class CheckpointMirror:
         if self._thread is None:
             self._upload(snapshot, target)
         else:
+            # At most one upload in flight: the previous checkpoint is complete remotely before the next
+            # starts uploading, so a pod killed mid-upload loses at most the one being sent (and uploads
+            # slower than checkpointing slow training down instead of piling up snapshots on disk).
+            self._queue.join()
             self._queue.put((snapshot, target))
         return target
 

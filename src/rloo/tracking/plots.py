@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import io
 import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from rloo.diskspace import write_bytes_atomic
 
 MAIN_CURVES = (
     "objective/scores",
@@ -52,6 +55,8 @@ def plot_training_curves(
         ax.set_xlabel(x_key)
         ax.grid(True, alpha=0.3)
     out = Path(out_png)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, format="png")
+    # rendered in memory, then written whole: a full disk leaves no 0-byte PNG behind, and says so in one line
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    write_bytes_atomic(out, buf.getvalue(), "the training-curve plot")
     return out

@@ -14,6 +14,7 @@ import hashlib
 import json
 import logging
 import os
+import pickle
 import random
 import re
 import shutil
@@ -21,6 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from rloo.diskspace import disk_full_as_one_line, tensor_bytes
+from rloo.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -49,11 +53,20 @@ def _fsync(path: Path) -> None:
 
 
 def rng_states() -> dict[str, Any]:
+    """Every RNG state as tensors and plain containers only, so that ``torch.load(weights_only=True)`` reads
+    it back: python's ``random`` state is already a tuple of ints; numpy's key array becomes a tensor."""
     states: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
     try:
         import numpy as np
 
-        states["numpy"] = np.random.get_state()
+        name, keys, pos, has_gauss, cached = np.random.get_state()
+        states["numpy"] = {
+            "name": str(name),
+            "keys": torch.from_numpy(np.asarray(keys).astype(np.int64)),  # uint32 values, exactly
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        }
     except ImportError:  # pragma: no cover
         pass
     if torch.cuda.is_available():
@@ -67,7 +80,11 @@ def set_rng_states(states: dict[str, Any]) -> None:
     if "numpy" in states:
         import numpy as np
 
-        np.random.set_state(states["numpy"])
+        st = states["numpy"]
+        if isinstance(st, dict):
+            keys = st["keys"].numpy().astype(np.uint32)
+            st = (st["name"], keys, st["pos"], st["has_gauss"], st["cached_gaussian"])
+        np.random.set_state(st)  # a tuple: written before the state was stored as tensors
     if "cuda" in states and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(states["cuda"])
 
@@ -91,25 +108,39 @@ def save_checkpoint(
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
-    model.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
-    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-    torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
-    torch.save(rng_states(), tmp / "rng_state.pt")
-    (tmp / "rloo_config.json").write_text(json.dumps(config, indent=2, default=str))
-    (tmp / STATE).write_text(json.dumps(state, indent=2))
-    for extra in extra_files or []:
-        if extra.is_file():
-            shutil.copy2(extra, tmp / extra.name)
-    files = {}
-    for path in sorted(p for p in tmp.rglob("*") if p.is_file()):
-        _fsync(path)
-        entry: dict[str, Any] = {"size": path.stat().st_size}
-        if entry["size"] <= _HASH_LIMIT:
-            entry["sha256"] = _sha256(path)
-        files[str(path.relative_to(tmp))] = entry
-    (tmp / MANIFEST).write_text(json.dumps({"update": update, "files": files}, indent=2))
-    _fsync(tmp / MANIFEST)
+    optimizer_state = optimizer.state_dict()
+    # what this checkpoint takes on disk, for a full disk's message: weights, optimizer tensors, ~1 MiB of rest
+    needed = (
+        tensor_bytes(model.state_dict().values())
+        + tensor_bytes(t for s in optimizer_state.get("state", {}).values() for t in s.values())
+        + 2**20
+    )
+    try:
+        with disk_full_as_one_line(final, needed, f"checkpoint {final.name}"):
+            model.save_pretrained(tmp, safe_serialization=True)
+            tokenizer.save_pretrained(tmp)
+            torch.save(optimizer_state, tmp / "optimizer.pt")
+            torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+            torch.save(rng_states(), tmp / "rng_state.pt")
+            (tmp / "rloo_config.json").write_text(json.dumps(config, indent=2, default=str))
+            (tmp / STATE).write_text(json.dumps(state, indent=2))
+            for extra in extra_files or []:
+                if extra.is_file():
+                    shutil.copy2(extra, tmp / extra.name)
+            files = {}
+            for path in sorted(p for p in tmp.rglob("*") if p.is_file()):
+                _fsync(path)
+                entry: dict[str, Any] = {"size": path.stat().st_size}
+                if entry["size"] <= _HASH_LIMIT:
+                    entry["sha256"] = _sha256(path)
+                files[str(path.relative_to(tmp))] = entry
+            (tmp / MANIFEST).write_text(json.dumps({"update": update, "files": files}, indent=2))
+            _fsync(tmp / MANIFEST)
+    except BaseException:
+        # a half-written checkpoint is never read (no manifest, hidden name), but it holds the space that
+        # the next attempt needs
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     if final.exists():  # a stale copy of the same update (e.g. re-saved after a preemption)
         shutil.rmtree(final)
     os.replace(tmp, final)
@@ -170,7 +201,36 @@ def load_checkpoint(path: Path, *, model: Any, optimizer: Any, scheduler: Any) -
         saved = type(model).from_pretrained(path, dtype=next(model.parameters()).dtype)
         model.load_state_dict(saved.state_dict())
         del saved
-    optimizer.load_state_dict(torch.load(path / "optimizer.pt", map_location="cpu", weights_only=False))
-    scheduler.load_state_dict(torch.load(path / "scheduler.pt", map_location="cpu", weights_only=False))
-    set_rng_states(torch.load(path / "rng_state.pt", map_location="cpu", weights_only=False))
+    optimizer.load_state_dict(_load_state(path / "optimizer.pt"))
+    scheduler.load_state_dict(_load_state(path / "scheduler.pt"))
+    set_rng_states(_load_state(path / "rng_state.pt"))
     return json.loads((path / STATE).read_text())
+
+
+def _numpy_array_globals() -> list[Any]:
+    """What a numpy array in a pickle names: checkpoints written before the RNG states were stored as
+    tensors hold numpy's state as an array. Rebuilding an array runs no user code (its elements, if any,
+    still pass through the weights-only unpickler)."""
+    try:
+        import numpy as np
+    except ImportError:  # pragma: no cover
+        return []
+    multiarray = getattr(np, "_core", None) or np.core  # numpy 2 moved it; 1.x has np.core
+    return [multiarray.multiarray._reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+
+
+def _load_state(file: Path) -> Any:
+    """``torch.load`` of a state file with ``weights_only=True``: tensors and plain containers only. A file
+    naming anything else (a pickle that would construct arbitrary objects, i.e. run code) is refused in one
+    line, never unpickled."""
+    try:
+        with torch.serialization.safe_globals(_numpy_array_globals()):
+            return torch.load(file, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        found = re.search(r"Unsupported global: GLOBAL (\S+)", str(e))
+        what = f" (it names {found.group(1)})" if found else ""
+        raise UserError(
+            f"cannot resume from {file.parent}: {file.name} holds more than tensors and plain containers{what}, "
+            "and unpickling it could run code, so it was not loaded; resume only from checkpoints this trainer "
+            "wrote, or pass --resume_from_checkpoint none to start over."
+        ) from None

@@ -20,6 +20,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from rloo.diskspace import DiskFullError
 from rloo.tracking.base import METRICS_FILE, JsonlSink, Sink, Status, jsonable, read_jsonl
 from rloo.tracking.samples import samples_html, samples_json
 
@@ -142,6 +143,8 @@ class MetricsLogger:
             )
             if png is not None:
                 self._fan("log_artifact", png, PLOTS_DIR)
+        except DiskFullError:
+            raise  # the output disk is full: the run cannot be called a success
         except Exception as e:  # a missing matplotlib or a plotting bug must not mask the run's result
             log.warning("training-curve plot skipped: %s", e)
 
@@ -154,7 +157,10 @@ class MetricsLogger:
         if self._closed:
             return
         self._closed = True
-        self.write_plots()
+        try:
+            self.write_plots()
+        except DiskFullError as e:  # closing a run that failed: its own error is the one to report
+            log.warning("%s", e)
         if self.output_dir is not None:
             self._fan("finish", status)
         else:

@@ -24,6 +24,7 @@ import signal
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ import torch
 from rloo import algo
 from rloo.config import BatchPlan, RLOOConfig
 from rloo.data import PromptDataset, format_prompts, load_prompt_dataset, tokenize_prompts
+from rloo.diskspace import disk_full_as_one_line, tensor_bytes, write_bytes_atomic
 from rloo.errors import UserError
 from rloo.forward import response_logits
 from rloo.generation import (
@@ -42,7 +44,14 @@ from rloo.generation import (
     row_seeds,
     scale_logits,
 )
-from rloo.models import load_causal_lm, load_reward_model, load_tokenizer
+from rloo.models import (
+    describe_value,
+    find_bad_tensor,
+    load_causal_lm,
+    load_reward_model,
+    load_tokenizer,
+    position_limit,
+)
 from rloo.tracking.base import Status
 from rloo.training import deepspeed_utils, lora
 from rloo.training.checkpoint import (
@@ -276,6 +285,7 @@ class RLOOTrainer:
         self.eval_ids = tokenize_prompts(self.eval_texts, self.tokenizer, chat=self.eval_ds.conversational)
         if any(len(ids) == 0 for ids in self.train_ids):
             raise UserError("a training prompt tokenises to nothing; drop empty prompts from the dataset.")
+        self.truncated_prompts = self._fit_prompts()
 
         # --- optimisation ----------------------------------------------------------------------------------
         if cfg.gradient_checkpointing:
@@ -352,6 +362,45 @@ class RLOOTrainer:
             self.num_updates * self.plan.batch_size,
             cfg.num_ppo_epochs * cfg.num_mini_batches,
         )
+
+    def _fit_prompts(self) -> set[int]:
+        """Cut prompts to ``max_prompt_length`` tokens, keeping their end (where the task is asked): past the
+        model's positions a learned-position model fails with IndexError and a rotary one trains on positions
+        it never saw. Returns the training prompts that were cut."""
+        cfg = self.cfg
+        found = position_limit(self.policy.config, self.tokenizer)
+        keep = cfg.max_prompt_length
+        if found is not None:
+            limit, source = found
+            if limit <= cfg.response_length:
+                raise UserError(
+                    f"--response_length {cfg.response_length} leaves no room for a prompt: the model takes "
+                    f"{limit} positions ({source}); use a response_length below {limit}."
+                )
+            if keep is None:
+                keep = limit - cfg.response_length
+            elif keep + cfg.response_length > limit:
+                raise UserError(
+                    f"--max_prompt_length {keep} + --response_length {cfg.response_length} exceeds the model's "
+                    f"{limit} positions ({source}); use a max_prompt_length of at most "
+                    f"{limit - cfg.response_length}, or omit it."
+                )
+        if keep is None:
+            return set()
+        truncated = {i for i, ids in enumerate(self.train_ids) if len(ids) > keep}
+        if truncated:
+            longest = max(len(self.train_ids[i]) for i in truncated)
+            log.warning(
+                "%d of %d training prompts are longer than max_prompt_length (%d tokens, the longest %d): "
+                "their beginning is cut off",
+                len(truncated),
+                len(self.train_ids),
+                keep,
+                longest,
+            )
+        self.train_ids = [ids[-keep:] for ids in self.train_ids]
+        self.eval_ids = [ids[-keep:] for ids in self.eval_ids]
+        return truncated
 
     # ------------------------------------------------------------------------------------------------
     # data order: a seeded permutation per epoch, consumed across epoch boundaries
@@ -528,6 +577,16 @@ class RLOOTrainer:
                 ref_logprobs = self.batched_logprobs(self.ref_policy, ro)  # (B, T)
                 if offload:
                     self.ref_policy.to("cpu")  # its GPU memory goes back to the policy's optimisation
+            # NaN logits still sample (inverse-CDF sampling never fails): stop here, before they reach the loss
+            self._stop_if_nonfinite(
+                update,
+                {
+                    "rollout/logprobs": ~(
+                        torch.isfinite(old_logprobs.masked_fill(~mask, 0.0)).all()
+                        & torch.isfinite(ref_logprobs.masked_fill(~mask, 0.0)).all()
+                    )
+                },
+            )
 
         with timer("scoring"):
             batch = self._reward_batch(self.train_ds, self.train_texts, index, k, responses, mask)
@@ -585,6 +644,8 @@ class RLOOTrainer:
             dim=1,
         )  # (B, 9)
         metrics = self._rollout_metrics(self._gather(per_seq), self._gather(per_source), k)
+        num_cut = torch.tensor([float(sum(i in self.truncated_prompts for i in index))], device=dev)
+        metrics["prompts/num_truncated"] = float(self._gather(num_cut).sum())  # global batch
         ro.old_logprobs, ro.ref_logprobs, ro.advantages, ro.metrics = (
             old_logprobs,
             ref_logprobs,
@@ -709,6 +770,7 @@ class RLOOTrainer:
                 generator=g,
             ):
                 num_tokens = self._token_mean_denominator(ro, mb)
+                loss_bad = torch.zeros((), dtype=torch.bool, device=self.device)
                 for mc_start in range(0, mb.numel(), cfg.per_device_train_batch_size):
                     idx = mb[mc_start : mc_start + cfg.per_device_train_batch_size].to(self.device)
                     logprobs, ent = self.forward_logprobs(self.policy, ro, idx, entropy=True)
@@ -759,6 +821,7 @@ class RLOOTrainer:
                             self.accelerator.backward(loss)
                     else:
                         self.accelerator.backward(loss)  # divided by gradient_accumulation_steps
+                    loss_bad |= ~torch.isfinite(loss.detach())  # on device: no sync per micro-batch
                     stats["policy/entropy_avg"].append(algo.masked_mean(ent, ro.mask[idx]))
                     # A micro-batch whose completions were all masked as truncated has no ratio: NaN keeps
                     # it out of the ratio and clip statistics (a 0 would read as "ratio 0").
@@ -776,10 +839,14 @@ class RLOOTrainer:
                         value = getattr(st, name)
                         stats[name].append(torch.full_like(value, math.nan) if untrained else value)
                 self._sync_gradients()
+                checks = {"loss": loss_bad}
                 if cfg.max_grad_norm > 0:
                     gn = self.accelerator.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm)
                     if gn is not None:  # DeepSpeed clips inside its step and reports nothing here
                         stats["grad_norm"].append(torch.as_tensor(gn).float())
+                        checks["grad norm"] = ~torch.isfinite(torch.as_tensor(gn))
+                # before the step: a NaN gradient would otherwise turn every weight into NaN
+                self._stop_if_nonfinite(update, checks)
                 self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=True)
 
@@ -824,6 +891,25 @@ class RLOOTrainer:
             out["objective/vllm_logp_diff_abs_mean"] = avg("vllm_logp_diff_abs")
             out["objective/vllm_is_capped_frac"] = avg("vllm_is_capped")
         return out
+
+    def _stop_if_nonfinite(self, update: int, checks: dict[str, torch.Tensor]) -> None:
+        """Stop training (one line) when a check of ``checks`` (phase -> 0-dim bool "is bad") is true on any
+        rank; one host sync and, on several processes, one all-reduce, so every rank stops together."""
+        flags = torch.stack([c.reshape(()).to(self.device, torch.float32) for c in checks.values()])
+        if self.world > 1:
+            flags = self.accelerator.reduce(flags, reduction="sum")
+        bad = [phase for phase, f in zip(checks, flags.tolist(), strict=True) if f > 0]
+        if bad:
+            what = {
+                "rollout/logprobs": "policy or reference log-probs of the rollout",
+                "loss": "policy loss",
+                "grad norm": "gradient norm",
+            }
+            raise UserError(
+                f"update {update + 1} of {self.num_updates}: non-finite {what[bad[0]]} (phase {bad[0]}); "
+                "training stopped, no model saved (checkpoints written before it are intact): lower "
+                f"--learning_rate (got {self.cfg.learning_rate:g}) or check the model and the rewards."
+            )
 
     # ------------------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -1005,10 +1091,31 @@ class RLOOTrainer:
             "seed": self.cfg.seed,
         }
 
+    def _check_saved_weights(self, update: int, state_dict: dict[str, Any] | None = None) -> None:
+        """Never write a model holding NaN/inf (or overflowing) weights: a reader would take it as trained."""
+        bad = None
+        if self.accelerator.is_main_process:  # under ZeRO-3 only it holds the assembled weights
+            model = self.accelerator.unwrap_model(self.policy)
+            bad = find_bad_tensor(state_dict.items() if state_dict is not None else model.named_parameters())
+        if self.world > 1:  # every rank stops, none is left waiting at the next barrier
+            from accelerate.utils import broadcast_object_list
+
+            bad = broadcast_object_list([bad])[0]
+        if bad is not None:
+            name, peak = bad
+            raise UserError(
+                f"update {update} of {self.num_updates}: the policy's tensor {name!r} holds "
+                f"{describe_value(peak)} (phase save); training stopped, no model saved (checkpoints written "
+                f"before it are intact): lower --learning_rate (got {self.cfg.learning_rate:g}) or check the "
+                "model and the rewards."
+            )
+
     def save_checkpoint(self, out_dir: Path, update: int) -> Path:
         path = out_dir / f"{PREFIX}{update}"
-        if self.accelerator.is_main_process:
-            path = save_checkpoint(
+        self._check_saved_weights(update)
+
+        def write() -> None:
+            save_checkpoint(
                 out_dir,
                 update,
                 model=self.accelerator.unwrap_model(self.policy),
@@ -1023,6 +1130,8 @@ class RLOOTrainer:
             )
             if self.mirror is not None:
                 self.mirror.submit(path)
+
+        self._on_main(write)
         self.accelerator.wait_for_everyone()
         return path
 
@@ -1030,23 +1139,57 @@ class RLOOTrainer:
         """The trained model + tokenizer (safetensors) in output_dir, and a marker that training is done."""
         # under ZeRO-3 the weights are sharded: every rank takes part in assembling them
         state_dict = self.accelerator.get_state_dict(self.policy) if self.deepspeed else None
-        if self.accelerator.is_main_process:
-            out_dir.mkdir(parents=True, exist_ok=True)
-            self.accelerator.unwrap_model(self.policy).save_pretrained(
-                out_dir, state_dict=state_dict, safe_serialization=True
-            )
-            self.tokenizer.save_pretrained(out_dir)
-            if self.cfg.use_peft:
-                lora.record_base_model(
-                    out_dir, self.cfg.sft_model_path or self.cfg.recorded()["model_name_or_path"]
-                )
-                if self.cfg.merge_adapter:
-                    policy = self.accelerator.unwrap_model(self.policy)
-                    lora.save_merged(policy, self.tokenizer, out_dir / lora.MERGED_SUBDIR)
-            (out_dir / "rloo_config.json").write_text(json.dumps(self.cfg.recorded(), indent=2, default=str))
-            state = {**self._trainer_state(self.num_updates), "complete": True}
-            (out_dir / COMPLETE_MARKER).write_text(json.dumps(state, indent=2))
+        self._check_saved_weights(self.num_updates, state_dict)
+        self._on_main(lambda: self._write_final(out_dir, state_dict))
         self.accelerator.wait_for_everyone()
+
+    def _write_final(self, out_dir: Path, state_dict: dict[str, Any] | None) -> None:
+        # Assembled in a hidden directory and moved into place file by file (renames take no space): a full
+        # disk leaves neither a config.json without weights nor a truncated model.safetensors behind.
+        out_dir.mkdir(parents=True, exist_ok=True)
+        tmp = out_dir / FINAL_TMP
+        shutil.rmtree(tmp, ignore_errors=True)
+        model = self.accelerator.unwrap_model(self.policy)
+        needed = tensor_bytes((state_dict or model.state_dict()).values()) + 2**20
+        try:
+            with disk_full_as_one_line(out_dir, needed, "the final model"):
+                tmp.mkdir()
+                model.save_pretrained(tmp, state_dict=state_dict, safe_serialization=True)
+                self.tokenizer.save_pretrained(tmp)
+                if self.cfg.use_peft:
+                    lora.record_base_model(
+                        tmp, self.cfg.sft_model_path or self.cfg.recorded()["model_name_or_path"]
+                    )
+                    if self.cfg.merge_adapter:
+                        lora.save_merged(model, self.tokenizer, tmp / lora.MERGED_SUBDIR)
+                (tmp / "rloo_config.json").write_text(json.dumps(self.cfg.recorded(), indent=2, default=str))
+                for f in sorted(tmp.iterdir()):
+                    if f.is_dir() and (out_dir / f.name).is_dir():  # merged/ of an earlier save
+                        shutil.rmtree(out_dir / f.name)
+                    os.replace(f, out_dir / f.name)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        state = {**self._trainer_state(self.num_updates), "complete": True}
+        # the marker last, whole or not at all: it is what says the directory holds a finished model
+        write_bytes_atomic(out_dir / COMPLETE_MARKER, json.dumps(state, indent=2).encode(), COMPLETE_MARKER)
+
+    def _on_main(self, fn: Callable[[], Any]) -> None:
+        """Run ``fn`` on the main process; a UserError there (a full disk) is raised on every rank, so none
+        is left waiting at the next barrier."""
+        message = None
+        if self.accelerator.is_main_process:
+            try:
+                fn()
+            except UserError as e:
+                if self.world == 1:
+                    raise
+                message = str(e)
+        if self.world > 1:
+            from accelerate.utils import broadcast_object_list
+
+            message = broadcast_object_list([message])[0]
+        if message is not None:
+            raise UserError(message)
 
     def publish(self, out_dir: Path) -> None:
         """With an s3:// output_dir: upload the final model, metrics.jsonl, samples and plots (not the
@@ -1168,9 +1311,11 @@ class _Preempted(Exception):
 
 
 COMPLETE_MARKER = "training_complete.json"
+# where the final model is assembled inside output_dir before its files are moved into place
+FINAL_TMP = ".final-model.tmp"
 # Left out of the upload of an s3:// output_dir: checkpoints (mirrored to <prefix>/checkpoints as they are
 # written) and an embedded MLflow store (a live sqlite file; MLFLOW_TRACKING_URI names a server to use).
-PUBLISH_EXCLUDE = ("checkpoint-*", ".checkpoint-*", "mlruns")
+PUBLISH_EXCLUDE = ("checkpoint-*", ".checkpoint-*", "mlruns", FINAL_TMP)
 
 
 class _Preemption:
