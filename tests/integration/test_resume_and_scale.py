@@ -268,6 +268,37 @@ def test_two_processes_match_one(tiny, toy_data: Path, tmp_path: Path, options: 
     assert _apart(w1, w2) <= max(10 * _apart(w1, w1_small), 1e-3 * moved), (_apart(w1, w2), moved)
 
 
+def test_lora_two_processes_match_one(tiny, toy_data: Path, tmp_path: Path) -> None:
+    # LoRA on N processes: only the adapters' gradients are all-reduced (the frozen base has none); the
+    # same samples on update 1 and the same adapters up to summation order, as for full fine-tuning
+    pytest.importorskip("peft")
+    lora = dict(use_peft="true", lora_r=4, lora_alpha=8.0)
+    one, one_small, two = tmp_path / "one", tmp_path / "one_small", tmp_path / "two"
+    for out, accum in ((one, 1), (one_small, 2)):
+        argv = _args(
+            tiny,
+            toy_data,
+            out,
+            per_device_train_batch_size=8 // accum,
+            gradient_accumulation_steps=accum,
+            **LAYOUT_FLAGS,
+            **lora,
+        )
+        proc = _run(argv)
+        assert proc.returncode == 0, proc.stderr
+    proc2 = _two_ranks(tiny, toy_data, two, per_device_train_batch_size=4, **LAYOUT_FLAGS, **lora)
+    assert proc2.returncode == 0, proc2.stderr[-3000:]
+    m1, m1_small, m2 = _metrics(one), _metrics(one_small), _metrics(two)
+    for key in ROLLOUT_STATS:
+        assert m1[0][key] == pytest.approx(m2[0][key], rel=1e-6, abs=1e-7), key
+    assert _metric_gap(m1, m2) <= max(10 * _metric_gap(m1, m1_small), 1e-3)
+    adapter = "adapter_model.safetensors"
+    a1, a1_small, a2 = (load_file(str(d / adapter)) for d in (one, one_small, two))
+    moved = float(torch.cat([a1[k].flatten() for k in a1 if "lora_B" in k]).norm())  # B starts at 0
+    assert moved > 0
+    assert _apart(a1, a2) <= max(10 * _apart(a1, a1_small), 1e-3 * moved), (_apart(a1, a2), moved)
+
+
 def _weights_init(tiny) -> dict[str, torch.Tensor]:
     return load_file(str(Path(tiny.policy) / "model.safetensors"))
 
