@@ -227,15 +227,18 @@ class TransformersGenerator:
             return self._decode_static(cache, logits, pos, mask, u, params, return_logprobs)
         return self._decode_dynamic(cache, logits, pos, mask, u, params, return_logprobs)
 
-    def _pick(
+    def _emit(
         self,
         logits: torch.Tensor,
         u_t: torch.Tensor,
         params: SamplingParams,
-        logprobs: torch.Tensor | None,
         t: int,
-    ) -> torch.Tensor:
-        """Choose the next token of every row (B,) and record its log-prob at step ``t`` if asked."""
+        tokens: torch.Tensor,
+        logprobs: torch.Tensor | None,
+        done: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Choose every row's token at step ``t`` (B,), write it (and its log-prob if asked) and return it
+        with the updated ``done``: rows past their stop token emit padding."""
         if params.greedy:
             nxt = logits.argmax(-1)
         else:
@@ -245,7 +248,11 @@ class TransformersGenerator:
         if logprobs is not None:
             scaled = scale_logits(logits.float(), params.temperature)  # (B, V)
             logprobs[:, t] = scaled.gather(-1, nxt[:, None]).squeeze(-1) - scaled.logsumexp(-1)
-        return nxt
+        if params.stop_token_id is not None:
+            nxt = torch.where(done, torch.full_like(nxt, params.pad_token_id), nxt)
+            done = done | (nxt == params.stop_token_id)
+        tokens[:, t] = nxt
+        return nxt, done
 
     def _decode_dynamic(
         self,
@@ -275,11 +282,7 @@ class TransformersGenerator:
         logprobs = torch.zeros((n, steps), dtype=torch.float32, device=device) if return_logprobs else None
         done = torch.zeros(n, dtype=torch.bool, device=device)
         for t in range(steps):
-            nxt = self._pick(logits, u[:, t], params, logprobs, t)
-            if params.stop_token_id is not None:
-                nxt = torch.where(done, torch.full_like(nxt, params.pad_token_id), nxt)
-                done = done | (nxt == params.stop_token_id)
-            tokens[:, t] = nxt
+            nxt, done = self._emit(logits, u[:, t], params, t, tokens, logprobs, done)
             all_done = params.stop_token_id is not None and not self.synced_steps and bool(done.all())
             if t + 1 == steps or all_done:
                 break
@@ -331,11 +334,7 @@ class TransformersGenerator:
         logprobs = torch.zeros((n, steps), dtype=torch.float32, device=device) if return_logprobs else None
         done = torch.zeros(n, dtype=torch.bool, device=device)
         for t in range(steps):
-            nxt = self._pick(logits, u[:, t], params, logprobs, t)
-            if params.stop_token_id is not None:
-                nxt = torch.where(done, torch.full_like(nxt, params.pad_token_id), nxt)
-                done = done | (nxt == params.stop_token_id)
-            tokens[:, t] = nxt
+            nxt, done = self._emit(logits, u[:, t], params, t, tokens, logprobs, done)
             if t + 1 == steps:
                 break
             check = (
