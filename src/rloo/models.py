@@ -14,6 +14,12 @@ from rloo.errors import UserError
 
 log = logging.getLogger(__name__)
 
+# What `rloo train --use_peft` writes: the adapter in output_dir (its config names the base model) and,
+# with --merge_adapter, the merged model below it. Training, eval and push all read these names.
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+MERGED_SUBDIR = "merged"
+
 # Above this magnitude a weight is corrupt, not trained: its square overflows float32 (max 3.4e38), so the
 # first norm layer it reaches turns the whole forward into inf/NaN. Bytes overwritten with 0x7f read back as
 # 3.39e38 in float32 and bfloat16: finite, so a plain isfinite() check would let them through.
@@ -85,7 +91,7 @@ def _check_source(flag: str, path: str) -> None:
         return  # a Hub id: transformers resolves it (and reports its own failure, wrapped below)
     if not p.is_dir():
         raise UserError(f"--{flag} {path}: no such directory; pass a model directory or a Hub id.")
-    if not (p / "config.json").is_file() and not (p / "adapter_config.json").is_file():
+    if not (p / "config.json").is_file() and not (p / ADAPTER_CONFIG).is_file():
         raise UserError(
             f"--{flag} {path}: not a model directory (no config.json); pass a save_pretrained output."
         )
@@ -132,9 +138,6 @@ def disable_dropout(model: torch.nn.Module) -> None:
     for m in model.modules():
         if isinstance(m, torch.nn.Dropout):
             m.p = 0.0
-
-
-ADAPTER_CONFIG = "adapter_config.json"
 
 
 def load_causal_lm(

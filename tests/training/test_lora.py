@@ -16,7 +16,7 @@ from rloo.config import RLOOConfig
 from rloo.demo.tiny import build_tiny_setup
 from rloo.demo.toy import write_toy_dataset
 from rloo.errors import UserError
-from rloo.models import load_causal_lm
+from rloo.models import MERGED_SUBDIR, load_causal_lm
 from rloo.training import lora
 from rloo.training.trainer import RLOOTrainer, train
 
@@ -95,7 +95,7 @@ def test_output_is_the_adapter_and_eval_loading_merges_it(setup, data: Path, tmp
     # what eval and push load: the adapter directory (merged on load) and the merged model agree
     ids = torch.tensor([[5, 17, 42, 9, 3]])
     from_adapter = load_causal_lm(str(out), flag="model_path").eval()
-    merged = load_causal_lm(str(out / lora.MERGED_SUBDIR), flag="model_path").eval()
+    merged = load_causal_lm(str(out / MERGED_SUBDIR), flag="model_path").eval()
     base = load_causal_lm(str(setup.policy), flag="model_name_or_path").eval()
     torch.testing.assert_close(_logits(from_adapter, ids), _logits(merged, ids), atol=1e-5, rtol=1e-5)
     assert not torch.allclose(_logits(merged, ids), _logits(base, ids))
@@ -205,6 +205,6 @@ def test_vllm_eval_takes_the_merged_model_of_a_lora_output(setup, data: Path, tm
     train(_cfg(setup, data, plain))
     train(_cfg(setup, data, merged, merge_adapter=True))
     assert full_model_dir(str(setup.policy), "model_name_or_path") == str(setup.policy)
-    assert full_model_dir(str(merged), "model_name_or_path") == str(merged / lora.MERGED_SUBDIR)
+    assert full_model_dir(str(merged), "model_name_or_path") == str(merged / MERGED_SUBDIR)
     with pytest.raises(UserError, match="--merge_adapter"):
         full_model_dir(str(plain), "model_name_or_path")

@@ -171,13 +171,13 @@ def vllm_prompts(ids: list[list[int]]) -> list[dict[str, list[int]]]:
 def full_model_dir(model_path: str, flag: str) -> str:
     """What vLLM can load for ``model_path``: itself, or for a LoRA output (adapter only) the merged
     model beside it; a one-line error when there is none."""
-    from pathlib import Path
+    from rloo.models import ADAPTER_CONFIG, MERGED_SUBDIR
 
     path = Path(model_path)
-    if not (path / "adapter_config.json").is_file() or (path / "config.json").is_file():
+    if not (path / ADAPTER_CONFIG).is_file() or (path / "config.json").is_file():
         return model_path
-    if (path / "merged" / "config.json").is_file():
-        return str(path / "merged")
+    if (path / MERGED_SUBDIR / "config.json").is_file():
+        return str(path / MERGED_SUBDIR)
     raise UserError(
         f"--{flag} {model_path} is a LoRA adapter: the vLLM engine evaluates full models; train with "
         "--merge_adapter (and pass this directory) or evaluate with --engine transformers."

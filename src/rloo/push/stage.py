@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from rloo.errors import UserError
-from rloo.models import check_safetensors_weights
+from rloo.models import ADAPTER_CONFIG, ADAPTER_WEIGHTS, MERGED_SUBDIR, check_safetensors_weights
 from rloo.push.card import CardInputs, render_model_card, summarize_curves
 from rloo.push.config import PushConfig, run_key
 from rloo.push.gate import (
@@ -58,9 +58,6 @@ log = logging.getLogger("rloo.push")
 
 RESULT_FILE = "push_result.json"
 REQUIRED_MODEL_FILES = ("config.json", "training_complete.json")
-# A LoRA run's output_dir (rloo train --use_peft) has the adapter's config in place of config.json.
-ADAPTER_CONFIG = "adapter_config.json"
-MERGED_SUBDIR = "merged"  # where --merge_adapter writes the merged model
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -185,7 +182,7 @@ def _stage_merged(adapter_dir: Path, dest: Path) -> None:
     other: ``merged/`` as written by --merge_adapter, else the base model named in the adapter's config
     with the adapter merged in here. The adapter files are not published beside it: transformers would
     apply an adapter found next to a model's weights a second time."""
-    for name in (ADAPTER_CONFIG, "adapter_model.safetensors"):
+    for name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS):
         (dest / name).unlink(missing_ok=True)
     merged = adapter_dir / MERGED_SUBDIR
     if (merged / "config.json").is_file():

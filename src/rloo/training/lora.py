@@ -17,8 +17,7 @@ from typing import Any
 import torch
 
 from rloo.errors import UserError
-
-MERGED_SUBDIR = "merged"
+from rloo.models import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 
 
 def require_peft() -> Any:
@@ -107,7 +106,7 @@ def record_base_model(out_dir: Path, base: str) -> None:
     in a pipeline step is a temporary copy), so that loading the adapter later finds its base."""
     import json
 
-    path = out_dir / "adapter_config.json"
+    path = out_dir / ADAPTER_CONFIG
     config = json.loads(path.read_text())
     config["base_model_name_or_path"] = base
     path.write_text(json.dumps(config, indent=2, sort_keys=True))
@@ -125,7 +124,7 @@ def load_adapter_weights(model: Any, path: Path) -> None:
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file
 
-    weights = path / "adapter_model.safetensors"
+    weights = path / ADAPTER_WEIGHTS
     if not weights.is_file():
         raise ValueError(f"{weights.name} is missing: the checkpoint was not written by a --use_peft run")
     result = set_peft_model_state_dict(model, load_file(str(weights)))

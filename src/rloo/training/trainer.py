@@ -45,6 +45,7 @@ from rloo.generation import (
     scale_logits,
 )
 from rloo.models import (
+    MERGED_SUBDIR,
     describe_value,
     find_bad_tensor,
     load_causal_lm,
@@ -244,7 +245,7 @@ class RLOOTrainer:
                 gradient_checkpointing=cfg.gradient_checkpointing,
                 quantized=cfg.load_in_4bit,
             )
-            trainable, total = lora.parameter_counts(self.policy)
+            trainable, total = self.param_counts = lora.parameter_counts(self.policy)
             log.info(
                 "LoRA: %s of %s parameters trainable (%.2f%%)",
                 f"{trainable:,}",
@@ -252,6 +253,7 @@ class RLOOTrainer:
                 100 * trainable / total,
             )
         else:
+            self.param_counts = lora.parameter_counts(self.policy)  # (trainable, total): all of them
             self.ref_policy = load_causal_lm(
                 cfg.policy_path, flag=policy_flag, trust_remote_code=cfg.trust_remote_code
             )
@@ -959,7 +961,7 @@ class RLOOTrainer:
         logger = MetricsLogger(
             total_updates=self.num_updates, show_progress=main and not cfg.disable_tqdm, sinks=self.sinks
         )
-        trainable, total = lora.parameter_counts(self.accelerator.unwrap_model(self.policy))
+        trainable, total = self.param_counts
         # held until open(): nothing reaches MLflow before update 1
         logger.log_params(
             {**cfg.recorded(), "model/trainable_params": trainable, "model/total_params": total}
@@ -1161,7 +1163,7 @@ class RLOOTrainer:
                         tmp, self.cfg.sft_model_path or self.cfg.recorded()["model_name_or_path"]
                     )
                     if self.cfg.merge_adapter:
-                        lora.save_merged(model, self.tokenizer, tmp / lora.MERGED_SUBDIR)
+                        lora.save_merged(model, self.tokenizer, tmp / MERGED_SUBDIR)
                 (tmp / "rloo_config.json").write_text(json.dumps(self.cfg.recorded(), indent=2, default=str))
                 for f in sorted(tmp.iterdir()):
                     if f.is_dir() and (out_dir / f.name).is_dir():  # merged/ of an earlier save
