@@ -93,3 +93,28 @@ def test_plain_rows_compute_the_output_layer_at_response_positions_only(tmp_path
         ).logits
     assert seen[0] == 5 + 1  # T + 1 positions, not L + T
     torch.testing.assert_close(logits, full[:, ids.size(1) - 1 : -1], atol=1e-5, rtol=1e-5)
+
+
+class _EngineLike(torch.nn.Module):
+    """What the trainer holds under DeepSpeed: the model as ``.module`` and a ``config`` that is
+    DeepSpeed's own dict, not the model's (the GPU run failed on exactly this)."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        super().__init__()
+        self.module = module
+        self.config = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 2}}
+
+    def forward(self, **kwargs):
+        return self.module(**kwargs)
+
+
+def test_shared_prefix_through_a_wrapper_whose_config_is_not_the_models(tmp_path) -> None:
+    setup = build_tiny_setup(tmp_path)
+    tok = load_tokenizer(str(setup.policy))
+    model = load_causal_lm(str(setup.policy), flag="model_name_or_path").eval()
+    ids, mask = left_pad([tok(p)["input_ids"] for p in PROMPTS], tok.pad_token_id)
+    rows, responses = torch.tensor([0, 0, 1, 2, 3, 3]), torch.randint(0, len(tok), (6, 4))
+    with torch.no_grad():
+        bare = response_logits(model, ids, mask, rows, responses, share_prefix=True)
+        wrapped = response_logits(_EngineLike(model), ids, mask, rows, responses, share_prefix=True)
+    torch.testing.assert_close(wrapped, bare)

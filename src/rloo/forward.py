@@ -19,6 +19,12 @@ import torch
 SHARE_THRESHOLD = 0.75
 
 
+def model_config(model: Any) -> Any:
+    """The transformers config of a model, also through a DeepSpeed engine or DDP wrapper (``.module``):
+    a DeepSpeed engine has a ``config`` of its own, DeepSpeed's dict."""
+    return getattr(model, "module", model).config
+
+
 def prefill(
     model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, ctx: Any
 ) -> tuple[Any, torch.Tensor]:
@@ -33,7 +39,7 @@ def prefill(
             input_ids=prompt_ids,
             attention_mask=prompt_mask,
             position_ids=position_ids,
-            past_key_values=DynamicCache(config=model.config),
+            past_key_values=DynamicCache(config=model_config(model)),
             use_cache=True,
             logits_to_keep=1,
         )

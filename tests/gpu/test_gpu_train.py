@@ -181,18 +181,38 @@ def test_sampling_matches_generate_in_distribution(full_vocab_model: Path) -> No
 
 @pytest.mark.parametrize("compiled", [False, True])
 def test_static_decode_matches_dynamic_on_gpu(full_vocab_model: Path, compiled: bool) -> None:
-    # fp32 so that equality is a fair ask: the compiled step may fuse kernels differently
+    # Greedy: the same tokens (fp32, so that a compiled step's other fusion cannot flip a near-tie).
+    # Sampled: token-by-token equality is the wrong test -- one flip at a CDF boundary (dense over 150k
+    # near-uniform tokens of a random model) changes the rest of its row -- so, as for generate above,
+    # the two paths must draw sequences of equal mean log-probability: 1024 a prompt, 4 standard errors.
     tok, model = _loaded(full_vocab_model, torch.float32)
     ids, mask = left_pad([tok(p)["input_ids"] for p in PROMPTS], tok.pad_token_id, torch.device("cuda"))
-    params = SamplingParams(max_new_tokens=32, temperature=1.0, pad_token_id=tok.pad_token_id)
+    greedy = SamplingParams(max_new_tokens=32, pad_token_id=tok.pad_token_id, greedy=True)
     seeds = row_seeds(1, 0, torch.arange(len(PROMPTS)), 4)
-    dynamic = TransformersGenerator(model, batch_size=64).generate(ids, mask, 4, params, seeds)
-    static = TransformersGenerator(
-        model, batch_size=64, cache_implementation="static", compile_decode=compiled
-    ).generate(ids, mask, 4, params, seeds)
-    # equal up to float summation order: a uniform on a CDF boundary can rarely flip a token
-    agree = float((static.tokens == dynamic.tokens).float().mean())
-    assert agree >= 0.95, agree
+
+    def generator(static: bool) -> TransformersGenerator:
+        if not static:
+            return TransformersGenerator(model, batch_size=1024)
+        return TransformersGenerator(
+            model, batch_size=1024, cache_implementation="static", compile_decode=compiled
+        )
+
+    dynamic = generator(False).generate(ids, mask, 4, greedy, seeds).tokens
+    static = generator(True).generate(ids, mask, 4, greedy, seeds).tokens
+    assert torch.equal(static, dynamic)
+
+    n = 1024
+    one, one_mask = ids[:1], mask[:1]
+    sampled = SamplingParams(max_new_tokens=16, temperature=1.0, pad_token_id=tok.pad_token_id)
+    draws = [
+        generator(static).generate(one, one_mask, n, sampled, row_seeds(3 + static, 0, torch.arange(1), n))
+        for static in (False, True)
+    ]
+    a, b = (
+        _sequence_logprob(model, one.expand(n, -1), one_mask.expand(n, -1), d.tokens.cuda()) for d in draws
+    )
+    se = math.sqrt(float(a.var()) / n + float(b.var()) / n)
+    assert abs(float(a.mean()) - float(b.mean())) < 4 * se, (float(a.mean()), float(b.mean()), se)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="needs deepspeed")
@@ -200,6 +220,10 @@ def test_static_decode_matches_dynamic_on_gpu(full_vocab_model: Path, compiled: 
 def test_deepspeed_on_one_gpu_runs_and_resumes(
     stage: int, full_vocab_model: Path, toy_data: Path, tmp_path: Path
 ) -> None:
+    if "gpu-llama" in str(full_vocab_model):
+        pytest.skip(
+            "DeepSpeed's wrapping does not depend on the architecture: Qwen2 only, to keep the run short"
+        )
     out = tmp_path / "out"
 
     def launch(max_steps: int) -> None:

@@ -120,7 +120,9 @@ class _Timer:
             _reset_peak_rss()
         t0 = time.perf_counter()
         try:
-            yield
+            # a named range in torch.profiler traces (benchmarks/profile_gpu.py); a no-op without a profiler
+            with torch.profiler.record_function(f"phase/{name}"):
+                yield
         finally:
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
