@@ -536,15 +536,19 @@ def main(argv: list[str] | None = None) -> int:
                 raw.setdefault(s, {})[t] = r
                 results.setdefault(s, {})[t] = figures(r, pr, counts[s][1], peak)
                 print(f"    {results[s][t]['episodes_per_s']:.1f} episodes/s", file=sys.stderr)
+                if args.json:  # after every run, so that a run cut short still leaves what it measured
+                    _write_json(args.json, name, peak, raw, results)
     finally:
         if args.workdir is None:
             shutil.rmtree(root, ignore_errors=True)
     print(render_table(results, args.sizes))
     if args.json:
-        args.json.write_text(
-            json.dumps({"gpu": name, "peak": peak, "raw": raw, "figures": results}, indent=2)
-        )
+        _write_json(args.json, name, peak, raw, results)
     return 0
+
+
+def _write_json(path: Path, gpu: str, peak: Any, raw: dict[str, Any], results: dict[str, Any]) -> None:
+    path.write_text(json.dumps({"gpu": gpu, "peak": peak, "raw": raw, "figures": results}, indent=2))
 
 
 if __name__ == "__main__":
