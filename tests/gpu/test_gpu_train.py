@@ -249,7 +249,9 @@ def test_deepspeed_on_one_gpu_runs_and_resumes(
         proc = subprocess.run(
             cmd, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
         )
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        # our one-line errors first: the launcher's traceback that follows them would push them out of view
+        ours = [line for line in proc.stderr.splitlines() if "[rloo]" in line or "rloo train: error" in line]
+        assert proc.returncode == 0, "\n".join(ours[-10:]) + "\n" + proc.stdout[-2000:] + proc.stderr[-2000:]
 
     launch(2)
     launch(4)  # resumes from the checkpoint of update 2
