@@ -229,7 +229,8 @@ def worker_ours(spec: dict[str, Any]) -> dict[str, Any]:
     steady = result.history[1:]  # the first update carries CUDA/kernel warm-up
 
     def tokens(rate: str, phase: str) -> float:
-        return sum(h[rate] * h[f"time/{phase}_s"] for h in steady)
+        # a count, rebuilt from rate x time: round away the float error of that product
+        return float(round(sum(h[rate] * h[f"time/{phase}_s"] for h in steady)))
 
     gen_tokens = tokens("throughput/generated_tokens_per_s", "generation")
     train_tokens = tokens("throughput/train_tokens_per_s", "optimization")
