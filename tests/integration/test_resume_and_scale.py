@@ -27,7 +27,7 @@ TIMING = ("time/", "memory/", "throughput/", "eps", "timestamp")  # measurements
 
 
 def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "RLOO_FAULT_INJECT"}
+    env = dict(os.environ)
     env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", **extra)
     return env
 
@@ -56,9 +56,16 @@ def _args(tiny, toy_data: Path, out: Path, **flags: object) -> list[str]:
     return argv
 
 
-def _run(argv: list[str], cwd: Path | None = None, **env: str) -> subprocess.CompletedProcess[str]:
+KILL_AT = Path(__file__).resolve().parents[1] / "fixtures" / "kill_at.py"
+
+
+def _run(
+    argv: list[str], cwd: Path | None = None, kill_at: str | None = None, **env: str
+) -> subprocess.CompletedProcess[str]:
+    """``rloo`` in a subprocess; ``kill_at="3:generation"`` SIGKILLs it at that update's phase."""
+    launcher = [str(KILL_AT), kill_at] if kill_at else ["-m", "rloo.cli"]
     return subprocess.run(
-        [sys.executable, "-m", "rloo.cli", *argv],
+        [sys.executable, *launcher, *argv],
         env=_env(**env),
         capture_output=True,
         text=True,
@@ -90,7 +97,7 @@ def test_sigkill_then_resume_matches_an_uninterrupted_run(
 ) -> None:
     out = tmp_path / "out"
     # killed in update index 3 (the 4th): checkpoint-2 is the newest complete one, update 3 was logged
-    killed = _run(_args(tiny, toy_data, out), RLOO_FAULT_INJECT=f"kill@3:{phase}")
+    killed = _run(_args(tiny, toy_data, out), kill_at=f"3:{phase}")
     assert killed.returncode == -signal.SIGKILL
     assert [p.name for p in out.glob("checkpoint-*")] == ["checkpoint-2"]
     assert len(_metrics(out)) == 3
@@ -106,7 +113,7 @@ def test_sigkill_then_resume_matches_an_uninterrupted_run(
 
 def test_resume_refuses_a_planted_pickle_in_one_line(tiny, toy_data: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    killed = _run(_args(tiny, toy_data, out), RLOO_FAULT_INJECT="kill@3:generation")
+    killed = _run(_args(tiny, toy_data, out), kill_at="3:generation")
     assert killed.returncode == -signal.SIGKILL
     marker = tmp_path / "marker"
     plant(out / "checkpoint-2", "rng_state.pt", marker)  # manifest rewritten: the checkpoint looks complete
@@ -221,7 +228,7 @@ def test_loss_options_resume_exactly(tiny, toy_data: Path, tmp_path: Path) -> No
     straight, out = tmp_path / "straight", tmp_path / "out"
     proc = _run(_args(tiny, toy_data, straight, **LOSS_OPTION_FLAGS))
     assert proc.returncode == 0, proc.stderr
-    killed = _run(_args(tiny, toy_data, out, **LOSS_OPTION_FLAGS), RLOO_FAULT_INJECT="kill@3:optimization")
+    killed = _run(_args(tiny, toy_data, out, **LOSS_OPTION_FLAGS), kill_at="3:optimization")
     assert killed.returncode == -signal.SIGKILL
     resumed = _run(_args(tiny, toy_data, out, **LOSS_OPTION_FLAGS))
     assert resumed.returncode == 0, resumed.stderr
@@ -319,9 +326,7 @@ def test_fresh_machine_resumes_from_the_s3_mirror(
     # complete checkpoint (and the metrics so far) in S3, and ends where an uninterrupted run ends
     uri = f"s3://{s3.bucket}/runs/{tmp_path.name}"
     pod1, pod2 = tmp_path / "pod1", tmp_path / "pod2"
-    killed = _run(
-        _args(tiny, toy_data, pod1, checkpoint_uri=uri), RLOO_FAULT_INJECT="kill@5:generation", **s3.env()
-    )
+    killed = _run(_args(tiny, toy_data, pod1, checkpoint_uri=uri), kill_at="5:generation", **s3.env())
     assert killed.returncode == -signal.SIGKILL
     resumed = _run(_args(tiny, toy_data, pod2, checkpoint_uri=uri), **s3.env())
     assert resumed.returncode == 0, resumed.stderr
@@ -351,7 +356,7 @@ def test_s3_output_dir_trains_publishes_and_resumes_on_a_fresh_machine(
     killed = _run(
         _args(tiny, toy_data, uri, local_dir=pod1 / "stage"),
         pod1,
-        RLOO_FAULT_INJECT="kill@5:generation",
+        kill_at="5:generation",
         **env,
     )
     assert killed.returncode == -signal.SIGKILL

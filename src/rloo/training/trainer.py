@@ -72,9 +72,14 @@ from rloo.training.rewards import (
     TrainerState,
     score_all,
 )
+from rloo.training.sampler import PromptSampler
 from rloo.training.vllm_backend import make_generator
 
 log = logging.getLogger(__name__)
+
+# Called as hook(update index, phase name) at each safe point between phases, before the preemption check.
+# Empty in production; the resume tests add one that SIGKILLs the process (tests/fixtures/kill_at.py).
+PHASE_HOOKS: list[Callable[[int, str], None]] = []
 
 
 @dataclass
@@ -350,9 +355,7 @@ class RLOOTrainer:
         self.state = TrainerState(max_steps=self.num_updates)
         # One optimizer step per rollout: the policy is never updated between sampling and its loss.
         self.on_policy = cfg.num_ppo_epochs * cfg.num_mini_batches == 1
-        self._order: list[int] = []
-        self._order_epoch = -1
-        self._cursor = 0
+        self.sampler = PromptSampler(len(self.train_ds), cfg.seed)
         self._num_tokens = 0.0
         self.sample_freq = (
             max(1, self.num_updates // cfg.num_sample_generations) if cfg.num_sample_generations > 0 else 0
@@ -405,24 +408,6 @@ class RLOOTrainer:
         self.train_ids = [ids[-keep:] for ids in self.train_ids]
         self.eval_ids = [ids[-keep:] for ids in self.eval_ids]
         return truncated
-
-    # ------------------------------------------------------------------------------------------------
-    # data order: a seeded permutation per epoch, consumed across epoch boundaries
-    def _epoch_order(self, epoch: int) -> list[int]:
-        g = torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + epoch)
-        return torch.randperm(len(self.train_ds), generator=g).tolist()
-
-    def next_prompt_indices(self, n: int) -> list[int]:
-        out: list[int] = []
-        while len(out) < n:
-            if self._cursor >= len(self._order):
-                self._order_epoch += 1
-                self._order = self._epoch_order(self._order_epoch)
-                self._cursor = 0
-            take = min(n - len(out), len(self._order) - self._cursor)
-            out += self._order[self._cursor : self._cursor + take]
-            self._cursor += take
-        return out
 
     # ------------------------------------------------------------------------------------------------
     def forward_logprobs(
@@ -504,7 +489,7 @@ class RLOOTrainer:
         # every rank draws the same global list and keeps its slice: the data order, and so the run,
         # does not depend on the number of processes
         ppr = self.plan.prompts_per_rank
-        index = self.next_prompt_indices(ppr * self.world)[self.rank * ppr : (self.rank + 1) * ppr]
+        index = self.sampler.next(ppr * self.world)[self.rank * ppr : (self.rank + 1) * ppr]
         p = len(index)
         prompt_ids, prompt_mask = left_pad(
             [self.train_ids[i] for i in index], tok.pad_token_id, dev
@@ -981,7 +966,7 @@ class RLOOTrainer:
             for update in range(resumed or 0, self.num_updates):
                 timer = _Timer(self.device)
                 t0 = time.perf_counter()
-                data_position = (self._order_epoch, self._cursor)
+                data_position = self.sampler.state_dict()
                 self.state.global_step = update
                 self.state.episode = episode
                 self.state.epoch = episode / max(1, len(self.train_ds) * cfg.rloo_k)
@@ -991,7 +976,7 @@ class RLOOTrainer:
                     self._phase("optimization", update, preemption)
                 except (_Preempted, GenerationInterrupted):
                     # nothing of this update reached the weights: checkpoint the state it started from
-                    self._set_data_position(*data_position)
+                    self.sampler.load_state_dict(data_position)
                     raise _Preempted from None
                 with timer("optimization"):
                     opt_metrics = self.optimize(ro, update)
@@ -1072,10 +1057,9 @@ class RLOOTrainer:
     # ------------------------------------------------------------------------------------------------
     # checkpoints, resume, preemption
     def _phase(self, name: str, update: int, preemption: _Preemption) -> None:
-        """A safe point between phases: honour SIGTERM (agreed across ranks) and test fault injection."""
-        fault = os.environ.get("RLOO_FAULT_INJECT", "")
-        if fault == f"kill@{update}:{name}":  # e.g. kill@3:generation -- used by the resume tests
-            os.kill(os.getpid(), signal.SIGKILL)
+        """A safe point between phases: run the phase hooks, then honour SIGTERM (agreed across ranks)."""
+        for hook in PHASE_HOOKS:
+            hook(update, name)
         stop = preemption.requested()
         if self.world > 1:
             flag = torch.tensor(float(stop), device=self.device)
@@ -1089,8 +1073,7 @@ class RLOOTrainer:
             "num_updates": self.num_updates,
             "episode": self.state.episode,
             "num_tokens": self._num_tokens,
-            "data_epoch": self._order_epoch,
-            "data_cursor": self._cursor,
+            **self.sampler.state_dict(),
             "world_size": self.world,
             "seed": self.cfg.seed,
         }
@@ -1288,7 +1271,7 @@ class RLOOTrainer:
             )
         self.state.episode = int(st["episode"])
         self._num_tokens = float(st["num_tokens"])
-        self._set_data_position(int(st["data_epoch"]), int(st["data_cursor"]))
+        self.sampler.load_state_dict(st)
         log.info("resumed from %s (update %d of %d)", path, st["update"], self.num_updates)
         return int(st["update"])
 
@@ -1304,10 +1287,6 @@ class RLOOTrainer:
                     shutil.copy2(snapshot, out_dir / METRICS_FILE)
         self.accelerator.wait_for_everyone()
         return latest_checkpoint(out_dir)
-
-    def _set_data_position(self, epoch: int, cursor: int) -> None:
-        self._order_epoch, self._cursor = epoch, cursor
-        self._order = self._epoch_order(epoch) if epoch >= 0 else []
 
 
 class _Preempted(Exception):
