@@ -72,6 +72,7 @@ from rloo.training.rewards import (
     TrainerState,
     score_all,
 )
+from rloo.training.rollout import Rollout, RolloutStats, Sampled, rollout_metrics
 from rloo.training.sampler import PromptSampler
 from rloo.training.vllm_backend import make_generator
 
@@ -80,28 +81,6 @@ log = logging.getLogger(__name__)
 # Called as hook(update index, phase name) at each safe point between phases, before the preemption check.
 # Empty in production; the resume tests add one that SIGKILLs the process (tests/fixtures/kill_at.py).
 PHASE_HOOKS: list[Callable[[int, str], None]] = []
-
-
-@dataclass
-class Rollout:
-    """One update's experience, every tensor prompt-major over B = P*K completions."""
-
-    prompt_index: list[int]  # (P,) dataset rows
-    prompt_ids: torch.Tensor  # (P, L) left-padded
-    prompt_mask: torch.Tensor  # (P, L)
-    rows: torch.Tensor  # (B,) prompt of each completion: b // K
-    responses: torch.Tensor  # (B, T) truncated after the stop token
-    mask: torch.Tensor  # (B, T) bool: response tokens that count
-    old_logprobs: torch.Tensor  # (B, T)
-    ref_logprobs: torch.Tensor  # (B, T)
-    # (B, T) bool: the tokens the loss trains on; mask less the truncated completions with
-    # --mask_truncated_completions (they keep their reward, their KL and their place in the baseline)
-    loss_mask: torch.Tensor
-    # (B, T) the sampler's (vLLM's) log-probs, kept for --vllm_importance_sampling_correction; else None
-    sampling_logprobs: torch.Tensor | None
-    advantages: torch.Tensor  # (B,) or (B, T) with token-level KL
-    metrics: dict[str, float]
-    texts: tuple[list[str], list[str], torch.Tensor]  # prompt texts (P), completion texts (B), scores (B,)
 
 
 class _Timer:
@@ -413,7 +392,7 @@ class RLOOTrainer:
     def forward_logprobs(
         self,
         model: Any,
-        ro: Rollout,
+        ro: Sampled,
         idx: torch.Tensor,
         *,
         entropy: bool = False,
@@ -438,7 +417,7 @@ class RLOOTrainer:
                 ent = algo.entropy_from_logits(logits.detach())  # (b, T)
         return logprobs, ent
 
-    def batched_logprobs(self, model: Any, ro: Rollout) -> torch.Tensor:
+    def batched_logprobs(self, model: Any, ro: Sampled) -> torch.Tensor:
         """No-grad log-probs (B, T), whole prompt groups per chunk of ~local_rollout_forward_batch_size."""
         k = self.cfg.rloo_k
         bs = max(k, self.cfg.local_rollout_forward_batch_size // k * k)
@@ -533,20 +512,14 @@ class RLOOTrainer:
                     "the vLLM engine returned no log-probs for the importance sampling correction"
                 )
             sampling_logprobs = gen.logprobs.masked_fill(~mask, 0.0)  # (B, T)
-        ro = Rollout(
-            prompt_index=index,
+        sampled = Sampled(
             prompt_ids=prompt_ids,
             prompt_mask=prompt_mask,
             rows=torch.arange(p * k, device=dev) // k,
             responses=responses,
             mask=mask,
-            old_logprobs=torch.empty(0),
-            ref_logprobs=torch.empty(0),
             loss_mask=loss_mask,
             sampling_logprobs=sampling_logprobs,
-            advantages=torch.empty(0),
-            metrics={},
-            texts=([], [], torch.empty(0)),
         )
         with timer("logprobs"):
             if self.on_policy and gen.logprobs is not None:
@@ -555,15 +528,15 @@ class RLOOTrainer:
                 old_logprobs = gen.logprobs.masked_fill(~mask, 0.0)  # (B, T)
             else:
                 self.policy.train()  # the same mode as the optimisation forward: ratios start at exactly 1
-                old_logprobs = self.batched_logprobs(self.policy, ro)  # (B, T)
+                old_logprobs = self.batched_logprobs(self.policy, sampled)  # (B, T)
             if self.ref_policy is None:  # LoRA: the base model is the policy with its adapters off
                 with lora.adapter_disabled(self.policy) as base:
-                    ref_logprobs = self.batched_logprobs(base, ro)  # (B, T)
+                    ref_logprobs = self.batched_logprobs(base, sampled)  # (B, T)
             else:
                 offload = cfg.offload_ref_model and not self.deepspeed  # ZeRO places it itself
                 if offload:
                     self.ref_policy.to(dev)
-                ref_logprobs = self.batched_logprobs(self.ref_policy, ro)  # (B, T)
+                ref_logprobs = self.batched_logprobs(self.ref_policy, sampled)  # (B, T)
                 if offload:
                     self.ref_policy.to("cpu")  # its GPU memory goes back to the policy's optimisation
             # NaN logits still sample (inverse-CDF sampling never fails): stop here, before they reach the loss
@@ -617,68 +590,33 @@ class RLOOTrainer:
                 if width is not None:
                     advantages = advantages[:, :width]
 
-        lengths = mask.sum(1).float()  # (B,)
-        per_seq = torch.stack(
-            [
-                raw_scores,
-                valid.float(),
-                algo.sequence_kl(kl_k1, mask),
-                -algo.masked_sum(old_logprobs, mask, dim=1),
-                non_score,
-                rlhf_reward,
-                contains_eos.float(),
-                lengths,
-                prompt_mask.sum(1).float().repeat_interleave(k),
-            ],
-            dim=1,
-        )  # (B, 9)
-        metrics = self._rollout_metrics(self._gather(per_seq), self._gather(per_source), k)
+        stats = RolloutStats(
+            scores=raw_scores,
+            valid=valid,
+            kl=algo.sequence_kl(kl_k1, mask),
+            neg_logprob=-algo.masked_sum(old_logprobs, mask, dim=1),
+            non_score_reward=non_score,
+            rlhf_reward=rlhf_reward,
+            contains_eos=contains_eos,
+            length=mask.sum(1),
+            prompt_length=prompt_mask.sum(1).repeat_interleave(k),
+        )
+        # one gather for all of them; the metrics are over the global batch whatever the process count
+        metrics = rollout_metrics(
+            RolloutStats.unstack(self._gather(stats.stack())),
+            self._gather(per_source),
+            [src.name for src in self.sources],
+            k,
+        )
         num_cut = torch.tensor([float(sum(i in self.truncated_prompts for i in index))], device=dev)
         metrics["prompts/num_truncated"] = float(self._gather(num_cut).sum())  # global batch
-        ro.old_logprobs, ro.ref_logprobs, ro.advantages, ro.metrics = (
-            old_logprobs,
-            ref_logprobs,
-            advantages,
-            metrics,
+        return Rollout.of(
+            sampled,
+            old_logprobs=old_logprobs,
+            ref_logprobs=ref_logprobs,
+            advantages=advantages,
+            metrics=metrics,
         )
-        ro.texts = ([self.train_texts[i] for i in index], batch.completion_texts, raw_scores.cpu())
-        return ro
-
-    def _rollout_metrics(self, per_seq: torch.Tensor, per_source: torch.Tensor, k: int) -> dict[str, float]:
-        """Rollout metrics over the global batch: per_seq (B, 9) as stacked in rollout(), per_source (B, S)."""
-        scores, valid_f, seq_kl, neg_logp, non_score, rlhf_reward, eos_f, lengths, prompt_len = (
-            per_seq.unbind(1)
-        )
-        valid, contains_eos = valid_f.bool(), eos_f.bool()
-        m: dict[str, float] = {}
-        m["objective/kl"] = float(seq_kl.mean())
-        # the entropy estimate of the sampled sequences; the reference also counted padded positions
-        m["objective/entropy"] = float(neg_logp.mean())
-        m["objective/non_score_reward"] = float(non_score.mean())
-        m["objective/rlhf_reward"] = float(algo.masked_mean(rlhf_reward, valid))
-        m["objective/scores"] = float(algo.masked_mean(scores, valid))
-        m["val/num_eos_tokens"] = float(contains_eos.sum())
-        m["kl"] = float(seq_kl.sum() / lengths.sum().clamp(min=1))
-        m["reward"] = m["objective/scores"]
-        reward_std, frac_zero = algo.group_reward_stats(scores.view(-1, k), valid.view(-1, k))
-        m["reward_std"], m["frac_reward_zero_std"] = float(reward_std), float(frac_zero)
-        m["frac_reward_none"] = float((~valid).float().mean())
-        for j, src in enumerate(self.sources):
-            col = per_source[:, j]
-            ok = ~torch.isnan(col)
-            m[f"rewards/{src.name}/mean"] = float(col[ok].mean()) if ok.any() else math.nan
-            m[f"rewards/{src.name}/std"] = float(col[ok].std()) if ok.sum() > 1 else math.nan
-        m["completions/mean_length"] = float(lengths.mean())
-        m["completions/min_length"] = float(lengths.min())
-        m["completions/max_length"] = float(lengths.max())
-        term = lengths[contains_eos]
-        m["completions/mean_terminated_length"] = float(term.mean()) if term.numel() else 0.0
-        m["completions/min_terminated_length"] = float(term.min()) if term.numel() else 0.0
-        m["completions/max_terminated_length"] = float(term.max()) if term.numel() else 0.0
-        m["completions/clipped_ratio"] = float((~contains_eos).float().mean())
-        m["tokens/completion"] = float(lengths.sum())
-        m["tokens/prompt"] = float(prompt_len.sum())
-        return m
 
     # ------------------------------------------------------------------------------------------------
     # multi-process plumbing: every helper is the identity on one process
