@@ -134,3 +134,70 @@ def test_multinode_parameters_default_to_a_trainjob_on_torch_distributed() -> No
     defaults = {p.name: p.default for p in pipeline_params()}
     assert defaults["multinode_backend"] == DEFAULT_BACKEND == "trainjob"
     assert defaults["training_runtime"] == DEFAULT_RUNTIME == "torch-distributed"
+
+
+# A pipeline parameter that sets a stage config's field: (stage, field). The pipeline's name is the
+# field's, or eval_<field> for the evaluation stage's own settings.
+def _stage_fields() -> dict[str, tuple[str, Any]]:
+    from dataclasses import MISSING, fields
+
+    from rloo.config import RLOOConfig
+    from rloo.eval.config import EvalConfig
+    from rloo.push.config import PushConfig
+
+    out: dict[str, tuple[str, Any]] = {}
+    for stage, cls, prefix in (
+        ("train", RLOOConfig, ""),
+        ("eval", EvalConfig, "eval_"),
+        ("push", PushConfig, ""),
+    ):
+        for f in fields(cls):
+            default = f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
+            for name in {f.name, prefix + f.name}:
+                out.setdefault(name, (f"{stage}.{f.name}", default))
+    return out
+
+
+# Where the pipeline deliberately differs from the stage's default, and why.
+PIPELINE_OWN_DEFAULTS = {
+    # the CLI's None means "one pass over the prompts"; a pipeline run gets a concrete, visible budget
+    "total_episodes": 10000,
+    # `rloo push` falls back to MLFLOW_EXPERIMENT_NAME, then 'rloo'; pods of a pipeline run have no such
+    # variable, so the pipeline names the same final fallback outright
+    "mlflow_experiment": "rloo",
+}
+_UNSET = {"String": "", "Integer": 0}  # what a KFP parameter holds for "not set": KFP has no None
+
+
+def test_pipeline_defaults_are_the_stage_configs_defaults() -> None:
+    """Each pipeline parameter that sets a config field defaults to that field's default (a config None is
+    the KFP type's empty value), so the KFP UI shows what `rloo train/eval/push` would do."""
+    stage = _stage_fields()
+    checked, wrong = [], []
+    for p in pipeline_params():
+        if p.name not in stage or p.required:
+            continue
+        where, default = stage[p.name]
+        checked.append(p.name)
+        if p.name in PIPELINE_OWN_DEFAULTS:
+            assert p.default == PIPELINE_OWN_DEFAULTS[p.name], p.name
+            continue
+        expected = _UNSET.get(p.type) if default is None else default
+        if p.default != expected:
+            wrong.append(f"{p.name}: pipeline {p.default!r}, {where} {default!r}")
+    assert not wrong, wrong
+    # the parameters this covers, so that a renamed field cannot silently drop out of the check
+    assert {"learning_rate", "kl_coef", "rloo_k", "response_length", "eval_max_new_tokens"} <= set(checked)
+
+
+def test_train_step_defaults_are_the_pipelines() -> None:
+    # TrainParams carries the training parameters from the pipeline to `rloo train` flags
+    from dataclasses import MISSING, fields
+
+    from rloo.pipeline.steps import TrainParams
+
+    pipeline = {p.name: p for p in pipeline_params()}
+    for f in fields(TrainParams):
+        assert f.name in pipeline, f"TrainParams.{f.name} is no pipeline parameter"
+        if f.default is not MISSING:
+            assert f.default == pipeline[f.name].default, f.name

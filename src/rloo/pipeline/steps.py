@@ -13,7 +13,7 @@ import shlex
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -46,20 +46,12 @@ class TrainParams:
 def train_args(p: TrainParams) -> list[str]:
     """The ``rloo train`` flags for these parameters; model, output and checkpoint locations are added by
     :mod:`rloo.pipeline.node`, which knows the pod-local paths."""
-    args = [
-        "--dataset_name", p.dataset_name,
-        "--dataset_train_split", p.dataset_train_split,
-        "--learning_rate", repr(p.learning_rate),
-        "--total_episodes", str(p.total_episodes),
-        "--rloo_k", str(p.rloo_k),
-        "--kl_coef", repr(p.kl_coef),
-        "--per_device_train_batch_size", str(p.per_device_train_batch_size),
-        "--gradient_accumulation_steps", str(p.gradient_accumulation_steps),
-        "--response_length", str(p.response_length),
-        "--seed", str(p.seed),
-    ]  # fmt: skip
-    if p.reward_model_path:
-        args += ["--reward_model_path", p.reward_model_path]
+    args: list[str] = []
+    for f in fields(p):  # one flag per field, named as the field: rloo train's own flag names
+        value = getattr(p, f.name)
+        if f.name == "extra_train_args" or (f.name == "reward_model_path" and not value):
+            continue
+        args += [f"--{f.name}", repr(value) if isinstance(value, float) else str(value)]
     return args + shlex.split(p.extra_train_args)
 
 

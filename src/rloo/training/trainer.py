@@ -14,12 +14,10 @@ One update:
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
 import os
 import random
-import shutil
 import signal
 import threading
 import time
@@ -34,7 +32,6 @@ import torch
 from rloo import algo
 from rloo.config import BatchPlan, RLOOConfig
 from rloo.data import PromptDataset, format_prompts, load_prompt_dataset, tokenize_prompts
-from rloo.diskspace import disk_full_as_one_line, tensor_bytes, write_bytes_atomic
 from rloo.errors import UserError
 from rloo.forward import response_logits
 from rloo.generation import (
@@ -45,9 +42,6 @@ from rloo.generation import (
     scale_logits,
 )
 from rloo.models import (
-    MERGED_SUBDIR,
-    describe_value,
-    find_bad_tensor,
     load_causal_lm,
     load_reward_model,
     load_tokenizer,
@@ -55,14 +49,8 @@ from rloo.models import (
 )
 from rloo.tracking.base import Status
 from rloo.training import deepspeed_utils, lora
-from rloo.training.checkpoint import (
-    PREFIX,
-    checkpoint_problem,
-    latest_checkpoint,
-    load_checkpoint,
-    save_checkpoint,
-)
-from rloo.training.metrics import METRICS_FILE, MetricsLogger
+from rloo.training.checkpoint_manager import CheckpointManager
+from rloo.training.metrics import MetricsLogger
 from rloo.training.minibatches import minibatch_rows
 from rloo.training.optim import make_adamw
 from rloo.training.rewards import (
@@ -331,6 +319,19 @@ class RLOOTrainer:
             max_num_seqs=self.plan.prompts_per_rank * cfg.rloo_k,
         )
         self.gather_for_generation = cfg.ds3_gather_for_generation and not cfg.use_vllm
+        self.checkpoints = CheckpointManager(
+            accelerator=self.accelerator,
+            cfg=cfg,
+            policy=self.policy,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            tokenizer=self.tokenizer,
+            num_updates=self.num_updates,
+            trainer_state=self._trainer_state,
+            mirror=self.mirror,
+            remote=self.remote,
+            deepspeed=self.deepspeed,
+        )
         self.state = TrainerState(max_steps=self.num_updates)
         # One optimizer step per rollout: the policy is never updated between sampling and its loss.
         self.on_policy = cfg.num_ppo_epochs * cfg.num_mini_batches == 1
@@ -877,7 +878,7 @@ class RLOOTrainer:
         start = time.perf_counter()
         if self.remote is not None:
             log.info("output %s, staged in %s", self.remote.uri, out_dir)
-        if self._already_complete(out_dir):
+        if self.checkpoints.already_complete(out_dir):
             return TrainResult(
                 output_dir=out_dir, history=[], seconds=0.0, episodes=self.num_updates * self.plan.batch_size
             )
@@ -957,19 +958,21 @@ class RLOOTrainer:
                         logger.open(out_dir)  # the first update succeeded: from here on, output is kept
                     logger.progress(1, reward=metrics["objective/scores"], kl=metrics["objective/kl"])
                 if cfg.save_steps and (update + 1) % cfg.save_steps == 0 and update + 1 < self.num_updates:
-                    self.save_checkpoint(out_dir, update + 1)
-            self.save_final(out_dir)
+                    self.checkpoints.save(out_dir, update + 1)
+            self.checkpoints.save_final(out_dir)
             if self.mirror is not None:
                 self.mirror.wait()  # the newest checkpoint must be safe before the run counts as done
             if main:
                 logger.write_plots()
-            self.publish(out_dir)  # an s3:// output_dir: the run counts as done once its manifest is there
+            self.checkpoints.publish(
+                out_dir
+            )  # an s3:// output_dir: the run counts as done once its manifest is there
             status = "FINISHED"
         except _Preempted:
             status = "KILLED"
             if main and logger.output_dir is None:
                 logger.open(out_dir, keep_until_update=update)
-            path = self.save_checkpoint(out_dir, update)
+            path = self.checkpoints.save(out_dir, update)
             if self.mirror is not None:
                 self.mirror.wait()  # a fresh pod resumes from the mirror: it must hold this checkpoint
             preemption.cancel_deadline()
@@ -1016,227 +1019,20 @@ class RLOOTrainer:
             "seed": self.cfg.seed,
         }
 
-    def _check_saved_weights(self, update: int, state_dict: dict[str, Any] | None = None) -> None:
-        """Never write a model holding NaN/inf (or overflowing) weights: a reader would take it as trained."""
-        bad = None
-        if self.accelerator.is_main_process:  # under ZeRO-3 only it holds the assembled weights
-            model = self.accelerator.unwrap_model(self.policy)
-            bad = find_bad_tensor(state_dict.items() if state_dict is not None else model.named_parameters())
-        if self.world > 1:  # every rank stops, none is left waiting at the next barrier
-            from accelerate.utils import broadcast_object_list
-
-            bad = broadcast_object_list([bad])[0]
-        if bad is not None:
-            name, peak = bad
-            raise UserError(
-                f"update {update} of {self.num_updates}: the policy's tensor {name!r} holds "
-                f"{describe_value(peak)} (phase save); training stopped, no model saved (checkpoints written "
-                f"before it are intact): lower --learning_rate (got {self.cfg.learning_rate:g}) or check the "
-                "model and the rewards."
-            )
-
-    def save_checkpoint(self, out_dir: Path, update: int) -> Path:
-        path = out_dir / f"{PREFIX}{update}"
-        self._check_saved_weights(update)
-
-        def write() -> None:
-            save_checkpoint(
-                out_dir,
-                update,
-                model=self.accelerator.unwrap_model(self.policy),
-                tokenizer=self.tokenizer,
-                optimizer=self.optimizer,
-                scheduler=self.scheduler,
-                state=self._trainer_state(update),
-                config=self.cfg.to_dict(),
-                total_limit=self.cfg.save_total_limit,
-                # the metrics so far travel with the checkpoint, so a fresh machine resumes them too
-                extra_files=[out_dir / METRICS_FILE],
-            )
-            if self.mirror is not None:
-                self.mirror.submit(path)
-
-        self._on_main(write)
-        self.accelerator.wait_for_everyone()
-        return path
-
-    def save_final(self, out_dir: Path) -> None:
-        """The trained model + tokenizer (safetensors) in output_dir, and a marker that training is done."""
-        # under ZeRO-3 the weights are sharded: every rank takes part in assembling them
-        state_dict = self.accelerator.get_state_dict(self.policy) if self.deepspeed else None
-        self._check_saved_weights(self.num_updates, state_dict)
-        self._on_main(lambda: self._write_final(out_dir, state_dict))
-        self.accelerator.wait_for_everyone()
-
-    def _write_final(self, out_dir: Path, state_dict: dict[str, Any] | None) -> None:
-        # Assembled in a hidden directory and moved into place file by file (renames take no space): a full
-        # disk leaves neither a config.json without weights nor a truncated model.safetensors behind.
-        out_dir.mkdir(parents=True, exist_ok=True)
-        tmp = out_dir / FINAL_TMP
-        shutil.rmtree(tmp, ignore_errors=True)
-        model = self.accelerator.unwrap_model(self.policy)
-        needed = tensor_bytes((state_dict or model.state_dict()).values()) + 2**20
-        try:
-            with disk_full_as_one_line(out_dir, needed, "the final model"):
-                tmp.mkdir()
-                model.save_pretrained(tmp, state_dict=state_dict, safe_serialization=True)
-                self.tokenizer.save_pretrained(tmp)
-                if self.cfg.use_peft:
-                    lora.record_base_model(
-                        tmp, self.cfg.sft_model_path or self.cfg.recorded()["model_name_or_path"]
-                    )
-                    if self.cfg.merge_adapter:
-                        lora.save_merged(model, self.tokenizer, tmp / MERGED_SUBDIR)
-                (tmp / "rloo_config.json").write_text(json.dumps(self.cfg.recorded(), indent=2, default=str))
-                for f in sorted(tmp.iterdir()):
-                    if f.is_dir() and (out_dir / f.name).is_dir():  # merged/ of an earlier save
-                        shutil.rmtree(out_dir / f.name)
-                    os.replace(f, out_dir / f.name)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-        state = {**self._trainer_state(self.num_updates), "complete": True}
-        # the marker last, whole or not at all: it is what says the directory holds a finished model
-        write_bytes_atomic(out_dir / COMPLETE_MARKER, json.dumps(state, indent=2).encode(), COMPLETE_MARKER)
-
-    def _on_main(self, fn: Callable[[], Any]) -> None:
-        """Run ``fn`` on the main process; a UserError there (a full disk) is raised on every rank, so none
-        is left waiting at the next barrier."""
-        message = None
-        if self.accelerator.is_main_process:
-            try:
-                fn()
-            except UserError as e:
-                if self.world == 1:
-                    raise
-                message = str(e)
-        if self.world > 1:
-            from accelerate.utils import broadcast_object_list
-
-            message = broadcast_object_list([message])[0]
-        if message is not None:
-            raise UserError(message)
-
-    def publish(self, out_dir: Path) -> None:
-        """With an s3:// output_dir: upload the final model, metrics.jsonl, samples and plots (not the
-        checkpoints, mirrored on their own, nor an embedded MLflow store) with the manifest written last."""
-        if self.remote is not None and self.accelerator.is_main_process:
-            from rloo.storage import upload_dir
-
-            upload_dir(out_dir, self.remote, progress=False, exclude=PUBLISH_EXCLUDE)
-            log.info("published %s", self.remote.uri)
-        self.accelerator.wait_for_everyone()
-
-    def _done(self, marker: bytes | None) -> bool:
-        if marker is None:
-            return False
-        try:
-            done = json.loads(marker)
-        except ValueError:
-            return False
-        return bool(done.get("complete")) and done.get("num_updates") == self.num_updates
-
-    def _already_complete(self, out_dir: Path) -> bool:
-        """True when this run is already done (then nothing is trained). Decided on the main process (it alone
-        writes) and shared, so every rank takes the same branch."""
-        if self.cfg.resume_from_checkpoint != "latest":
-            return False
-        verdict = self._completion(out_dir) if self.accelerator.is_main_process else None
-        if self.world > 1:
-            from accelerate.utils import broadcast_object_list
-
-            verdict = broadcast_object_list([verdict])[0]
-        if verdict == "unpublished":  # trained here, but the upload did not finish: upload, don't train again
-            self.publish(out_dir)
-        if verdict is not None:
-            where = self.remote.uri if self.remote is not None else out_dir
-            log.info("%s already holds a completed run of %d updates: nothing to do", where, self.num_updates)
-        return verdict is not None
-
-    def _completion(self, out_dir: Path) -> str | None:
-        """ "done", "unpublished" (s3:// output_dir: complete in the staging directory only) or None."""
-        marker = out_dir / COMPLETE_MARKER
-        local_done = self._done(marker.read_bytes() if marker.is_file() else None)
-        if self.remote is None:
-            return "done" if local_done else None
-        # s3://: the prefix decides (a complete upload whose marker matches), never the staging directory
-        from rloo.storage import IncompleteArtifactError, verify_prefix
-        from rloo.storage.backends import backend_for
-
-        try:
-            verify_prefix(self.remote)
-            if self._done(backend_for(self.remote).read_bytes(COMPLETE_MARKER)):
-                return "done"
-        except IncompleteArtifactError:
-            pass
-        return "unpublished" if local_done else None
-
     def _resume(self, out_dir: Path) -> int | None:
-        """Restore the newest (or the given) checkpoint; return its update count, or None for a fresh run."""
-        choice = self.cfg.resume_from_checkpoint
-        if choice == "none":
+        """Restore the newest (or the given) checkpoint and this trainer's position in the run; return the
+        update it was taken at, or None for a fresh run."""
+        st = self.checkpoints.resume(out_dir)
+        if st is None:
             return None
-        if choice == "latest":
-            path = latest_checkpoint(out_dir)
-            if path is None and self.cfg.mirror_uri:
-                path = self._restore_from_mirror(out_dir)
-            if path is None:
-                return None
-        else:
-            path = Path(choice)
-            problem = checkpoint_problem(path) if path.is_dir() else "no such directory"
-            if problem:
-                raise UserError(
-                    f"--resume_from_checkpoint {choice}: {problem}; pass a complete checkpoint-N directory, "
-                    "'latest' or 'none'."
-                )
-        try:
-            st = load_checkpoint(
-                path,
-                model=self.accelerator.unwrap_model(self.policy),
-                optimizer=self.optimizer,
-                scheduler=self.scheduler,
-            )
-        except (ValueError, RuntimeError) as e:
-            raise UserError(
-                f"cannot resume from {path}: {str(e).splitlines()[0]}; pass --resume_from_checkpoint none to start over."
-            ) from None
-        if st.get("num_updates") != self.num_updates:
-            log.warning(
-                "%s was written by a run of %s updates; this one has %d (batch or length flags changed?)",
-                path,
-                st.get("num_updates"),
-                self.num_updates,
-            )
         self.state.episode = int(st["episode"])
         self._num_tokens = float(st["num_tokens"])
         self.sampler.load_state_dict(st)
-        log.info("resumed from %s (update %d of %d)", path, st["update"], self.num_updates)
         return int(st["update"])
-
-    def _restore_from_mirror(self, out_dir: Path) -> Path | None:
-        """A fresh machine: fetch the newest complete mirrored checkpoint (and its metrics) into out_dir."""
-        restored = None
-        if self.accelerator.is_main_process and self.mirror is not None:
-            restored = self.mirror.restore_latest(out_dir)
-            if restored is not None:
-                log.info("restored %s from %s", restored.name, self.cfg.mirror_uri)
-                snapshot = restored / METRICS_FILE
-                if snapshot.is_file() and not (out_dir / METRICS_FILE).is_file():
-                    shutil.copy2(snapshot, out_dir / METRICS_FILE)
-        self.accelerator.wait_for_everyone()
-        return latest_checkpoint(out_dir)
 
 
 class _Preempted(Exception):
     """Raised at a safe point after SIGTERM: checkpoint and exit."""
-
-
-COMPLETE_MARKER = "training_complete.json"
-# where the final model is assembled inside output_dir before its files are moved into place
-FINAL_TMP = ".final-model.tmp"
-# Left out of the upload of an s3:// output_dir: checkpoints (mirrored to <prefix>/checkpoints as they are
-# written) and an embedded MLflow store (a live sqlite file; MLFLOW_TRACKING_URI names a server to use).
-PUBLISH_EXCLUDE = ("checkpoint-*", ".checkpoint-*", "mlruns", FINAL_TMP)
 
 
 class _Preemption:

@@ -1,0 +1,284 @@
+"""Checkpoints, the final model and resume for one training run.
+
+Which files a run leaves and when: ``checkpoint-N`` directories (mirrored to object storage when a mirror is
+set), the final model assembled out of sight and moved into place with its completion marker last, the
+upload of an s3:// output_dir, and the decision that a run is already complete or where it resumes from.
+The main process writes; a user error there (a full disk) is raised on every rank, so none waits forever.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rloo.diskspace import disk_full_as_one_line, tensor_bytes, write_bytes_atomic
+from rloo.errors import UserError
+from rloo.models import MERGED_SUBDIR, describe_value, find_bad_tensor
+from rloo.training import lora
+from rloo.training.checkpoint import (
+    PREFIX,
+    checkpoint_problem,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
+from rloo.training.metrics import METRICS_FILE
+
+log = logging.getLogger(__name__)
+
+COMPLETE_MARKER = "training_complete.json"
+# where the final model is assembled inside output_dir before its files are moved into place
+FINAL_TMP = ".final-model.tmp"
+# Left out of the upload of an s3:// output_dir: checkpoints (mirrored to <prefix>/checkpoints as they are
+# written) and an embedded MLflow store (a live sqlite file; MLFLOW_TRACKING_URI names a server to use).
+PUBLISH_EXCLUDE = ("checkpoint-*", ".checkpoint-*", "mlruns", FINAL_TMP)
+
+
+class CheckpointManager:
+    """Saves and restores one run's policy, optimizer, scheduler and trainer state.
+
+    ``trainer_state(update)`` gives the trainer's own position (episode, tokens, data order...) to store
+    beside the weights; :meth:`resume` hands it back.
+    """
+
+    def __init__(
+        self,
+        *,
+        accelerator: Any,
+        cfg: Any,
+        policy: Any,
+        optimizer: Any,
+        scheduler: Any,
+        tokenizer: Any,
+        num_updates: int,
+        trainer_state: Callable[[int], dict[str, Any]],
+        mirror: Any = None,
+        remote: Any = None,
+        deepspeed: bool = False,
+    ) -> None:
+        self.accelerator = accelerator
+        self.cfg = cfg
+        self.policy = policy
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.tokenizer = tokenizer
+        self.num_updates = num_updates
+        self.trainer_state = trainer_state
+        self.mirror = mirror
+        self.remote = remote
+        self.deepspeed = deepspeed
+        self.world = accelerator.num_processes
+
+    def check_weights(self, update: int, state_dict: dict[str, Any] | None = None) -> None:
+        """Never write a model holding NaN/inf (or overflowing) weights: a reader would take it as trained."""
+        bad = None
+        if self.accelerator.is_main_process:  # under ZeRO-3 only it holds the assembled weights
+            model = self.accelerator.unwrap_model(self.policy)
+            bad = find_bad_tensor(state_dict.items() if state_dict is not None else model.named_parameters())
+        if self.world > 1:  # every rank stops, none is left waiting at the next barrier
+            from accelerate.utils import broadcast_object_list
+
+            bad = broadcast_object_list([bad])[0]
+        if bad is not None:
+            name, peak = bad
+            raise UserError(
+                f"update {update} of {self.num_updates}: the policy's tensor {name!r} holds "
+                f"{describe_value(peak)} (phase save); training stopped, no model saved (checkpoints written "
+                f"before it are intact): lower --learning_rate (got {self.cfg.learning_rate:g}) or check the "
+                "model and the rewards."
+            )
+
+    def save(self, out_dir: Path, update: int) -> Path:
+        """checkpoint-<update> in out_dir (written by the main process, mirrored when a mirror is set)."""
+        path = out_dir / f"{PREFIX}{update}"
+        self.check_weights(update)
+
+        def write() -> None:
+            save_checkpoint(
+                out_dir,
+                update,
+                model=self.accelerator.unwrap_model(self.policy),
+                tokenizer=self.tokenizer,
+                optimizer=self.optimizer,
+                scheduler=self.scheduler,
+                state=self.trainer_state(update),
+                config=self.cfg.to_dict(),
+                total_limit=self.cfg.save_total_limit,
+                # the metrics so far travel with the checkpoint, so a fresh machine resumes them too
+                extra_files=[out_dir / METRICS_FILE],
+            )
+            if self.mirror is not None:
+                self.mirror.submit(path)
+
+        self.on_main(write)
+        self.accelerator.wait_for_everyone()
+        return path
+
+    def save_final(self, out_dir: Path) -> None:
+        """The trained model + tokenizer (safetensors) in output_dir, and a marker that training is done."""
+        # under ZeRO-3 the weights are sharded: every rank takes part in assembling them
+        state_dict = self.accelerator.get_state_dict(self.policy) if self.deepspeed else None
+        self.check_weights(self.num_updates, state_dict)
+        self.on_main(lambda: self._write_final(out_dir, state_dict))
+        self.accelerator.wait_for_everyone()
+
+    def _write_final(self, out_dir: Path, state_dict: dict[str, Any] | None) -> None:
+        # Assembled in a hidden directory and moved into place file by file (renames take no space): a full
+        # disk leaves neither a config.json without weights nor a truncated model.safetensors behind.
+        out_dir.mkdir(parents=True, exist_ok=True)
+        tmp = out_dir / FINAL_TMP
+        shutil.rmtree(tmp, ignore_errors=True)
+        model = self.accelerator.unwrap_model(self.policy)
+        needed = tensor_bytes((state_dict or model.state_dict()).values()) + 2**20
+        try:
+            with disk_full_as_one_line(out_dir, needed, "the final model"):
+                tmp.mkdir()
+                model.save_pretrained(tmp, state_dict=state_dict, safe_serialization=True)
+                self.tokenizer.save_pretrained(tmp)
+                if self.cfg.use_peft:
+                    lora.record_base_model(
+                        tmp, self.cfg.sft_model_path or self.cfg.recorded()["model_name_or_path"]
+                    )
+                    if self.cfg.merge_adapter:
+                        lora.save_merged(model, self.tokenizer, tmp / MERGED_SUBDIR)
+                (tmp / "rloo_config.json").write_text(json.dumps(self.cfg.recorded(), indent=2, default=str))
+                for f in sorted(tmp.iterdir()):
+                    if f.is_dir() and (out_dir / f.name).is_dir():  # merged/ of an earlier save
+                        shutil.rmtree(out_dir / f.name)
+                    os.replace(f, out_dir / f.name)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        state = {**self.trainer_state(self.num_updates), "complete": True}
+        # the marker last, whole or not at all: it is what says the directory holds a finished model
+        write_bytes_atomic(out_dir / COMPLETE_MARKER, json.dumps(state, indent=2).encode(), COMPLETE_MARKER)
+
+    def on_main(self, fn: Callable[[], Any]) -> None:
+        """Run ``fn`` on the main process; a UserError there (a full disk) is raised on every rank, so none
+        is left waiting at the next barrier."""
+        message = None
+        if self.accelerator.is_main_process:
+            try:
+                fn()
+            except UserError as e:
+                if self.world == 1:
+                    raise
+                message = str(e)
+        if self.world > 1:
+            from accelerate.utils import broadcast_object_list
+
+            message = broadcast_object_list([message])[0]
+        if message is not None:
+            raise UserError(message)
+
+    def publish(self, out_dir: Path) -> None:
+        """With an s3:// output_dir: upload the final model, metrics.jsonl, samples and plots (not the
+        checkpoints, mirrored on their own, nor an embedded MLflow store) with the manifest written last."""
+        if self.remote is not None and self.accelerator.is_main_process:
+            from rloo.storage import upload_dir
+
+            upload_dir(out_dir, self.remote, progress=False, exclude=PUBLISH_EXCLUDE)
+            log.info("published %s", self.remote.uri)
+        self.accelerator.wait_for_everyone()
+
+    def _done(self, marker: bytes | None) -> bool:
+        if marker is None:
+            return False
+        try:
+            done = json.loads(marker)
+        except ValueError:
+            return False
+        return bool(done.get("complete")) and done.get("num_updates") == self.num_updates
+
+    def already_complete(self, out_dir: Path) -> bool:
+        """True when this run is already done (then nothing is trained). Decided on the main process (it alone
+        writes) and shared, so every rank takes the same branch."""
+        if self.cfg.resume_from_checkpoint != "latest":
+            return False
+        verdict = self._completion(out_dir) if self.accelerator.is_main_process else None
+        if self.world > 1:
+            from accelerate.utils import broadcast_object_list
+
+            verdict = broadcast_object_list([verdict])[0]
+        if verdict == "unpublished":  # trained here, but the upload did not finish: upload, don't train again
+            self.publish(out_dir)
+        if verdict is not None:
+            where = self.remote.uri if self.remote is not None else out_dir
+            log.info("%s already holds a completed run of %d updates: nothing to do", where, self.num_updates)
+        return verdict is not None
+
+    def _completion(self, out_dir: Path) -> str | None:
+        """ "done", "unpublished" (s3:// output_dir: complete in the staging directory only) or None."""
+        marker = out_dir / COMPLETE_MARKER
+        local_done = self._done(marker.read_bytes() if marker.is_file() else None)
+        if self.remote is None:
+            return "done" if local_done else None
+        # s3://: the prefix decides (a complete upload whose marker matches), never the staging directory
+        from rloo.storage import IncompleteArtifactError, verify_prefix
+        from rloo.storage.backends import backend_for
+
+        try:
+            verify_prefix(self.remote)
+            if self._done(backend_for(self.remote).read_bytes(COMPLETE_MARKER)):
+                return "done"
+        except IncompleteArtifactError:
+            pass
+        return "unpublished" if local_done else None
+
+    def resume(self, out_dir: Path) -> dict[str, Any] | None:
+        """Restore the newest (or the given) checkpoint into the model, optimizer and scheduler; return the
+        trainer state saved with it, or None for a fresh run."""
+        choice = self.cfg.resume_from_checkpoint
+        if choice == "none":
+            return None
+        if choice == "latest":
+            path = latest_checkpoint(out_dir)
+            if path is None and self.cfg.mirror_uri:
+                path = self._restore_from_mirror(out_dir)
+            if path is None:
+                return None
+        else:
+            path = Path(choice)
+            problem = checkpoint_problem(path) if path.is_dir() else "no such directory"
+            if problem:
+                raise UserError(
+                    f"--resume_from_checkpoint {choice}: {problem}; pass a complete checkpoint-N directory, "
+                    "'latest' or 'none'."
+                )
+        try:
+            st = load_checkpoint(
+                path,
+                model=self.accelerator.unwrap_model(self.policy),
+                optimizer=self.optimizer,
+                scheduler=self.scheduler,
+            )
+        except (ValueError, RuntimeError) as e:
+            raise UserError(
+                f"cannot resume from {path}: {str(e).splitlines()[0]}; pass --resume_from_checkpoint none to start over."
+            ) from None
+        if st.get("num_updates") != self.num_updates:
+            log.warning(
+                "%s was written by a run of %s updates; this one has %d (batch or length flags changed?)",
+                path,
+                st.get("num_updates"),
+                self.num_updates,
+            )
+        log.info("resumed from %s (update %d of %d)", path, st["update"], self.num_updates)
+        return st
+
+    def _restore_from_mirror(self, out_dir: Path) -> Path | None:
+        """A fresh machine: fetch the newest complete mirrored checkpoint (and its metrics) into out_dir."""
+        restored = None
+        if self.accelerator.is_main_process and self.mirror is not None:
+            restored = self.mirror.restore_latest(out_dir)
+            if restored is not None:
+                log.info("restored %s from %s", restored.name, self.cfg.mirror_uri)
+                snapshot = restored / METRICS_FILE
+                if snapshot.is_file() and not (out_dir / METRICS_FILE).is_file():
+                    shutil.copy2(snapshot, out_dir / METRICS_FILE)
+        self.accelerator.wait_for_everyone()
+        return latest_checkpoint(out_dir)
