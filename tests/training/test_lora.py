@@ -114,7 +114,7 @@ def test_checkpoints_hold_the_adapter_and_resume_exactly(setup, data: Path, tmp_
         (split / name).unlink()
     lines = (split / "metrics.jsonl").read_text().splitlines()[:2]
     (split / "metrics.jsonl").write_text("".join(line + "\n" for line in lines))
-    with caplog.at_level(logging.INFO, logger="rloo.training.trainer"):
+    with caplog.at_level(logging.INFO, logger="rloo.training"):
         train(_cfg(setup, data, split, max_steps=4, save_steps=2))
     assert f"resumed from {ckpt} (update 2 of 4)" in caplog.text  # not a fresh start
     a, b = (
