@@ -27,6 +27,7 @@ from rloo.training.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
+from rloo.training.collectives import Collectives
 from rloo.training.metrics import METRICS_FILE
 
 log = logging.getLogger(__name__)
@@ -60,6 +61,7 @@ class CheckpointManager:
         mirror: Any = None,
         remote: Any = None,
         deepspeed: bool = False,
+        comm: Collectives | None = None,
     ) -> None:
         self.accelerator = accelerator
         self.cfg = cfg
@@ -72,7 +74,8 @@ class CheckpointManager:
         self.mirror = mirror
         self.remote = remote
         self.deepspeed = deepspeed
-        self.world = accelerator.num_processes
+        self.comm = comm or Collectives(accelerator)
+        self.world = self.comm.world
 
     def check_weights(self, update: int, state_dict: dict[str, Any] | None = None) -> None:
         """Never write a model holding NaN/inf (or overflowing) weights: a reader would take it as trained."""
@@ -80,10 +83,7 @@ class CheckpointManager:
         if self.accelerator.is_main_process:  # under ZeRO-3 only it holds the assembled weights
             model = self.accelerator.unwrap_model(self.policy)
             bad = find_bad_tensor(state_dict.items() if state_dict is not None else model.named_parameters())
-        if self.world > 1:  # every rank stops, none is left waiting at the next barrier
-            from accelerate.utils import broadcast_object_list
-
-            bad = broadcast_object_list([bad])[0]
+        bad = self.comm.broadcast(bad)
         if bad is not None:
             name, peak = bad
             raise UserError(
@@ -168,10 +168,7 @@ class CheckpointManager:
                 if self.world == 1:
                     raise
                 message = str(e)
-        if self.world > 1:
-            from accelerate.utils import broadcast_object_list
-
-            message = broadcast_object_list([message])[0]
+        message = self.comm.broadcast(message)
         if message is not None:
             raise UserError(message)
 
@@ -200,10 +197,7 @@ class CheckpointManager:
         if self.cfg.resume_from_checkpoint != "latest":
             return False
         verdict = self._completion(out_dir) if self.accelerator.is_main_process else None
-        if self.world > 1:
-            from accelerate.utils import broadcast_object_list
-
-            verdict = broadcast_object_list([verdict])[0]
+        verdict = self.comm.broadcast(verdict)
         if verdict == "unpublished":  # trained here, but the upload did not finish: upload, don't train again
             self.publish(out_dir)
         if verdict is not None:

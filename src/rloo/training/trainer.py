@@ -50,6 +50,7 @@ from rloo.models import (
 from rloo.tracking.base import Status
 from rloo.training import deepspeed_utils, lora
 from rloo.training.checkpoint_manager import CheckpointManager
+from rloo.training.collectives import Collectives
 from rloo.training.metrics import MetricsLogger
 from rloo.training.minibatches import minibatch_rows
 from rloo.training.optim import make_adamw
@@ -287,8 +288,8 @@ class RLOOTrainer:
         )
         from accelerate.utils import DistributedType
 
-        self.world = self.accelerator.num_processes
-        self.rank = self.accelerator.process_index
+        self.comm = Collectives(self.accelerator)
+        self.world, self.rank = self.comm.world, self.comm.rank
         self.deepspeed = self.accelerator.distributed_type == DistributedType.DEEPSPEED
         if self.deepspeed:
             deepspeed_utils.fill_deepspeed_config(
@@ -299,7 +300,7 @@ class RLOOTrainer:
             )
             self.policy, self.optimizer = self.accelerator.prepare(self.policy, self.optimizer)
         else:
-            # Not wrapped in DDP: gradients are averaged by _sync_gradients (see there for why).
+            # Not wrapped in DDP: gradients are averaged by Collectives.average_gradients (see there for why).
             self.policy.to(self.device)
             self.optimizer = self.accelerator.prepare(self.optimizer)
         # under ZeRO-3 the frozen models become DeepSpeed inference engines; otherwise just moved
@@ -331,6 +332,7 @@ class RLOOTrainer:
             mirror=self.mirror,
             remote=self.remote,
             deepspeed=self.deepspeed,
+            comm=self.comm,
         )
         self.state = TrainerState(max_steps=self.num_updates)
         # One optimizer step per rollout: the policy is never updated between sampling and its loss.
@@ -560,9 +562,9 @@ class RLOOTrainer:
             raw_scores = scores.clone()
             if cfg.normalize_reward:  # statistics over the global batch, whatever the process count
                 g_scores = algo.normalize_and_clip_scores(
-                    self._gather(scores), cfg.reward_clip_range, self._gather(valid)
+                    self.comm.gather(scores), cfg.reward_clip_range, self.comm.gather(valid)
                 )
-                scores = self._local(g_scores)
+                scores = self.comm.local(g_scores)
             kl = algo.per_token_kl(old_logprobs, ref_logprobs, mask, cfg.kl_estimator)  # (B, T)
             # objective/kl and kl keep the classic meaning (k1 summed per sequence) whatever the estimator
             kl_k1 = kl if cfg.kl_estimator == "k1" else algo.per_token_kl(old_logprobs, ref_logprobs, mask)
@@ -586,8 +588,8 @@ class RLOOTrainer:
                 adv_mask = valid
             if cfg.normalize_advantage:
                 width = advantages.size(-1) if advantages.dim() == 2 else None
-                g_adv = algo.normalize_advantages(self._gather(advantages), self._gather(adv_mask))
-                advantages = self._local(g_adv)
+                g_adv = algo.normalize_advantages(self.comm.gather(advantages), self.comm.gather(adv_mask))
+                advantages = self.comm.local(g_adv)
                 if width is not None:
                     advantages = advantages[:, :width]
 
@@ -604,13 +606,13 @@ class RLOOTrainer:
         )
         # one gather for all of them; the metrics are over the global batch whatever the process count
         metrics = rollout_metrics(
-            RolloutStats.unstack(self._gather(stats.stack())),
-            self._gather(per_source),
+            RolloutStats.unstack(self.comm.gather(stats.stack())),
+            self.comm.gather(per_source),
             [src.name for src in self.sources],
             k,
         )
         num_cut = torch.tensor([float(sum(i in self.truncated_prompts for i in index))], device=dev)
-        metrics["prompts/num_truncated"] = float(self._gather(num_cut).sum())  # global batch
+        metrics["prompts/num_truncated"] = float(self.comm.gather(num_cut).sum())  # global batch
         return Rollout.of(
             sampled,
             old_logprobs=old_logprobs,
@@ -618,47 +620,6 @@ class RLOOTrainer:
             advantages=advantages,
             metrics=metrics,
         )
-
-    # ------------------------------------------------------------------------------------------------
-    # multi-process plumbing: every helper is the identity on one process
-    def _gather(self, t: torch.Tensor) -> torch.Tensor:
-        """Concatenate a per-rank tensor over ranks (dim 0, rank order); pads dim 1 if widths differ."""
-        if self.world == 1:
-            return t
-        if t.dim() == 2:
-            t = self.accelerator.pad_across_processes(t, dim=1, pad_index=0)
-        return self.accelerator.gather(t)
-
-    def _local(self, t: torch.Tensor) -> torch.Tensor:
-        """This rank's rows of a gathered tensor."""
-        if self.world == 1:
-            return t
-        n = t.size(0) // self.world
-        return t[self.rank * n : (self.rank + 1) * n]
-
-    def _mean_over_ranks(self, value: float) -> float:
-        if self.world == 1:
-            return value
-        return float(self.accelerator.reduce(torch.tensor(value, device=self.device), reduction="mean"))
-
-    def _sync_gradients(self) -> None:
-        """Average gradients over ranks in one flat all-reduce (the policy is not wrapped in DDP, whose
-        hooks do not allow the two forward calls of a shared-prefix pass before one backward)."""
-        if self.world == 1 or self.deepspeed:
-            return
-        import torch.distributed as dist
-
-        params = [q for q in self.policy.parameters() if q.requires_grad]
-        for q in params:
-            if q.grad is None:
-                q.grad = torch.zeros_like(q)
-        flat = torch._utils._flatten_dense_tensors([q.grad for q in params])
-        dist.all_reduce(flat)
-        flat /= self.world
-        for q, synced in zip(
-            params, torch._utils._unflatten_dense_tensors(flat, [q.grad for q in params]), strict=True
-        ):
-            q.grad.copy_(synced)
 
     def _token_mean_denominator(self, ro: Rollout, mb: torch.Tensor) -> torch.Tensor | None:
         """With ``token-mean``: the global mini-batch's trained tokens / (micro-batches x ranks), else None.
@@ -670,8 +631,7 @@ class RLOOTrainer:
         if self.cfg.loss_agg_mode != "token-mean":
             return None
         n = ro.loss_mask[mb.to(ro.loss_mask.device)].sum().float()  # this rank's tokens in the mini-batch
-        if self.world > 1:
-            n = self.accelerator.reduce(n, reduction="sum")
+        n = self.comm.sum(n)
         micro_batches = math.ceil(mb.numel() / self.cfg.per_device_train_batch_size)
         # clamp: a mini-batch without tokens has a zero sum; 0 / 1 keeps the loss finite
         return (n / (micro_batches * self.world)).clamp(min=1.0 / (micro_batches * self.world))
@@ -766,7 +726,8 @@ class RLOOTrainer:
                     ):
                         value = getattr(st, name)
                         stats[name].append(torch.full_like(value, math.nan) if untrained else value)
-                self._sync_gradients()
+                if not self.deepspeed:  # DeepSpeed reduces its gradients itself
+                    self.comm.average_gradients(self.policy)
                 checks = {"loss": loss_bad}
                 if cfg.max_grad_norm > 0:
                     gn = self.accelerator.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm)
@@ -781,16 +742,15 @@ class RLOOTrainer:
         def avg(name: str) -> float:
             values = torch.stack(stats[name]).float()
             if not cfg.mask_truncated_completions:
-                return self._mean_over_ranks(float(values.mean()))
+                return self.comm.mean(float(values.mean()), self.device)
             # over the micro-batches of all ranks that trained on something (see `untrained`); 0 if none
             kept = ~values.isnan()
             total = torch.stack([torch.where(kept, values, 0.0).sum(), kept.sum().float()]).to(self.device)
-            if self.world > 1:
-                total = self.accelerator.reduce(total, reduction="sum")
+            total = self.comm.sum(total)
             return float(total[0] / total[1]) if total[1] > 0 else 0.0
 
-        low = self._gather(torch.stack(stats["clip_low_frac"]).float())
-        high = self._gather(torch.stack(stats["clip_high_frac"]).float())
+        low = self.comm.gather(torch.stack(stats["clip_low_frac"]).float())
+        high = self.comm.gather(torch.stack(stats["clip_high_frac"]).float())
         if cfg.mask_truncated_completions:  # leave out the untrained micro-batches' NaNs
             low, high = low[~low.isnan()], high[~high.isnan()]
             if low.numel() == 0:
@@ -824,8 +784,7 @@ class RLOOTrainer:
         """Stop training (one line) when a check of ``checks`` (phase -> 0-dim bool "is bad") is true on any
         rank; one host sync and, on several processes, one all-reduce, so every rank stops together."""
         flags = torch.stack([c.reshape(()).to(self.device, torch.float32) for c in checks.values()])
-        if self.world > 1:
-            flags = self.accelerator.reduce(flags, reduction="sum")
+        flags = self.comm.sum(flags)
         bad = [phase for phase, f in zip(checks, flags.tolist(), strict=True) if f > 0]
         if bad:
             what = {
@@ -1001,11 +960,7 @@ class RLOOTrainer:
         """A safe point between phases: run the phase hooks, then honour SIGTERM (agreed across ranks)."""
         for hook in PHASE_HOOKS:
             hook(update, name)
-        stop = preemption.requested()
-        if self.world > 1:
-            flag = torch.tensor(float(stop), device=self.device)
-            stop = bool(self.accelerator.reduce(flag, reduction="sum") > 0)
-        if stop:
+        if self.comm.any(preemption.requested(), self.device):
             raise _Preempted
 
     def _trainer_state(self, update: int) -> dict[str, Any]:
