@@ -131,9 +131,25 @@ class RLOOTrainer:
     """Loads everything up front (so bad input fails before anything is written), then ``train()``."""
 
     def __init__(self, cfg: RLOOConfig) -> None:
-        from accelerate import Accelerator
-
+        # Set-up in the order that fails cheapest first: flags and locations, reporting (an unreachable
+        # MLflow server or a malformed URI is one line before any model loads), data, then models.
         self.cfg = cfg
+        self._check_locations()
+        seed_everything(cfg.seed)
+        self._setup_accelerator()
+        self._setup_reporting()
+        self._setup_data()
+        self._setup_models()
+        self._setup_rewards()
+        self._setup_prompts()
+        self._setup_optimization()
+        self._setup_distributed()
+        self._setup_generation()
+        self._setup_run_state()
+
+    def _check_locations(self) -> None:
+        """Flags the machine cannot honour and an output location that is a file: one line each."""
+        cfg = self.cfg
         if cfg.fp16 and not torch.cuda.is_available():
             raise UserError("--fp16 needs a CUDA GPU; use --bf16 (or neither) on CPU.")
         # an s3:// output_dir is staged locally (checkpoints mirrored, the result uploaded at the end)
@@ -142,7 +158,11 @@ class RLOOTrainer:
         if out.exists() and not out.is_dir():
             flag = "--local_dir" if self.remote is not None and cfg.local_dir else "--output_dir"
             raise UserError(f"{flag} {out} is a file; pass a directory.")
-        seed_everything(cfg.seed)
+
+    def _setup_accelerator(self) -> None:
+        """The accelerate state: precision, gradient accumulation, device."""
+        cfg = self.cfg
+        from accelerate import Accelerator
         from accelerate.state import AcceleratorState
 
         # accelerate keeps the precision in a process-wide singleton; a second run in the same process
@@ -158,9 +178,11 @@ class RLOOTrainer:
             cpu=not torch.cuda.is_available(),
         )
         self.device = self.accelerator.device
+
+    def _setup_reporting(self) -> None:
+        """Metric sinks (main process), the s3:// output's access check and the checkpoint mirror."""
+        cfg = self.cfg
         main = self.accelerator.is_main_process
-        # reporting and mirroring are set up first: an unreachable MLflow server or a malformed URI is a
-        # one-line error before any model is loaded
         from rloo.tracking import sinks_from_env
 
         self.sinks = sinks_from_env(cfg.report_to, stage="train") if main else []
@@ -186,7 +208,9 @@ class RLOOTrainer:
 
             self.mirror = CheckpointMirror(cfg.mirror_uri, keep_last=cfg.save_total_limit)
 
-        # --- data first: cheapest to get wrong, cheapest to check ----------------------------------
+    def _setup_data(self) -> None:
+        """The train and eval prompt datasets and the batch plan they give."""
+        cfg = self.cfg
         assert cfg.dataset_name is not None and cfg.model_name_or_path is not None  # RLOOConfig.validate()
         self.train_ds = load_prompt_dataset(
             cfg.dataset_name, cfg.dataset_train_split, config=cfg.dataset_config
@@ -199,7 +223,10 @@ class RLOOTrainer:
         )
         self.plan: BatchPlan = cfg.batch_plan(self.accelerator.num_processes, num_prompts=len(self.train_ds))
 
-        # --- models ----------------------------------------------------------------------------------
+    def _setup_models(self) -> None:
+        """Tokenizer, policy (with LoRA adapters if asked), reference policy and stop token."""
+        cfg = self.cfg
+        assert cfg.model_name_or_path is not None  # RLOOConfig.validate()
         self.tokenizer = load_tokenizer(cfg.model_name_or_path, trust_remote_code=cfg.trust_remote_code)
         policy_flag = "sft_model_path" if cfg.sft_model_path else "model_name_or_path"
         self.policy = load_causal_lm(
@@ -238,6 +265,10 @@ class RLOOTrainer:
             if cfg.stop_token_id is not None
             else (self.tokenizer.eos_token_id if cfg.stop_token == "eos" else None)
         )
+
+    def _setup_rewards(self) -> None:
+        """Reward sources: a reward model and/or reward functions, with their weights."""
+        cfg = self.cfg
         self.sources: list[Any] = []
         if cfg.reward_model_path:
             rm, rm_tok = load_reward_model(cfg.reward_model_path, trust_remote_code=cfg.trust_remote_code)
@@ -255,7 +286,8 @@ class RLOOTrainer:
             cfg.reward_weights or [1.0] * len(self.sources), dtype=torch.float32
         )
 
-        # --- prompts, tokenised once ---------------------------------------------------------------------
+    def _setup_prompts(self) -> None:
+        """Prompts formatted and tokenised once, cut to the model's length."""
         self.train_texts = format_prompts(self.train_ds.prompts, self.tokenizer)
         self.train_ids = tokenize_prompts(self.train_texts, self.tokenizer, chat=self.train_ds.conversational)
         self.eval_texts = format_prompts(self.eval_ds.prompts, self.tokenizer)
@@ -264,7 +296,9 @@ class RLOOTrainer:
             raise UserError("a training prompt tokenises to nothing; drop empty prompts from the dataset.")
         self.truncated_prompts = self._fit_prompts()
 
-        # --- optimisation ----------------------------------------------------------------------------------
+    def _setup_optimization(self) -> None:
+        """Activation checkpointing, the optimizer over the trainable parameters, the schedule."""
+        cfg = self.cfg
         if cfg.gradient_checkpointing:
             enable_activation_checkpointing(self.policy)
         self.optimizer = make_adamw(
@@ -286,6 +320,10 @@ class RLOOTrainer:
             num_warmup_steps=warmup,
             num_training_steps=self.num_updates,
         )
+
+    def _setup_distributed(self) -> None:
+        """Collectives, DeepSpeed or plain placement of the policy, reference and reward models."""
+        cfg = self.cfg
         from accelerate.utils import DistributedType
 
         self.comm = Collectives(self.accelerator)
@@ -309,6 +347,10 @@ class RLOOTrainer:
         for src in self.sources:
             if isinstance(src, RewardModelSource):
                 src.model = deepspeed_utils.prepare_reference_model(src.model, self.accelerator)
+
+    def _setup_generation(self) -> None:
+        """The sampling backend: vLLM or the built-in transformers generator."""
+        cfg = self.cfg
         self.generator = make_generator(
             cfg,
             self.policy,
@@ -320,6 +362,10 @@ class RLOOTrainer:
             max_num_seqs=self.plan.prompts_per_rank * cfg.rloo_k,
         )
         self.gather_for_generation = cfg.ds3_gather_for_generation and not cfg.use_vllm
+
+    def _setup_run_state(self) -> None:
+        """Checkpoints, the trainer's position in the run (sampler, counters) and the plan, logged."""
+        cfg = self.cfg
         self.checkpoints = CheckpointManager(
             accelerator=self.accelerator,
             cfg=cfg,
