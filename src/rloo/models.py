@@ -84,7 +84,8 @@ def check_safetensors_weights(model_dir: Path, *, flag: str, shown: str | None =
             ) from None
 
 
-def _check_source(flag: str, path: str) -> None:
+def check_model_source(flag: str, path: str) -> None:
+    """One line for a local-looking model path that is missing or holds no model; a Hub id passes."""
     p = Path(path).expanduser()
     looks_local = p.exists() or path.startswith((".", "/", "~")) or path.count("/") > 1
     if not looks_local:
@@ -98,7 +99,7 @@ def _check_source(flag: str, path: str) -> None:
 
 
 def _wrap_load(flag: str, path: str, fn: Any) -> Any:
-    _check_source(flag, path)
+    check_model_source(flag, path)
     try:
         return fn()
     except UserError:

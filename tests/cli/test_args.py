@@ -466,3 +466,13 @@ def test_top_level_usage_aligns_the_commands(capsys: pytest.CaptureFixture[str])
     assert [line.split()[0] for line in lines] == list(COMMANDS)
     starts = {len(line) - len(line[2:].split(maxsplit=1)[1]) for line in lines}
     assert len(starts) == 1, lines  # every description starts in the same column
+
+
+def test_a_bare_value_is_not_called_a_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    # `rloo push /some/model` (the path without its flag): say so, rather than "unknown flag(s) /some/model"
+    assert main(["push", "/nonexistent/model"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(
+        "rloo push: error: unexpected argument '/nonexistent/model': every value follows its flag"
+    )
+    assert len(err.splitlines()) == 1

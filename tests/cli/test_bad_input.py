@@ -57,6 +57,17 @@ CASES: dict[str, Case] = {
         lambda r: ["--model_name_or_path", str(r / "no_such_model")],
         ("--model_name_or_path", "no_such_model: no such directory", "pass a model directory"),
     ),
+    # the model path is checked before the datasets load: a Hub-looking dataset name is never fetched
+    # (here it would cost ~26 s of retries before any error) when the model path is already wrong
+    "missing_model_dir_before_dataset": Case(
+        lambda r: [
+            "--model_name_or_path",
+            str(r / "no_such_model"),
+            "--dataset_name",
+            "no-such-org/no-such-ds",
+        ],
+        ("--model_name_or_path", "no_such_model: no such directory", "pass a model directory"),
+    ),
     "corrupt_model_dir": Case(
         lambda r: ["--model_name_or_path", str(r / "corrupt_model")],
         ("--model_name_or_path", "corrupt_model: cannot load it", "save_pretrained"),

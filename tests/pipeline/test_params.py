@@ -201,3 +201,16 @@ def test_train_step_defaults_are_the_pipelines() -> None:
         assert f.name in pipeline, f"TrainParams.{f.name} is no pipeline parameter"
         if f.default is not MISSING:
             assert f.default == pipeline[f.name].default, f.name
+
+
+def test_a_params_file_that_is_not_yaml_is_one_line(tmp_path: Path) -> None:
+    bad = tmp_path / "params.yaml"
+    bad.write_text("model: x\nthis is: not: yaml\n")
+    with pytest.raises(
+        UserError, match=r"^--params .*params.yaml: not valid YAML \(line 2\); fix the syntax\.$"
+    ):
+        parse_params([], str(bad))
+    with pytest.raises(
+        UserError, match=r"^--param 'gpu_node_selector=\{a: \[1,': the value is not valid YAML"
+    ):
+        parse_params(["gpu_node_selector={a: [1,"])

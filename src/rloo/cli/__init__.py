@@ -46,17 +46,9 @@ def _train(argv: list[str]) -> int:
 
 
 def _setup_logging() -> None:
-    import logging
+    from rloo.cli.output import setup_logging
 
-    # Progress messages go to stdout: stderr is reserved for the one-line error of a failed run.
-    logging.basicConfig(level=logging.INFO, format="[rloo] %(message)s", stream=sys.stdout)
-    logging.getLogger("botocore.credentials").setLevel(
-        logging.WARNING
-    )  # "Found credentials in ..." per client
-    # transformers' per-file "Loading weights" bars are noise next to the training progress bar
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
+    setup_logging()
 
 
 def _demo(argv: list[str]) -> int:

@@ -59,6 +59,11 @@ class _Parser(argparse.ArgumentParser):
         # No program name here: the command prints the message after its own "rloo <command>: error: ".
         if message.startswith("unrecognized arguments:"):
             words = message.split(":", 1)[1].split()
+            if words and not words[0].startswith("-"):  # a value before any flag: a positional argument
+                raise UserError(
+                    f"unexpected argument {words[0]!r}: every value follows its flag (--name VALUE); "
+                    f"see '{self.prog} --help' for the accepted flags."
+                )
             flags = " ".join(
                 w + did_you_mean(w.split("=")[0], self._option_string_actions) if w.startswith("--") else w
                 for w in words

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import json
-import logging
-import sys
 
 from rloo.cli.args import parse_config
+from rloo.cli.output import setup_logging
 from rloo.eval.config import EvalConfig
 
 DESCRIPTION = (
@@ -20,12 +19,7 @@ def main(argv: list[str]) -> int:
     """Entry point of ``rloo eval``; UserErrors propagate to the ``rloo`` dispatcher (one line, exit 2)."""
     cfg = parse_config(EvalConfig, argv, prog="rloo eval", description=DESCRIPTION, aliases={})
     # progress on stdout: stderr is kept for the one-line error of a failed run
-    logging.basicConfig(level=logging.INFO, format="[rloo] %(message)s", stream=sys.stdout)
-    for name in ("httpx", "httpx2"):  # one line per judge request is noise
-        logging.getLogger(name).setLevel(logging.WARNING)
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # per-file "Loading weights" bars
+    setup_logging()
     from rloo.eval.runner import RESULTS_FILE, run_eval
 
     results = run_eval(cfg)

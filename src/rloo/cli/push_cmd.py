@@ -25,9 +25,9 @@ def main(argv: list[str]) -> int:
 
     try:
         cfg = parse_config(PushConfig, argv, prog="rloo push", description=DESCRIPTION, aliases={})
-        import logging
+        from rloo.cli.output import setup_logging
 
-        logging.basicConfig(level=logging.INFO, format="[rloo] %(message)s", stream=sys.stdout)
+        setup_logging()
         from rloo.push.stage import run_push
 
         result = run_push(cfg)

@@ -100,7 +100,12 @@ def parse_params(pairs: list[str], params_file: str | None = None) -> dict[str, 
             raise UserError(
                 f"--params {params_file}: no such file; pass a YAML mapping of pipeline parameters."
             )
-        loaded = yaml.safe_load(p.read_text()) or {}
+        try:
+            loaded = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f" (line {mark.line + 1})" if mark is not None else ""
+            raise UserError(f"--params {params_file}: not valid YAML{where}; fix the syntax.") from None
         if not isinstance(loaded, dict):
             raise UserError(f"--params {params_file}: expected a mapping of parameter names to values.")
         params.update(loaded)
@@ -108,5 +113,10 @@ def parse_params(pairs: list[str], params_file: str | None = None) -> dict[str, 
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise UserError(f"--param {pair!r}: expected key=value.")
-        params[key.strip()] = yaml.safe_load(value) if value.strip() else ""
+        try:
+            params[key.strip()] = yaml.safe_load(value) if value.strip() else ""
+        except yaml.YAMLError:
+            raise UserError(
+                f"--param {pair!r}: the value is not valid YAML; quote it (key='...') or fix the syntax."
+            ) from None
     return params

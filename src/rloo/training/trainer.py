@@ -42,6 +42,7 @@ from rloo.generation import (
     scale_logits,
 )
 from rloo.models import (
+    check_model_source,
     load_causal_lm,
     load_reward_model,
     load_tokenizer,
@@ -158,6 +159,10 @@ class RLOOTrainer:
         if out.exists() and not out.is_dir():
             flag = "--local_dir" if self.remote is not None and cfg.local_dir else "--output_dir"
             raise UserError(f"{flag} {out} is a file; pass a directory.")
+        # a mistyped local model path is one line now, not after the datasets have loaded
+        for name in ("model_name_or_path", "sft_model_path", "reward_model_path"):
+            if getattr(cfg, name):
+                check_model_source(name, getattr(cfg, name))
 
     def _setup_accelerator(self) -> None:
         """The accelerate state: precision, gradient accumulation, device."""
