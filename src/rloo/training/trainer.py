@@ -517,6 +517,8 @@ class RLOOTrainer:
         )
 
     def rollout(self, update: int, timer: _Timer) -> Rollout:
+        """One update's experience: sample K completions of this rank's prompts, take the policy's and the
+        reference's log-probs of them, score them and turn the scores into advantages."""
         cfg, tok, dev = self.cfg, self.tokenizer, self.device
         k = cfg.rloo_k
         # every rank draws the same global list and keeps its slice: the data order, and so the run,
@@ -524,85 +526,12 @@ class RLOOTrainer:
         ppr = self.plan.prompts_per_rank
         index = self.sampler.next(ppr * self.world)[self.rank * ppr : (self.rank + 1) * ppr]
         p = len(index)
-        prompt_ids, prompt_mask = left_pad(
-            [self.train_ids[i] for i in index], tok.pad_token_id, dev
-        )  # (P, L)
-        params = SamplingParams(
-            max_new_tokens=cfg.response_length,
-            temperature=cfg.temperature,
-            top_k=cfg.top_k,
-            top_p=cfg.top_p,
-            stop_token_id=self.stop_token_id,
-            pad_token_id=tok.pad_token_id,
-        )
-        self.policy.eval()
         with timer("generation"):
-            seeds = row_seeds(cfg.seed, update, torch.tensor(index), k)
-            with deepspeed_utils.gather_for_generation(
-                self.policy, self.accelerator, self.gather_for_generation
-            ):
-                gen = self.generator.generate(
-                    prompt_ids,
-                    prompt_mask,
-                    k,
-                    params,
-                    seeds,
-                    return_logprobs=self.on_policy or cfg.vllm_importance_sampling_correction,
-                )
-        responses = gen.tokens  # (B, T)
+            sampled, gen_logprobs = self._sample(update, index)
+        responses, mask, prompt_mask = sampled.responses, sampled.mask, sampled.prompt_mask
         t = responses.size(1)
-        mask = algo.completion_mask(responses, self.stop_token_id)  # (B, T)
-        loss_mask = mask
-        if cfg.mask_truncated_completions:  # the config requires a stop token with this flag
-            assert self.stop_token_id is not None
-            truncated = algo.truncated_completions(responses, self.stop_token_id)  # (B,)
-            loss_mask = mask & ~truncated[:, None]  # (B, T)
-        if self.stop_token_id is not None:
-            responses = algo.truncate_after_stop(responses, self.stop_token_id, tok.pad_token_id)
-        sampling_logprobs = None
-        if cfg.vllm_importance_sampling_correction:
-            if gen.logprobs is None:  # the config refuses top-k/top-p with this flag; nothing else drops them
-                raise RuntimeError(
-                    "the vLLM engine returned no log-probs for the importance sampling correction"
-                )
-            sampling_logprobs = gen.logprobs.masked_fill(~mask, 0.0)  # (B, T)
-        sampled = Sampled(
-            prompt_ids=prompt_ids,
-            prompt_mask=prompt_mask,
-            rows=torch.arange(p * k, device=dev) // k,
-            responses=responses,
-            mask=mask,
-            loss_mask=loss_mask,
-            sampling_logprobs=sampling_logprobs,
-        )
         with timer("logprobs"):
-            if self.on_policy and gen.logprobs is not None:
-                # On-policy: the loss takes its "old" log-probs from its own forward (see optimize), so
-                # these generation-time values only feed the KL penalty and the entropy metric.
-                old_logprobs = gen.logprobs.masked_fill(~mask, 0.0)  # (B, T)
-            else:
-                self.policy.train()  # the same mode as the optimisation forward: ratios start at exactly 1
-                old_logprobs = self.batched_logprobs(self.policy, sampled)  # (B, T)
-            if self.ref_policy is None:  # LoRA: the base model is the policy with its adapters off
-                with lora.adapter_disabled(self.policy) as base:
-                    ref_logprobs = self.batched_logprobs(base, sampled)  # (B, T)
-            else:
-                offload = cfg.offload_ref_model and not self.deepspeed  # ZeRO places it itself
-                if offload:
-                    self.ref_policy.to(dev)
-                ref_logprobs = self.batched_logprobs(self.ref_policy, sampled)  # (B, T)
-                if offload:
-                    self.ref_policy.to("cpu")  # its GPU memory goes back to the policy's optimisation
-            # NaN logits still sample (inverse-CDF sampling never fails): stop here, before they reach the loss
-            self._stop_if_nonfinite(
-                update,
-                {
-                    "rollout/logprobs": ~(
-                        torch.isfinite(old_logprobs.masked_fill(~mask, 0.0)).all()
-                        & torch.isfinite(ref_logprobs.masked_fill(~mask, 0.0)).all()
-                    )
-                },
-            )
+            old_logprobs, ref_logprobs = self._logprobs(update, sampled, gen_logprobs)
 
         with timer("scoring"):
             batch = self._reward_batch(self.train_ds, self.train_texts, index, k, responses, mask)
@@ -671,6 +600,96 @@ class RLOOTrainer:
             advantages=advantages,
             metrics=metrics,
         )
+
+    def _sample(self, update: int, index: list[int]) -> tuple[Sampled, torch.Tensor | None]:
+        """K completions of each prompt of ``index``, masked after the stop token, and the sampler's own
+        log-probs of them (B, T) when it returned them (else None)."""
+        cfg, tok, dev = self.cfg, self.tokenizer, self.device
+        k, p = cfg.rloo_k, len(index)
+        prompt_ids, prompt_mask = left_pad(
+            [self.train_ids[i] for i in index], tok.pad_token_id, dev
+        )  # (P, L)
+        params = SamplingParams(
+            max_new_tokens=cfg.response_length,
+            temperature=cfg.temperature,
+            top_k=cfg.top_k,
+            top_p=cfg.top_p,
+            stop_token_id=self.stop_token_id,
+            pad_token_id=tok.pad_token_id,
+        )
+        self.policy.eval()
+        seeds = row_seeds(cfg.seed, update, torch.tensor(index), k)
+        with deepspeed_utils.gather_for_generation(self.policy, self.accelerator, self.gather_for_generation):
+            gen = self.generator.generate(
+                prompt_ids,
+                prompt_mask,
+                k,
+                params,
+                seeds,
+                return_logprobs=self.on_policy or cfg.vllm_importance_sampling_correction,
+            )
+        responses = gen.tokens  # (B, T)
+        mask = algo.completion_mask(responses, self.stop_token_id)  # (B, T)
+        loss_mask = mask
+        if cfg.mask_truncated_completions:  # the config requires a stop token with this flag
+            assert self.stop_token_id is not None
+            truncated = algo.truncated_completions(responses, self.stop_token_id)  # (B,)
+            loss_mask = mask & ~truncated[:, None]  # (B, T)
+        if self.stop_token_id is not None:
+            responses = algo.truncate_after_stop(responses, self.stop_token_id, tok.pad_token_id)
+        sampling_logprobs = None
+        if cfg.vllm_importance_sampling_correction:
+            if gen.logprobs is None:  # the config refuses top-k/top-p with this flag; nothing else drops them
+                raise RuntimeError(
+                    "the vLLM engine returned no log-probs for the importance sampling correction"
+                )
+            sampling_logprobs = gen.logprobs.masked_fill(~mask, 0.0)  # (B, T)
+        sampled = Sampled(
+            prompt_ids=prompt_ids,
+            prompt_mask=prompt_mask,
+            rows=torch.arange(p * k, device=dev) // k,
+            responses=responses,
+            mask=mask,
+            loss_mask=loss_mask,
+            sampling_logprobs=sampling_logprobs,
+        )
+        gen_logprobs = None if gen.logprobs is None else gen.logprobs.masked_fill(~mask, 0.0)  # (B, T)
+        return sampled, gen_logprobs
+
+    def _logprobs(
+        self, update: int, sampled: Sampled, gen_logprobs: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The policy's ("old") and the reference's log-probs of the samples, each (B, T); training stops
+        here (one line) on a non-finite value."""
+        cfg, dev, mask = self.cfg, self.device, sampled.mask
+        if self.on_policy and gen_logprobs is not None:
+            # On-policy: the loss takes its "old" log-probs from its own forward (see optimize), so
+            # these generation-time values only feed the KL penalty and the entropy metric.
+            old_logprobs = gen_logprobs  # (B, T)
+        else:
+            self.policy.train()  # the same mode as the optimisation forward: ratios start at exactly 1
+            old_logprobs = self.batched_logprobs(self.policy, sampled)  # (B, T)
+        if self.ref_policy is None:  # LoRA: the base model is the policy with its adapters off
+            with lora.adapter_disabled(self.policy) as base:
+                ref_logprobs = self.batched_logprobs(base, sampled)  # (B, T)
+        else:
+            offload = cfg.offload_ref_model and not self.deepspeed  # ZeRO places it itself
+            if offload:
+                self.ref_policy.to(dev)
+            ref_logprobs = self.batched_logprobs(self.ref_policy, sampled)  # (B, T)
+            if offload:
+                self.ref_policy.to("cpu")  # its GPU memory goes back to the policy's optimisation
+        # NaN logits still sample (inverse-CDF sampling never fails): stop here, before they reach the loss
+        self._stop_if_nonfinite(
+            update,
+            {
+                "rollout/logprobs": ~(
+                    torch.isfinite(old_logprobs.masked_fill(~mask, 0.0)).all()
+                    & torch.isfinite(ref_logprobs.masked_fill(~mask, 0.0)).all()
+                )
+            },
+        )
+        return old_logprobs, ref_logprobs
 
     def _token_mean_denominator(self, ro: Rollout, mb: torch.Tensor) -> torch.Tensor | None:
         """With ``token-mean``: the global mini-batch's trained tokens / (micro-batches x ranks), else None.
