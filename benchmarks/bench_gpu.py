@@ -459,20 +459,19 @@ def render_table(results: dict[str, dict[str, dict[str, float]]], sizes: list[st
     for key, label, fmt in ROWS:
         cells = [cell(results[s][t].get(key), fmt) for s, t in cols]
         lines.append("| " + " | ".join([label, *cells, TARGETS.get(key, "")]) + " |")
-    ratios = [
-        f"{s.upper()} {results[s]['ours']['episodes_per_s'] / results[s]['trl']['episodes_per_s']:.2f}x"
-        for s in sizes
-        if {"ours", "trl"} <= set(results.get(s, {}))
-    ]
-    steady = [
-        f"{s.upper()} {results[s]['ours']['steady_episodes_per_s'] / results[s]['trl']['steady_episodes_per_s']:.2f}x"
-        for s in sizes
-        if {"ours", "trl"} <= set(results.get(s, {}))
-    ]
-    if ratios:
+
+    def ratios(key: str) -> list[str]:
+        return [
+            f"{s.upper()} {results[s]['ours'][key] / results[s]['trl'][key]:.2f}x"
+            for s in sizes
+            if {"ours", "trl"} <= set(results.get(s, {}))
+        ]
+
+    whole, steady = ratios("episodes_per_s"), ratios("steady_episodes_per_s")
+    if whole:
         lines += [
             "",
-            "ours / TRL episodes/s: " + ", ".join(ratios) + " (target >= 2x); steady: " + ", ".join(steady),
+            "ours / TRL episodes/s: " + ", ".join(whole) + " (target >= 2x); steady: " + ", ".join(steady),
         ]
     return "\n".join(lines)
 

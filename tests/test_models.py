@@ -64,18 +64,22 @@ def _corrupt_copy(src: Path, dst: Path) -> Path:
     return dst
 
 
+def _refusal(which: str, path: Path, *, policy_flag: str) -> tuple[str, str]:
+    """(the UserError's message, the flag it must name) of loading ``path`` as a policy or reward model."""
+    with pytest.raises(UserError) as info:
+        if which == "policy":
+            load_causal_lm(str(path), flag=policy_flag)
+        else:
+            load_reward_model(str(path))
+    return str(info.value), f"--{policy_flag}" if which == "policy" else "--reward_model_path"
+
+
 @pytest.mark.parametrize("which", ["policy", "reward_model"])
 def test_corrupt_model_dir_is_a_one_line_user_error(
     tmp_path: Path, tiny_setup: TinySetup, which: str
 ) -> None:
     bad = _corrupt_copy(getattr(tiny_setup, which), tmp_path / "bad")
-    with pytest.raises(UserError) as info:
-        if which == "policy":
-            load_causal_lm(str(bad), flag="sft_model_path")
-        else:
-            load_reward_model(str(bad))
-    msg = str(info.value)
-    flag = "--sft_model_path" if which == "policy" else "--reward_model_path"
+    msg, flag = _refusal(which, bad, policy_flag="sft_model_path")
     assert msg.startswith(f"{flag} {bad}: cannot load it")
     assert "save_pretrained" in msg
     assert "\n" not in msg
@@ -107,13 +111,7 @@ def test_non_finite_weights_are_refused_naming_path_and_tensor(
 ) -> None:
     # the header is intact, so transformers loads these bytes without complaint
     bad = corrupt_copy(getattr(tiny_setup, which), tmp_path / "bad", byte)
-    with pytest.raises(UserError) as info:
-        if which == "policy":
-            load_causal_lm(str(bad), flag="model_name_or_path")
-        else:
-            load_reward_model(str(bad))
-    msg = str(info.value)
-    flag = "--model_name_or_path" if which == "policy" else "--reward_model_path"
+    msg, flag = _refusal(which, bad, policy_flag="model_name_or_path")
     assert msg.startswith(f"{flag} {bad}: tensor '"), msg
     assert ("NaN" if byte == 0xFF else "magnitude 3.4e+38") in msg
     assert "corrupt" in msg and "\n" not in msg

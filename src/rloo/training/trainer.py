@@ -637,13 +637,10 @@ class RLOOTrainer:
             loss_mask = mask & ~truncated[:, None]  # (B, T)
         if self.stop_token_id is not None:
             responses = algo.truncate_after_stop(responses, self.stop_token_id, tok.pad_token_id)
-        sampling_logprobs = None
-        if cfg.vllm_importance_sampling_correction:
-            if gen.logprobs is None:  # the config refuses top-k/top-p with this flag; nothing else drops them
-                raise RuntimeError(
-                    "the vLLM engine returned no log-probs for the importance sampling correction"
-                )
-            sampling_logprobs = gen.logprobs.masked_fill(~mask, 0.0)  # (B, T)
+        gen_logprobs = None if gen.logprobs is None else gen.logprobs.masked_fill(~mask, 0.0)  # (B, T)
+        # the config refuses top-k/top-p with this flag; nothing else drops the engine's log-probs
+        if cfg.vllm_importance_sampling_correction and gen_logprobs is None:
+            raise RuntimeError("the vLLM engine returned no log-probs for the importance sampling correction")
         sampled = Sampled(
             prompt_ids=prompt_ids,
             prompt_mask=prompt_mask,
@@ -651,9 +648,8 @@ class RLOOTrainer:
             responses=responses,
             mask=mask,
             loss_mask=loss_mask,
-            sampling_logprobs=sampling_logprobs,
+            sampling_logprobs=gen_logprobs if cfg.vllm_importance_sampling_correction else None,
         )
-        gen_logprobs = None if gen.logprobs is None else gen.logprobs.masked_fill(~mask, 0.0)  # (B, T)
         return sampled, gen_logprobs
 
     def _logprobs(
