@@ -224,7 +224,7 @@ def rloo_pipeline(
         with dsl.If(num_nodes == 1, name="single-node"):
             single = train_rloo(
                 sft_model=fetch.outputs["sft_model"],
-                train_args_json=check.output,
+                train_config_json=check.output,
                 gpu_count=gpu_count,
                 output_uri=output_uri,
                 **common,
@@ -241,7 +241,7 @@ def rloo_pipeline(
         with dsl.Else(name="multi-node"):
             multi = train_rloo_multinode(
                 sft_model=fetch.outputs["sft_model"],
-                train_args_json=check.output,
+                train_config_json=check.output,
                 gpu_count=gpu_count,
                 num_nodes=num_nodes,
                 gpu_resource=gpu_resource,

@@ -10,7 +10,7 @@ from rloo.pipeline.images import SLIM_IMAGE, TRAIN_IMAGE
 @dsl.component(base_image=TRAIN_IMAGE, install_kfp_package=False)
 def train_rloo(
     sft_model: Input[Model],
-    train_args_json: str,
+    train_config_json: str,
     gpu_count: int,
     output_uri: str,
     kfp_run_id: str,
@@ -48,7 +48,7 @@ def train_rloo(
     work = os.environ.get("RLOO_WORK_DIR") or tempfile.mkdtemp(prefix="rloo-train-")
     argv += ["--work_dir", work]
     try:
-        rc = node_main([*argv, "--", *json.loads(train_args_json)])
+        rc = node_main([*argv, "--train_config", train_config_json])
         if rc != 0:
             raise SystemExit(rc)
         trained_model.metadata.update(
@@ -74,7 +74,7 @@ def train_rloo(
 @dsl.component(base_image=SLIM_IMAGE, install_kfp_package=False)
 def train_rloo_multinode(
     sft_model: Input[Model],
-    train_args_json: str,
+    train_config_json: str,
     gpu_count: int,
     num_nodes: int,
     gpu_resource: str,
@@ -107,7 +107,7 @@ def train_rloo_multinode(
         run_id=kfp_run_id,
         run_name=kfp_run_name,
         sft_uri=sft_model.metadata["uri"],
-        train_args=json.loads(train_args_json),
+        train_config=json.loads(train_config_json),
         output_uri=output_uri,
         namespace=namespace
         or Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace").read_text().strip(),

@@ -40,7 +40,8 @@ def validate_params(
     multinode_backend: str = "trainjob",
     training_runtime: str = "torch-distributed",
 ) -> str:
-    """Returns the ``rloo train`` flags (a JSON list) built from the validated parameters."""
+    """Returns the training config (a JSON mapping that ``rloo train --config`` reads) the validated parameters
+    give."""
     params = dict(locals())  # first statement: exactly the parameters, by their pipeline names
     import json
     import sys
@@ -50,8 +51,8 @@ def validate_params(
 
     try:
         # the model is looked up here (directory, s3:// upload or Hub repo), before any GPU is requested
-        flags = check_pipeline_params(params, check_hub=True)
+        train_config = check_pipeline_params(params, check_hub=True)
     except UserError as e:
         print(f"invalid pipeline parameters: {e}", file=sys.stderr)
         raise SystemExit(2) from None
-    return json.dumps(flags)
+    return json.dumps(train_config, sort_keys=True)

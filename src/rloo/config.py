@@ -14,11 +14,12 @@ import dataclasses
 import hashlib
 import math
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rloo.errors import UserError
+from rloo.options import aliases_of, option
 
 if TYPE_CHECKING:
     from rloo.storage.location import Location
@@ -26,24 +27,6 @@ if TYPE_CHECKING:
 # Below an s3:// output_dir: where checkpoints are mirrored (the final model sits at the prefix itself).
 CHECKPOINTS_SUBDIR = "checkpoints"
 
-
-def _f(default: Any, help: str, **kw: Any) -> Any:
-    if isinstance(default, list):
-        return field(default_factory=lambda: list(default), metadata={"help": help, **kw})
-    return field(default=default, metadata={"help": help, **kw})
-
-
-# current-trainer name -> classic name. Users bring either; the classic name is canonical.
-ALIASES: dict[str, str] = {
-    "num_generations": "rloo_k",
-    "beta": "kl_coef",
-    "epsilon": "cliprange",
-    "num_iterations": "num_ppo_epochs",
-    "steps_per_generation": "num_mini_batches",
-    "max_completion_length": "response_length",
-    "normalize_advantages": "normalize_advantage",
-    "epsilon_high": "cliprange_high",
-}
 
 LR_SCHEDULERS = ("linear", "cosine", "constant", "constant_with_warmup")
 KL_ESTIMATORS = ("k1", "k2", "k3")
@@ -57,224 +40,251 @@ class RLOOConfig:
     """Everything ``rloo train`` needs. Counts of "episodes" are counts of completions."""
 
     # --- models -------------------------------------------------------------------------------------
-    model_name_or_path: str | None = _f(None, "Policy checkpoint and tokenizer: Hub id or local directory.")
-    sft_model_path: str | None = _f(
+    model_name_or_path: str | None = option(
+        None, "Policy checkpoint and tokenizer: Hub id or local directory."
+    )
+    sft_model_path: str | None = option(
         None,
         "SFT checkpoint the policy starts from and the frozen KL reference (default: model_name_or_path).",
     )
-    reward_model_path: str | None = _f(
+    reward_model_path: str | None = option(
         None, "Sequence-classification reward model (Hub id or local dir); scored with its own tokenizer."
     )
-    reward_funcs: list[str] = _f(
+    reward_funcs: list[str] = option(
         [], "Reward functions as import paths 'pkg.module:fn' (called with prompts, completions, ...)."
     )
-    reward_weights: list[float] | None = _f(
+    reward_weights: list[float] | None = option(
         None, "One weight per reward source: the reward model first (if any), then each reward function."
     )
-    trust_remote_code: bool = _f(False, "Allow custom model code from the checkpoint (transformers option).")
+    trust_remote_code: bool = option(
+        False, "Allow custom model code from the checkpoint (transformers option)."
+    )
 
     # --- data ---------------------------------------------------------------------------------------
-    dataset_name: str | None = _f(
+    dataset_name: str | None = option(
         None, "Hub dataset id or local directory laid out like one (data/<split>-*.parquet|jsonl)."
     )
-    dataset_config: str | None = _f(
+    dataset_config: str | None = option(
         None, "Dataset configuration (subset) name, for Hub datasets that have them."
     )
-    dataset_train_split: str = _f("train", "Split used for training prompts.")
-    dataset_test_split: str = _f("test", "Split used for sample generations (falls back to train if absent).")
+    dataset_train_split: str = option("train", "Split used for training prompts.")
+    dataset_test_split: str = option(
+        "test", "Split used for sample generations (falls back to train if absent)."
+    )
 
     # --- run ----------------------------------------------------------------------------------------
-    output_dir: str = _f(
+    output_dir: str = option(
         "trainer_output",
         "Where the final model, checkpoints and metrics.jsonl are written: a directory, or s3://bucket/prefix "
         "(staged in --local_dir, checkpoints mirrored to <prefix>/checkpoints, the result uploaded at the end).",
     )
-    local_dir: str | None = _f(
+    local_dir: str | None = option(
         None,
         "With an s3:// output_dir: the local staging directory (default: <system temp>/rloo-staging/<hash of "
         "the URI>, so a re-run on the same machine resumes from local checkpoints).",
     )
-    model_source: str | None = _f(
+    model_source: str | None = option(
         None,
         "Where --model_name_or_path was copied from (a Hub id or s3:// URI), recorded in MLflow and "
         "rloo_config.json in place of the local copy's path (set by the pipeline).",
     )
-    publish_uri: str | None = _f(
+    publish_uri: str | None = option(
         None,
         "Where output_dir is published once training ends, recorded as the MLflow run's rloo.output_dir "
         "(set by the pipeline, which uploads it).",
     )
-    exp_name: str = _f("rloo", "Experiment name (metrics and run names).")
-    run_name: str | None = _f(None, "Run name (default: '<exp_name>__<seed>__<unix time>').")
-    seed: int = _f(42, "Seed for data order, sampling and initialisation: a run is reproducible from it.")
+    exp_name: str = option("rloo", "Experiment name (metrics and run names).")
+    run_name: str | None = option(None, "Run name (default: '<exp_name>__<seed>__<unix time>').")
+    seed: int = option(42, "Seed for data order, sampling and initialisation: a run is reproducible from it.")
 
     # --- batch sizes (see batch arithmetic in BatchPlan) -----------------------------------------------
-    per_device_train_batch_size: int = _f(8, "Completions per micro-batch (forward/backward) per device.")
-    per_device_eval_batch_size: int = _f(8, "Prompts per batch when generating samples for the log.")
-    gradient_accumulation_steps: int = _f(1, "Micro-batches accumulated per optimizer step.")
-    num_mini_batches: int = _f(1, "Mini-batches (optimizer steps) per PPO epoch over one rollout batch.")
-    total_episodes: int | None = _f(
+    per_device_train_batch_size: int = option(8, "Completions per micro-batch (forward/backward) per device.")
+    per_device_eval_batch_size: int = option(8, "Prompts per batch when generating samples for the log.")
+    gradient_accumulation_steps: int = option(1, "Micro-batches accumulated per optimizer step.")
+    num_mini_batches: int = option(
+        1,
+        "Mini-batches (optimizer steps) per PPO epoch over one rollout batch.",
+        aliases=("steps_per_generation",),
+    )
+    total_episodes: int | None = option(
         None, "Total completions to train on (default: num_train_epochs x prompts x rloo_k)."
     )
-    num_train_epochs: float = _f(3.0, "Passes over the training prompts when total_episodes is not set.")
-    max_steps: int = _f(-1, "If > 0: number of RLOO updates to run (overrides total_episodes).")
-    local_rollout_forward_batch_size: int = _f(
+    num_train_epochs: float = option(3.0, "Passes over the training prompts when total_episodes is not set.")
+    max_steps: int = option(-1, "If > 0: number of RLOO updates to run (overrides total_episodes).")
+    local_rollout_forward_batch_size: int = option(
         64, "Completions per no-grad forward (generation, log-probs, reward)."
     )
 
     # --- RLOO / PPO ---------------------------------------------------------------------------------
-    rloo_k: int = _f(2, "Completions sampled per prompt (K); the baseline is the mean of the other K-1.")
-    num_ppo_epochs: int = _f(4, "Optimisation passes over each rollout batch.")
-    kl_coef: float = _f(0.05, "KL penalty coefficient against the reference policy.")
-    kl_estimator: str = _f(
+    rloo_k: int = option(
+        2,
+        "Completions sampled per prompt (K); the baseline is the mean of the other K-1.",
+        aliases=("num_generations",),
+    )
+    num_ppo_epochs: int = option(
+        4, "Optimisation passes over each rollout batch.", aliases=("num_iterations",)
+    )
+    kl_coef: float = option(0.05, "KL penalty coefficient against the reference policy.", aliases=("beta",))
+    kl_estimator: str = option(
         "k1",
         "Per-token KL estimator: k1 (logp - ref_logp), k2 (0.5 (logp - ref_logp)^2) or k3 "
         "(exp(ref_logp - logp) - (ref_logp - logp) - 1).",
     )
-    kl_in_loss: bool = _f(
+    kl_in_loss: bool = option(
         False,
         "Add kl_coef x the KL estimate (current policy vs reference, aggregated like the loss) to the loss, "
         "GRPO/verl style, instead of subtracting it from the reward; needs --kl_estimator k2 or k3.",
     )
-    token_level_kl: bool = _f(
+    token_level_kl: bool = option(
         False, "Per-token KL penalty with returns-to-go (REINFORCE++) instead of one sequence-level penalty."
     )
-    cliprange: float = _f(0.2, "PPO clip range for the sequence-level importance ratio.")
-    cliprange_high: float | None = _f(
+    cliprange: float = option(
+        0.2, "PPO clip range for the sequence-level importance ratio.", aliases=("epsilon",)
+    )
+    cliprange_high: float | None = option(
         None,
         "Upper clip range: the ratio is clipped to [1 - cliprange, 1 + cliprange_high] (default cliprange).",
+        aliases=("epsilon_high",),
     )
-    loss_agg_mode: str = _f(
+    loss_agg_mode: str = option(
         "seq-mean-token-sum",
         "How per-token losses become one (verl's names): " + ", ".join(LOSS_AGG_MODES) + ". The default is "
         "the classic sequence-level ratio; the others use per-token ratios.",
     )
-    mask_truncated_completions: bool = _f(
+    mask_truncated_completions: bool = option(
         False,
         "Completions that reach response_length without the stop token get no gradient (they still count "
         "in their group's baseline); needs --stop_token or --stop_token_id.",
     )
-    missing_eos_penalty: float | None = _f(
+    missing_eos_penalty: float | None = option(
         None, "Subtracted from the score of completions without an EOS token."
     )
-    normalize_reward: bool = _f(False, "Standardise scores over the batch, then clip to +-reward_clip_range.")
-    reward_clip_range: float = _f(10.0, "Clip range for normalised scores.")
-    normalize_advantage: bool = _f(False, "Standardise advantages over the batch.")
+    normalize_reward: bool = option(
+        False, "Standardise scores over the batch, then clip to +-reward_clip_range."
+    )
+    reward_clip_range: float = option(10.0, "Clip range for normalised scores.")
+    normalize_advantage: bool = option(
+        False, "Standardise advantages over the batch.", aliases=("normalize_advantages",)
+    )
 
     # --- generation ---------------------------------------------------------------------------------
-    response_length: int = _f(53, "New tokens sampled per completion.")
-    max_prompt_length: int | None = _f(
+    response_length: int = option(
+        53, "New tokens sampled per completion.", aliases=("max_completion_length",)
+    )
+    max_prompt_length: int | None = option(
         None,
         "Prompt tokens kept (longer prompts lose their beginning, with a warning; the metric "
         "prompts/num_truncated counts them). Default: the model's positions (max_position_embeddings, or the "
         "tokenizer's model_max_length if smaller) minus response_length.",
     )
-    temperature: float = _f(0.7, "Sampling temperature (log-probs are computed at the same temperature).")
-    top_k: int = _f(0, "Top-k sampling (0 = off).")
-    top_p: float = _f(1.0, "Nucleus sampling probability mass (1.0 = off).")
-    stop_token: str | None = _f(None, "'eos' to truncate each completion after its first EOS token.")
-    stop_token_id: int | None = _f(None, "Token id to truncate after (overrides stop_token).")
-    num_sample_generations: int = _f(10, "How many times over the run to log a table of sample generations.")
-    use_vllm: bool = _f(
+    temperature: float = option(0.7, "Sampling temperature (log-probs are computed at the same temperature).")
+    top_k: int = option(0, "Top-k sampling (0 = off).")
+    top_p: float = option(1.0, "Nucleus sampling probability mass (1.0 = off).")
+    stop_token: str | None = option(None, "'eos' to truncate each completion after its first EOS token.")
+    stop_token_id: int | None = option(None, "Token id to truncate after (overrides stop_token).")
+    num_sample_generations: int = option(
+        10, "How many times over the run to log a table of sample generations."
+    )
+    use_vllm: bool = option(
         False, "Generate rollouts with a colocated vLLM engine on each GPU (pip install vllm; CUDA only)."
     )
-    vllm_mode: str = _f(
+    vllm_mode: str = option(
         "colocate", "vLLM mode; only 'colocate' (one engine inside each training process) is supported."
     )
-    vllm_gpu_memory_utilization: float = _f(
+    vllm_gpu_memory_utilization: float = option(
         0.3,
         "Fraction of the GPU's total memory the colocated vLLM engine may take (weights + KV cache + "
         "activations); what the policy, reference model, gradients and optimizer state leave free.",
     )
-    vllm_enable_sleep_mode: bool = _f(
+    vllm_enable_sleep_mode: bool = option(
         False,
         "Release vLLM's weights and KV cache between rollouts, leaving the memory to the optimisation phase.",
     )
-    vllm_batch_invariant: bool = _f(
+    vllm_batch_invariant: bool = option(
         False,
         "Run vLLM with VLLM_BATCH_INVARIANT=1 (batch-invariant kernels, slower): a completion then does not "
         "depend on the other requests in its batch; without it, ties can break differently across layouts.",
     )
-    vllm_importance_sampling_correction: bool = _f(
+    vllm_importance_sampling_correction: bool = option(
         False,
         "With --use_vllm: weight the loss by min(pi_train / pi_vllm, cap) (truncated importance sampling) to "
         "correct the mismatch between vLLM's sampling and the trainer's forward.",
     )
-    vllm_importance_sampling_cap: float = _f(
+    vllm_importance_sampling_cap: float = option(
         2.0, "Upper bound of the truncated importance sampling weight (> 1)."
     )
-    cache_implementation: str = _f(
+    cache_implementation: str = option(
         "dynamic",
         "KV cache of the built-in generator: 'dynamic' grows a token a step; 'static' is preallocated to "
         "prompt + response length so every decode step has the same shapes (needed by --compile_generation).",
     )
-    compile_generation: bool = _f(
+    compile_generation: bool = option(
         False,
         "torch.compile the static-cache decode step (mode 'reduce-overhead': on a GPU each step replays as "
         "one CUDA graph, one launch per token); needs --cache_implementation static.",
     )
-    ds3_gather_for_generation: bool = _f(
+    ds3_gather_for_generation: bool = option(
         True,
         "Under DeepSpeed ZeRO-3, gather the full policy once per rollout for fast generation; false generates "
         "from the shards, for models that do not fit whole on one GPU.",
     )
 
     # --- optimisation -------------------------------------------------------------------------------
-    learning_rate: float = _f(3e-6, "AdamW learning rate.")
-    lr_scheduler_type: str = _f("linear", "Learning-rate schedule: " + ", ".join(LR_SCHEDULERS) + ".")
-    warmup_steps: int = _f(0, "Linear warm-up length in updates (overrides warmup_ratio).")
-    warmup_ratio: float = _f(0.0, "Linear warm-up length as a fraction of all updates.")
-    weight_decay: float = _f(0.0, "AdamW weight decay.")
-    adam_beta1: float = _f(0.9, "AdamW beta1.")
-    adam_beta2: float = _f(0.999, "AdamW beta2.")
-    adam_epsilon: float = _f(1e-8, "AdamW epsilon.")
-    max_grad_norm: float = _f(1.0, "Gradient clipping norm (0 = off).")
-    gradient_checkpointing: bool = _f(False, "Recompute activations in backward to save memory.")
-    offload_ref_model: bool = _f(
+    learning_rate: float = option(3e-6, "AdamW learning rate.")
+    lr_scheduler_type: str = option("linear", "Learning-rate schedule: " + ", ".join(LR_SCHEDULERS) + ".")
+    warmup_steps: int = option(0, "Linear warm-up length in updates (overrides warmup_ratio).")
+    warmup_ratio: float = option(0.0, "Linear warm-up length as a fraction of all updates.")
+    weight_decay: float = option(0.0, "AdamW weight decay.")
+    adam_beta1: float = option(0.9, "AdamW beta1.")
+    adam_beta2: float = option(0.999, "AdamW beta2.")
+    adam_epsilon: float = option(1e-8, "AdamW epsilon.")
+    max_grad_norm: float = option(1.0, "Gradient clipping norm (0 = off).")
+    gradient_checkpointing: bool = option(False, "Recompute activations in backward to save memory.")
+    offload_ref_model: bool = option(
         False, "Keep the frozen reference model in CPU memory, moving it to the GPU only for its forward."
     )
     # --- LoRA / PEFT (TRL's names) -------------------------------------------------------------------
-    use_peft: bool = _f(
+    use_peft: bool = option(
         False,
         "Train LoRA adapters instead of every weight (pip install peft); the reference is the base model "
         "with the adapters off, so no second copy of the weights is held.",
     )
-    lora_r: int = _f(16, "LoRA rank.")
-    lora_alpha: float = _f(32.0, "LoRA scaling numerator (the update is scaled by lora_alpha / lora_r).")
-    lora_dropout: float = _f(
+    lora_r: int = option(16, "LoRA rank.")
+    lora_alpha: float = option(32.0, "LoRA scaling numerator (the update is scaled by lora_alpha / lora_r).")
+    lora_dropout: float = option(
         0.0,
         "Dropout on the LoRA input (TRL defaults to 0.05; 0 here, as the policy's own dropout is off, so "
         "that the first PPO ratio is exactly 1).",
     )
-    lora_target_modules: list[str] | None = _f(
+    lora_target_modules: list[str] | None = option(
         None, "Module names to adapt, e.g. q_proj v_proj (default: PEFT's choice for the architecture)."
     )
-    merge_adapter: bool = _f(
+    merge_adapter: bool = option(
         False,
         "Also write the base model with the adapter merged in, to output_dir/merged (needs --use_peft).",
     )
-    load_in_4bit: bool = _f(
+    load_in_4bit: bool = option(
         False, "QLoRA: hold the frozen base weights in 4 bits (bitsandbytes; CUDA only; needs --use_peft)."
     )
-    bf16: bool = _f(False, "bfloat16 mixed precision.")
-    fp16: bool = _f(False, "float16 mixed precision (GPU only).")
+    bf16: bool = option(False, "bfloat16 mixed precision.")
+    fp16: bool = option(False, "float16 mixed precision (GPU only).")
 
     # --- logging and saving -------------------------------------------------------------------------
-    logging_steps: int = _f(1, "Log metrics every N updates.")
-    save_steps: int = _f(500, "Save a resumable checkpoint every N updates (0 = only the final model).")
-    save_total_limit: int | None = _f(None, "Keep only the newest N checkpoints (default: all).")
-    resume_from_checkpoint: str = _f(
+    logging_steps: int = option(1, "Log metrics every N updates.")
+    save_steps: int = option(500, "Save a resumable checkpoint every N updates (0 = only the final model).")
+    save_total_limit: int | None = option(None, "Keep only the newest N checkpoints (default: all).")
+    resume_from_checkpoint: str = option(
         "latest",
         "'latest' resumes from the newest complete checkpoint in output_dir, 'none' starts over, or a path.",
     )
-    preemption_grace_seconds: float = _f(
+    preemption_grace_seconds: float = option(
         25.0, "On SIGTERM, checkpoint and exit within this many seconds (Kubernetes waits 30 by default)."
     )
-    disable_tqdm: bool = _f(False, "Hide the progress bar.")
-    report_to: str | None = _f(
+    disable_tqdm: bool = option(False, "Hide the progress bar.")
+    report_to: str | None = option(
         None, "'mlflow' or 'none' (default: MLflow exactly when MLFLOW_TRACKING_URI is set)."
     )
-    checkpoint_uri: str | None = _f(
+    checkpoint_uri: str | None = option(
         None,
         "s3://bucket/prefix (or a directory) to mirror every checkpoint to; a run on a fresh machine resumes "
         "from the newest complete one there.",
@@ -539,6 +549,11 @@ class RLOOConfig:
     @classmethod
     def field_names(cls) -> list[str]:
         return [f.name for f in dataclasses.fields(cls)]
+
+
+# current-trainer name -> classic name, as the fields declare them. Users bring either; the classic name is
+# canonical.
+ALIASES: dict[str, str] = aliases_of(RLOOConfig)
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from rloo.options import hf as options_hf
 from rloo.pipeline.images import DEFAULT_REGISTRY, DEFAULT_TAG, IMAGE_EXTRAS, image
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -74,3 +75,12 @@ def test_image_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
     assert image("train") == "other/train:1"
     with pytest.raises(KeyError):
         image("gpu")
+
+
+def test_the_slim_image_can_parse_configs() -> None:
+    """The validate step (slim image) parses the training config with HfArgumentParser: transformers must come
+    with the core dependencies, which every image installs."""
+    tomllib = pytest.importorskip("tomllib")
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert any(re.match(r"transformers\b", d) for d in project["dependencies"])
+    assert "from transformers import HfArgumentParser" in Path(options_hf.__file__).read_text()

@@ -35,20 +35,39 @@ def test_launch_commands() -> None:
     assert "--standalone" not in multi  # the rendezvous comes from the operator's PET_* variables
 
 
-def test_train_args_roundtrip_through_the_cli_parser() -> None:
-    from rloo.cli.args import parse_config
-    from rloo.config import ALIASES, RLOOConfig
+def test_the_validated_config_is_what_rloo_train_reads(tmp_path: Path) -> None:
+    """validate emits the training config once (canonical names, typed, aliases resolved, defaults left out);
+    the train step writes it as it is and 'rloo train --config' reads it: the same config as the flags give."""
+    from rloo.config import RLOOConfig
+    from rloo.options import parse_config
 
-    p = TrainParams(
+    train = TrainParams(
         dataset_name="d",
         reward_model_path="org/rm",
         rloo_k=4,
         learning_rate=1e-5,
-        extra_train_args="--bf16 --kl_coef 0.1",
+        extra_train_args="--bf16 --beta 0.1 --reward_funcs rloo.demo.toy:letter_reward --reward_weights 1 -0.5",
     )
-    args = ["--model_name_or_path", "m", "--output_dir", "o", *train_args(p)]
-    cfg = parse_config(RLOOConfig, args, prog="t", description="", aliases=ALIASES)
-    assert (cfg.rloo_k, cfg.learning_rate, cfg.bf16, cfg.kl_coef) == (4, 1e-5, True, 0.1)
+    config = validate_params(**{**GOOD, "train": train})  # type: ignore[arg-type]
+    assert config["kl_coef"] == 0.1 and "beta" not in config  # the alias resolved, once
+    assert (config["rloo_k"], config["bf16"], config["reward_weights"]) == (4, True, [1.0, -0.5])
+    assert isinstance(config["learning_rate"], float) and isinstance(config["rloo_k"], int)
+    assert "num_ppo_epochs" not in config  # a default stays the image's own
+    # what the node does with it (rloo.pipeline.node): JSON to a file, then --config
+    path = tmp_path / "train_config.yaml"
+    path.write_text(json.dumps(json.loads(json.dumps(config, sort_keys=True)), indent=2))
+    pod = ["--model_name_or_path", "m", "--output_dir", "o"]
+    from_file = parse_config(RLOOConfig, [*pod, "--config", str(path)], prog="t")
+    from_flags = parse_config(RLOOConfig, [*pod, *train_args(train)], prog="t")
+    assert from_file == from_flags
+    assert (from_file.kl_coef, from_file.learning_rate, from_file.reward_weights) == (0.1, 1e-5, [1.0, -0.5])
+
+
+@pytest.mark.parametrize("flag", ["--output_dir x", "--model_name_or_path m", "--checkpoint_uri s3://bk/c"])
+def test_pod_locations_are_not_the_users_to_give(flag: str) -> None:
+    train = TrainParams(dataset_name="d", reward_model_path="r", extra_train_args=flag)
+    with pytest.raises(UserError, match=f"^{flag.split()[0]} is set by the pipeline itself"):
+        validate_params(**{**GOOD, "train": train})  # type: ignore[arg-type]
 
 
 GOOD = dict(

@@ -71,8 +71,8 @@ def test_validate_checks_the_output_bucket_in_seconds(
 
 
 def test_validate_passes_a_reachable_bucket(aws: S3Server) -> None:
-    validate_params(**PARAMS, output_uri=f"s3://{aws.bucket}/runs")  # nothing written there
-    assert validate_params(**PARAMS, output_uri=f"s3://{aws.bucket}/runs", check_paths=False) is None
+    checked = validate_params(**PARAMS, output_uri=f"s3://{aws.bucket}/runs")  # nothing written there
+    assert checked == validate_params(**PARAMS, output_uri=f"s3://{aws.bucket}/runs", check_paths=False)
 
 
 def test_fetch_step_fails_in_one_line_without_a_traceback(

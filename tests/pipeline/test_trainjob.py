@@ -34,7 +34,7 @@ def _spec(**kw: object) -> TrainJobSpec:
         name="rloo-train-abc",
         namespace="team-a",
         image="reg/rloo-train:1",
-        train_args=["--dataset_name", "d", "--rloo_k", "4"],
+        train_config={"dataset_name": "d", "rloo_k": 4},
         sft_uri="s3://b/run/sft",
         model_uri="s3://b/run/model",
         checkpoint_uri="s3://b/run/checkpoints",
@@ -74,8 +74,7 @@ def test_manifest_fields() -> None:
         assert c["name"] == "pytorch" and c["image"] == "reg/rloo-train:1"
         cmd = c["command"]
         assert cmd[:3] == ["python", "-m", "rloo.pipeline.node"]
-        after = cmd[cmd.index("--") + 1 :]
-        assert after == ["--dataset_name", "d", "--rloo_k", "4"]
+        assert json.loads(cmd[cmd.index("--train_config") + 1]) == {"dataset_name": "d", "rloo_k": 4}
         assert cmd[cmd.index("--checkpoint_uri") + 1] == "s3://b/run/checkpoints"
         assert cmd[cmd.index("--sft_uri") + 1] == "s3://b/run/sft"
         assert cmd[cmd.index("--model_uri") + 1] == "s3://b/run/model"
@@ -110,7 +109,7 @@ def test_no_secret_values_and_cpu_only_pods() -> None:
         ({"gpus_per_node": -1}, "gpu_count must be >= 0"),
         ({"checkpoint_uri": "/tmp/ck"}, "checkpoint_uri must be s3://"),
         ({"name": "Bad_Name"}, "not a valid Kubernetes name"),
-        ({"train_args": ["--output_dir", "x"]}, "--output_dir is set by the job"),
+        ({"train_config": {"output_dir": "x"}}, "--output_dir is set by the job"),
     ],
 )
 def test_bad_specs(change: dict[str, object], message: str) -> None:
@@ -442,9 +441,9 @@ def test_manifest_command_prints_the_job_for_either_backend(capsys: pytest.Captu
     _validate_trainjob(job)
     assert job["metadata"]["namespace"] == "team-a" and job["spec"]["trainer"]["numNodes"] == 2
     cmd = job["spec"]["trainer"]["command"]
-    assert cmd[cmd.index("--learning_rate") + 1] == "3e-06"
-    assert '- "3e-06"' in out  # quoted: a YAML 1.2 reader (kubectl) would read 3e-06 as a number
-    assert cmd[cmd.index("--dataset_name") + 1] == "<dataset_name>"  # placeholders for what is not given
+    config = json.loads(cmd[cmd.index("--train_config") + 1])  # the validated config, as the pods read it
+    assert config["learning_rate"] == 3e-6 and isinstance(config["learning_rate"], float)
+    assert config["dataset_name"] == "<dataset_name>"  # placeholders for what is not given
     assert main([*args, "--backend", "pytorchjob", "--run_id", "r1"]) == 0
     job = yaml.safe_load(capsys.readouterr().out)
     _validate(job)

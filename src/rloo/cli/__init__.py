@@ -27,8 +27,8 @@ commands:
 
 
 def _train(argv: list[str]) -> int:
-    from rloo.cli.args import parse_config
     from rloo.config import ALIASES, RLOOConfig
+    from rloo.options import parse_config
 
     cfg = parse_config(
         RLOOConfig,
@@ -36,7 +36,6 @@ def _train(argv: list[str]) -> int:
         prog="rloo train",
         description="RLOO training. Flags follow the classic TRL RLOO trainer; the current trainer's names "
         "(" + ", ".join(f"{a}->{c}" for a, c in ALIASES.items()) + ") are accepted as aliases.",
-        aliases=ALIASES,
     )
     _setup_logging()
     from rloo.training.trainer import train

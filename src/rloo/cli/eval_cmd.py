@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
-from rloo.cli.args import parse_config
 from rloo.cli.output import setup_logging
 from rloo.eval.config import EvalConfig
+from rloo.options import parse_config
 
 DESCRIPTION = (
     "Generate with --model_name_or_path (and --baseline_model) on --num_examples prompts of a dataset split, "
@@ -17,7 +17,7 @@ DESCRIPTION = (
 
 def main(argv: list[str]) -> int:
     """Entry point of ``rloo eval``; UserErrors propagate to the ``rloo`` dispatcher (one line, exit 2)."""
-    cfg = parse_config(EvalConfig, argv, prog="rloo eval", description=DESCRIPTION, aliases={})
+    cfg = parse_config(EvalConfig, argv, prog="rloo eval", description=DESCRIPTION)
     # progress on stdout: stderr is kept for the one-line error of a failed run
     setup_logging()
     from rloo.eval.runner import RESULTS_FILE, run_eval

@@ -40,7 +40,7 @@ def _kfp_args(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from rloo.cli.args import OneLineParser
+    from rloo.options import OneLineParser
 
     parser = OneLineParser(prog="rloo pipeline", description="The Kubeflow pipeline.")
     sub = parser.add_subparsers(dest="action", required=True)

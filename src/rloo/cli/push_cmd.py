@@ -20,11 +20,11 @@ DESCRIPTION = (
 
 
 def main(argv: list[str]) -> int:
-    from rloo.cli.args import parse_config
+    from rloo.options import parse_config
     from rloo.push.config import PushConfig
 
     try:
-        cfg = parse_config(PushConfig, argv, prog="rloo push", description=DESCRIPTION, aliases={})
+        cfg = parse_config(PushConfig, argv, prog="rloo push", description=DESCRIPTION)
         from rloo.cli.output import setup_logging
 
         setup_logging()

@@ -43,7 +43,7 @@ def build_config(output_dir: Path, *, updates: int, arch: str, seed: int) -> RLO
 
 
 def main(argv: list[str]) -> int:
-    from rloo.cli.args import OneLineParser
+    from rloo.options import OneLineParser
 
     parser = OneLineParser(prog="rloo demo", description=DESCRIPTION)
     parser.add_argument(

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rloo.config import _f
 from rloo.errors import UserError
+from rloo.options import option
 
 ENGINES = ("auto", "vllm", "transformers")
 # Placeholders a judge template must contain (filled with str.replace: prompts may hold braces).
@@ -24,58 +24,64 @@ class EvalConfig:
     """Everything ``rloo eval`` needs: two models, one dataset split with references, one judge."""
 
     # --- models and data ----------------------------------------------------------------------------
-    model_name_or_path: str | None = _f(None, "Trained model to evaluate: Hub id or local directory.")
-    baseline_model: str | None = _f(
+    model_name_or_path: str | None = option(None, "Trained model to evaluate: Hub id or local directory.")
+    baseline_model: str | None = option(
         None, "Baseline (SFT) checkpoint judged on the same prompts; omit to evaluate one model only."
     )
-    dataset_name: str | None = _f(
+    dataset_name: str | None = option(
         None, "Hub dataset id or local directory (prompt + completion columns, or chat 'messages')."
     )
-    dataset_config: str | None = _f(None, "Dataset configuration (subset) name, for Hub datasets.")
-    dataset_split: str = _f("test", "Split whose prompts and reference completions are evaluated.")
-    num_examples: int | None = _f(None, "Evaluate the first N rows of the split (default: all).")
-    output_dir: str = _f("eval_output", "Where eval_results.json, judgements.jsonl and the report go.")
-    trust_remote_code: bool = _f(False, "Allow custom model code from the checkpoints.")
-    seed: int = _f(42, "Seed for sampling (when temperature > 0) and for the bootstrap.")
+    dataset_config: str | None = option(None, "Dataset configuration (subset) name, for Hub datasets.")
+    dataset_split: str = option("test", "Split whose prompts and reference completions are evaluated.")
+    num_examples: int | None = option(None, "Evaluate the first N rows of the split (default: all).")
+    output_dir: str = option("eval_output", "Where eval_results.json, judgements.jsonl and the report go.")
+    trust_remote_code: bool = option(False, "Allow custom model code from the checkpoints.")
+    seed: int = option(42, "Seed for sampling (when temperature > 0) and for the bootstrap.")
 
     # --- generation ---------------------------------------------------------------------------------
-    engine: str = _f(
+    engine: str = option(
         "auto", "Generation engine: auto (vLLM when installed and a GPU is present), vllm, transformers."
     )
-    max_new_tokens: int = _f(200, "Maximum new tokens per completion (the reference evaluation uses 200).")
-    temperature: float = _f(0.0, "Sampling temperature; 0 is greedy decoding (the reference evaluation).")
-    generation_batch_size: int = _f(16, "Prompts per generation batch (transformers engine).")
-    vllm_tensor_parallel_size: int = _f(1, "vLLM tensor-parallel size (GPUs per model).")
-    vllm_gpu_memory_utilization: float = _f(0.9, "Fraction of GPU memory vLLM may use.")
-    vllm_max_model_len: int | None = _f(None, "vLLM maximum sequence length (default: the model's).")
-    vllm_batch_invariant: bool = _f(
+    max_new_tokens: int = option(
+        200, "Maximum new tokens per completion (the reference evaluation uses 200)."
+    )
+    temperature: float = option(0.0, "Sampling temperature; 0 is greedy decoding (the reference evaluation).")
+    generation_batch_size: int = option(16, "Prompts per generation batch (transformers engine).")
+    vllm_tensor_parallel_size: int = option(1, "vLLM tensor-parallel size (GPUs per model).")
+    vllm_gpu_memory_utilization: float = option(0.9, "Fraction of GPU memory vLLM may use.")
+    vllm_max_model_len: int | None = option(None, "vLLM maximum sequence length (default: the model's).")
+    vllm_batch_invariant: bool = option(
         False,
         "Run vLLM with VLLM_BATCH_INVARIANT=1 (batch-invariant kernels, slower): greedy outputs then do not "
         "depend on which prompts share a batch.",
     )
 
     # --- judge --------------------------------------------------------------------------------------
-    judge_base_url: str | None = _f(
+    judge_base_url: str | None = option(
         None, "OpenAI-compatible API base URL, e.g. https://api.openai.com/v1 or http://vllm:8000/v1."
     )
-    judge_model: str | None = _f(None, "Judge model name as the API knows it, e.g. gpt-4o-mini.")
-    judge_api_key_env: str = _f("OPENAI_API_KEY", "Environment variable holding the judge API key.")
-    judge_template: str | None = _f(
+    judge_model: str | None = option(None, "Judge model name as the API knows it, e.g. gpt-4o-mini.")
+    judge_api_key_env: str = option("OPENAI_API_KEY", "Environment variable holding the judge API key.")
+    judge_template: str | None = option(
         None, "File with the judge prompt; must contain {prompt}, {response_a} and {response_b}."
     )
-    judge_max_tokens: int = _f(16, "Maximum tokens of a judge answer (the verdict is one letter).")
-    judge_concurrency: int = _f(8, "Judge requests in flight at once.")
-    judge_max_retries: int = _f(5, "Retries per judge request on 429, 5xx, timeouts and connection errors.")
-    judge_request_budget: int | None = _f(
+    judge_max_tokens: int = option(16, "Maximum tokens of a judge answer (the verdict is one letter).")
+    judge_concurrency: int = option(8, "Judge requests in flight at once.")
+    judge_max_retries: int = option(
+        5, "Retries per judge request on 429, 5xx, timeouts and connection errors."
+    )
+    judge_request_budget: int | None = option(
         None, "Most judge HTTP requests in total, retries and the preflight included (default: no limit)."
     )
-    judge_timeout: float = _f(60.0, "Seconds before a judge request times out (and is retried).")
-    judge_backoff: float = _f(1.0, "First retry delay in seconds; doubles per retry (capped at 30 s).")
+    judge_timeout: float = option(60.0, "Seconds before a judge request times out (and is retried).")
+    judge_backoff: float = option(1.0, "First retry delay in seconds; doubles per retry (capped at 30 s).")
 
     # --- statistics and reporting -------------------------------------------------------------------
-    bootstrap_samples: int = _f(10000, "Bootstrap resamples for the 95 percent confidence intervals.")
-    report_examples: int = _f(50, "Examples shown in the HTML report.")
-    report_to: str | None = _f(None, "'mlflow' or 'none' (default: MLflow when MLFLOW_TRACKING_URI is set).")
+    bootstrap_samples: int = option(10000, "Bootstrap resamples for the 95 percent confidence intervals.")
+    report_examples: int = option(50, "Examples shown in the HTML report.")
+    report_to: str | None = option(
+        None, "'mlflow' or 'none' (default: MLflow when MLFLOW_TRACKING_URI is set)."
+    )
 
     def __post_init__(self) -> None:
         self.validate()

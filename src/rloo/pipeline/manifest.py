@@ -14,7 +14,7 @@ from typing import Any
 from rloo.errors import UserError
 
 # What a required pipeline parameter becomes when it is not given: visibly a placeholder, yet a value every
-# check accepts (the job only carries output_uri and the training flags).
+# check accepts (the job only carries output_uri and the training config).
 PLACEHOLDERS: dict[str, Any] = {
     "model": "<model>",
     "dataset_name": "<dataset_name>",
@@ -30,6 +30,7 @@ NO_NAMESPACE = ""
 def manifest(params: dict[str, Any], *, run_id: str = "manual") -> dict[str, Any]:
     """The job (TrainJob or PyTorchJob, by ``multinode_backend``) for ``params`` (pipeline parameters)."""
     from rloo.pipeline.images import TRAIN_IMAGE
+    from rloo.pipeline.layout import RunLayout
     from rloo.pipeline.params import check_params, with_defaults
     from rloo.pipeline.steps import check_pipeline_params, multinode_spec
     from rloo.pipeline.trainjob import build_job
@@ -38,17 +39,16 @@ def manifest(params: dict[str, Any], *, run_id: str = "manual") -> dict[str, Any
     p = with_defaults({k: v for k, v in PLACEHOLDERS.items() if k not in given} | given)
     if not p["reward_model_path"] and "--reward_funcs" not in str(p["extra_train_args"]):
         p["reward_model_path"] = "<reward_model_path>"  # a reward source is required; none was given
-    flags = check_pipeline_params(p, check_paths=False)
+    train_config = check_pipeline_params(p, check_paths=False)
     if int(p["num_nodes"]) < 2:
         raise UserError(
             f"the multi-node job is for num_nodes >= 2 (got {p['num_nodes']}): pass --param num_nodes=N."
         )
-    base = f"{str(p['output_uri']).rstrip('/')}/{run_id}"
     spec = multinode_spec(
         run_id=run_id,
         run_name=run_id,
-        sft_uri=f"{base}/sft",  # where the fetch step publishes the SFT model
-        train_args=flags,
+        sft_uri=RunLayout(str(p["output_uri"]), run_id).sft,  # where the fetch step publishes the SFT model
+        train_config=train_config,
         output_uri=str(p["output_uri"]),
         namespace=str(p["namespace"]) or NO_NAMESPACE,
         image=TRAIN_IMAGE,

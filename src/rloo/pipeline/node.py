@@ -1,7 +1,9 @@
 """One training node: download the SFT model, launch ``rloo train`` on this pod's GPUs, publish the result.
 
 ``python -m rloo.pipeline.node --sft_uri S --model_uri M --checkpoint_uri C --nproc_per_node N
---num_nodes K -- <rloo train flags>``. Used by the single-node train step (``accelerate launch``) and by
+--num_nodes K --train_config JSON [-- <more rloo train flags>]``: the JSON mapping is the validate step's
+training config, which ``rloo train --config`` reads; the node adds the pod-local locations
+(:data:`POD_LOCAL_FIELDS`) on the command line. Used by the single-node train step (``accelerate launch``) and by
 every pod of the multi-node TrainJob or PyTorchJob (``torchrun``, rendezvous from the ``PET_*`` variables both
 operators set).
 Node 0 uploads the final model; re-running after a preemption resumes from ``--checkpoint_uri``.
@@ -10,10 +12,16 @@ Node 0 uploads the final model; re-running after a preemption resumes from ``--c
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+# The 'rloo train' fields the node sets to this pod's paths and the run's durable names: never the user's.
+POD_LOCAL_FIELDS = frozenset(
+    {"model_name_or_path", "output_dir", "checkpoint_uri", "model_source", "publish_uri"}
+)
 
 
 def launch_command(
@@ -65,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:  # pragma: no cover - runs in th
     parser.add_argument("--nproc_per_node", type=int, default=1)
     parser.add_argument("--num_nodes", type=int, default=1)
     parser.add_argument("--work_dir", default=os.environ.get("RLOO_WORK_DIR", "/tmp/rloo"))
+    parser.add_argument("--train_config", default="{}", help="JSON mapping of 'rloo train' config values")
     parser.add_argument("train_args", nargs=argparse.REMAINDER)
     ns = parser.parse_args(argv)
     extra = ns.train_args[1:] if ns.train_args[:1] == ["--"] else ns.train_args
@@ -74,8 +83,10 @@ def main(argv: list[str] | None = None) -> int:  # pragma: no cover - runs in th
     work = Path(ns.work_dir)
     sft, out = work / "sft", work / "output"
     download_dir(ns.sft_uri, sft, progress=False, overwrite=True)
+    config = work / "train_config.yaml"  # JSON is YAML: 'rloo train --config' reads it as it is
+    config.write_text(json.dumps(json.loads(ns.train_config), indent=2, sort_keys=True) + "\n")
     cmd = launch_command(
-        extra,
+        ["--config", str(config), *extra],
         model_dir=str(sft),
         output_dir=str(out),
         checkpoint_uri=ns.checkpoint_uri,

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from rloo.errors import UserError
+from rloo.options import parse_values
 
 log = logging.getLogger(__name__)
 
@@ -73,11 +74,13 @@ def validate_params(
     eval_max_new_tokens: int = 200,
     check_hub: bool = False,
     model_revision: str = "",
-) -> None:
+) -> dict[str, Any]:
     """Build the stages' configs from the pipeline parameters; raise a one-line UserError for the first bad
-    one. ``check_paths``: the model must exist (:func:`check_model_source`; ``check_hub``: Hub ids too)."""
-    from rloo.cli.args import parse_config
-    from rloo.config import ALIASES, RLOOConfig
+    one. ``check_paths``: the model must exist (:func:`check_model_source`; ``check_hub``: Hub ids too).
+
+    Returns the training config the parameters give (``rloo train`` field names and typed values, defaults
+    left out): the train step runs ``rloo train --config`` on it, adding only the pod-local locations."""
+    from rloo.config import RLOOConfig
     from rloo.eval.config import EvalConfig
     from rloo.push.config import PushConfig
 
@@ -102,15 +105,14 @@ def validate_params(
         raise UserError(f"multi-node training needs an s3:// output_uri (got {output_uri!r}).")
     if check_paths:
         check_storage_access(output_uri, what="output_uri")
-    # parse_config is the CLI's own parser: extra_train_args get exactly the checks 'rloo train' applies.
+    # the parser of 'rloo train' itself: extra_train_args get exactly the checks the command applies
+    from rloo.pipeline.node import POD_LOCAL_FIELDS
+
     try:
-        parse_config(
-            RLOOConfig,
-            ["--model_name_or_path", _PLACEHOLDER_MODEL, "--output_dir", "validate", *train_args(train)],
-            prog="pipeline parameters",
-            description="",
-            aliases=ALIASES,
-        )
+        values = parse_values(RLOOConfig, train_args(train), prog="pipeline parameters")
+        for name in sorted(POD_LOCAL_FIELDS & values.keys()):
+            raise UserError(f"--{name} is set by the pipeline itself; remove it from extra_train_args.")
+        RLOOConfig(**({"model_name_or_path": _PLACEHOLDER_MODEL, "output_dir": "validate"} | values))
     except UserError as e:
         raise UserError(_in_pipeline_terms(str(e), train)) from None
     if not judge_base_url:
@@ -131,6 +133,7 @@ def validate_params(
         register_model=register_model,
         hub_repo_id=hub_repo_id or None,
     )
+    return values
 
 
 def _in_pipeline_terms(message: str, train: TrainParams) -> str:
@@ -147,12 +150,12 @@ def _in_pipeline_terms(message: str, train: TrainParams) -> str:
 
 def check_pipeline_params(
     params: dict[str, Any], *, check_paths: bool = True, check_hub: bool = False
-) -> list[str]:
+) -> dict[str, Any]:
     """:func:`validate_params` on flat pipeline parameters (the names of ``rloo_pipeline``, defaults filled
-    in): a one-line UserError for the first bad one, else the ``rloo train`` flags they give. The validate
+    in): a one-line UserError for the first bad one, else the training config they give. The validate
     step and ``rloo pipeline submit`` both call this, so a run is refused for the same reasons in both."""
     train = TrainParams(**{f: params[f] for f in TrainParams.__dataclass_fields__ if f in params})
-    validate_params(
+    values = validate_params(
         model=str(params["model"]),
         train=train,
         eval_dataset_name=str(params["eval_dataset_name"]),
@@ -171,7 +174,7 @@ def check_pipeline_params(
         model_revision=str(params.get("model_revision") or ""),
     )
     check_pod_params(params)
-    return train_args(train)
+    return values
 
 
 def check_pod_params(params: dict[str, Any]) -> None:
@@ -406,7 +409,7 @@ def multinode_spec(
     run_id: str,
     run_name: str,
     sft_uri: str,
-    train_args: list[str],
+    train_config: dict[str, Any],
     output_uri: str,
     namespace: str,
     image: str,
@@ -433,7 +436,7 @@ def multinode_spec(
         name=job_name(run_id),
         namespace=namespace,
         image=image,
-        train_args=train_args,
+        train_config=train_config,
         sft_uri=sft_uri,
         model_uri=layout.model,
         checkpoint_uri=layout.checkpoints,

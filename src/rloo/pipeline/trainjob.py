@@ -24,11 +24,13 @@ path.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from rloo.errors import UserError
+from rloo.pipeline.node import POD_LOCAL_FIELDS
 from rloo.pipeline.resources import check_pod_memory, check_service_account, cpu_millis
 
 API_VERSION = "kubeflow.org/v1"
@@ -66,7 +68,7 @@ class TrainJobSpec:
     name: str
     namespace: str
     image: str
-    train_args: list[str]
+    train_config: dict[str, Any]  # 'rloo train' config values (rloo.pipeline.steps.validate_params)
     sft_uri: str
     model_uri: str
     checkpoint_uri: str
@@ -108,9 +110,8 @@ class TrainJobSpec:
         check_service_account("train_service_account", self.service_account)
         if self.run_as_user < 1:
             raise UserError(f"the training pods must not run as root (run_as_user={self.run_as_user}).")
-        for flag in ("--checkpoint_uri", "--model_name_or_path", "--output_dir"):
-            if flag in self.train_args:
-                raise UserError(f"{flag} is set by the job itself; remove it from the training arguments.")
+        for name in sorted(POD_LOCAL_FIELDS & self.train_config.keys()):
+            raise UserError(f"--{name} is set by the job itself; remove it from the training configuration.")
 
 
 def _command(spec: TrainJobSpec) -> list[str]:
@@ -129,8 +130,8 @@ def _command(spec: TrainJobSpec) -> list[str]:
         str(_nproc(spec)),
         "--num_nodes",
         str(spec.num_nodes),
-        "--",
-        *spec.train_args,
+        "--train_config",
+        json.dumps(spec.train_config, sort_keys=True),
     ]
 
 

@@ -10,8 +10,8 @@ import os
 import re
 from dataclasses import dataclass
 
-from rloo.config import _f
 from rloo.errors import UserError
+from rloo.options import option
 
 HF_TOKEN_ENV = "HF_TOKEN"
 _HUB_REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]*/[A-Za-z0-9][A-Za-z0-9._\-]*$")
@@ -23,65 +23,65 @@ _MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\- ]*$")
 class PushConfig:
     """Everything ``rloo push`` needs. Every target is optional; with none set only the gate runs."""
 
-    model_path: str | None = _f(
+    model_path: str | None = option(
         None, "Trained model: the output_dir of 'rloo train', or an s3:// prefix of one (with its manifest)."
     )
-    eval_results: str | None = _f(
+    eval_results: str | None = option(
         None,
         "eval_results.json of the evaluation stage (local path or s3://.../eval_results.json); without it "
         "the model can only be a candidate.",
     )
-    output_dir: str = _f("push_output", "Where push_result.json and the staged files are written.")
-    run_id: str | None = _f(
+    output_dir: str = option("push_output", "Where push_result.json and the staged files are written.")
+    run_id: str | None = option(
         None,
         "Identity of this push for idempotency and the versioned prefix (default: KFP_RUN_ID, else a digest "
         "of the model files).",
     )
-    storage_uri: str | None = _f(
+    storage_uri: str | None = option(
         None, "s3://bucket/prefix (or a directory): the model is published at <storage_uri>/<run_id>/."
     )
-    production_uri: str | None = _f(
+    production_uri: str | None = option(
         None, "s3://bucket/prefix (or a directory) where a promoted model (champion) is copied."
     )
-    registered_model_name: str | None = _f(
+    registered_model_name: str | None = option(
         None,
         "MLflow Model Registry name to register a version under (needs MLFLOW_TRACKING_URI; default: the MLflow "
         "experiment's name, e.g. 'rloo').",
     )
-    register_model: bool = _f(
+    register_model: bool = option(
         True,
         "Register a version in the MLflow Model Registry whenever MLFLOW_TRACKING_URI is set (false: log the "
         "push run only).",
     )
-    mlflow_experiment: str | None = _f(
+    mlflow_experiment: str | None = option(
         None, "MLflow experiment of the push run (default: MLFLOW_EXPERIMENT_NAME, else 'rloo')."
     )
-    mlflow_parent_run_id: str | None = _f(
+    mlflow_parent_run_id: str | None = option(
         None, "MLflow pipeline (parent) run id to nest the push run under (default: found from KFP_RUN_ID)."
     )
-    mlflow_train_run_id: str | None = _f(None, "MLflow run id of the training stage, for the lineage.")
-    hub_repo_id: str | None = _f(
+    mlflow_train_run_id: str | None = option(None, "MLflow run id of the training stage, for the lineage.")
+    hub_repo_id: str | None = option(
         None, "Hugging Face Hub repo 'owner/name' to upload a promoted model to (token from HF_TOKEN)."
     )
-    hub_private: bool = _f(True, "Create the Hub repo private (only applies when it does not exist yet).")
-    hub_push_candidates: bool = _f(
+    hub_private: bool = option(True, "Create the Hub repo private (only applies when it does not exist yet).")
+    hub_push_candidates: bool = option(
         False, "Also upload models that were not promoted to the Hub (default: champions only)."
     )
-    promotion_margin: float = _f(
+    promotion_margin: float = option(
         0.0,
         "Promote only if the lower bound of the 95 percent interval of the paired win-rate difference (trained "
         "minus SFT) is above this.",
     )
-    base_model: str | None = _f(
+    base_model: str | None = option(
         None,
         "Base (SFT) model named in the model card: a Hub id or the store URI it was fetched to (default: the "
         "training config's model, which is a local path when training ran on a copy).",
     )
-    base_model_revision: str | None = _f(
+    base_model_revision: str | None = option(
         None,
         "Hub commit of the base model the training started from, shown in the model card (pinned fetch).",
     )
-    model_name: str | None = _f(
+    model_name: str | None = option(
         None, "Name shown in the model card (default: registered_model_name, hub repo, or the directory)."
     )
 

@@ -1,4 +1,5 @@
-"""Flag parsing of ``rloo train``: the reference command lines verbatim, booleans, aliases, YAML, lists, --help."""
+"""Flag parsing of ``rloo train`` (rloo.options on HfArgumentParser): the reference command lines verbatim,
+booleans, aliases, YAML, lists, --help."""
 
 from __future__ import annotations
 
@@ -8,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from rloo.cli import main
-from rloo.cli.args import parse_bool, parse_config
 from rloo.config import ALIASES, RLOOConfig
 from rloo.demo.tiny import TinySetup
 from rloo.errors import UserError
+from rloo.options import parse_bool, parse_config
 
 # Copied verbatim from rloo_trainer_classic.md ("Get started"), script path included.
 GET_STARTED = r"""
@@ -60,7 +61,7 @@ def script_flags(command: str, first_flag: str, local: dict[str, str]) -> list[s
 
 
 def parse(argv: list[str]) -> RLOOConfig:
-    return parse_config(RLOOConfig, argv, prog="rloo train", description="", aliases=ALIASES)
+    return parse_config(RLOOConfig, argv, prog="rloo train")
 
 
 @pytest.fixture

@@ -1,0 +1,191 @@
+"""A config dataclass's flags, built by ``transformers.HfArgumentParser`` (the parser TRL's CLI is built on).
+
+HfArgumentParser turns each field into a flag (``--name`` and ``--name-with-dashes``, the field's aliases,
+``--no_name`` for a boolean that defaults to true, ``--flag`` alone for ``true``, ``nargs='+'`` for lists).
+This module adds what the ``rloo`` commands promise on top:
+
+- values come in three layers, later ones winning: the dataclass defaults, ``--config file.yaml`` (keys are
+  flag names, aliases included), the command line; :meth:`ConfigParser.parse_values` returns only what the
+  two last layers gave, so a config can be written back out without the defaults;
+- every problem is a one-line :class:`~rloo.errors.UserError` naming the flag (``--rloo_k expects an
+  integer (got 'two')``), an unknown flag gets a did-you-mean, and ``-1e-3`` is a value, not a flag;
+- ``--help`` states each default once, and ``none`` clears an optional field.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+import types
+import typing
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+from transformers import HfArgumentParser
+
+from rloo.errors import UserError
+from rloo.options.base import OneLineErrors, did_you_mean, parse_bool
+
+_NONE = {"none", "null"}
+_WANT = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+_URI = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Kind:
+    base: type  # bool, int, float or str
+    optional: bool
+    is_list: bool
+
+
+def _kind(tp: Any) -> _Kind:
+    optional = False
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        optional = len(args) < len(typing.get_args(tp))
+        (tp,) = args
+        origin = typing.get_origin(tp)
+    if origin is list:
+        (elem,) = typing.get_args(tp)
+        return _Kind(elem, optional, True)
+    return _Kind(tp, optional, False)
+
+
+def _converter(name: str, kind: _Kind) -> Callable[[str], Any]:
+    """``text`` -> a value of the field's type, or a UserError naming ``--name`` (argparse would print a
+    usage dump and 'invalid int value')."""
+
+    def convert(text: str) -> Any:
+        if kind.optional and str(text).strip().lower() in _NONE:
+            return None
+        try:
+            if kind.base is bool:
+                return parse_bool(text)
+            return kind.base(text)
+        except ValueError:
+            raise UserError(f"--{name} expects {_WANT[kind.base]} (got {text!r}).") from None
+
+    convert.__name__ = kind.base.__name__  # argparse quotes this name in its own messages
+    return convert
+
+
+class ConfigParser(OneLineErrors, HfArgumentParser):
+    """The flags of one config dataclass ``cls``, plus ``--config FILE.yaml``."""
+
+    def __init__(self, cls: type, *, prog: str, description: str = "") -> None:
+        self.cls = cls
+        self.hints = typing.get_type_hints(cls)
+        self.aliases = {
+            a.removeprefix("--"): f.name
+            for f in dataclasses.fields(cls)
+            for a in f.metadata.get("aliases", ())
+        }
+        super().__init__(
+            cls,
+            prog=prog,
+            description=description,
+            allow_abbrev=False,  # '--lr' silently meaning '--lr_scheduler_type' would be a trap
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        self.add_argument(
+            "--config",
+            metavar="FILE.yaml",
+            default=argparse.SUPPRESS,
+            help="YAML mapping of flag names to values; flags on the command line override it.",
+        )
+        for f in dataclasses.fields(cls):
+            self._adapt(f)
+
+    def _adapt(self, f: dataclasses.Field[Any]) -> None:
+        """Our conversions, defaults and help on the actions HfArgumentParser made for field ``f``."""
+        kind = _kind(self.hints[f.name])
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        help_text = f.metadata.get("help", "")
+        if default not in (None, []) and "default" not in help_text:  # no "(default: None)", no repeats
+            help_text += f" (default: {default})"
+        for action in self._actions:
+            if action.dest != f.name:
+                continue
+            # absent unless given: the YAML layer sits between the dataclass defaults and the command line
+            action.default = argparse.SUPPRESS
+            if not action.option_strings[0].startswith(f"--{f.name}"):  # HfArgumentParser's --no_<name>
+                action.help = f"Same as --{f.name} false."
+                continue
+            action.help = help_text
+            action.type = _converter(f.name, kind)
+            if kind.is_list:
+                action.metavar = kind.base.__name__.upper()
+            elif kind.base is bool:  # '--flag' alone is true, also for an optional boolean
+                action.nargs, action.const, action.metavar = "?", True, "BOOL"
+            else:
+                action.metavar = kind.base.__name__.upper()
+
+    def _canonical_flags(self) -> list[str]:
+        # suggest the names the docs use, not HfArgumentParser's dashed spellings of them
+        return [s for a in self._actions for s in a.option_strings if "-" not in s.removeprefix("--")]
+
+    def parse_values(self, argv: list[str]) -> dict[str, Any]:
+        ns = vars(self.parse_args(argv))
+        values: dict[str, Any] = {}
+        if "config" in ns:
+            values.update(self.load_yaml(ns.pop("config")))
+        values.update(ns)
+        return values
+
+    def load_yaml(self, path: str) -> dict[str, Any]:
+        """A ``--config`` file's values by field name, converted to the fields' types."""
+        if _URI.match(path.strip()):
+            raise UserError(
+                f"--config {path!r}: a URI is not supported here, only a local path; give a local YAML file."
+            )
+        p = Path(path)
+        if not p.is_file():
+            raise UserError(f"--config {path}: no such file; pass the path of a YAML file.")
+        try:
+            data = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f" (line {mark.line + 1})" if mark else ""
+            raise UserError(f"--config {path}: not valid YAML{where}; fix the syntax.") from None
+        if not isinstance(data, dict):
+            raise UserError(f"--config {path}: expected a mapping of flag names to values at the top level.")
+        unknown = [str(k) for k in data if self.aliases.get(str(k), str(k)) not in self.hints]
+        if unknown:
+            names = [f.name for f in dataclasses.fields(self.cls)]
+            keys = ", ".join(f"{k!r}{did_you_mean(k, [*names, *self.aliases])}" for k in unknown)
+            raise UserError(
+                f"--config {path}: unknown key{'s' if len(unknown) > 1 else ''} {keys}; keys are the flag names "
+                "without '--'."
+            )
+        out: dict[str, Any] = {}
+        for raw_key, value in data.items():
+            key = self.aliases.get(str(raw_key), str(raw_key))
+            if key in out:
+                raise UserError(f"--config {path}: {key!r} is given twice (once under an alias); keep one.")
+            out[key] = self._from_yaml(key, value)
+        return out
+
+    def _from_yaml(self, key: str, value: Any) -> Any:
+        kind = _kind(self.hints[key])
+        if value is None:
+            if kind.optional:
+                return None
+            raise UserError(f"config key {key!r} cannot be null: give a value or remove the key.")
+        conv = _converter(key, kind)
+        if kind.is_list:
+            items = value if isinstance(value, list) else [value]
+            return [
+                conv(str(v)) if not isinstance(v, (int, float)) or kind.base is str else kind.base(v)
+                for v in items
+            ]
+        if kind.base is bool:
+            return value if isinstance(value, bool) else conv(str(value))
+        if kind.base in (int, float) and isinstance(value, (int, float)) and not isinstance(value, bool):
+            if kind.base is int and float(value) != int(value):
+                raise UserError(f"config key {key!r} expects an integer (got {value!r}).")
+            return kind.base(value)
+        return conv(str(value))
