@@ -204,6 +204,17 @@ def rloo_pipeline(
             train_service_account=train_service_account,
             multinode_backend=multinode_backend,
             training_runtime=training_runtime,
+            eval_dataset_split=eval_dataset_split,
+            eval_num_examples=eval_num_examples,
+            gpu_resource=gpu_resource,
+            gpu_node_selector=gpu_node_selector,
+            namespace=namespace,
+            mlflow_experiment=mlflow_experiment,
+            production_uri=production_uri,
+            s3_secret=s3_secret,
+            mlflow_secret=mlflow_secret,
+            hf_secret=hf_secret,
+            judge_secret=judge_secret,
         ).set_display_name("validate parameters")
         kubernetes.set_timeout(check, C.VALIDATE_TIMEOUT_S)
         _fixed_resources(check, C.VALIDATE_RESOURCES)

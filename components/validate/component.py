@@ -1,4 +1,6 @@
-"""First step: build every stage's config from the pipeline parameters, on a CPU pod, before any GPU."""
+"""First step: build every stage's config from the pipeline parameters, on a CPU pod, before any GPU.
+
+It takes every pipeline parameter (a test keeps the two signatures equal): each one is checked here."""
 
 from kfp import dsl
 
@@ -36,9 +38,20 @@ def validate_params(
     eval_cpu: str,
     eval_memory: str,
     train_service_account: str,
-    model_revision: str = "",
-    multinode_backend: str = "trainjob",
-    training_runtime: str = "torch-distributed",
+    model_revision: str,
+    multinode_backend: str,
+    training_runtime: str,
+    eval_dataset_split: str,
+    eval_num_examples: int,
+    gpu_resource: str,
+    gpu_node_selector: dict,
+    namespace: str,
+    mlflow_experiment: str,
+    production_uri: str,
+    s3_secret: str,
+    mlflow_secret: str,
+    hf_secret: str,
+    judge_secret: str,
 ) -> str:
     """Returns the training config (a JSON mapping that ``rloo train --config`` reads) the validated parameters
     give."""

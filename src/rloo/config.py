@@ -304,6 +304,11 @@ class RLOOConfig:
             raise UserError(
                 "no reward source: pass --reward_model_path DIR and/or --reward_funcs pkg.module:fn."
             )
+        for name in ("dataset_train_split", "dataset_test_split"):
+            if not getattr(self, name).strip():
+                raise UserError(f"--{name} is empty: name a split of the dataset, e.g. train or test.")
+        if not 0 <= self.seed < 2**32:  # numpy, which transformers' set_seed seeds too, refuses other values
+            raise UserError(f"--seed must be in [0, 2^32) (got {self.seed}).")
         positive = (
             "per_device_train_batch_size",
             "per_device_eval_batch_size",

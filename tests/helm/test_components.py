@@ -123,7 +123,7 @@ def _api_calls_of_the_training_step(backend: str, runtime: str, monkeypatch: pyt
         name="rloo-train-r1",
         namespace=NAMESPACE,
         image="img",
-        train_args=[],
+        train_config={},
         sft_uri="s3://b/sft",
         model_uri="s3://b/model",
         checkpoint_uri="s3://b/ck",

@@ -16,37 +16,27 @@ local = pytest.importorskip("kfp.local")
 # The SubprocessRunner warns that our images are not plain Python ones: here this venv stands in for them.
 pytestmark = pytest.mark.filterwarnings("ignore:You may be attemping:RuntimeWarning")
 
-GOOD: dict[str, Any] = dict(
+# Every pipeline parameter, the defaults filled in: what the pipeline hands the validate step.
+GIVEN: dict[str, Any] = dict(
     model="org/m",
     dataset_name="org/d",
-    dataset_train_split="train",
     reward_model_path="org/rm",
     learning_rate=1e-5,
     total_episodes=100,
     rloo_k=4,
-    kl_coef=0.05,
-    per_device_train_batch_size=8,
-    gradient_accumulation_steps=1,
-    response_length=53,
     seed=1,
     extra_train_args="--bf16",
     eval_dataset_name="org/e",
-    eval_max_new_tokens=200,
     judge_base_url="http://judge/v1",
     judge_model="j",
-    gpu_count=1,
-    num_nodes=1,
     output_uri="/tmp/rloo-validate-out",  # s3:// ones are asked for access: test_storage_access.py
-    promotion_margin=0.0,
-    registered_model_name="",
-    register_model=True,
-    hub_repo_id="",
-    train_cpu="16",
-    train_memory="128Gi",
-    eval_cpu="8",
-    eval_memory="64Gi",
-    train_service_account="default",
 )
+
+
+def _good() -> dict[str, Any]:
+    from rloo.pipeline.params import with_defaults
+
+    return with_defaults(GIVEN)
 
 
 @pytest.fixture(scope="module")
@@ -64,10 +54,11 @@ def components(tmp_path_factory: pytest.TempPathFactory) -> Any:
     return validate_params, fetch_sft
 
 
-def test_validate_returns_the_training_flags(components: Any) -> None:
+def test_validate_returns_the_training_config(components: Any) -> None:
     validate_params, _ = components
-    args = json.loads(validate_params(**GOOD).output)
-    assert args[args.index("--rloo_k") + 1] == "4" and args[-1] == "--bf16"
+    config = json.loads(validate_params(**_good()).output)
+    assert (config["rloo_k"], config["learning_rate"], config["bf16"]) == (4, 1e-5, True)
+    assert config["dataset_name"] == "org/d" and "output_dir" not in config  # the pod sets its own
 
 
 @pytest.mark.parametrize(
@@ -83,7 +74,7 @@ def test_validate_fails_with_the_reason(
 ) -> None:
     validate_params, _ = components
     with pytest.raises(RuntimeError, match="FAILURE"):
-        validate_params(**{**GOOD, **change})
+        validate_params(**{**_good(), **change})
     assert f"invalid pipeline parameters: {message}" in capfd.readouterr().out
 
 
@@ -111,7 +102,7 @@ def test_local_pipeline_run_stops_at_validation(tmp_path: Path, capfd: pytest.Ca
     from rloo.cli.pipeline_cmd import main
 
     params = {
-        k: GOOD[k] for k in ("model", "dataset_name", "eval_dataset_name", "judge_base_url", "judge_model")
+        k: GIVEN[k] for k in ("model", "dataset_name", "eval_dataset_name", "judge_base_url", "judge_model")
     }
     params |= {"reward_model_path": "org/rm", "rloo_k": 1, "output_uri": str(tmp_path / "out")}
     argv = ["run", "--local", "--workdir", str(tmp_path / "work")]

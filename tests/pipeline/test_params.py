@@ -214,3 +214,94 @@ def test_a_params_file_that_is_not_yaml_is_one_line(tmp_path: Path) -> None:
         UserError, match=r"^--param 'gpu_node_selector=\{a: \[1,': the value is not valid YAML"
     ):
         parse_params(["gpu_node_selector={a: [1,"])
+
+
+def test_the_validate_step_takes_every_pipeline_parameter() -> None:
+    """The pipeline hands every parameter to its first step, under the same name and type: none reaches a
+    later step (or a pod spec) unchecked."""
+    from rloo.pipeline.compile import load_pipeline
+
+    load_pipeline()  # puts the repository root on sys.path for components/
+    from components.validate.component import validate_params
+
+    step = {name: str(spec.type) for name, spec in (validate_params.component_spec.inputs or {}).items()}
+    assert step == {p.name: p.type for p in pipeline_params()}
+
+
+# A value each pipeline parameter refuses. A new parameter needs one here, or a reason in ANY_VALUE.
+REFUSED: dict[str, Any] = {
+    "model": "",
+    "dataset_name": "",
+    "eval_dataset_name": "",
+    "judge_base_url": "",
+    "judge_model": "",
+    "output_uri": "",
+    "dataset_train_split": " ",
+    "model_revision": "my branch",
+    "eval_dataset_split": "",
+    "eval_num_examples": -1,
+    "eval_max_new_tokens": 0,
+    "reward_model_path": "",  # with no --reward_funcs either: no reward source
+    "learning_rate": float("nan"),
+    "total_episodes": 0,
+    "rloo_k": 1,
+    "kl_coef": -0.1,
+    "per_device_train_batch_size": 0,
+    "gradient_accumulation_steps": 0,
+    "response_length": 0,
+    "seed": -1,
+    "extra_train_args": "--no_such_flag 1",
+    "gpu_resource": "gpu",
+    "gpu_count": -1,
+    "num_nodes": 0,
+    "multinode_backend": "mpijob",
+    "training_runtime": "Torch Distributed",
+    "gpu_node_selector": {"gpu type": "h100"},
+    "train_cpu": "8 cores",
+    "train_memory": "8Gi",  # not above the 16Gi in-memory /dev/shm
+    "eval_cpu": "",
+    "eval_memory": "lots",
+    "train_service_account": "Default",
+    "namespace": "Team_A",
+    "mlflow_experiment": "",
+    "production_uri": " ",
+    "registered_model_name": "my model!",
+    "hub_repo_id": "no-owner",
+    "promotion_margin": 1.5,
+    "s3_secret": "S3 creds",
+    "mlflow_secret": "",
+    "hf_secret": "hf_token",
+    "judge_secret": "-judge",
+}
+ANY_VALUE = {
+    "register_model": "a boolean: both values are valid, and the type is checked with every parameter's",
+}
+
+
+def test_every_pipeline_parameter_is_validated() -> None:
+    assert set(REFUSED) | set(ANY_VALUE) == {p.name for p in pipeline_params()}
+    assert not set(REFUSED) & set(ANY_VALUE)
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_a_bad_value_of_each_parameter_is_refused_by_name(name: str) -> None:
+    from rloo.pipeline.params import with_defaults
+    from rloo.pipeline.steps import check_pipeline_params
+
+    good = with_defaults(
+        dict(
+            model="org/m",
+            dataset_name="org/d",
+            reward_model_path="org/rm",
+            eval_dataset_name="org/e",
+            judge_base_url="http://judge/v1",
+            judge_model="j",
+            output_uri="/tmp/rloo-validate-out",
+        )
+    )
+    check_pipeline_params(good, check_paths=False)
+    with pytest.raises(UserError) as err:
+        check_pipeline_params(good | {name: REFUSED[name]}, check_paths=False)
+    message = str(err.value)
+    # the message names the parameter as the user gave it (extra_train_args: the offending flag)
+    assert (name in message) if name != "extra_train_args" else ("--no_such_flag" in message), message

@@ -9,8 +9,25 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import Any
 
 _MARK = "_rloo_cli_handler"
+
+
+class _StdoutHandler(logging.StreamHandler):
+    """Writes to ``sys.stdout`` as it is when a record comes, not as it was when the handler was made: a
+    redirected stdout (a notebook cell, pytest's capture of one test) may be closed by the next call."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stdout)
+
+    @property
+    def stream(self) -> Any:
+        return sys.stdout
+
+    @stream.setter
+    def stream(self, value: Any) -> None:  # StreamHandler.__init__ and setStream assign it
+        pass
 
 
 def setup_logging() -> None:
@@ -18,7 +35,7 @@ def setup_logging() -> None:
     logger = logging.getLogger("rloo")
     logger.setLevel(logging.INFO)
     if not any(getattr(h, _MARK, False) for h in logger.handlers):
-        handler = logging.StreamHandler(sys.stdout)
+        handler = _StdoutHandler()
         handler.setFormatter(logging.Formatter("[rloo] %(message)s"))
         setattr(handler, _MARK, True)
         logger.addHandler(handler)

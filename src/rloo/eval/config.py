@@ -101,6 +101,8 @@ class EvalConfig:
             self.output_dir,
             "write locally and upload the directory (the pipeline does this).",
         )
+        if not self.dataset_split.strip():
+            raise UserError("--dataset_split is empty: name the split to evaluate, e.g. test.")
         if self.engine not in ENGINES:
             raise UserError(f"--engine must be one of {', '.join(ENGINES)} (got {self.engine!r}).")
         positive: tuple[str, ...] = (

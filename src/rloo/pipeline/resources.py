@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from rloo.errors import UserError
 
@@ -77,4 +78,55 @@ def check_service_account(name: str, value: str) -> None:
     if not value or len(value) > 253 or not _SUBDOMAIN.match(value):
         raise UserError(
             f"{name} must be a Kubernetes service account name (lower-case a-z, 0-9, '-', '.'; got {value!r})."
+        )
+
+
+def check_secret_name(name: str, value: str) -> None:
+    """A Kubernetes Secret name (DNS-1123 subdomain): a typo would leave a pod Pending, not failed."""
+    if not value or len(value) > 253 or not _SUBDOMAIN.match(value):
+        raise UserError(
+            f"{name} must be a Kubernetes secret name (lower-case a-z, 0-9, '-', '.'; got {value!r})."
+        )
+
+
+_LABEL = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+def _qualified_name(text: str) -> bool:
+    """``[prefix/]name``: a label key or an extended resource name (``nvidia.com/gpu``)."""
+    prefix, _, name = text.rpartition("/")
+    if prefix and (len(prefix) > 253 or not _SUBDOMAIN.match(prefix)):
+        return False
+    return 0 < len(name) <= 63 and bool(_LABEL.match(name))
+
+
+def check_resource_name(name: str, value: str) -> None:
+    if not _qualified_name(value) or "/" not in value:
+        raise UserError(
+            f"{name} must be an extended resource name such as nvidia.com/gpu or amd.com/gpu (got {value!r})."
+        )
+
+
+def check_node_selector(name: str, value: Any) -> None:
+    """Label keys and values a node selector may hold: a bad one is refused only when the pod is created."""
+    if not isinstance(value, dict):
+        raise UserError(f'{name} must be a mapping of node labels to values, e.g. {{"gpu": "h100"}}.')
+    for key, label in value.items():
+        if not isinstance(key, str) or not _qualified_name(key):
+            raise UserError(
+                f"{name}: {key!r} is not a Kubernetes label key ([prefix/]name, e.g. nvidia.com/gpu.product)."
+            )
+        if not isinstance(label, str) or len(label) > 63 or (label and not _LABEL.match(label)):
+            raise UserError(
+                f"{name}: the value of {key!r} must be a label value (text of up to 63 a-z, A-Z, 0-9, '-', '_', "
+                f"'.'; got {label!r})."
+            )
+
+
+def check_namespace(name: str, value: str) -> None:
+    """Empty (the pipeline's own namespace) or a DNS-1123 label."""
+    if value and (len(value) > 63 or not _DNS_LABEL.match(value)):
+        raise UserError(
+            f"{name} must be a Kubernetes namespace name (lower-case a-z, 0-9, '-'; got {value!r})."
         )

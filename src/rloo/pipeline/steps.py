@@ -74,6 +74,10 @@ def validate_params(
     eval_max_new_tokens: int = 200,
     check_hub: bool = False,
     model_revision: str = "",
+    eval_dataset_split: str = "test",
+    eval_num_examples: int = 0,
+    production_uri: str = "",
+    mlflow_experiment: str = "rloo",
 ) -> dict[str, Any]:
     """Build the stages' configs from the pipeline parameters; raise a one-line UserError for the first bad
     one. ``check_paths``: the model must exist (:func:`check_model_source`; ``check_hub``: Hub ids too).
@@ -91,6 +95,11 @@ def validate_params(
             f"model_revision {model_revision!r} only applies to a Hugging Face Hub id, and model {model!r} is "
             "not one: drop model_revision (an s3:// upload is already pinned by its manifest)."
         )
+    if model_revision and model_revision.split() != [model_revision]:  # no git ref holds whitespace
+        raise UserError(
+            f"model_revision {model_revision!r} is not a branch, tag or commit: drop the spaces (or leave it "
+            "empty for main)."
+        )
     if check_paths:
         check_model_source(model, hub=check_hub, revision=model_revision or None)
     if gpu_count < 0:
@@ -105,6 +114,8 @@ def validate_params(
         raise UserError(f"multi-node training needs an s3:// output_uri (got {output_uri!r}).")
     if check_paths:
         check_storage_access(output_uri, what="output_uri")
+    if not mlflow_experiment.strip():
+        raise UserError("mlflow_experiment must not be empty: it names the MLflow experiment of the run.")
     # the parser of 'rloo train' itself: extra_train_args get exactly the checks the command applies
     from rloo.pipeline.node import POD_LOCAL_FIELDS
 
@@ -117,23 +128,46 @@ def validate_params(
         raise UserError(_in_pipeline_terms(str(e), train)) from None
     if not judge_base_url:
         raise UserError("judge_base_url is required: the OpenAI-compatible endpoint of the judge.")
-    EvalConfig(
+    _stage_config(
+        EvalConfig,
+        {
+            "eval_dataset_name": ("dataset_name", eval_dataset_name or None),
+            "eval_dataset_split": ("dataset_split", eval_dataset_split),
+            "eval_num_examples": (
+                "num_examples",
+                eval_num_examples or None,
+            ),  # 0: every row (KFP has no None)
+            "judge_base_url": ("judge_base_url", judge_base_url),
+            "judge_model": ("judge_model", judge_model or None),
+            "eval_max_new_tokens": ("max_new_tokens", eval_max_new_tokens),
+        },
         model_name_or_path=_PLACEHOLDER_MODEL,
         baseline_model=_PLACEHOLDER_MODEL,
-        dataset_name=eval_dataset_name or None,
-        judge_base_url=judge_base_url,
-        judge_model=judge_model or None,
-        max_new_tokens=eval_max_new_tokens,
         report_to="none",
     )
-    PushConfig(
+    _stage_config(
+        PushConfig,
+        {
+            "promotion_margin": ("promotion_margin", promotion_margin),
+            "registered_model_name": ("registered_model_name", registered_model_name or None),
+            "register_model": ("register_model", register_model),
+            "hub_repo_id": ("hub_repo_id", hub_repo_id or None),
+            "production_uri": ("production_uri", production_uri or None),
+            "mlflow_experiment": ("mlflow_experiment", mlflow_experiment),
+        },
         model_path=_PLACEHOLDER_MODEL,
-        promotion_margin=promotion_margin,
-        registered_model_name=registered_model_name or None,
-        register_model=register_model,
-        hub_repo_id=hub_repo_id or None,
     )
     return values
+
+
+def _stage_config(cls: type, params: dict[str, tuple[str, Any]], **fixed: Any) -> None:
+    """Build a stage's config from pipeline parameters (``{parameter: (field, value)}``) and ``fixed`` fields;
+    its one-line error names the pipeline parameter (``--dataset_split`` -> ``eval_dataset_split``)."""
+    try:
+        cls(**fixed, **dict(params.values()))
+    except UserError as e:
+        names = {field: name for name, (field, _) in params.items()}
+        raise UserError(re.sub(r"--(\w+)\b", lambda m: names.get(m[1], m[0]), str(e))) from None
 
 
 def _in_pipeline_terms(message: str, train: TrainParams) -> str:
@@ -172,6 +206,10 @@ def check_pipeline_params(
         check_paths=check_paths,
         check_hub=check_hub,
         model_revision=str(params.get("model_revision") or ""),
+        eval_dataset_split=str(params.get("eval_dataset_split", "test")),
+        eval_num_examples=int(params.get("eval_num_examples") or 0),
+        production_uri=str(params.get("production_uri") or ""),
+        mlflow_experiment=str(params.get("mlflow_experiment", "rloo")),
     )
     check_pod_params(params)
     return values
@@ -179,10 +217,19 @@ def check_pipeline_params(
 
 def check_pod_params(params: dict[str, Any]) -> None:
     """The pod settings among ``params`` (those present): CPU and memory quantities, memory above the in-memory
-    /dev/shm, a valid service account name, the multi-node backend and runtime. KFP and the API server would refuse a bad one only when that
+    /dev/shm, service account, secret and namespace names, the GPU resource name and node selector labels, the
+    multi-node backend and runtime. KFP and the API server would refuse a bad one only when that
     step's pod is created, possibly after hours of training."""
     from rloo.pipeline.constants import SHM_SIZE
-    from rloo.pipeline.resources import check_pod_memory, check_service_account, cpu_millis
+    from rloo.pipeline.resources import (
+        check_namespace,
+        check_node_selector,
+        check_pod_memory,
+        check_resource_name,
+        check_secret_name,
+        check_service_account,
+        cpu_millis,
+    )
 
     for name in ("train_cpu", "eval_cpu"):
         if name in params:
@@ -192,6 +239,15 @@ def check_pod_params(params: dict[str, Any]) -> None:
             check_pod_memory(name, str(params[name]), SHM_SIZE)
     if "train_service_account" in params:
         check_service_account("train_service_account", str(params["train_service_account"]))
+    for name in ("s3_secret", "mlflow_secret", "hf_secret", "judge_secret"):
+        if name in params:
+            check_secret_name(name, str(params[name]))
+    if "gpu_resource" in params:
+        check_resource_name("gpu_resource", str(params["gpu_resource"]))
+    if "gpu_node_selector" in params:
+        check_node_selector("gpu_node_selector", params["gpu_node_selector"])
+    if "namespace" in params:
+        check_namespace("namespace", str(params["namespace"]))
     if "multinode_backend" in params or "training_runtime" in params:
         from rloo.pipeline.trainjob import DEFAULT_BACKEND, DEFAULT_RUNTIME, check_multinode
 
