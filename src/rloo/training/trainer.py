@@ -14,6 +14,7 @@ One update:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import os
@@ -519,26 +520,20 @@ class RLOOTrainer:
     def rollout(self, update: int, timer: _Timer) -> Rollout:
         """One update's experience: sample K completions of this rank's prompts, take the policy's and the
         reference's log-probs of them, score them and turn the scores into advantages."""
-        cfg, tok, dev = self.cfg, self.tokenizer, self.device
+        cfg, dev = self.cfg, self.device
         k = cfg.rloo_k
         # every rank draws the same global list and keeps its slice: the data order, and so the run,
         # does not depend on the number of processes
         ppr = self.plan.prompts_per_rank
         index = self.sampler.next(ppr * self.world)[self.rank * ppr : (self.rank + 1) * ppr]
-        p = len(index)
         with timer("generation"):
             sampled, gen_logprobs = self._sample(update, index)
-        responses, mask, prompt_mask = sampled.responses, sampled.mask, sampled.prompt_mask
-        t = responses.size(1)
+        mask = sampled.mask  # (B, T)
         with timer("logprobs"):
             old_logprobs, ref_logprobs = self._logprobs(update, sampled, gen_logprobs)
 
         with timer("scoring"):
-            batch = self._reward_batch(self.train_ds, self.train_texts, index, k, responses, mask)
-            per_source = score_all(self.sources, batch).to(dev)  # (B, S)
-            scores, valid = algo.combine_reward_sources(per_source, self.reward_weights.to(dev))  # (B,), (B,)
-            contains_eos = ((responses == tok.eos_token_id) & mask).any(1)  # (B,)
-            scores = algo.apply_missing_eos_penalty(scores, contains_eos, cfg.missing_eos_penalty)
+            per_source, scores, valid, contains_eos = self._score(index, sampled)  # (B, S), (B,) x 3
             raw_scores = scores.clone()
             if cfg.normalize_reward:  # statistics over the global batch, whatever the process count
                 g_scores = algo.normalize_and_clip_scores(
@@ -548,30 +543,7 @@ class RLOOTrainer:
             kl = algo.per_token_kl(old_logprobs, ref_logprobs, mask, cfg.kl_estimator)  # (B, T)
             # objective/kl and kl keep the classic meaning (k1 summed per sequence) whatever the estimator
             kl_k1 = kl if cfg.kl_estimator == "k1" else algo.per_token_kl(old_logprobs, ref_logprobs, mask)
-            if cfg.kl_in_loss:
-                # The KL is a loss term on the current policy (see optimize): the reward is the score alone.
-                rlhf_reward, non_score = scores, torch.zeros_like(scores)  # (B,), (B,)
-                advantages = algo.leave_one_out_advantages(rlhf_reward.view(p, k), valid.view(p, k)).view(-1)
-                adv_mask = valid
-            elif cfg.token_level_kl:
-                adv, non_score = algo.token_level_advantages(
-                    scores.view(p, k), kl.view(p, k, t), mask.view(p, k, t), cfg.kl_coef, valid.view(p, k)
-                )
-                advantages, non_score = adv.reshape(p * k, t), non_score.reshape(-1)  # (B, T), (B,)
-                rlhf_reward = scores + non_score
-                adv_mask = mask & valid[:, None]
-            else:
-                rlhf_reward, non_score = algo.sequence_level_rewards(
-                    scores, kl, mask, cfg.kl_coef
-                )  # (B,), (B,)
-                advantages = algo.leave_one_out_advantages(rlhf_reward.view(p, k), valid.view(p, k)).view(-1)
-                adv_mask = valid
-            if cfg.normalize_advantage:
-                width = advantages.size(-1) if advantages.dim() == 2 else None
-                g_adv = algo.normalize_advantages(self.comm.gather(advantages), self.comm.gather(adv_mask))
-                advantages = self.comm.local(g_adv)
-                if width is not None:
-                    advantages = advantages[:, :width]
+            advantages, rlhf_reward, non_score = self._advantages(scores, valid, kl, mask)
 
         stats = RolloutStats(
             scores=raw_scores,
@@ -582,7 +554,7 @@ class RLOOTrainer:
             rlhf_reward=rlhf_reward,
             contains_eos=contains_eos,
             length=mask.sum(1),
-            prompt_length=prompt_mask.sum(1).repeat_interleave(k),
+            prompt_length=sampled.prompt_mask.sum(1).repeat_interleave(k),
         )
         # one gather for all of them; the metrics are over the global batch whatever the process count
         metrics = rollout_metrics(
@@ -600,6 +572,52 @@ class RLOOTrainer:
             advantages=advantages,
             metrics=metrics,
         )
+
+    def _score(
+        self, index: list[int], sampled: Sampled
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Every reward source's scores of the completions (B, S), their weighted sum with the missing-EOS
+        penalty (B,), which completions every source could score (B,), which hold an EOS token (B,)."""
+        cfg, dev = self.cfg, self.device
+        responses, mask = sampled.responses, sampled.mask  # (B, T)
+        batch = self._reward_batch(self.train_ds, self.train_texts, index, cfg.rloo_k, responses, mask)
+        per_source = score_all(self.sources, batch).to(dev)  # (B, S)
+        scores, valid = algo.combine_reward_sources(per_source, self.reward_weights.to(dev))  # (B,), (B,)
+        contains_eos = ((responses == self.tokenizer.eos_token_id) & mask).any(1)  # (B,)
+        scores = algo.apply_missing_eos_penalty(scores, contains_eos, cfg.missing_eos_penalty)
+        return per_source, scores, valid, contains_eos
+
+    def _advantages(
+        self, scores: torch.Tensor, valid: torch.Tensor, kl: torch.Tensor, mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Leave-one-out advantages, (B,) or per token (B, T), and the RLHF reward and its KL part (B,), (B,)
+        the KL placement asks for (in the reward, per token, or in the loss)."""
+        cfg = self.cfg
+        k = cfg.rloo_k
+        p, t = scores.numel() // k, mask.size(1)
+        if cfg.kl_in_loss:
+            # The KL is a loss term on the current policy (see optimize): the reward is the score alone.
+            rlhf_reward, non_score = scores, torch.zeros_like(scores)  # (B,), (B,)
+            advantages = algo.leave_one_out_advantages(rlhf_reward.view(p, k), valid.view(p, k)).view(-1)
+            adv_mask = valid
+        elif cfg.token_level_kl:
+            adv, non_score = algo.token_level_advantages(
+                scores.view(p, k), kl.view(p, k, t), mask.view(p, k, t), cfg.kl_coef, valid.view(p, k)
+            )
+            advantages, non_score = adv.reshape(p * k, t), non_score.reshape(-1)  # (B, T), (B,)
+            rlhf_reward = scores + non_score
+            adv_mask = mask & valid[:, None]
+        else:
+            rlhf_reward, non_score = algo.sequence_level_rewards(scores, kl, mask, cfg.kl_coef)  # (B,), (B,)
+            advantages = algo.leave_one_out_advantages(rlhf_reward.view(p, k), valid.view(p, k)).view(-1)
+            adv_mask = valid
+        if cfg.normalize_advantage:  # statistics over the global batch, whatever the process count
+            width = advantages.size(-1) if advantages.dim() == 2 else None
+            g_adv = algo.normalize_advantages(self.comm.gather(advantages), self.comm.gather(adv_mask))
+            advantages = self.comm.local(g_adv)
+            if width is not None:
+                advantages = advantages[:, :width]
+        return advantages, rlhf_reward, non_score
 
     def _sample(self, update: int, index: list[int]) -> tuple[Sampled, torch.Tensor | None]:
         """K completions of each prompt of ``index``, masked after the stop token, and the sampler's own
@@ -704,22 +722,20 @@ class RLOOTrainer:
 
     # ------------------------------------------------------------------------------------------------
     def optimize(self, ro: Rollout, update: int) -> dict[str, float]:
+        """``num_ppo_epochs`` passes of mini-batch optimizer steps over one rollout; the loss metrics."""
         cfg = self.cfg
-        k = cfg.rloo_k
-        p = ro.prompt_ids.size(0)
         stats: dict[str, list[torch.Tensor]] = defaultdict(list)
         g = torch.Generator().manual_seed(cfg.seed * 7919 + update)
-        sequence_ratio = ro.advantages.dim() == 1 and cfg.loss_agg_mode == "seq-mean-token-sum"
         self.policy.train()
         for _ in range(cfg.num_ppo_epochs):
             # Mini-batches from global positions (see minibatches.py): the same optimizer steps over the
             # same completions on 1 or N processes; whole groups, so each prompt is computed once per
             # micro-batch (see forward.response_logits).
             for mb in minibatch_rows(
-                local_batch_size=p * k,
+                local_batch_size=ro.prompt_ids.size(0) * cfg.rloo_k,
                 world_size=self.world,
                 rank=self.rank,
-                rloo_k=k,
+                rloo_k=cfg.rloo_k,
                 num_mini_batches=cfg.num_mini_batches,
                 generator=g,
             ):
@@ -727,87 +743,102 @@ class RLOOTrainer:
                 loss_bad = torch.zeros((), dtype=torch.bool, device=self.device)
                 for mc_start in range(0, mb.numel(), cfg.per_device_train_batch_size):
                     idx = mb[mc_start : mc_start + cfg.per_device_train_batch_size].to(self.device)
-                    logprobs, ent = self.forward_logprobs(self.policy, ro, idx, entropy=True)
-                    assert ent is not None  # entropy=True
-                    # On-policy the weights that sampled the rollout are the ones in this forward, so
-                    # its own detached log-probs are the exact "old" ones: ratio 1, no extra forward.
-                    old = logprobs.detach() if self.on_policy else ro.old_logprobs[idx]
-                    is_weights = None
-                    if ro.sampling_logprobs is not None:
-                        # pi_train / pi_vllm of the sampled tokens: per sequence for the classic sequence
-                        # ratio, whose tokens have no surrogate of their own; per token otherwise
-                        is_weights, mismatch = algo.truncated_importance_weights(
-                            old,
-                            ro.sampling_logprobs[idx],
-                            ro.mask[idx],
-                            cfg.vllm_importance_sampling_cap,
-                            per_sequence=sequence_ratio,
-                        )
-                        stats["vllm_logp_diff_abs"].append(mismatch.logp_diff_abs_mean)
-                        stats["vllm_is_capped"].append(mismatch.capped_frac)
-                    loss, st = algo.policy_loss(
-                        logprobs,
-                        old,
-                        ro.advantages[idx],
-                        ro.loss_mask[idx],
-                        cfg.cliprange,
-                        cliprange_high=cfg.cliprange_high,
-                        loss_agg_mode=cfg.loss_agg_mode,
-                        max_response_length=cfg.response_length,
-                        num_tokens=num_tokens,
-                        is_weights=is_weights,
-                    )
-                    stats["loss/policy_avg"].append(loss.detach())
-                    if cfg.kl_in_loss:
-                        kl_term = algo.kl_loss(
-                            logprobs,
-                            ro.ref_logprobs[idx],
-                            ro.loss_mask[idx],
-                            cfg.kl_estimator,
-                            cfg.loss_agg_mode,
-                            cfg.response_length,
-                            num_tokens,
-                        )
-                        stats["loss/kl_avg"].append(kl_term.detach())
-                        loss = loss + cfg.kl_coef * kl_term
+                    loss = self._micro_batch_loss(ro, idx, num_tokens, stats)
                     if self.deepspeed:  # DeepSpeed decides the optimizer-step boundary itself
                         with self.accelerator.accumulate(self.policy):
                             self.accelerator.backward(loss)
                     else:
                         self.accelerator.backward(loss)  # divided by gradient_accumulation_steps
                     loss_bad |= ~torch.isfinite(loss.detach())  # on device: no sync per micro-batch
-                    stats["policy/entropy_avg"].append(algo.masked_mean(ent, ro.mask[idx]))
-                    # A micro-batch whose completions were all masked as truncated has no ratio: NaN keeps
-                    # it out of the ratio and clip statistics (a 0 would read as "ratio 0").
-                    untrained = cfg.mask_truncated_completions and not bool(ro.loss_mask[idx].any())
-                    for name in (
-                        "clipfrac",
-                        "approxkl",
-                        "ratio_mean",
-                        "ratio_var",
-                        "clip_low_frac",
-                        "clip_high_frac",
-                        "ratio_min",
-                        "ratio_max",
-                    ):
-                        value = getattr(st, name)
-                        stats[name].append(torch.full_like(value, math.nan) if untrained else value)
-                if not self.deepspeed:  # DeepSpeed reduces its gradients itself
-                    self.comm.average_gradients(self.policy)
-                checks = {"loss": loss_bad}
-                if cfg.max_grad_norm > 0:
-                    gn = self.accelerator.clip_grad_norm_(self.policy.parameters(), cfg.max_grad_norm)
-                    if gn is not None:  # DeepSpeed clips inside its step and reports nothing here
-                        stats["grad_norm"].append(torch.as_tensor(gn).float())
-                        checks["grad norm"] = ~torch.isfinite(torch.as_tensor(gn))
-                # before the step: a NaN gradient would otherwise turn every weight into NaN
-                self._stop_if_nonfinite(update, checks)
-                self.optimizer.step()
-                self.optimizer.zero_grad(set_to_none=True)
+                self._optimizer_step(update, loss_bad, stats)
+        return self._loss_metrics(stats)
+
+    def _micro_batch_loss(
+        self,
+        ro: Rollout,
+        idx: torch.Tensor,
+        num_tokens: torch.Tensor | None,
+        stats: dict[str, list[torch.Tensor]],
+    ) -> torch.Tensor:
+        """The loss of completions ``idx`` (a forward with gradients), its diagnostics appended to ``stats``."""
+        cfg = self.cfg
+        logprobs, ent = self.forward_logprobs(self.policy, ro, idx, entropy=True)  # (B, T)
+        assert ent is not None  # entropy=True
+        # On-policy the weights that sampled the rollout are the ones in this forward, so its own detached
+        # log-probs are the exact "old" ones: ratio 1, no extra forward.
+        old = logprobs.detach() if self.on_policy else ro.old_logprobs[idx]
+        is_weights = None
+        if ro.sampling_logprobs is not None:
+            # pi_train / pi_vllm of the sampled tokens: per sequence for the classic sequence ratio, whose
+            # tokens have no surrogate of their own; per token otherwise
+            sequence_ratio = ro.advantages.dim() == 1 and cfg.loss_agg_mode == "seq-mean-token-sum"
+            is_weights, mismatch = algo.truncated_importance_weights(
+                old,
+                ro.sampling_logprobs[idx],
+                ro.mask[idx],
+                cfg.vllm_importance_sampling_cap,
+                per_sequence=sequence_ratio,
+            )
+            stats["vllm_logp_diff_abs"].append(mismatch.logp_diff_abs_mean)
+            stats["vllm_is_capped"].append(mismatch.capped_frac)
+        loss, st = algo.policy_loss(
+            logprobs,
+            old,
+            ro.advantages[idx],
+            ro.loss_mask[idx],
+            cfg.cliprange,
+            cliprange_high=cfg.cliprange_high,
+            loss_agg_mode=cfg.loss_agg_mode,
+            max_response_length=cfg.response_length,
+            num_tokens=num_tokens,
+            is_weights=is_weights,
+        )
+        stats["loss/policy_avg"].append(loss.detach())
+        if cfg.kl_in_loss:
+            kl_term = algo.kl_loss(
+                logprobs,
+                ro.ref_logprobs[idx],
+                ro.loss_mask[idx],
+                cfg.kl_estimator,
+                cfg.loss_agg_mode,
+                cfg.response_length,
+                num_tokens,
+            )
+            stats["loss/kl_avg"].append(kl_term.detach())
+            loss = loss + cfg.kl_coef * kl_term
+        stats["policy/entropy_avg"].append(algo.masked_mean(ent, ro.mask[idx]))
+        # A micro-batch whose completions were all masked as truncated has no ratio: NaN keeps it out of the
+        # ratio and clip statistics (a 0 would read as "ratio 0").
+        untrained = cfg.mask_truncated_completions and not bool(ro.loss_mask[idx].any())
+        for f in dataclasses.fields(st):
+            value = getattr(st, f.name)
+            stats[f.name].append(torch.full_like(value, math.nan) if untrained else value)
+        return loss
+
+    def _optimizer_step(
+        self, update: int, loss_bad: torch.Tensor, stats: dict[str, list[torch.Tensor]]
+    ) -> None:
+        """Average and clip the gradients, stop on a non-finite loss or norm, step."""
+        if not self.deepspeed:  # DeepSpeed reduces its gradients itself
+            self.comm.average_gradients(self.policy)
+        checks = {"loss": loss_bad}
+        if self.cfg.max_grad_norm > 0:
+            gn = self.accelerator.clip_grad_norm_(self.policy.parameters(), self.cfg.max_grad_norm)
+            if gn is not None:  # DeepSpeed clips inside its step and reports nothing here
+                stats["grad_norm"].append(torch.as_tensor(gn).float())
+                checks["grad norm"] = ~torch.isfinite(torch.as_tensor(gn))
+        # before the step: a NaN gradient would otherwise turn every weight into NaN
+        self._stop_if_nonfinite(update, checks)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def _loss_metrics(self, stats: dict[str, list[torch.Tensor]]) -> dict[str, float]:
+        """The logged loss, ratio and clip metrics of one update: means over every rank's micro-batches."""
+        masked = self.cfg.mask_truncated_completions
 
         def avg(name: str) -> float:
             values = torch.stack(stats[name]).float()
-            if not cfg.mask_truncated_completions:
+            if not masked:
                 return self.comm.mean(float(values.mean()), self.device)
             # over the micro-batches of all ranks that trained on something (see `untrained`); 0 if none
             kept = ~values.isnan()
@@ -817,7 +848,7 @@ class RLOOTrainer:
 
         low = self.comm.gather(torch.stack(stats["clip_low_frac"]).float())
         high = self.comm.gather(torch.stack(stats["clip_high_frac"]).float())
-        if cfg.mask_truncated_completions:  # leave out the untrained micro-batches' NaNs
+        if masked:  # leave out the untrained micro-batches' NaNs
             low, high = low[~low.isnan()], high[~high.isnan()]
             if low.numel() == 0:
                 low, high = low.new_zeros(1), high.new_zeros(1)
@@ -897,9 +928,10 @@ class RLOOTrainer:
 
     # ------------------------------------------------------------------------------------------------
     def train(self) -> TrainResult:
+        """Resume where a previous run stopped, run the remaining updates (rollout, then optimization),
+        checkpoint, and publish the final model; on SIGTERM, checkpoint and exit with 143."""
         cfg = self.cfg
         out_dir = cfg.local_output_dir
-        main = self.accelerator.is_main_process
         start = time.perf_counter()
         if self.remote is not None:
             log.info("output %s, staged in %s", self.remote.uri, out_dir)
@@ -908,18 +940,7 @@ class RLOOTrainer:
                 output_dir=out_dir, history=[], seconds=0.0, episodes=self.num_updates * self.plan.batch_size
             )
         resumed = self._resume(out_dir)
-        episode = self.state.episode
-        logger = MetricsLogger(
-            total_updates=self.num_updates, show_progress=main and not cfg.disable_tqdm, sinks=self.sinks
-        )
-        trainable, total = self.param_counts
-        # held until open(): nothing reaches MLflow before update 1
-        logger.log_params(
-            {**cfg.recorded(), "model/trainable_params": trainable, "model/total_params": total}
-        )
-        if resumed is not None and main:
-            logger.open(out_dir, keep_until_update=resumed)
-            logger.progress(resumed)
+        logger = self._open_logger(out_dir, resumed)
         preemption = _Preemption(cfg.preemption_grace_seconds)
         preemption.install()
         if self.world == 1:  # in-loop checks would desynchronise ranks: multi-process checks between phases
@@ -928,85 +949,17 @@ class RLOOTrainer:
         update = resumed or 0
         try:
             for update in range(resumed or 0, self.num_updates):
-                timer = _Timer(self.device)
-                t0 = time.perf_counter()
-                data_position = self.sampler.state_dict()
-                self.state.global_step = update
-                self.state.episode = episode
-                self.state.epoch = episode / max(1, len(self.train_ds) * cfg.rloo_k)
-                self._phase("generation", update, preemption)
-                try:
-                    ro = self.rollout(update, timer)
-                    self._phase("optimization", update, preemption)
-                except (_Preempted, GenerationInterrupted):
-                    # nothing of this update reached the weights: checkpoint the state it started from
-                    self.sampler.load_state_dict(data_position)
-                    raise _Preempted from None
-                with timer("optimization"):
-                    opt_metrics = self.optimize(ro, update)
-                lr = self.scheduler.get_last_lr()[0]
-                self.scheduler.step()
-                episode += self.plan.batch_size
-                self.state.episode = episode
-                dt = time.perf_counter() - t0
-                gen_tokens = ro.metrics.pop("tokens/completion")
-                prompt_tokens = ro.metrics.pop("tokens/prompt")
-                self._num_tokens += gen_tokens + prompt_tokens
-                metrics: dict[str, Any] = {
-                    "update": update + 1,
-                    "episode": episode,
-                    "epoch": episode / max(1, len(self.train_ds) * cfg.rloo_k),
-                    "lr": lr,
-                    "eps": self.plan.batch_size / dt,
-                    "num_tokens": self._num_tokens,
-                    **ro.metrics,
-                    **opt_metrics,
-                    "time/update_s": dt,
-                    **{f"time/{name}_s": s for name, s in timer.seconds.items()},
-                    **{f"memory/{name}_peak_gib": g for name, g in timer.peak_gib.items()},
-                    "throughput/generated_tokens_per_s": gen_tokens / max(timer.seconds["generation"], 1e-9),
-                    "throughput/train_tokens_per_s": (gen_tokens + prompt_tokens)
-                    * cfg.num_ppo_epochs
-                    / max(timer.seconds["optimization"], 1e-9),
-                }
-                samples = (
-                    self.sample_generations(update + 1)
-                    if self.sample_freq and update % self.sample_freq == 0
-                    else None
+                metrics, samples = self._update(update, preemption)
+                self._report(
+                    logger, update, metrics, samples, out_dir, first_of_run=resumed is None and update == 0
                 )
-                if main:
-                    if (update + 1) % cfg.logging_steps == 0 or update + 1 == self.num_updates:
-                        logger.log(metrics)
-                    if samples is not None:
-                        logger.samples(update + 1, samples)
-                    if resumed is None and update == 0:
-                        logger.open(out_dir)  # the first update succeeded: from here on, output is kept
-                    logger.progress(1, reward=metrics["objective/scores"], kl=metrics["objective/kl"])
                 if cfg.save_steps and (update + 1) % cfg.save_steps == 0 and update + 1 < self.num_updates:
                     self.checkpoints.save(out_dir, update + 1)
-            self.checkpoints.save_final(out_dir)
-            if self.mirror is not None:
-                self.mirror.wait()  # the newest checkpoint must be safe before the run counts as done
-            if main:
-                logger.write_plots()
-            self.checkpoints.publish(
-                out_dir
-            )  # an s3:// output_dir: the run counts as done once its manifest is there
+            self._finish(out_dir, logger)
             status = "FINISHED"
         except _Preempted:
             status = "KILLED"
-            if main and logger.output_dir is None:
-                logger.open(out_dir, keep_until_update=update)
-            path = self.checkpoints.save(out_dir, update)
-            if self.mirror is not None:
-                self.mirror.wait()  # a fresh pod resumes from the mirror: it must hold this checkpoint
-            preemption.cancel_deadline()
-            log.warning(
-                "SIGTERM: saved %s after %d of %d updates; run the same command again to resume",
-                path,
-                update,
-                self.num_updates,
-            )
+            self._checkpoint_preempted(out_dir, logger, update, preemption)
             raise SystemExit(143) from None
         finally:
             preemption.uninstall()
@@ -1015,10 +968,126 @@ class RLOOTrainer:
             if self.mirror is not None:
                 self.mirror.close()
             self.accelerator.end_training()
-            if main:
+            if self.accelerator.is_main_process:
                 logger.close(status=status)
         elapsed = time.perf_counter() - start
-        return TrainResult(output_dir=out_dir, history=logger.history, seconds=elapsed, episodes=episode)
+        return TrainResult(
+            output_dir=out_dir, history=logger.history, seconds=elapsed, episodes=self.state.episode
+        )
+
+    def _open_logger(self, out_dir: Path, resumed: int | None) -> MetricsLogger:
+        """The metrics logger, its parameters held until the first update; a resumed run's history kept."""
+        main = self.accelerator.is_main_process
+        logger = MetricsLogger(
+            total_updates=self.num_updates, show_progress=main and not self.cfg.disable_tqdm, sinks=self.sinks
+        )
+        trainable, total = self.param_counts
+        # held until open(): nothing reaches MLflow before update 1
+        logger.log_params(
+            {**self.cfg.recorded(), "model/trainable_params": trainable, "model/total_params": total}
+        )
+        if resumed is not None and main:
+            logger.open(out_dir, keep_until_update=resumed)
+            logger.progress(resumed)
+        return logger
+
+    def _update(
+        self, update: int, preemption: _Preemption
+    ) -> tuple[dict[str, Any], list[dict[str, Any]] | None]:
+        """One RLOO update: rollout, optimization, scheduler step; its metrics and sample generations."""
+        cfg = self.cfg
+        timer = _Timer(self.device)
+        t0 = time.perf_counter()
+        data_position = self.sampler.state_dict()
+        self.state.global_step = update
+        self.state.epoch = self.state.episode / max(1, len(self.train_ds) * cfg.rloo_k)
+        self._phase("generation", update, preemption)
+        try:
+            ro = self.rollout(update, timer)
+            self._phase("optimization", update, preemption)
+        except (_Preempted, GenerationInterrupted):
+            # nothing of this update reached the weights: checkpoint the state it started from
+            self.sampler.load_state_dict(data_position)
+            raise _Preempted from None
+        with timer("optimization"):
+            opt_metrics = self.optimize(ro, update)
+        lr = self.scheduler.get_last_lr()[0]
+        self.scheduler.step()
+        self.state.episode += self.plan.batch_size
+        dt = time.perf_counter() - t0
+        gen_tokens = ro.metrics.pop("tokens/completion")
+        prompt_tokens = ro.metrics.pop("tokens/prompt")
+        self._num_tokens += gen_tokens + prompt_tokens
+        metrics: dict[str, Any] = {
+            "update": update + 1,
+            "episode": self.state.episode,
+            "epoch": self.state.episode / max(1, len(self.train_ds) * cfg.rloo_k),
+            "lr": lr,
+            "eps": self.plan.batch_size / dt,
+            "num_tokens": self._num_tokens,
+            **ro.metrics,
+            **opt_metrics,
+            "time/update_s": dt,
+            **{f"time/{name}_s": s for name, s in timer.seconds.items()},
+            **{f"memory/{name}_peak_gib": g for name, g in timer.peak_gib.items()},
+            "throughput/generated_tokens_per_s": gen_tokens / max(timer.seconds["generation"], 1e-9),
+            "throughput/train_tokens_per_s": (gen_tokens + prompt_tokens)
+            * cfg.num_ppo_epochs
+            / max(timer.seconds["optimization"], 1e-9),
+        }
+        samples = (
+            self.sample_generations(update + 1)
+            if self.sample_freq and update % self.sample_freq == 0
+            else None
+        )
+        return metrics, samples
+
+    def _report(
+        self,
+        logger: MetricsLogger,
+        update: int,
+        metrics: dict[str, Any],
+        samples: list[dict[str, Any]] | None,
+        out_dir: Path,
+        *,
+        first_of_run: bool,
+    ) -> None:
+        """Metrics every ``logging_steps`` (and the last), samples, the progress bar: main process only."""
+        if not self.accelerator.is_main_process:
+            return
+        if (update + 1) % self.cfg.logging_steps == 0 or update + 1 == self.num_updates:
+            logger.log(metrics)
+        if samples is not None:
+            logger.samples(update + 1, samples)
+        if first_of_run:
+            logger.open(out_dir)  # the first update succeeded: from here on, output is kept
+        logger.progress(1, reward=metrics["objective/scores"], kl=metrics["objective/kl"])
+
+    def _finish(self, out_dir: Path, logger: MetricsLogger) -> None:
+        """The final model and its plots; an s3:// output_dir counts as done once its manifest is there."""
+        self.checkpoints.save_final(out_dir)
+        if self.mirror is not None:
+            self.mirror.wait()  # the newest checkpoint must be safe before the run counts as done
+        if self.accelerator.is_main_process:
+            logger.write_plots()
+        self.checkpoints.publish(out_dir)
+
+    def _checkpoint_preempted(
+        self, out_dir: Path, logger: MetricsLogger, update: int, preemption: _Preemption
+    ) -> None:
+        """SIGTERM: checkpoint the state update ``update`` started from, within the grace period."""
+        if self.accelerator.is_main_process and logger.output_dir is None:
+            logger.open(out_dir, keep_until_update=update)
+        path = self.checkpoints.save(out_dir, update)
+        if self.mirror is not None:
+            self.mirror.wait()  # a fresh pod resumes from the mirror: it must hold this checkpoint
+        preemption.cancel_deadline()
+        log.warning(
+            "SIGTERM: saved %s after %d of %d updates; run the same command again to resume",
+            path,
+            update,
+            self.num_updates,
+        )
 
     # ------------------------------------------------------------------------------------------------
     # checkpoints, resume, preemption
