@@ -14,7 +14,6 @@ One update:
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import math
 import os
@@ -53,6 +52,7 @@ from rloo.tracking.base import Status
 from rloo.training import deepspeed_utils, lora
 from rloo.training.checkpoint_manager import CheckpointManager
 from rloo.training.collectives import Collectives
+from rloo.training.loss_stats import LossStats
 from rloo.training.metrics import MetricsLogger
 from rloo.training.minibatches import minibatch_rows
 from rloo.training.optim import make_adamw
@@ -724,7 +724,7 @@ class RLOOTrainer:
     def optimize(self, ro: Rollout, update: int) -> dict[str, float]:
         """``num_ppo_epochs`` passes of mini-batch optimizer steps over one rollout; the loss metrics."""
         cfg = self.cfg
-        stats: dict[str, list[torch.Tensor]] = defaultdict(list)
+        stats = LossStats()
         g = torch.Generator().manual_seed(cfg.seed * 7919 + update)
         self.policy.train()
         for _ in range(cfg.num_ppo_epochs):
@@ -751,14 +751,14 @@ class RLOOTrainer:
                         self.accelerator.backward(loss)  # divided by gradient_accumulation_steps
                     loss_bad |= ~torch.isfinite(loss.detach())  # on device: no sync per micro-batch
                 self._optimizer_step(update, loss_bad, stats)
-        return self._loss_metrics(stats)
+        return stats.metrics(self.comm, self.device, skip_nan=cfg.mask_truncated_completions)
 
     def _micro_batch_loss(
         self,
         ro: Rollout,
         idx: torch.Tensor,
         num_tokens: torch.Tensor | None,
-        stats: dict[str, list[torch.Tensor]],
+        stats: LossStats,
     ) -> torch.Tensor:
         """The loss of completions ``idx`` (a forward with gradients), its diagnostics appended to ``stats``."""
         cfg = self.cfg
@@ -779,8 +779,8 @@ class RLOOTrainer:
                 cfg.vllm_importance_sampling_cap,
                 per_sequence=sequence_ratio,
             )
-            stats["vllm_logp_diff_abs"].append(mismatch.logp_diff_abs_mean)
-            stats["vllm_is_capped"].append(mismatch.capped_frac)
+            stats.vllm_logp_diff_abs.append(mismatch.logp_diff_abs_mean)
+            stats.vllm_is_capped.append(mismatch.capped_frac)
         loss, st = algo.policy_loss(
             logprobs,
             old,
@@ -793,7 +793,7 @@ class RLOOTrainer:
             num_tokens=num_tokens,
             is_weights=is_weights,
         )
-        stats["loss/policy_avg"].append(loss.detach())
+        stats.policy_loss.append(loss.detach())
         if cfg.kl_in_loss:
             kl_term = algo.kl_loss(
                 logprobs,
@@ -804,20 +804,13 @@ class RLOOTrainer:
                 cfg.response_length,
                 num_tokens,
             )
-            stats["loss/kl_avg"].append(kl_term.detach())
+            stats.kl_loss.append(kl_term.detach())
             loss = loss + cfg.kl_coef * kl_term
-        stats["policy/entropy_avg"].append(algo.masked_mean(ent, ro.mask[idx]))
-        # A micro-batch whose completions were all masked as truncated has no ratio: NaN keeps it out of the
-        # ratio and clip statistics (a 0 would read as "ratio 0").
-        untrained = cfg.mask_truncated_completions and not bool(ro.loss_mask[idx].any())
-        for f in dataclasses.fields(st):
-            value = getattr(st, f.name)
-            stats[f.name].append(torch.full_like(value, math.nan) if untrained else value)
+        stats.entropy.append(algo.masked_mean(ent, ro.mask[idx]))
+        stats.add_policy(st, trained=not cfg.mask_truncated_completions or bool(ro.loss_mask[idx].any()))
         return loss
 
-    def _optimizer_step(
-        self, update: int, loss_bad: torch.Tensor, stats: dict[str, list[torch.Tensor]]
-    ) -> None:
+    def _optimizer_step(self, update: int, loss_bad: torch.Tensor, stats: LossStats) -> None:
         """Average and clip the gradients, stop on a non-finite loss or norm, step."""
         if not self.deepspeed:  # DeepSpeed reduces its gradients itself
             self.comm.average_gradients(self.policy)
@@ -825,57 +818,12 @@ class RLOOTrainer:
         if self.cfg.max_grad_norm > 0:
             gn = self.accelerator.clip_grad_norm_(self.policy.parameters(), self.cfg.max_grad_norm)
             if gn is not None:  # DeepSpeed clips inside its step and reports nothing here
-                stats["grad_norm"].append(torch.as_tensor(gn).float())
+                stats.grad_norm.append(torch.as_tensor(gn).float())
                 checks["grad norm"] = ~torch.isfinite(torch.as_tensor(gn))
         # before the step: a NaN gradient would otherwise turn every weight into NaN
         self._stop_if_nonfinite(update, checks)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-
-    def _loss_metrics(self, stats: dict[str, list[torch.Tensor]]) -> dict[str, float]:
-        """The logged loss, ratio and clip metrics of one update: means over every rank's micro-batches."""
-        masked = self.cfg.mask_truncated_completions
-
-        def avg(name: str) -> float:
-            values = torch.stack(stats[name]).float()
-            if not masked:
-                return self.comm.mean(float(values.mean()), self.device)
-            # over the micro-batches of all ranks that trained on something (see `untrained`); 0 if none
-            kept = ~values.isnan()
-            total = torch.stack([torch.where(kept, values, 0.0).sum(), kept.sum().float()]).to(self.device)
-            total = self.comm.sum(total)
-            return float(total[0] / total[1]) if total[1] > 0 else 0.0
-
-        low = self.comm.gather(torch.stack(stats["clip_low_frac"]).float())
-        high = self.comm.gather(torch.stack(stats["clip_high_frac"]).float())
-        if masked:  # leave out the untrained micro-batches' NaNs
-            low, high = low[~low.isnan()], high[~high.isnan()]
-            if low.numel() == 0:
-                low, high = low.new_zeros(1), high.new_zeros(1)
-        out = {
-            "loss/policy_avg": avg("loss/policy_avg"),
-            "policy/entropy_avg": avg("policy/entropy_avg"),
-            "policy/approxkl_avg": avg("approxkl"),
-            "policy/clipfrac_avg": avg("clipfrac"),
-            # RLOO has no value function; logged as 0 so dashboards built for the reference keep working.
-            "val/clipfrac_avg": 0.0,
-            "val/ratio": avg("ratio_mean"),
-            "val/ratio_var": avg("ratio_var"),
-            "entropy": avg("policy/entropy_avg"),
-            "clip_ratio/low_mean": float(low.mean()),
-            "clip_ratio/low_min": float(low.min()),
-            "clip_ratio/high_mean": float(high.mean()),
-            "clip_ratio/high_max": float(high.max()),
-            "clip_ratio/region_mean": float((low + high).mean()),
-        }
-        if stats["grad_norm"]:
-            out["grad_norm"] = avg("grad_norm")
-        if stats["loss/kl_avg"]:  # --kl_in_loss: the KL term before kl_coef
-            out["loss/kl_avg"] = avg("loss/kl_avg")
-        if stats["vllm_logp_diff_abs"]:  # --vllm_importance_sampling_correction
-            out["objective/vllm_logp_diff_abs_mean"] = avg("vllm_logp_diff_abs")
-            out["objective/vllm_is_capped_frac"] = avg("vllm_is_capped")
-        return out
 
     def _stop_if_nonfinite(self, update: int, checks: dict[str, torch.Tensor]) -> None:
         """Stop training (one line) when a check of ``checks`` (phase -> 0-dim bool "is bad") is true on any
