@@ -18,6 +18,7 @@ from components.train_rloo.component import train_rloo, train_rloo_multinode
 from components.validate.component import validate_params
 from rloo.pipeline import constants as C
 from rloo.pipeline import images
+from rloo.pipeline.params import config_help
 from rloo.pipeline.resources import StepResources
 
 RUN_ID = dsl.PIPELINE_JOB_ID_PLACEHOLDER
@@ -72,6 +73,7 @@ def _gpu_step(
 
 
 @dsl.pipeline(name=C.PIPELINE_NAME, description="RLHF with RLOO: fetch SFT, train, judge, push.")
+@config_help  # {stage.field} in the docstring: that config field's help (written once, in the config)
 def rloo_pipeline(
     model: str,
     dataset_name: str,
@@ -125,21 +127,21 @@ def rloo_pipeline(
         dataset_name: Training prompts: Hub id or directory in the 'rloo train' layout.
         eval_dataset_name: Evaluation prompts with reference completions (Hub id or directory).
         judge_base_url: OpenAI-compatible endpoint of the judge; its API key is in judge_secret.
-        judge_model: Judge model name as the endpoint knows it.
+        judge_model: {eval.judge_model}
         output_uri: s3://bucket/prefix; this run writes under <output_uri>/<run id>/ (sft, model, checkpoints, eval).
-        dataset_train_split: Split of dataset_name used for training.
-        eval_dataset_split: Split of eval_dataset_name that is judged.
+        dataset_train_split: {train.dataset_train_split}
+        eval_dataset_split: {eval.dataset_split}
         eval_num_examples: Judge the first N rows only (0 = all rows).
-        eval_max_new_tokens: New tokens per evaluation completion (greedy; the reference evaluation uses 200).
+        eval_max_new_tokens: {eval.max_new_tokens}
         reward_model_path: Reward model (Hub id or directory); or give --reward_funcs in extra_train_args.
-        learning_rate: AdamW learning rate.
+        learning_rate: {train.learning_rate}
         total_episodes: Completions to train on in total.
-        rloo_k: Completions per prompt (>= 2: the leave-one-out baseline needs two).
-        kl_coef: KL penalty against the SFT (reference) policy.
-        per_device_train_batch_size: Completions per micro-batch per GPU.
-        gradient_accumulation_steps: Micro-batches per optimizer step.
-        response_length: New tokens per completion.
-        seed: Seed of data order, sampling and initialisation.
+        rloo_k: {train.rloo_k}
+        kl_coef: {train.kl_coef}
+        per_device_train_batch_size: {train.per_device_train_batch_size}
+        gradient_accumulation_steps: {train.gradient_accumulation_steps}
+        response_length: {train.response_length}
+        seed: {train.seed}
         extra_train_args: Any other 'rloo train' flags, shell-quoted (e.g. "--bf16 --gradient_checkpointing").
         gpu_resource: Kubernetes resource name of the GPUs.
         gpu_count: GPUs per training node (>= 0); evaluation uses one.
@@ -158,7 +160,7 @@ def rloo_pipeline(
         registered_model_name: MLflow Model Registry name (empty: named after mlflow_experiment).
         register_model: Register a version when the MLflow secret names a tracking server (False: do not).
         hub_repo_id: Hugging Face Hub repo 'owner/name' for a promoted model (empty: not uploaded).
-        promotion_margin: Promote when the 95% lower bound of (trained - SFT) win rate is above this.
+        promotion_margin: {push.promotion_margin}
         s3_secret: Kubernetes secret with AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, S3_ENDPOINT_URL.
         mlflow_secret: Kubernetes secret with MLFLOW_TRACKING_URI (optional).
         hf_secret: Kubernetes secret with HF_TOKEN (optional).

@@ -190,6 +190,54 @@ def test_pipeline_defaults_are_the_stage_configs_defaults() -> None:
     assert {"learning_rate", "kl_coef", "rloo_k", "response_length", "eval_max_new_tokens"} <= set(checked)
 
 
+# Where the pipeline's help deliberately differs from the stage config's, and why. Every other parameter that
+# sets a config field takes the field's help ({stage.field} in the pipeline's docstring).
+PIPELINE_OWN_HELP = {
+    "dataset_name": "names the 'rloo train' layout a directory must have, not the CLI's file pattern",
+    "eval_dataset_name": "says what the rows must hold for judging, in pipeline terms",
+    "judge_base_url": "points at judge_secret, where the pipeline keeps the key",
+    "eval_num_examples": "0 means all rows: a KFP integer has no None",
+    "reward_model_path": "points at extra_train_args for --reward_funcs",
+    "total_episodes": "the pipeline has a concrete default; the CLI's help explains its None",
+    "mlflow_experiment": "names the pipeline's parent run and every stage run, not the push run alone",
+    "production_uri": "states the pipeline's empty value",
+    "registered_model_name": "states the pipeline's empty value",
+    "register_model": "points at mlflow_secret, where the pipeline keeps the tracking URI",
+    "hub_repo_id": "states the pipeline's empty value; the token comes from hf_secret",
+}
+
+
+def test_pipeline_help_is_the_stage_configs_help() -> None:
+    """A parameter that sets a config field is documented once, in the config; the pipeline's own wording is
+    the exception, listed with its reason."""
+    from rloo.pipeline.params import stage_configs
+
+    configs = stage_configs()
+    stage = _stage_fields()
+    mapped = {p.name: p for p in pipeline_params() if p.name in stage}
+    assert set(PIPELINE_OWN_HELP) <= set(mapped), "an exception for a parameter that sets no config field"
+    for name, p in mapped.items():
+        where = stage[name][0]
+        config, field = where.split(".")
+        field_help = " ".join(configs[config].__dataclass_fields__[field].metadata["help"].split())
+        if name in PIPELINE_OWN_HELP:
+            assert p.help != field_help, f"{name}: the same help as {where}; drop it from PIPELINE_OWN_HELP"
+        else:
+            assert p.help == field_help, f"{name}: write {{{where}}} in the pipeline's docstring"
+
+
+def test_config_help_placeholders_name_real_fields() -> None:
+    from rloo.pipeline.params import config_help
+
+    def f() -> None:
+        """Args:
+        a: {train.no_such_field}
+        """
+
+    with pytest.raises(KeyError, match="RLOOConfig has no field 'no_such_field'"):
+        config_help(f)
+
+
 def test_train_step_defaults_are_the_pipelines() -> None:
     # TrainParams carries the training parameters from the pipeline to `rloo train` flags
     from dataclasses import MISSING, fields

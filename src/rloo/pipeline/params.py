@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from rloo.errors import UserError
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 # KFP parameter type -> what the error message says a value must be
 _WANT = {
@@ -33,6 +37,34 @@ class PipelineParam:
     default: Any  # None when required
     required: bool
     help: str
+
+
+_CONFIG_HELP = re.compile(r"\{(train|eval|push)\.(\w+)\}")
+
+
+def stage_configs() -> dict[str, type]:
+    """The typed config of each stage, by the name the pipeline docstring's placeholders use."""
+    from rloo.config import RLOOConfig
+    from rloo.eval.config import EvalConfig
+    from rloo.push.config import PushConfig
+
+    return {"train": RLOOConfig, "eval": EvalConfig, "push": PushConfig}
+
+
+def config_help(func: F) -> F:
+    """Decorator for the ``@dsl.pipeline`` function: each ``{stage.field}`` of its docstring becomes that
+    stage config field's help, so a parameter's help is written once, in the config (KFP reads the docstring
+    when ``dsl.pipeline`` wraps the function: apply this one first)."""
+    configs = stage_configs()
+
+    def help_of(m: re.Match[str]) -> str:
+        fields = configs[m[1]].__dataclass_fields__  # type: ignore[attr-defined]
+        if m[2] not in fields:
+            raise KeyError(f"{m[0]}: {configs[m[1]].__name__} has no field {m[2]!r}")
+        return str(fields[m[2]].metadata["help"])
+
+    func.__doc__ = _CONFIG_HELP.sub(help_of, func.__doc__ or "")
+    return func
 
 
 def pipeline_params() -> list[PipelineParam]:
