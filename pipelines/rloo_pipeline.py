@@ -166,6 +166,7 @@ def rloo_pipeline(
         hf_secret: Kubernetes secret with HF_TOKEN (optional).
         judge_secret: Kubernetes secret with OPENAI_API_KEY, the judge's API key.
     """
+    params = dict(locals())  # first statement: every parameter, by name, for the validate step
     finish = finish_run(
         kfp_run_id=RUN_ID, kfp_run_name=RUN_NAME, mlflow_experiment=mlflow_experiment
     ).set_display_name("close MLflow run")
@@ -173,51 +174,8 @@ def rloo_pipeline(
     _secrets(finish, mlflow_secret, C.MLFLOW_SECRET_KEYS, optional=True)
     _fixed_resources(finish, C.FINISH_RESOURCES)
     with dsl.ExitHandler(exit_task=finish, name="rloo"):
-        check = validate_params(
-            model=model,
-            model_revision=model_revision,
-            dataset_name=dataset_name,
-            dataset_train_split=dataset_train_split,
-            reward_model_path=reward_model_path,
-            learning_rate=learning_rate,
-            total_episodes=total_episodes,
-            rloo_k=rloo_k,
-            kl_coef=kl_coef,
-            per_device_train_batch_size=per_device_train_batch_size,
-            gradient_accumulation_steps=gradient_accumulation_steps,
-            response_length=response_length,
-            seed=seed,
-            extra_train_args=extra_train_args,
-            eval_dataset_name=eval_dataset_name,
-            eval_max_new_tokens=eval_max_new_tokens,
-            judge_base_url=judge_base_url,
-            judge_model=judge_model,
-            gpu_count=gpu_count,
-            num_nodes=num_nodes,
-            output_uri=output_uri,
-            promotion_margin=promotion_margin,
-            registered_model_name=registered_model_name,
-            register_model=register_model,
-            hub_repo_id=hub_repo_id,
-            train_cpu=train_cpu,
-            train_memory=train_memory,
-            eval_cpu=eval_cpu,
-            eval_memory=eval_memory,
-            train_service_account=train_service_account,
-            multinode_backend=multinode_backend,
-            training_runtime=training_runtime,
-            eval_dataset_split=eval_dataset_split,
-            eval_num_examples=eval_num_examples,
-            gpu_resource=gpu_resource,
-            gpu_node_selector=gpu_node_selector,
-            namespace=namespace,
-            mlflow_experiment=mlflow_experiment,
-            production_uri=production_uri,
-            s3_secret=s3_secret,
-            mlflow_secret=mlflow_secret,
-            hf_secret=hf_secret,
-            judge_secret=judge_secret,
-        ).set_display_name("validate parameters")
+        # every parameter: a test keeps the two signatures equal
+        check = validate_params(**params).set_display_name("validate parameters")
         kubernetes.set_timeout(check, C.VALIDATE_TIMEOUT_S)
         _fixed_resources(check, C.VALIDATE_RESOURCES)
         # optional here: a missing secret should fail as "cannot read the model", not as a pod that never starts

@@ -10,7 +10,7 @@ import pytest
 
 from rloo.errors import UserError
 from rloo.pipeline.node import launch_command
-from rloo.pipeline.steps import TrainParams, fetch_model, manifest_digest, train_args, validate_params
+from rloo.pipeline.steps import TrainParams, check_pipeline_params, fetch_model, manifest_digest, train_args
 from tests.fixtures.servers import S3Server, use_s3
 
 
@@ -41,14 +41,13 @@ def test_the_validated_config_is_what_rloo_train_reads(tmp_path: Path) -> None:
     from rloo.config import RLOOConfig
     from rloo.options import parse_config
 
-    train = TrainParams(
-        dataset_name="d",
-        reward_model_path="org/rm",
+    params = good(
         rloo_k=4,
         learning_rate=1e-5,
         extra_train_args="--bf16 --beta 0.1 --reward_funcs rloo.demo.toy:letter_reward --reward_weights 1 -0.5",
     )
-    config = validate_params(**{**GOOD, "train": train})  # type: ignore[arg-type]
+    config = check_pipeline_params(params)
+    train = TrainParams(**{f: params[f] for f in TrainParams.__dataclass_fields__})
     assert config["kl_coef"] == 0.1 and "beta" not in config  # the alias resolved, once
     assert (config["rloo_k"], config["bf16"], config["reward_weights"]) == (4, True, [1.0, -0.5])
     assert isinstance(config["learning_rate"], float) and isinstance(config["rloo_k"], int)
@@ -65,49 +64,50 @@ def test_the_validated_config_is_what_rloo_train_reads(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("flag", ["--output_dir x", "--model_name_or_path m", "--checkpoint_uri s3://bk/c"])
 def test_pod_locations_are_not_the_users_to_give(flag: str) -> None:
-    train = TrainParams(dataset_name="d", reward_model_path="r", extra_train_args=flag)
     with pytest.raises(UserError, match=f"^{flag.split()[0]} is set by the pipeline itself"):
-        validate_params(**{**GOOD, "train": train})  # type: ignore[arg-type]
+        check_pipeline_params(good(extra_train_args=flag))
 
 
-GOOD = dict(
+GIVEN = dict(
     model="org/sft",
-    train=TrainParams(dataset_name="org/data", reward_model_path="org/rm"),
+    dataset_name="org/data",
+    reward_model_path="org/rm",
     eval_dataset_name="org/eval",
     judge_base_url="http://judge:8000/v1",
     judge_model="j",
-    gpu_count=1,
-    num_nodes=1,
     output_uri="/tmp/rloo-validate-out",  # s3:// ones are asked for access: tests/pipeline/test_storage_access.py
-    promotion_margin=0.0,
 )
 
 
+def good(**change: object) -> dict[str, object]:
+    """Every pipeline parameter (the defaults filled in), with ``change``."""
+    from rloo.pipeline.params import with_defaults
+
+    return with_defaults({**GIVEN, **change})
+
+
 def test_good_parameters_pass() -> None:
-    validate_params(**GOOD)  # type: ignore[arg-type]
+    check_pipeline_params(good())
 
 
 @pytest.mark.parametrize(
     ("change", "message"),
     [
         ({"model": "/no/such/model"}, "no such directory"),
-        ({"train": TrainParams(dataset_name="d", reward_model_path="r", rloo_k=1)}, "rloo_k"),
+        ({"rloo_k": 1}, "rloo_k"),
         ({"gpu_count": -1}, "gpu_count must be >= 0"),
         ({"judge_base_url": ""}, "judge_base_url is required"),
         ({"judge_model": ""}, "judge_model is required"),
-        ({"train": TrainParams(dataset_name="d")}, "no reward source"),
+        ({"reward_model_path": ""}, "no reward source"),
         ({"num_nodes": 0}, "num_nodes must be >= 1"),
         ({"num_nodes": 2, "output_uri": "/local"}, "s3:// output_uri"),
-        (
-            {"train": TrainParams(dataset_name="d", reward_model_path="r", extra_train_args="--nope 1")},
-            "unknown flag",
-        ),
+        ({"extra_train_args": "--nope 1"}, "unknown flag"),
         ({"promotion_margin": 2.0}, "promotion_margin"),
     ],
 )
 def test_bad_parameters_fail_in_one_line(change: dict[str, object], message: str) -> None:
     with pytest.raises(UserError, match=message) as err:
-        validate_params(**{**GOOD, **change})  # type: ignore[arg-type]
+        check_pipeline_params(good(**change))
     assert "\n" not in str(err.value)
 
 
@@ -233,8 +233,8 @@ def test_fetch_pins_a_hub_model_to_its_resolved_commit(tmp_path: Path) -> None:
 def test_model_revision_parameter_is_checked(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text("{}")
     with pytest.raises(UserError, match="model_revision 'v1' only applies to a Hugging Face Hub id"):
-        validate_params(**{**GOOD, "model": str(tmp_path), "model_revision": "v1"})  # type: ignore[arg-type]
-    validate_params(**{**GOOD, "model_revision": "v1"})  # type: ignore[arg-type]
+        check_pipeline_params(good(model=str(tmp_path), model_revision="v1"))
+    check_pipeline_params(good(model_revision="v1"))
     from rloo.pipeline.steps import check_model_source
 
     with pytest.raises(UserError, match="no revision 'nope'"):

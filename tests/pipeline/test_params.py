@@ -333,23 +333,12 @@ def test_every_pipeline_parameter_is_validated() -> None:
 
 @pytest.mark.parametrize("name", sorted(REFUSED))
 def test_a_bad_value_of_each_parameter_is_refused_by_name(name: str) -> None:
-    from rloo.pipeline.params import with_defaults
     from rloo.pipeline.steps import check_pipeline_params
+    from tests.pipeline.test_node_and_steps import good
 
-    good = with_defaults(
-        dict(
-            model="org/m",
-            dataset_name="org/d",
-            reward_model_path="org/rm",
-            eval_dataset_name="org/e",
-            judge_base_url="http://judge/v1",
-            judge_model="j",
-            output_uri="/tmp/rloo-validate-out",
-        )
-    )
-    check_pipeline_params(good, check_paths=False)
+    check_pipeline_params(good(), check_paths=False)
     with pytest.raises(UserError) as err:
-        check_pipeline_params(good | {name: REFUSED[name]}, check_paths=False)
+        check_pipeline_params(good(**{name: REFUSED[name]}), check_paths=False)
     message = str(err.value)
     # the message names the parameter as the user gave it (extra_train_args: the offending flag)
     assert (name in message) if name != "extra_train_args" else ("--no_such_flag" in message), message

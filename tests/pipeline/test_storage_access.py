@@ -6,22 +6,20 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from rloo.errors import UserError
 from rloo.pipeline.compile import repo_root
-from rloo.pipeline.steps import validate_params
+from rloo.pipeline.steps import check_pipeline_params
 from tests.fixtures.servers import S3Server, use_s3
-from tests.pipeline.test_node_and_steps import GOOD
+from tests.pipeline.test_node_and_steps import good
 
 local = pytest.importorskip("kfp.local")
 pytestmark = pytest.mark.filterwarnings("ignore:You may be attemping:RuntimeWarning")
 
 MISSING = "rloo-no-such-bucket"
 # the valid parameters of the validate-step tests, with the output location left to each test
-PARAMS: dict[str, Any] = {k: v for k, v in GOOD.items() if k != "output_uri"}
 
 
 @pytest.fixture
@@ -60,7 +58,7 @@ def test_validate_checks_the_output_bucket_in_seconds(
         monkeypatch.setenv("S3_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")
     start = time.monotonic()
     with pytest.raises(UserError) as err:
-        validate_params(**PARAMS, output_uri=f"s3://{bucket}/runs")
+        check_pipeline_params(good(output_uri=f"s3://{bucket}/runs"))
     took = time.monotonic() - start
     message = str(err.value)
     assert took < 10, took
@@ -71,8 +69,9 @@ def test_validate_checks_the_output_bucket_in_seconds(
 
 
 def test_validate_passes_a_reachable_bucket(aws: S3Server) -> None:
-    checked = validate_params(**PARAMS, output_uri=f"s3://{aws.bucket}/runs")  # nothing written there
-    assert checked == validate_params(**PARAMS, output_uri=f"s3://{aws.bucket}/runs", check_paths=False)
+    params = good(output_uri=f"s3://{aws.bucket}/runs")
+    checked = check_pipeline_params(params)  # nothing written there
+    assert checked == check_pipeline_params(params, check_paths=False)
 
 
 def test_fetch_step_fails_in_one_line_without_a_traceback(

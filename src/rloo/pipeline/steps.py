@@ -1,7 +1,7 @@
 """What the pipeline's components do, as library functions (the components only unpack KFP types).
 
-:func:`validate_params` runs first in the pipeline, on a CPU pod: a bad parameter fails there in one line,
-before any GPU is requested.
+:func:`check_pipeline_params` (the validate step) runs first in the pipeline, on a CPU pod: a bad parameter
+fails there in one line, before any GPU is requested.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import shlex
 import sys
 import tempfile
 import time
+import typing
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -56,52 +57,82 @@ def train_args(p: TrainParams) -> list[str]:
     return args + shlex.split(p.extra_train_args)
 
 
-def validate_params(
-    *,
-    model: str,
-    train: TrainParams,
-    eval_dataset_name: str,
-    judge_base_url: str,
-    judge_model: str,
-    gpu_count: int,
-    num_nodes: int,
-    output_uri: str,
-    promotion_margin: float,
-    registered_model_name: str = "",
-    register_model: bool = True,
-    hub_repo_id: str = "",
-    check_paths: bool = True,
-    eval_max_new_tokens: int = 200,
-    check_hub: bool = False,
-    model_revision: str = "",
-    eval_dataset_split: str = "test",
-    eval_num_examples: int = 0,
-    production_uri: str = "",
-    mlflow_experiment: str = "rloo",
+def check_pipeline_params(
+    params: dict[str, Any], *, check_paths: bool = True, check_hub: bool = False
 ) -> dict[str, Any]:
-    """Build the stages' configs from the pipeline parameters; raise a one-line UserError for the first bad
-    one. ``check_paths``: the model must exist (:func:`check_model_source`; ``check_hub``: Hub ids too).
+    """Build every stage's config from the pipeline parameters (all of them, by their names in
+    ``rloo_pipeline``: :func:`rloo.pipeline.params.with_defaults` fills in the rest); raise a one-line
+    UserError naming the first bad one. ``check_paths``: the model and the bucket must be there
+    (:func:`check_model_source`, :func:`check_storage_access`; ``check_hub``: Hub ids too).
 
-    Returns the training config the parameters give (``rloo train`` field names and typed values, defaults
-    left out): the train step runs ``rloo train --config`` on it, adding only the pod-local locations."""
-    from rloo.config import RLOOConfig
+    The validate step and ``rloo pipeline submit`` both call this, so a run is refused for the same reasons in
+    both. Returns the training config the parameters give (``rloo train`` field names and typed values,
+    defaults left out): the train step runs ``rloo train --config`` on it, adding only the pod-local
+    locations."""
     from rloo.eval.config import EvalConfig
     from rloo.push.config import PushConfig
 
+    _check_model(str(params["model"]), str(params["model_revision"]), check_paths=check_paths, hub=check_hub)
+    _check_run(params, check_paths=check_paths)
+    train_config = _train_config(params)
+    if not params["judge_base_url"]:
+        raise UserError("judge_base_url is required: the OpenAI-compatible endpoint of the judge.")
+    _stage_config(
+        EvalConfig,
+        params,
+        {
+            "eval_dataset_name": "dataset_name",
+            "eval_dataset_split": "dataset_split",
+            "eval_num_examples": "num_examples",
+            "judge_base_url": "judge_base_url",
+            "judge_model": "judge_model",
+            "eval_max_new_tokens": "max_new_tokens",
+        },
+        model_name_or_path=_PLACEHOLDER_MODEL,
+        baseline_model=_PLACEHOLDER_MODEL,
+        report_to="none",
+    )
+    _stage_config(
+        PushConfig,
+        params,
+        {
+            name: name
+            for name in (
+                "promotion_margin",
+                "registered_model_name",
+                "register_model",
+                "hub_repo_id",
+                "production_uri",
+                "mlflow_experiment",
+            )
+        },
+        model_path=_PLACEHOLDER_MODEL,
+    )
+    check_pod_params(params)
+    return train_config
+
+
+def _check_model(model: str, revision: str, *, check_paths: bool, hub: bool) -> None:
     if not model:
         raise UserError("model is required: a Hub id, s3://bucket/prefix or a local directory.")
-    if model_revision and (model.startswith("s3://") or _looks_local(model)):
+    if revision and (model.startswith("s3://") or _looks_local(model)):
         raise UserError(
-            f"model_revision {model_revision!r} only applies to a Hugging Face Hub id, and model {model!r} is "
+            f"model_revision {revision!r} only applies to a Hugging Face Hub id, and model {model!r} is "
             "not one: drop model_revision (an s3:// upload is already pinned by its manifest)."
         )
-    if model_revision and model_revision.split() != [model_revision]:  # no git ref holds whitespace
+    if revision and revision.split() != [revision]:  # no git ref holds whitespace
         raise UserError(
-            f"model_revision {model_revision!r} is not a branch, tag or commit: drop the spaces (or leave it "
+            f"model_revision {revision!r} is not a branch, tag or commit: drop the spaces (or leave it "
             "empty for main)."
         )
     if check_paths:
-        check_model_source(model, hub=check_hub, revision=model_revision or None)
+        check_model_source(model, hub=hub, revision=revision or None)
+
+
+def _check_run(params: dict[str, Any], *, check_paths: bool) -> None:
+    """Nodes, GPUs, where the run writes and the experiment it is tracked under."""
+    gpu_count, num_nodes = int(params["gpu_count"]), int(params["num_nodes"])
+    output_uri = str(params["output_uri"])
     if gpu_count < 0:
         raise UserError(f"gpu_count must be >= 0 (got {gpu_count}).")
     if num_nodes < 1:
@@ -114,11 +145,17 @@ def validate_params(
         raise UserError(f"multi-node training needs an s3:// output_uri (got {output_uri!r}).")
     if check_paths:
         check_storage_access(output_uri, what="output_uri")
-    if not mlflow_experiment.strip():
+    if not str(params["mlflow_experiment"]).strip():
         raise UserError("mlflow_experiment must not be empty: it names the MLflow experiment of the run.")
-    # the parser of 'rloo train' itself: extra_train_args get exactly the checks the command applies
+
+
+def _train_config(params: dict[str, Any]) -> dict[str, Any]:
+    """The training parameters and ``extra_train_args``, through the parser of 'rloo train' itself (exactly
+    the checks the command applies), as the config values they give."""
+    from rloo.config import RLOOConfig
     from rloo.pipeline.node import POD_LOCAL_FIELDS
 
+    train = TrainParams(**{f: params[f] for f in TrainParams.__dataclass_fields__})
     try:
         values = parse_values(RLOOConfig, train_args(train), prog="pipeline parameters")
         for name in sorted(POD_LOCAL_FIELDS & values.keys()):
@@ -126,47 +163,25 @@ def validate_params(
         RLOOConfig(**({"model_name_or_path": _PLACEHOLDER_MODEL, "output_dir": "validate"} | values))
     except UserError as e:
         raise UserError(_in_pipeline_terms(str(e), train)) from None
-    if not judge_base_url:
-        raise UserError("judge_base_url is required: the OpenAI-compatible endpoint of the judge.")
-    _stage_config(
-        EvalConfig,
-        {
-            "eval_dataset_name": ("dataset_name", eval_dataset_name or None),
-            "eval_dataset_split": ("dataset_split", eval_dataset_split),
-            "eval_num_examples": (
-                "num_examples",
-                eval_num_examples or None,
-            ),  # 0: every row (KFP has no None)
-            "judge_base_url": ("judge_base_url", judge_base_url),
-            "judge_model": ("judge_model", judge_model or None),
-            "eval_max_new_tokens": ("max_new_tokens", eval_max_new_tokens),
-        },
-        model_name_or_path=_PLACEHOLDER_MODEL,
-        baseline_model=_PLACEHOLDER_MODEL,
-        report_to="none",
-    )
-    _stage_config(
-        PushConfig,
-        {
-            "promotion_margin": ("promotion_margin", promotion_margin),
-            "registered_model_name": ("registered_model_name", registered_model_name or None),
-            "register_model": ("register_model", register_model),
-            "hub_repo_id": ("hub_repo_id", hub_repo_id or None),
-            "production_uri": ("production_uri", production_uri or None),
-            "mlflow_experiment": ("mlflow_experiment", mlflow_experiment),
-        },
-        model_path=_PLACEHOLDER_MODEL,
-    )
     return values
 
 
-def _stage_config(cls: type, params: dict[str, tuple[str, Any]], **fixed: Any) -> None:
-    """Build a stage's config from pipeline parameters (``{parameter: (field, value)}``) and ``fixed`` fields;
-    its one-line error names the pipeline parameter (``--dataset_split`` -> ``eval_dataset_split``)."""
+def _stage_config(cls: type, params: dict[str, Any], fields: dict[str, str], **fixed: Any) -> None:
+    """Build a stage's config from the pipeline parameters ``fields`` names (``{parameter: field}``) and
+    ``fixed`` fields; its one-line error names the pipeline parameter (``--dataset_split`` ->
+    ``eval_dataset_split``). KFP has no None: an optional field's unset value is the parameter's empty one
+    ('' or 0)."""
+    hints = typing.get_type_hints(cls)
+    values = {}
+    for name, field in fields.items():
+        value = params[name]
+        optional = type(None) in typing.get_args(hints[field])
+        unset = value == "" or (type(value) is int and value == 0)
+        values[field] = None if optional and unset else value
     try:
-        cls(**fixed, **dict(params.values()))
+        cls(**fixed, **values)
     except UserError as e:
-        names = {field: name for name, (field, _) in params.items()}
+        names = {field: name for name, field in fields.items()}
         raise UserError(re.sub(r"--(\w+)\b", lambda m: names.get(m[1], m[0]), str(e))) from None
 
 
@@ -180,39 +195,6 @@ def _in_pipeline_terms(message: str, train: TrainParams) -> str:
         )
     names = "|".join(f for f in TrainParams.__dataclass_fields__ if f != "extra_train_args")
     return re.sub(rf"--({names})\b", r"\1", message)
-
-
-def check_pipeline_params(
-    params: dict[str, Any], *, check_paths: bool = True, check_hub: bool = False
-) -> dict[str, Any]:
-    """:func:`validate_params` on flat pipeline parameters (the names of ``rloo_pipeline``, defaults filled
-    in): a one-line UserError for the first bad one, else the training config they give. The validate
-    step and ``rloo pipeline submit`` both call this, so a run is refused for the same reasons in both."""
-    train = TrainParams(**{f: params[f] for f in TrainParams.__dataclass_fields__ if f in params})
-    values = validate_params(
-        model=str(params["model"]),
-        train=train,
-        eval_dataset_name=str(params["eval_dataset_name"]),
-        eval_max_new_tokens=int(params["eval_max_new_tokens"]),
-        judge_base_url=str(params["judge_base_url"]),
-        judge_model=str(params["judge_model"]),
-        gpu_count=int(params["gpu_count"]),
-        num_nodes=int(params["num_nodes"]),
-        output_uri=str(params["output_uri"]),
-        promotion_margin=float(params["promotion_margin"]),
-        registered_model_name=str(params.get("registered_model_name") or ""),
-        register_model=bool(params.get("register_model", True)),
-        hub_repo_id=str(params.get("hub_repo_id") or ""),
-        check_paths=check_paths,
-        check_hub=check_hub,
-        model_revision=str(params.get("model_revision") or ""),
-        eval_dataset_split=str(params.get("eval_dataset_split", "test")),
-        eval_num_examples=int(params.get("eval_num_examples") or 0),
-        production_uri=str(params.get("production_uri") or ""),
-        mlflow_experiment=str(params.get("mlflow_experiment", "rloo")),
-    )
-    check_pod_params(params)
-    return values
 
 
 def check_pod_params(params: dict[str, Any]) -> None:

@@ -68,7 +68,7 @@ class TrainJobSpec:
     name: str
     namespace: str
     image: str
-    train_config: dict[str, Any]  # 'rloo train' config values (rloo.pipeline.steps.validate_params)
+    train_config: dict[str, Any]  # 'rloo train' config values (rloo.pipeline.steps.check_pipeline_params)
     sft_uri: str
     model_uri: str
     checkpoint_uri: str
