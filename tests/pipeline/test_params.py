@@ -238,17 +238,15 @@ def test_config_help_placeholders_name_real_fields() -> None:
         config_help(f)
 
 
-def test_train_step_defaults_are_the_pipelines() -> None:
-    # TrainParams carries the training parameters from the pipeline to `rloo train` flags
-    from dataclasses import MISSING, fields
+def test_train_params_are_pipeline_parameters_and_train_flags() -> None:
+    """TRAIN_PARAMS names the pipeline parameters passed to `rloo train` under the same name (their defaults:
+    test_pipeline_defaults_are_the_stage_configs_defaults)."""
+    from rloo.config import RLOOConfig
+    from rloo.pipeline.steps import TRAIN_PARAMS
 
-    from rloo.pipeline.steps import TrainParams
-
-    pipeline = {p.name: p for p in pipeline_params()}
-    for f in fields(TrainParams):
-        assert f.name in pipeline, f"TrainParams.{f.name} is no pipeline parameter"
-        if f.default is not MISSING:
-            assert f.default == pipeline[f.name].default, f.name
+    pipeline = {p.name for p in pipeline_params()}
+    assert set(TRAIN_PARAMS) <= pipeline
+    assert set(TRAIN_PARAMS) <= set(RLOOConfig.__dataclass_fields__)
 
 
 def test_a_params_file_that_is_not_yaml_is_one_line(tmp_path: Path) -> None:

@@ -14,7 +14,6 @@ import sys
 import tempfile
 import time
 import typing
-from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -27,34 +26,33 @@ log = logging.getLogger(__name__)
 _PLACEHOLDER_MODEL = "placeholder-model"
 
 
-@dataclass(frozen=True)
-class TrainParams:
-    """The RLOO hyper-parameters the pipeline exposes; everything else comes from ``extra_train_args``."""
+# The pipeline parameters that are 'rloo train' flags of the same name (their defaults are the config's: a test
+# checks it); every other training setting comes through extra_train_args.
+TRAIN_PARAMS = (
+    "dataset_name",
+    "dataset_train_split",
+    "reward_model_path",
+    "learning_rate",
+    "total_episodes",
+    "rloo_k",
+    "kl_coef",
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "response_length",
+    "seed",
+)
 
-    dataset_name: str
-    dataset_train_split: str = "train"
-    reward_model_path: str = ""
-    learning_rate: float = 3e-6
-    total_episodes: int = 10000
-    rloo_k: int = 2
-    kl_coef: float = 0.05
-    per_device_train_batch_size: int = 8
-    gradient_accumulation_steps: int = 1
-    response_length: int = 53
-    seed: int = 42
-    extra_train_args: str = ""
 
-
-def train_args(p: TrainParams) -> list[str]:
-    """The ``rloo train`` flags for these parameters; model, output and checkpoint locations are added by
-    :mod:`rloo.pipeline.node`, which knows the pod-local paths."""
+def train_args(params: dict[str, Any]) -> list[str]:
+    """The ``rloo train`` flags the pipeline parameters ``params`` give: one per :data:`TRAIN_PARAMS` name,
+    then ``extra_train_args``. Model, output and checkpoint locations are the training pod's own."""
     args: list[str] = []
-    for f in fields(p):  # one flag per field, named as the field: rloo train's own flag names
-        value = getattr(p, f.name)
-        if f.name == "extra_train_args" or (f.name == "reward_model_path" and not value):
+    for name in TRAIN_PARAMS:
+        value = params[name]
+        if name == "reward_model_path" and not value:
             continue
-        args += [f"--{f.name}", repr(value) if isinstance(value, float) else str(value)]
-    return args + shlex.split(p.extra_train_args)
+        args += [f"--{name}", repr(value) if isinstance(value, float) else str(value)]
+    return args + shlex.split(str(params["extra_train_args"]))
 
 
 def check_pipeline_params(
@@ -155,14 +153,15 @@ def _train_config(params: dict[str, Any]) -> dict[str, Any]:
     from rloo.config import RLOOConfig
     from rloo.pipeline.node import POD_LOCAL_FIELDS
 
-    train = TrainParams(**{f: params[f] for f in TrainParams.__dataclass_fields__})
     try:
-        values = parse_values(RLOOConfig, train_args(train), prog="pipeline parameters")
+        values = parse_values(RLOOConfig, train_args(params), prog="pipeline parameters")
         for name in sorted(POD_LOCAL_FIELDS & values.keys()):
             raise UserError(f"--{name} is set by the pipeline itself; remove it from extra_train_args.")
         RLOOConfig(**({"model_name_or_path": _PLACEHOLDER_MODEL, "output_dir": "validate"} | values))
     except UserError as e:
-        raise UserError(_in_pipeline_terms(str(e), train)) from None
+        raise UserError(
+            _in_pipeline_terms(str(e), has_reward_model=bool(params["reward_model_path"]))
+        ) from None
     return values
 
 
@@ -185,15 +184,15 @@ def _stage_config(cls: type, params: dict[str, Any], fields: dict[str, str], **f
         raise UserError(re.sub(r"--(\w+)\b", lambda m: names.get(m[1], m[0]), str(e))) from None
 
 
-def _in_pipeline_terms(message: str, train: TrainParams) -> str:
+def _in_pipeline_terms(message: str, *, has_reward_model: bool) -> str:
     """A message of 'rloo train' in the pipeline's terms: its flags that are pipeline parameters named as the
     parameters (``--rloo_k`` -> ``rloo_k``); the others are flags of ``extra_train_args``."""
-    if message.startswith("no reward source") and not train.reward_model_path:
+    if message.startswith("no reward source") and not has_reward_model:
         return (
             "no reward source: set the pipeline parameter reward_model_path (a reward model) and/or put "
             "--reward_funcs pkg.module:fn in extra_train_args."
         )
-    names = "|".join(f for f in TrainParams.__dataclass_fields__ if f != "extra_train_args")
+    names = "|".join(TRAIN_PARAMS)
     return re.sub(rf"--({names})\b", r"\1", message)
 
 
