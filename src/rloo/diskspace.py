@@ -12,6 +12,7 @@ import contextlib
 import errno
 import os
 import shutil
+import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -92,7 +93,8 @@ def write_bytes_atomic(path: Path, data: bytes, what: str) -> None:
     """Write ``path`` through a temporary name in the same directory and ``os.replace``: a reader sees the
     whole file or none (never a 0-byte one left by a full disk)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
+    # unique: two processes writing the same file (tests in parallel, a retried step) never share a temp file
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
     try:
         with disk_full_as_one_line(path, len(data), what):
             with open(tmp, "wb") as f:

@@ -84,7 +84,7 @@ def test_unfinished_and_tampered_checkpoints_are_refused(parts, tmp_path: Path) 
     # a small state file changed in place (same size) fails its checksum
     state = good / "trainer_state.json"
     state.write_text(state.read_text().replace("3", "9"))
-    assert "checksum" in (checkpoint_problem(good) or "")
+    assert (checkpoint_problem(good) or "").startswith("trainer_state.json fails its SHA-256 check")
     assert latest_checkpoint(tmp_path) is None
 
 

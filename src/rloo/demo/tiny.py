@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import random
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
+
+from rloo.diskspace import write_bytes_atomic
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedTokenizerFast
@@ -453,9 +453,6 @@ def build_tiny_setup(
         hidden_size=hidden_size,
         num_layers=num_layers,
     )
-    # Atomic write so a concurrent reader never sees a half-written marker.
-    fd, tmp = tempfile.mkstemp(dir=root, prefix=".tiny_setup.", suffix=".json")
-    with os.fdopen(fd, "w") as f:
-        json.dump(params, f, indent=2, sort_keys=True)
-    os.replace(tmp, marker)
+    # atomic: a concurrent reader never sees a half-written marker
+    write_bytes_atomic(marker, json.dumps(params, indent=2, sort_keys=True).encode(), marker.name)
     return setup

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rloo.diskspace import write_bytes_atomic
 from rloo.errors import UserError
 from rloo.models import ADAPTER_CONFIG, ADAPTER_WEIGHTS, MERGED_SUBDIR, check_safetensors_weights
 from rloo.push.card import CardInputs, render_model_card, summarize_curves
@@ -235,12 +236,6 @@ def _publish(src: Path, uri: str, *, atomic: bool = False) -> bool:
     return True
 
 
-def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(f".rloo-{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-    os.replace(tmp, path)
-
-
 def _raise_mlflow_as_user_error(exc: BaseException) -> None:
     """An MLflow server refusal (permissions, bad name, outage) is one line for the CLI, not a traceback."""
     if type(exc).__module__.startswith("mlflow") and isinstance(exc, Exception):
@@ -358,7 +353,9 @@ def run_push(cfg: PushConfig, *, hub_api: Any = None, mlflow_client: Any = None)
     run = open_push_run(cfg, prepared.key, mlflow_client, tracking=tracking) if tracking else None
     try:
         result = publish(cfg, prepared, run, hub_api)
-        _write_json_atomic(result_path, result.to_dict())
+        write_bytes_atomic(
+            result_path, json.dumps(result.to_dict(), indent=1, sort_keys=True).encode(), result_path.name
+        )
         if run is not None:
             run.registry.client.log_artifact(run.run_id, str(result_path))
             run.registry.client.set_terminated(run.run_id, status="FINISHED")

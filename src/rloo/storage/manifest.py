@@ -167,8 +167,11 @@ def write_manifest(local_dir: str | Path, exclude: Sequence[str] = ()) -> Manife
     return manifest
 
 
-def verify_local(local_dir: Path, manifest: Manifest, source: str) -> None:
-    """Raise IncompleteArtifactError unless every manifest file exists with its size and SHA-256."""
+def verify_local(local_dir: Path, manifest: Manifest, source: str, *, hash_limit: int | None = None) -> None:
+    """Raise IncompleteArtifactError unless every manifest file exists with its size and SHA-256.
+
+    ``hash_limit``: files larger than this are checked by size only (a resume check of a checkpoint: reading
+    gigabytes of weights back is slow, and truncation is what happens to them)."""
     for entry in manifest.files:
         path = local_dir / entry.path
         if not path.is_file():
@@ -179,6 +182,8 @@ def verify_local(local_dir: Path, manifest: Manifest, source: str) -> None:
                 f"{source}: {entry.path} has {size} bytes, the manifest says {entry.size}: the data was "
                 "modified or damaged after it was published; upload the directory again."
             )
+        if hash_limit is not None and size > hash_limit:
+            continue
         digest = sha256_file(path)
         if digest != entry.sha256:
             raise IncompleteArtifactError(
@@ -186,6 +191,20 @@ def verify_local(local_dir: Path, manifest: Manifest, source: str) -> None:
                 f"{entry.sha256[:12]}...): the data was modified or damaged after it was published; upload the "
                 "directory again."
             )
+
+
+def fsync_file(path: Path) -> None:
+    """Flush a written file to the disk (before a rename makes it visible)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(path: Path) -> None:
+    """Flush a directory's entries (after a rename), where the filesystem allows it."""
+    _fsync_dir(path)
 
 
 def _fsync_dir(path: Path) -> None:

@@ -2,15 +2,15 @@
 
 A checkpoint is a directory ``checkpoint-<update>`` holding the policy and tokenizer (``save_pretrained``),
 the optimizer and scheduler states, every RNG state and ``trainer_state.json`` (update, episode, data
-order position, ...). It is assembled in a hidden temporary directory, its manifest (every file with its
-size, and a SHA-256 for the small state files) written last, then renamed into place: a reader sees a
-complete checkpoint or none. A checkpoint whose files do not match its manifest (a truncated copy, a
-disk that filled up) is skipped with a warning in favour of the next newest.
+order position, ...). It is assembled in a hidden temporary directory, sealed with the same manifest as
+every upload (:mod:`rloo.storage.manifest`: every file with its size and SHA-256) written last, then renamed
+into place: a reader sees a complete checkpoint or none. A checkpoint whose files do not match its manifest
+(a truncated copy, a disk that filled up) is skipped with a warning in favour of the next newest; the resume
+check reads back the small state files' hashes and the weights' sizes.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -25,31 +25,18 @@ import torch
 
 from rloo.diskspace import disk_full_as_one_line, tensor_bytes
 from rloo.errors import UserError
+from rloo.storage.errors import IncompleteArtifactError
+from rloo.storage.manifest import MANIFEST_NAME, Manifest, build_manifest, fsync_dir, fsync_file, verify_local
+from rloo.storage.manifest import write_manifest_file as _write_manifest
 
 log = logging.getLogger(__name__)
 
 PREFIX = "checkpoint-"
-MANIFEST = "checkpoint_manifest.json"
+MANIFEST = MANIFEST_NAME
 STATE = "trainer_state.json"
 _NAME = re.compile(rf"^{PREFIX}(\d+)$")
-# Weights are checked by size (truncation is what happens to them); small state files also by hash.
+# On resume, weights are checked by size (truncation is what happens to them); small state files also by hash.
 _HASH_LIMIT = 16 * 2**20
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(2**20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def rng_states() -> dict[str, Any]:
@@ -127,15 +114,10 @@ def save_checkpoint(
             for extra in extra_files or []:
                 if extra.is_file():
                     shutil.copy2(extra, tmp / extra.name)
-            files = {}
-            for path in sorted(p for p in tmp.rglob("*") if p.is_file()):
-                _fsync(path)
-                entry: dict[str, Any] = {"size": path.stat().st_size}
-                if entry["size"] <= _HASH_LIMIT:
-                    entry["sha256"] = _sha256(path)
-                files[str(path.relative_to(tmp))] = entry
-            (tmp / MANIFEST).write_text(json.dumps({"update": update, "files": files}, indent=2))
-            _fsync(tmp / MANIFEST)
+            for path in tmp.rglob("*"):
+                if path.is_file():
+                    fsync_file(path)
+            _write_manifest(tmp, build_manifest(tmp))  # last: without it the checkpoint does not count
     except BaseException:
         # a half-written checkpoint is never read (no manifest, hidden name), but it holds the space that
         # the next attempt needs
@@ -144,7 +126,7 @@ def save_checkpoint(
     if final.exists():  # a stale copy of the same update (e.g. re-saved after a preemption)
         shutil.rmtree(final)
     os.replace(tmp, final)
-    _fsync(output_dir)
+    fsync_dir(output_dir)
     if total_limit:
         for _, old in list_checkpoints(output_dir)[total_limit:]:
             shutil.rmtree(old, ignore_errors=True)
@@ -165,17 +147,12 @@ def checkpoint_problem(path: Path) -> str | None:
     if not manifest.is_file():
         return "no manifest (it was never completed)"
     try:
-        files = json.loads(manifest.read_text())["files"]
-    except (ValueError, KeyError):
-        return "unreadable manifest"
-    for name, entry in files.items():
-        f = path / name
-        if not f.is_file():
-            return f"{name} is missing"
-        if f.stat().st_size != entry["size"]:
-            return f"{name} has {f.stat().st_size} bytes, the manifest says {entry['size']}"
-        if "sha256" in entry and _sha256(f) != entry["sha256"]:
-            return f"{name} does not match its checksum"
+        verify_local(
+            path, Manifest.from_json(manifest.read_text(), str(path)), path.name, hash_limit=_HASH_LIMIT
+        )
+    except IncompleteArtifactError as e:
+        # what is wrong, without the upload advice: the next newest checkpoint is tried instead
+        return str(e).removeprefix(f"{path.name}: ").split(": the data was")[0]
     return None
 
 
