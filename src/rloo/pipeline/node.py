@@ -67,7 +67,9 @@ def node_rank() -> int:
 
 
 def main(argv: list[str] | None = None) -> int:  # pragma: no cover - runs in the training pods
-    parser = argparse.ArgumentParser(prog="python -m rloo.pipeline.node")
+    from rloo.options import OneLineParser
+
+    parser = OneLineParser(prog="python -m rloo.pipeline.node")
     for name in ("sft_uri", "model_uri", "checkpoint_uri"):
         parser.add_argument(f"--{name}", required=True)
     parser.add_argument("--nproc_per_node", type=int, default=1)
