@@ -297,6 +297,17 @@ class RLOOConfig:
     def validate(self) -> None:
         """Raise UserError for the first invalid field, naming it and the fix."""
         self._validate_locations()
+        self._validate_inputs()
+        self._validate_batches()
+        self._validate_optimization()
+        self._validate_loss_options()
+        self._validate_generation()
+        self._validate_lora()
+        self._validate_run()
+        self.batch_plan(world_size=1)  # raises on indivisible batch arithmetic
+
+    def _validate_inputs(self) -> None:
+        """Models, data and reward sources."""
         for name in ("model_name_or_path", "dataset_name"):
             if not getattr(self, name):
                 raise UserError(f"--{name} is required: give a Hub id or a local directory.")
@@ -304,11 +315,28 @@ class RLOOConfig:
             raise UserError(
                 "no reward source: pass --reward_model_path DIR and/or --reward_funcs pkg.module:fn."
             )
+        for spec in self.reward_funcs:
+            if ":" not in spec and "." not in spec:
+                raise UserError(
+                    f"--reward_funcs entry {spec!r} is not an import path: write 'pkg.module:function'."
+                )
+        if self.reward_weights is not None:
+            n = int(bool(self.reward_model_path)) + len(self.reward_funcs)
+            if len(self.reward_weights) != n:
+                raise UserError(
+                    f"--reward_weights has {len(self.reward_weights)} values but there are {n} reward sources "
+                    "(reward model first, then each --reward_funcs entry): give one weight per source."
+                )
+        if self.reward_clip_range <= 0:
+            raise UserError(f"--reward_clip_range must be > 0 (got {self.reward_clip_range}).")
         for name in ("dataset_train_split", "dataset_test_split"):
             if not getattr(self, name).strip():
                 raise UserError(f"--{name} is empty: name a split of the dataset, e.g. train or test.")
         if not 0 <= self.seed < 2**32:  # numpy, which transformers' set_seed seeds too, refuses other values
             raise UserError(f"--seed must be in [0, 2^32) (got {self.seed}).")
+
+    def _validate_batches(self) -> None:
+        """Counts of completions, prompts, batches and updates."""
         positive = (
             "per_device_train_batch_size",
             "per_device_eval_batch_size",
@@ -331,23 +359,43 @@ class RLOOConfig:
                 f"--rloo_k must be >= 2 (got {self.rloo_k}): the leave-one-out baseline needs at least "
                 "two completions per prompt."
             )
+        if self.total_episodes is not None and self.total_episodes < 1:
+            raise UserError(f"--total_episodes must be >= 1 (got {self.total_episodes}).")
+        if self.num_train_epochs <= 0:
+            raise UserError(f"--num_train_epochs must be > 0 (got {self.num_train_epochs}).")
+
+    def _validate_optimization(self) -> None:
+        """Optimizer, schedule, precision and the policy loss's coefficients."""
         for name in ("kl_coef", "learning_rate", "weight_decay", "max_grad_norm", "warmup_ratio"):
             if not math.isfinite(getattr(self, name)) or getattr(self, name) < 0:
                 raise UserError(f"--{name} must be a finite number >= 0 (got {getattr(self, name)}).")
         if not self.cliprange > 0:
             raise UserError(f"--cliprange must be > 0 (got {self.cliprange}).")
+        if self.warmup_ratio > 1:
+            raise UserError(f"--warmup_ratio must be in [0, 1] (got {self.warmup_ratio}).")
+        if self.lr_scheduler_type not in LR_SCHEDULERS:
+            raise UserError(
+                f"--lr_scheduler_type must be one of {', '.join(LR_SCHEDULERS)} (got {self.lr_scheduler_type!r})."
+            )
+        if self.bf16 and self.fp16:
+            raise UserError("--bf16 and --fp16 are exclusive: choose one.")
+        if self.kl_estimator not in KL_ESTIMATORS:
+            raise UserError(
+                f"--kl_estimator must be one of {', '.join(KL_ESTIMATORS)} (got {self.kl_estimator!r})."
+            )
+
+    def _validate_generation(self) -> None:
+        """Sampling, the built-in generator's cache and vLLM."""
         if not self.temperature > 0:
             raise UserError(f"--temperature must be > 0 (got {self.temperature}).")
         if not 0 < self.top_p <= 1:
             raise UserError(f"--top_p must be in (0, 1] (got {self.top_p}).")
         if self.top_k < 0:
             raise UserError(f"--top_k must be >= 0 (got {self.top_k}); 0 disables top-k.")
-        if self.warmup_ratio > 1:
-            raise UserError(f"--warmup_ratio must be in [0, 1] (got {self.warmup_ratio}).")
-        if self.save_steps < 0 or self.num_sample_generations < 0 or self.warmup_steps < 0:
-            raise UserError("--save_steps, --num_sample_generations and --warmup_steps must be >= 0.")
-        if self.report_to not in (None, "mlflow", "none"):
-            raise UserError(f"--report_to must be 'mlflow' or 'none' (got {self.report_to!r}).")
+        if self.stop_token not in (None, "eos"):
+            raise UserError(
+                f"--stop_token must be 'eos' (got {self.stop_token!r}); use --stop_token_id for others."
+            )
         if self.cache_implementation not in CACHE_IMPLEMENTATIONS:
             raise UserError(
                 f"--cache_implementation must be one of {', '.join(CACHE_IMPLEMENTATIONS)} "
@@ -362,14 +410,6 @@ class RLOOConfig:
                 "--cache_implementation and --compile_generation set up the built-in generator; with --use_vllm "
                 "vLLM manages its own cache and graphs: drop them."
             )
-        if not self.use_peft and (self.merge_adapter or self.load_in_4bit):
-            flag = "--merge_adapter" if self.merge_adapter else "--load_in_4bit"
-            raise UserError(f"{flag} applies to LoRA training: add --use_peft, or drop {flag}.")
-        if self.lora_r < 1 or not self.lora_alpha > 0 or not 0.0 <= self.lora_dropout < 1.0:
-            raise UserError(
-                f"--lora_r must be >= 1, --lora_alpha > 0 and --lora_dropout in [0, 1) (got {self.lora_r}, "
-                f"{self.lora_alpha}, {self.lora_dropout})."
-            )
         if self.vllm_mode != "colocate":
             raise UserError(
                 f"--vllm_mode must be 'colocate' (got {self.vllm_mode!r}); server mode is not supported."
@@ -378,6 +418,22 @@ class RLOOConfig:
             raise UserError(
                 f"--vllm_gpu_memory_utilization must be in (0, 1] (got {self.vllm_gpu_memory_utilization})."
             )
+
+    def _validate_lora(self) -> None:
+        """LoRA (--use_peft) settings."""
+        if not self.use_peft and (self.merge_adapter or self.load_in_4bit):
+            flag = "--merge_adapter" if self.merge_adapter else "--load_in_4bit"
+            raise UserError(f"{flag} applies to LoRA training: add --use_peft, or drop {flag}.")
+        if self.lora_r < 1 or not self.lora_alpha > 0 or not 0.0 <= self.lora_dropout < 1.0:
+            raise UserError(
+                f"--lora_r must be >= 1, --lora_alpha > 0 and --lora_dropout in [0, 1) (got {self.lora_r}, "
+                f"{self.lora_alpha}, {self.lora_dropout})."
+            )
+
+    def _validate_run(self) -> None:
+        """Checkpoints, preemption, resume and reporting."""
+        if self.save_steps < 0 or self.num_sample_generations < 0 or self.warmup_steps < 0:
+            raise UserError("--save_steps, --num_sample_generations and --warmup_steps must be >= 0.")
         if self.save_total_limit is not None and self.save_total_limit < 1:
             raise UserError(
                 f"--save_total_limit must be >= 1 (got {self.save_total_limit}); omit it to keep all."
@@ -386,40 +442,8 @@ class RLOOConfig:
             raise UserError(f"--preemption_grace_seconds must be > 0 (got {self.preemption_grace_seconds}).")
         if not self.resume_from_checkpoint:
             raise UserError("--resume_from_checkpoint must be 'latest', 'none' or a checkpoint directory.")
-        if self.reward_clip_range <= 0:
-            raise UserError(f"--reward_clip_range must be > 0 (got {self.reward_clip_range}).")
-        if self.stop_token not in (None, "eos"):
-            raise UserError(
-                f"--stop_token must be 'eos' (got {self.stop_token!r}); use --stop_token_id for others."
-            )
-        if self.kl_estimator not in KL_ESTIMATORS:
-            raise UserError(
-                f"--kl_estimator must be one of {', '.join(KL_ESTIMATORS)} (got {self.kl_estimator!r})."
-            )
-        self._validate_loss_options()
-        if self.lr_scheduler_type not in LR_SCHEDULERS:
-            raise UserError(
-                f"--lr_scheduler_type must be one of {', '.join(LR_SCHEDULERS)} (got {self.lr_scheduler_type!r})."
-            )
-        if self.bf16 and self.fp16:
-            raise UserError("--bf16 and --fp16 are exclusive: choose one.")
-        if self.total_episodes is not None and self.total_episodes < 1:
-            raise UserError(f"--total_episodes must be >= 1 (got {self.total_episodes}).")
-        if self.num_train_epochs <= 0:
-            raise UserError(f"--num_train_epochs must be > 0 (got {self.num_train_epochs}).")
-        for spec in self.reward_funcs:
-            if ":" not in spec and "." not in spec:
-                raise UserError(
-                    f"--reward_funcs entry {spec!r} is not an import path: write 'pkg.module:function'."
-                )
-        if self.reward_weights is not None:
-            n = int(bool(self.reward_model_path)) + len(self.reward_funcs)
-            if len(self.reward_weights) != n:
-                raise UserError(
-                    f"--reward_weights has {len(self.reward_weights)} values but there are {n} reward sources "
-                    "(reward model first, then each --reward_funcs entry): give one weight per source."
-                )
-        self.batch_plan(world_size=1)  # raises on indivisible batch arithmetic
+        if self.report_to not in (None, "mlflow", "none"):
+            raise UserError(f"--report_to must be 'mlflow' or 'none' (got {self.report_to!r}).")
 
     def _validate_loss_options(self) -> None:
         """The KL placement, loss aggregation, clipping, masking and vLLM-correction flags (issue 17)."""
