@@ -477,3 +477,13 @@ def test_a_bare_value_is_not_called_a_flag(capsys: pytest.CaptureFixture[str]) -
         "rloo push: error: unexpected argument '/nonexistent/model': every value follows its flag"
     )
     assert len(err.splitlines()) == 1
+
+
+def test_hf_argument_parser_spellings(base: list[str]) -> None:
+    """What HfArgumentParser adds, as TRL's CLI users know it: dashed flag names, --no_<name> for a boolean
+    that defaults to true; an alias keeps working under its dashed spelling too."""
+    cfg = parse(
+        [*base, "--learning-rate", "1e-5", "--num-generations", "4", "--no_ds3_gather_for_generation"]
+    )
+    assert (cfg.learning_rate, cfg.rloo_k, cfg.ds3_gather_for_generation) == (1e-5, 4, False)
+    assert RLOOConfig.__dataclass_fields__["ds3_gather_for_generation"].default is True

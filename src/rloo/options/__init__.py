@@ -35,7 +35,8 @@ def option(default: Any, help: str, *, aliases: tuple[str, ...] = ()) -> Any:
     # HfArgumentParser hands the metadata to add_argument: only argparse keywords go in it
     metadata: dict[str, Any] = {"help": help}
     if aliases:
-        metadata["aliases"] = [f"--{a}" for a in aliases]
+        # each alias also in its dashed spelling, as HfArgumentParser spells the field's own name
+        metadata["aliases"] = [f"--{s}" for a in aliases for s in dict.fromkeys((a, a.replace("_", "-")))]
     if isinstance(default, list):
         return dataclasses.field(default_factory=lambda: list(default), metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
@@ -47,6 +48,7 @@ def aliases_of(cls: type) -> dict[str, str]:
         alias.removeprefix("--"): f.name
         for f in dataclasses.fields(cls)
         for alias in f.metadata.get("aliases", ())
+        if "-" not in alias.removeprefix("--")  # not the dashed spellings option() adds
     }
 
 

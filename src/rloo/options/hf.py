@@ -27,6 +27,7 @@ import yaml
 from transformers import HfArgumentParser
 
 from rloo.errors import UserError
+from rloo.options import aliases_of
 from rloo.options.base import OneLineErrors, did_you_mean, parse_bool
 
 _NONE = {"none", "null"}
@@ -79,11 +80,7 @@ class ConfigParser(OneLineErrors, HfArgumentParser):
     def __init__(self, cls: type, *, prog: str, description: str = "") -> None:
         self.cls = cls
         self.hints = typing.get_type_hints(cls)
-        self.aliases = {
-            a.removeprefix("--"): f.name
-            for f in dataclasses.fields(cls)
-            for a in f.metadata.get("aliases", ())
-        }
+        self.aliases = aliases_of(cls)
         super().__init__(
             cls,
             prog=prog,
