@@ -22,3 +22,23 @@ def test_progress_follows_a_redirected_stdout(monkeypatch: pytest.MonkeyPatch) -
     setup_logging()  # idempotent: still one handler
     logging.getLogger("rloo.test").info("two")
     assert second.getvalue() == "[rloo] two\n"
+
+
+def test_version_and_a_bare_pipeline_command(capsys: pytest.CaptureFixture[str]) -> None:
+    from importlib.metadata import version
+
+    from rloo.cli import main
+
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out == f"rloo {version('rloo-kfp')}\n"
+    assert main(["pipeline"]) == 2  # no action: say which there are, in one line
+    err = capsys.readouterr().err
+    assert err == (
+        "rloo pipeline: error: choose an action: compile, run, upload, submit, manifest "
+        "(see 'rloo pipeline --help').\n"
+    )
+    from rloo.cli.pipeline_cmd import ACTIONS, build_parser
+
+    parser = build_parser()
+    (sub,) = [a for a in parser._actions if a.dest == "action"]
+    assert tuple(sub.choices or ()) == ACTIONS

@@ -221,7 +221,9 @@ def test_checkpoints_and_final_model(make_config, tiny) -> None:
     assert json.loads((out / "rloo_config.json").read_text())["max_steps"] == 3
 
 
-def test_get_started_command_line_runs_verbatim(tiny, toy_data: Path, tmp_path: Path) -> None:
+def test_get_started_command_line_runs_verbatim(
+    tiny, toy_data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     # The classic "Get started" command with local directories for the Hub ids; only the run length
     # is cut by appending flags (later flags win, as with any argparse command line).
     out = tmp_path / "models/minimal/rloo"
@@ -243,6 +245,10 @@ def test_get_started_command_line_runs_verbatim(tiny, toy_data: Path, tmp_path: 
     (record,) = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert record["episode"] == 64
     assert (out / "model.safetensors").is_file()
+    # the last line says it finished, how it ended and where the model is
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("[rloo] done in ") and "1 update, 64 episodes, last reward " in last, last
+    assert last.endswith(f"; the model is in {out}"), last
 
 
 def test_bf16_with_gradient_checkpointing(make_config) -> None:

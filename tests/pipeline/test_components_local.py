@@ -98,26 +98,26 @@ def test_fetch_publishes_the_model_with_its_digest(components: Any, tmp_path: Pa
 
 def test_local_pipeline_run_stops_at_validation(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     """The whole DAG under kfp.local: a bad parameter fails the first step, nothing is fetched or trained,
-    and the exit handler still runs."""
-    from rloo.cli.pipeline_cmd import main
+    and the exit handler still runs. (precheck=False: 'rloo pipeline run --local' refuses such a value
+    before kfp.local starts, see the next test; a cluster run has only the step.)"""
+    from rloo.errors import UserError
+    from rloo.pipeline.local import run_pipeline_locally
 
     params = {
         k: GIVEN[k] for k in ("model", "dataset_name", "eval_dataset_name", "judge_base_url", "judge_model")
     }
     params |= {"reward_model_path": "org/rm", "rloo_k": 1, "output_uri": str(tmp_path / "out")}
-    argv = ["run", "--local", "--workdir", str(tmp_path / "work")]
-    for key, value in params.items():
-        argv += ["--param", f"{key}={value}"]
-    assert main(argv) == 2
+    with pytest.raises(UserError) as err:
+        run_pipeline_locally(tmp_path / "work", params, precheck=False)
     captured = capfd.readouterr()
     (log,) = (tmp_path / "work" / "logs").glob("*/validate-params.log")
     assert "invalid pipeline parameters: rloo_k must be >= 2" in log.read_text()
     assert "validate-params failed after " in captured.out and f"(log: {log})" in captured.out
-    # the last line says what is wrong (the step's reason, not only which step failed), in plain text
-    assert captured.err.strip().splitlines()[-1] == (
-        "rloo pipeline: error: local pipeline run failed at step validate-params: invalid pipeline "
-        "parameters: rloo_k must be >= 2 (got 1): the leave-one-out baseline needs at least two completions "
-        f"per prompt. (log: {log})"
+    # what is wrong (the step's reason, not only which step failed), in one line
+    assert str(err.value) == (
+        "local pipeline run failed at step validate-params: invalid pipeline parameters: rloo_k must be >= 2 "
+        "(got 1): the leave-one-out baseline needs at least two completions per prompt. "
+        f"(log: {log})"
     )
     (run_dir,) = (tmp_path / "work" / "kfp").iterdir()
     steps = {p.name for p in run_dir.iterdir()}  # a step's directory holds its outputs
@@ -130,6 +130,30 @@ def test_local_pipeline_run_stops_at_validation(tmp_path: Path, capfd: pytest.Ca
     (run,) = client.search_runs([client.get_experiment_by_name("rloo").experiment_id])
     assert run.info.status == "FAILED" and run.data.tags["rloo.kind"] == "pipeline"
     assert run.data.tags["kfp.run_name"] == run_dir.name
+
+
+def test_local_run_refuses_a_bad_value_before_kfp_starts(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The validate step's checks run before kfp.local: one line, no workspace, no FAILED run in MLflow."""
+    from rloo.cli.pipeline_cmd import main
+
+    params = {
+        k: GIVEN[k] for k in ("model", "dataset_name", "eval_dataset_name", "judge_base_url", "judge_model")
+    }
+    params |= {"reward_model_path": "org/rm", "namespace": "Team_A", "output_uri": str(tmp_path / "out")}
+    argv = ["run", "--local", "--workdir", str(tmp_path / "work")]
+    for key, value in params.items():
+        argv += ["--param", f"{key}={value}"]
+    assert main(argv) == 2
+    captured = capfd.readouterr()
+    assert captured.err == (
+        "rloo pipeline: error: namespace must be a Kubernetes namespace name (lower-case a-z, 0-9, '-'; "
+        "got 'Team_A').\n"
+    )
+    assert "Traceback" not in captured.out
+    assert not (tmp_path / "work" / "kfp").exists() and not (tmp_path / "work" / "logs").exists()
+    assert not (tmp_path / "work" / "mlruns").exists() and not (tmp_path / "out").exists()
 
 
 def test_local_run_rejects_unknown_and_missing_parameters(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+import textwrap
 from collections.abc import Callable
 
 from rloo.errors import UserError
@@ -22,7 +23,7 @@ commands:
   demo       build a tiny model and toy task locally and train on it for a few updates
   ui         the MLflow UI over a local run's tracking store (what 'make demo' points at)
 
-'rloo <command> --help' lists a command's flags.
+'rloo <command> --help' lists a command's flags; 'rloo --version' prints the version.
 """
 
 
@@ -34,8 +35,12 @@ def _train(argv: list[str]) -> int:
         RLOOConfig,
         argv,
         prog="rloo train",
-        description="RLOO training. Flags follow the classic TRL RLOO trainer; the current trainer's names "
-        "(" + ", ".join(f"{a}->{c}" for a, c in ALIASES.items()) + ") are accepted as aliases.",
+        description=textwrap.fill(
+            "RLOO training. Flags follow the classic TRL RLOO trainer; the current trainer's names ("
+            + ", ".join(f"{a} -> {c}" for a, c in ALIASES.items())
+            + ") are accepted as aliases.",
+            width=100,
+        ),
     )
     _setup_logging()
     from rloo.training.trainer import train
@@ -99,6 +104,11 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(USAGE, end="")
         return 0 if argv else 2
+    if argv[0] in ("-V", "--version", "version"):
+        from importlib.metadata import version
+
+        print(f"rloo {version('rloo-kfp')}")
+        return 0
     command, rest = argv[0], argv[1:]
     if command not in COMMANDS:
         print(f"rloo: unknown command {command!r}; choose one of: {', '.join(COMMANDS)}.", file=sys.stderr)

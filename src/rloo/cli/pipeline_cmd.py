@@ -20,6 +20,7 @@ import functools
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from rloo.demo.toy import TOY_UPDATES
 from rloo.errors import UserError
@@ -39,18 +40,27 @@ def _kfp_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--package", default=None, help="compiled pipeline YAML (default: compile it now)")
 
 
+def _action(sub: Any, name: str, text: str) -> argparse.ArgumentParser:
+    """An action's parser: ``text`` is both its line in 'rloo pipeline --help' and its own --help's."""
+    parser: argparse.ArgumentParser = sub.add_parser(name, help=text, description=text)
+    return parser
+
+
+ACTIONS = ("compile", "run", "upload", "submit", "manifest")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from rloo.options import OneLineParser
 
     parser = OneLineParser(prog="rloo pipeline", description="The Kubeflow pipeline.")
     sub = parser.add_subparsers(dest="action", required=True)
-    comp = sub.add_parser("compile", help="compile the pipeline to YAML")
+    comp = _action(sub, "compile", "compile the pipeline to YAML")
     comp.add_argument(
         "--output",
         default=None,
         help="where to write (default: pipelines/rloo_pipeline.yaml + the chart's copy)",
     )
-    run = sub.add_parser("run", help="run the whole pipeline on this machine (kfp.local)")
+    run = _action(sub, "run", "run the whole pipeline on this machine (kfp.local)")
     run.add_argument("--local", action="store_true", help="required: run every step here, in subprocesses")
     run.add_argument("--workdir", default="rloo-local", help="where models, results and MLflow runs go")
     run.add_argument(
@@ -60,18 +70,16 @@ def build_parser() -> argparse.ArgumentParser:
         "-v", "--verbose", action="store_true", help="print every step's whole log (default: in files)"
     )
     _params_args(run)
-    up = sub.add_parser("upload", help="upload the pipeline (or a new version of it) to KFP")
+    up = _action(sub, "upload", "upload the pipeline (or a new version of it) to KFP")
     _kfp_args(up)
-    submit = sub.add_parser("submit", help="upload the pipeline and start a run on KFP")
+    submit = _action(sub, "submit", "upload the pipeline and start a run on KFP")
     _kfp_args(submit)
     _params_args(submit)
     submit.add_argument("--experiment", default="rloo", help="KFP experiment of the run")
     submit.add_argument("--run_name", default=None, help="KFP run name (default: <pipeline>-<time>)")
     submit.add_argument("--ui_host", default=None, help="KFP UI URL for the printed link (default: --host)")
     submit.add_argument("--service_account", default=None, help="service account of the run's pods")
-    manifest = sub.add_parser(
-        "manifest", help="print the multi-node training job the train step would create"
-    )
+    manifest = _action(sub, "manifest", "print the multi-node training job the train step would create")
     manifest.add_argument(
         "--backend",
         choices=["trainjob", "pytorchjob"],
@@ -86,6 +94,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
+    if not argv:
+        actions = ", ".join(ACTIONS)
+        print(
+            f"rloo pipeline: error: choose an action: {actions} (see 'rloo pipeline --help').",
+            file=sys.stderr,
+        )
+        return 2
     try:
         ns = build_parser().parse_args(argv)
     except SystemExit as e:  # --help

@@ -52,10 +52,9 @@ class OneLineErrors(argparse.ArgumentParser):
                     f"unexpected argument {words[0]!r}: every value follows its flag (--name VALUE); "
                     f"see '{self.prog} --help' for the accepted flags."
                 )
-            flags = " ".join(
-                w + did_you_mean(w.split("=")[0], self._canonical_flags()) if w.startswith("--") else w
-                for w in words
-            )
+            # the flags only: their values would read as more unknown flags
+            unknown = [w for w in words if w.startswith("-") and not NEGATIVE_NUMBER.match(w)]
+            flags = ", ".join(w + did_you_mean(w.split("=")[0], self._canonical_flags()) for w in unknown)
             raise UserError(f"unknown flag(s) {flags}: see '{self.prog} --help' for the accepted flags.")
         raise UserError(_OPTION_LIST.sub(r"\1", f"{message.removeprefix('argument ')}."))
 

@@ -84,6 +84,8 @@ class ConfigParser(OneLineErrors, HfArgumentParser):
         super().__init__(
             cls,
             prog=prog,
+            # the flags are listed below, each with its help: a usage line naming all of them is a wall
+            usage=f"{prog} [--config FILE.yaml] [--FLAG VALUE ...]",
             description=description,
             allow_abbrev=False,  # '--lr' silently meaning '--lr_scheduler_type' would be a trap
             formatter_class=argparse.RawDescriptionHelpFormatter,

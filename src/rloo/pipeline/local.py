@@ -145,10 +145,12 @@ def run_pipeline_locally(
     defaults: Defaults | None = None,
     judge: LocalJudge | None = None,
     verbose: bool = False,
+    precheck: bool = True,
 ) -> LocalResult:
     """The ``rloo pipeline run --local`` command: ``defaults`` built under ``workdir`` (unless ``model`` is
     given), one tracking store, ``judge`` served while the run needs it (unless ``judge_base_url`` is
-    given)."""
+    given). ``precheck``: the validate step's checks first, in this process (False: leave them to the
+    step, to exercise the DAG's own failure path)."""
     from rloo.tracking.runs import DEFAULT_EXPERIMENT
 
     user_params = check_names(user_params, required=False)  # before anything is built
@@ -160,6 +162,13 @@ def run_pipeline_locally(
     with ExitStack() as stack:
         if not params.get("judge_base_url") and judge is not None:
             params.update(stack.enter_context(judge()))
+        # the validate step's own checks, before anything starts: a bad value fails here in one line, with
+        # no kfp.local workspace and no FAILED run in MLflow left behind
+        if precheck:
+            from rloo.pipeline.params import with_defaults
+            from rloo.pipeline.steps import check_pipeline_params
+
+            check_pipeline_params(with_defaults(check_names(params, required=True)))
         uri = None
         try:
             import mlflow  # noqa: F401

@@ -919,6 +919,20 @@ class RLOOTrainer:
             if self.accelerator.is_main_process:
                 logger.close(status=status)
         elapsed = time.perf_counter() - start
+        if self.accelerator.is_main_process:
+            where = cfg.publish_uri or (self.remote.uri if self.remote is not None else str(out_dir))
+            last = logger.history[-1] if logger.history else {}
+            log.info(
+                "done in %.0fs: %d update%s, %d episodes%s; the model is in %s",
+                elapsed,
+                self.num_updates,
+                "" if self.num_updates == 1 else "s",
+                self.state.episode,
+                f", last reward {last['objective/scores']:.4g}, kl {last['objective/kl']:.4g}"
+                if last
+                else "",
+                where,
+            )
         return TrainResult(
             output_dir=out_dir, history=logger.history, seconds=elapsed, episodes=self.state.episode
         )
