@@ -79,6 +79,8 @@ def test_unfinished_and_tampered_checkpoints_are_refused(parts, tmp_path: Path) 
     # a directory without a manifest (never completed) is refused
     (tmp_path / "checkpoint-5").mkdir()
     assert checkpoint_problem(tmp_path / "checkpoint-5") == "no manifest (it was never completed)"
+    (tmp_path / "checkpoint-5" / "checkpoint_manifest.json").write_text("{}")  # the format before this one
+    assert "older rloo" in (checkpoint_problem(tmp_path / "checkpoint-5") or "")
     assert [u for u, _ in list_checkpoints(tmp_path)] == [5, 3]
     assert latest_checkpoint(tmp_path) == good
     # a small state file changed in place (same size) fails its checksum

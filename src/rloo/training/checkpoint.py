@@ -145,6 +145,8 @@ def checkpoint_problem(path: Path) -> str | None:
     """Why ``path`` is not a usable checkpoint, or None if it matches its manifest."""
     manifest = path / MANIFEST
     if not manifest.is_file():
+        if (path / "checkpoint_manifest.json").is_file():  # the format before checkpoints used storage's
+            return "written by an older rloo (checkpoint_manifest.json), which this version does not resume"
         return "no manifest (it was never completed)"
     try:
         verify_local(
