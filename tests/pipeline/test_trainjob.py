@@ -431,6 +431,24 @@ def test_build_job_picks_the_backend() -> None:
 # rloo pipeline manifest ------------------------------------------------------------------------------------
 
 
+def test_manifest_command_names_the_placeholders_left(capsys: pytest.CaptureFixture[str]) -> None:
+    """The job is YAML on stdout (for a pipe into kubectl); what it still holds as placeholders is said on
+    stderr, and nothing once every value the job carries is given."""
+    from rloo.cli.pipeline_cmd import main
+
+    args = ["manifest", "--param", "num_nodes=2", "--param", "gpu_count=4"]
+    assert main(args) == 0
+    out, err = capsys.readouterr()
+    assert yaml.safe_load(out)["kind"] == "TrainJob" and "rloo pipeline: note" not in out
+    assert err == (
+        "rloo pipeline: note: output_uri, dataset_name, reward_model_path are placeholders in this job: pass "
+        "--param NAME=VALUE for each before applying it.\n"
+    )
+    given = ["--param", "output_uri=s3://bkt/p", "--param", "dataset_name=org/d"]
+    assert main([*args, *given, "--param", "extra_train_args=--reward_funcs pkg.mod:fn"]) == 0
+    assert capsys.readouterr().err == ""
+
+
 def test_manifest_command_prints_the_job_for_either_backend(capsys: pytest.CaptureFixture[str]) -> None:
     from rloo.cli.pipeline_cmd import main
 

@@ -140,12 +140,20 @@ def _dispatch(ns: argparse.Namespace) -> int:
             print(path)
         return 0
     if ns.action == "manifest":
-        from rloo.pipeline.manifest import manifest_yaml
+        from rloo.pipeline.manifest import manifest_yaml, placeholders_left
 
         params = parse_params(ns.param, ns.params)
         if ns.backend:
             params["multinode_backend"] = ns.backend
         sys.stdout.write(manifest_yaml(params, run_id=ns.run_id))
+        left = placeholders_left(params)
+        if left:  # on stderr: stdout stays the YAML, for a pipe into kubectl
+            print(
+                f"rloo pipeline: note: {', '.join(left)} {'is a placeholder' if len(left) == 1 else 'are placeholders'}"
+                " in this job: pass --param NAME=VALUE for "
+                f"{'it' if len(left) == 1 else 'each'} before applying it.",
+                file=sys.stderr,
+            )
         return 0
     if ns.action == "run":
         if not ns.local:

@@ -76,6 +76,17 @@ _NOT_A_STRING_IN_YAML_12 = re.compile(
 )
 
 
+def placeholders_left(params: dict[str, Any]) -> list[str]:
+    """The parameters the job carries that ``params`` leave to placeholders: the job cannot be applied as it
+    is until they are given."""
+    left = [name for name in ("output_uri", "dataset_name") if not params.get(name)]
+    if not params.get("reward_model_path") and "--reward_funcs" not in str(
+        params.get("extra_train_args", "")
+    ):
+        left.append("reward_model_path")
+    return left
+
+
 def manifest_yaml(params: dict[str, Any], *, run_id: str = "manual") -> str:
     """:func:`manifest` as YAML that every YAML reader reads back as the same strings."""
     import yaml
