@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rloo.options import hf as options_hf
+from rloo.parsing import hf as parsing_hf
 from rloo.pipeline.images import DEFAULT_REGISTRY, DEFAULT_TAG, IMAGE_EXTRAS, image
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,4 +83,4 @@ def test_the_slim_image_can_parse_configs() -> None:
     tomllib = pytest.importorskip("tomllib")
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert any(re.match(r"transformers\b", d) for d in project["dependencies"])
-    assert "from transformers import HfArgumentParser" in Path(options_hf.__file__).read_text()
+    assert "from transformers import HfArgumentParser" in Path(parsing_hf.__file__).read_text()

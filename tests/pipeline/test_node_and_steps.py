@@ -39,7 +39,7 @@ def test_the_validated_config_is_what_rloo_train_reads(tmp_path: Path) -> None:
     """validate emits the training config once (canonical names, typed, aliases resolved, defaults left out);
     the train step writes it as it is and 'rloo train --config' reads it: the same config as the flags give."""
     from rloo.config import RLOOConfig
-    from rloo.options import parse_config
+    from rloo.parsing import parse_config
 
     params = good(
         rloo_k=4,

@@ -29,7 +29,7 @@ commands:
 
 def _train(argv: list[str]) -> int:
     from rloo.config import ALIASES, RLOOConfig
-    from rloo.options import parse_config
+    from rloo.parsing import parse_config
 
     cfg = parse_config(
         RLOOConfig,

@@ -6,7 +6,7 @@ import json
 
 from rloo.cli.output import setup_logging
 from rloo.eval.config import EvalConfig
-from rloo.options import parse_config
+from rloo.parsing import parse_config
 
 DESCRIPTION = (
     "Generate with --model_name_or_path (and --baseline_model) on --num_examples prompts of a dataset split, "

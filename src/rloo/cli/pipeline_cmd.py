@@ -50,7 +50,7 @@ ACTIONS = ("compile", "run", "upload", "submit", "manifest")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from rloo.options import OneLineParser
+    from rloo.parsing import OneLineParser
 
     parser = OneLineParser(prog="rloo pipeline", description="The Kubeflow pipeline.")
     sub = parser.add_subparsers(dest="action", required=True)
@@ -148,9 +148,9 @@ def _dispatch(ns: argparse.Namespace) -> int:
         sys.stdout.write(manifest_yaml(params, run_id=ns.run_id))
         left = placeholders_left(params)
         if left:  # on stderr: stdout stays the YAML, for a pipe into kubectl
+            verb = "is a placeholder" if len(left) == 1 else "are placeholders"
             print(
-                f"rloo pipeline: note: {', '.join(left)} {'is a placeholder' if len(left) == 1 else 'are placeholders'}"
-                " in this job: pass --param NAME=VALUE for "
+                f"rloo pipeline: note: {', '.join(left)} {verb} in this job: pass --param NAME=VALUE for "
                 f"{'it' if len(left) == 1 else 'each'} before applying it.",
                 file=sys.stderr,
             )

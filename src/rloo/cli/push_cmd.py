@@ -20,7 +20,7 @@ DESCRIPTION = (
 
 
 def main(argv: list[str]) -> int:
-    from rloo.options import parse_config
+    from rloo.parsing import parse_config
     from rloo.push.config import PushConfig
 
     try:

@@ -15,7 +15,7 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
 
 
 def main(argv: list[str]) -> int:
-    from rloo.options import OneLineParser
+    from rloo.parsing import OneLineParser
     from rloo.tracking.ui import DEFAULT_PORT, experiment_urls, start_ui, store_uri
 
     parser = OneLineParser(

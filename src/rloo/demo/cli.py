@@ -43,7 +43,7 @@ def build_config(output_dir: Path, *, updates: int, arch: str, seed: int) -> RLO
 
 
 def main(argv: list[str]) -> int:
-    from rloo.options import OneLineParser
+    from rloo.parsing import OneLineParser
 
     parser = OneLineParser(prog="rloo demo", description=DESCRIPTION)
     parser.add_argument(

@@ -37,7 +37,7 @@ def manifest(params: dict[str, Any], *, run_id: str = "manual") -> dict[str, Any
 
     given = check_params(params, required=False)
     p = with_defaults({k: v for k, v in PLACEHOLDERS.items() if k not in given} | given)
-    if not p["reward_model_path"] and "--reward_funcs" not in str(p["extra_train_args"]):
+    if not _has_reward_source(p):
         p["reward_model_path"] = "<reward_model_path>"  # a reward source is required; none was given
     train_config = check_pipeline_params(p, check_paths=False)
     if int(p["num_nodes"]) < 2:
@@ -76,15 +76,17 @@ _NOT_A_STRING_IN_YAML_12 = re.compile(
 )
 
 
+def _has_reward_source(params: dict[str, Any]) -> bool:
+    return bool(params.get("reward_model_path")) or "--reward_funcs" in str(
+        params.get("extra_train_args", "")
+    )
+
+
 def placeholders_left(params: dict[str, Any]) -> list[str]:
     """The parameters the job carries that ``params`` leave to placeholders: the job cannot be applied as it
     is until they are given."""
     left = [name for name in ("output_uri", "dataset_name") if not params.get(name)]
-    if not params.get("reward_model_path") and "--reward_funcs" not in str(
-        params.get("extra_train_args", "")
-    ):
-        left.append("reward_model_path")
-    return left
+    return left if _has_reward_source(params) else [*left, "reward_model_path"]
 
 
 def manifest_yaml(params: dict[str, Any], *, run_id: str = "manual") -> str:

@@ -67,7 +67,7 @@ def node_rank() -> int:
 
 
 def main(argv: list[str] | None = None) -> int:  # pragma: no cover - runs in the training pods
-    from rloo.options import OneLineParser
+    from rloo.parsing import OneLineParser
 
     parser = OneLineParser(prog="python -m rloo.pipeline.node")
     for name in ("sft_uri", "model_uri", "checkpoint_uri"):

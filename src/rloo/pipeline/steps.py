@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from rloo.errors import UserError
-from rloo.options import parse_values
+from rloo.parsing import parse_values
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from rloo.storage.errors import IncompleteArtifactError, StorageError
 from rloo.storage.location import Location
-from rloo.storage.manifest import TEMP_PREFIX, _fsync_dir
+from rloo.storage.manifest import TEMP_PREFIX, fsync_dir
 from rloo.storage.progress import Progress
 from rloo.storage.s3 import error_code, s3_client, s3_errors
 
@@ -72,7 +72,7 @@ class LocalBackend:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, target)
-        _fsync_dir(target.parent)
+        fsync_dir(target.parent)
 
     def delete(self, rel: str) -> None:
         (self.root / rel).unlink(missing_ok=True)
@@ -131,7 +131,7 @@ class LocalBackend:
                     tmp.unlink(missing_ok=True)
             dirs.add(target.parent)
         for d in dirs:
-            _fsync_dir(d)
+            fsync_dir(d)
 
     def get_files(self, items: list[tuple[str, Path]], progress: Progress) -> None:
         for rel, dest in items:

@@ -156,7 +156,7 @@ def write_manifest_file(local_dir: Path, manifest: Manifest) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, target)
-    _fsync_dir(local_dir)
+    fsync_dir(local_dir)
 
 
 def write_manifest(local_dir: str | Path, exclude: Sequence[str] = ()) -> Manifest:
@@ -204,10 +204,6 @@ def fsync_file(path: Path) -> None:
 
 def fsync_dir(path: Path) -> None:
     """Flush a directory's entries (after a rename), where the filesystem allows it."""
-    _fsync_dir(path)
-
-
-def _fsync_dir(path: Path) -> None:
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:

@@ -26,8 +26,7 @@ import torch
 from rloo.diskspace import disk_full_as_one_line, tensor_bytes
 from rloo.errors import UserError
 from rloo.storage.errors import IncompleteArtifactError
-from rloo.storage.manifest import MANIFEST_NAME, Manifest, build_manifest, fsync_dir, fsync_file, verify_local
-from rloo.storage.manifest import write_manifest_file as _write_manifest
+from rloo.storage.manifest import MANIFEST_NAME, Manifest, fsync_dir, fsync_file, verify_local, write_manifest
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +116,7 @@ def save_checkpoint(
             for path in tmp.rglob("*"):
                 if path.is_file():
                     fsync_file(path)
-            _write_manifest(tmp, build_manifest(tmp))  # last: without it the checkpoint does not count
+            write_manifest(tmp)  # last: without it the checkpoint does not count
     except BaseException:
         # a half-written checkpoint is never read (no manifest, hidden name), but it holds the space that
         # the next attempt needs

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import re
 import types
 import typing
 from collections.abc import Callable
@@ -28,11 +27,11 @@ from transformers import HfArgumentParser
 
 from rloo.errors import UserError
 from rloo.options import aliases_of
-from rloo.options.base import OneLineErrors, did_you_mean, parse_bool
+from rloo.parsing.base import OneLineErrors, did_you_mean, parse_bool
+from rloo.storage.location import require_local_path
 
 _NONE = {"none", "null"}
 _WANT = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
-_URI = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,10 +136,7 @@ class ConfigParser(OneLineErrors, HfArgumentParser):
 
     def load_yaml(self, path: str) -> dict[str, Any]:
         """A ``--config`` file's values by field name, converted to the fields' types."""
-        if _URI.match(path.strip()):
-            raise UserError(
-                f"--config {path!r}: a URI is not supported here, only a local path; give a local YAML file."
-            )
+        require_local_path("--config", path, "give a local YAML file.")
         p = Path(path)
         if not p.is_file():
             raise UserError(f"--config {path}: no such file; pass the path of a YAML file.")

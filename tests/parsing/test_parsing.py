@@ -1,4 +1,4 @@
-"""Flag parsing of ``rloo train`` (rloo.options on HfArgumentParser): the reference command lines verbatim,
+"""Flag parsing of ``rloo train`` (rloo.parsing on HfArgumentParser): the reference command lines verbatim,
 booleans, aliases, YAML, lists, --help."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from rloo.cli import main
 from rloo.config import ALIASES, RLOOConfig
 from rloo.demo.tiny import TinySetup
 from rloo.errors import UserError
-from rloo.options import parse_bool, parse_config
+from rloo.parsing import parse_bool, parse_config
 
 # Copied verbatim from rloo_trainer_classic.md ("Get started"), script path included.
 GET_STARTED = r"""
