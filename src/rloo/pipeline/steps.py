@@ -180,8 +180,13 @@ def _stage_config(cls: type, params: dict[str, Any], fields: dict[str, str], **f
     try:
         cls(**fixed, **values)
     except UserError as e:
-        names = {field: name for name, field in fields.items()}
-        raise UserError(re.sub(r"--(\w+)\b", lambda m: names.get(m[1], m[0]), str(e))) from None
+        raise UserError(_as_parameters(str(e), {field: name for name, field in fields.items()})) from None
+
+
+def _as_parameters(message: str, names: dict[str, str]) -> str:
+    """``message`` with each ``--field`` of ``names`` (``{field: pipeline parameter}``) named as the
+    parameter that sets it; other flags stay flags (of ``extra_train_args``)."""
+    return re.sub(r"--(\w+)\b", lambda m: names.get(m[1], m[0]), message)
 
 
 def _in_pipeline_terms(message: str, *, has_reward_model: bool) -> str:
@@ -192,8 +197,7 @@ def _in_pipeline_terms(message: str, *, has_reward_model: bool) -> str:
             "no reward source: set the pipeline parameter reward_model_path (a reward model) and/or put "
             "--reward_funcs pkg.module:fn in extra_train_args."
         )
-    names = "|".join(TRAIN_PARAMS)
-    return re.sub(rf"--({names})\b", r"\1", message)
+    return _as_parameters(message, {name: name for name in TRAIN_PARAMS})
 
 
 def check_pod_params(params: dict[str, Any]) -> None:
