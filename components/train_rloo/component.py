@@ -100,7 +100,8 @@ def train_rloo_multinode(
     import json
     from pathlib import Path
 
-    from rloo.pipeline.steps import multinode_spec, run_multi_node
+    from rloo.pipeline.jobs import run_multi_node
+    from rloo.pipeline.steps import multinode_spec
     from rloo.pipeline.trainjob import build_job
 
     spec = multinode_spec(

@@ -102,7 +102,7 @@ def _api_calls_of_the_training_step(backend: str, runtime: str, monkeypatch: pyt
     Role is compared with what the code does, not with a list kept by hand."""
     import kubernetes
 
-    from rloo.pipeline.steps import run_multi_node
+    from rloo.pipeline.jobs import run_multi_node
     from rloo.pipeline.trainjob import TrainJobSpec, build_job
 
     failed = {

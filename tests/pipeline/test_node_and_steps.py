@@ -152,7 +152,7 @@ def _job(*conds: tuple[str, str, str, str]) -> dict[str, object]:
 
 
 def test_job_outcome_follows_the_newest_terminal_condition() -> None:
-    from rloo.pipeline.steps import job_outcome, on_existing_job
+    from rloo.pipeline.jobs import job_outcome, on_existing_job
 
     assert job_outcome({}) == ("running", "")
     created = ("Created", "True", "2026-01-01T00:00:00Z", "")

@@ -16,7 +16,8 @@ import yaml
 
 from rloo.errors import UserError
 from rloo.pipeline import constants, trainjob
-from rloo.pipeline.steps import check_pod_params, run_multi_node
+from rloo.pipeline.jobs import run_multi_node
+from rloo.pipeline.steps import check_pod_params
 from rloo.pipeline.trainjob import (
     SecretEnv,
     TrainJobSpec,
