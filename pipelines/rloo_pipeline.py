@@ -193,15 +193,20 @@ def rloo_pipeline(
 
         common = dict(kfp_run_id=RUN_ID, kfp_run_name=RUN_NAME, mlflow_experiment=mlflow_experiment)
         with dsl.If(num_nodes == 1, name="single-node"):
+            # the GPU count as the validate step's text output, not the integer parameter: see validate_params
+            gpu_limit = check.outputs["gpu_limit"]
             single = train_rloo(
                 sft_model=fetch.outputs["sft_model"],
-                train_config_json=check.output,
-                gpu_count=gpu_count,
+                train_config_json=check.outputs["train_config"],
+                gpu_limit=gpu_limit,
+                gpu_resource=gpu_resource,
+                cpu=train_cpu,
+                memory=train_memory,
                 output_uri=output_uri,
                 **common,
             ).set_display_name("train (RLOO)")
             _gpu_step(
-                single, gpu_resource, gpu_count, gpu_node_selector, train_cpu, train_memory, C.TRAIN_TIMEOUT_S
+                single, gpu_resource, gpu_limit, gpu_node_selector, train_cpu, train_memory, C.TRAIN_TIMEOUT_S
             )
             for task_secrets in (
                 (s3_secret, C.S3_SECRET_KEYS, False),
@@ -212,7 +217,7 @@ def rloo_pipeline(
         with dsl.Else(name="multi-node"):
             multi = train_rloo_multinode(
                 sft_model=fetch.outputs["sft_model"],
-                train_config_json=check.output,
+                train_config_json=check.outputs["train_config"],
                 gpu_count=gpu_count,
                 num_nodes=num_nodes,
                 gpu_resource=gpu_resource,

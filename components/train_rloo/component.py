@@ -11,7 +11,10 @@ from rloo.pipeline.images import SLIM_IMAGE, TRAIN_IMAGE
 def train_rloo(
     sft_model: Input[Model],
     train_config_json: str,
-    gpu_count: int,
+    gpu_limit: str,
+    gpu_resource: str,
+    cpu: str,
+    memory: str,
     output_uri: str,
     kfp_run_id: str,
     kfp_run_name: str,
@@ -21,16 +24,32 @@ def train_rloo(
     summary: Output[Markdown],
 ) -> str:
     """Returns the trained model's URI (a parameter, so the pipeline can pick it with dsl.OneOf in every
-    runner; the Model artifact records it for lineage)."""
+    runner; the Model artifact records it for lineage).
+
+    ``gpu_limit``, ``gpu_resource``, ``cpu`` and ``memory`` are what this pod's spec requests (the pipeline
+    sets them from the same values); the step checks it got the GPUs. As inputs they also reach the condition
+    DAG the step runs in, which KFP's compiler does not do for values only a pod-spec field uses."""
     import json
     import os
     import shutil
+    import sys
     import tempfile
     from pathlib import Path
 
+    import torch
+
+    from rloo.errors import UserError
     from rloo.pipeline import reports
     from rloo.pipeline.layout import RunLayout
     from rloo.pipeline.node import main as node_main
+    from rloo.pipeline.resources import gpus_granted
+
+    try:
+        gpu_count = gpus_granted(gpu_limit, gpu_resource, torch.cuda.device_count())
+    except UserError as e:
+        print(f"[rloo] {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    print(f"[rloo] pod: {gpu_count} x {gpu_resource}, cpu {cpu}, memory {memory}", flush=True)
 
     os.environ.update(
         KFP_RUN_ID=kfp_run_id, KFP_RUN_NAME=kfp_run_name, MLFLOW_EXPERIMENT_NAME=mlflow_experiment

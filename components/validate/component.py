@@ -2,6 +2,8 @@
 
 It takes every pipeline parameter (a test keeps the two signatures equal): each one is checked here."""
 
+from typing import NamedTuple
+
 from kfp import dsl
 
 from rloo.pipeline.images import SLIM_IMAGE
@@ -52,9 +54,11 @@ def validate_params(
     mlflow_secret: str,
     hf_secret: str,
     judge_secret: str,
-) -> str:
+) -> NamedTuple("Validated", [("train_config", str), ("gpu_limit", str)]):
     """Returns the training config (a JSON mapping that ``rloo train --config`` reads) the validated parameters
-    give."""
+    give, and the training pod's GPU count as text: KFP's driver reads a pod-spec placeholder as a string
+    (``GetStringValue``), so an integer pipeline parameter there would resolve to nothing and the pod would get
+    no GPU."""
     params = dict(locals())  # first statement: exactly the parameters, by their pipeline names
     import json
     import sys
@@ -68,4 +72,4 @@ def validate_params(
     except UserError as e:
         print(f"invalid pipeline parameters: {e}", file=sys.stderr)
         raise SystemExit(2) from None
-    return json.dumps(train_config, sort_keys=True)
+    return (json.dumps(train_config, sort_keys=True), str(gpu_count))  # in the annotation's order

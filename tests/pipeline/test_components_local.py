@@ -56,9 +56,12 @@ def components(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 def test_validate_returns_the_training_config(components: Any) -> None:
     validate_params, _ = components
-    config = json.loads(validate_params(**_good()).output)
+    task = validate_params(**{**_good(), "gpu_count": 4})
+    config = json.loads(task.outputs["train_config"])
     assert (config["rloo_k"], config["learning_rate"], config["bf16"]) == (4, 1e-5, True)
     assert config["dataset_name"] == "org/d" and "output_dir" not in config  # the pod sets its own
+    # the accelerator limit of the train pod: text, as KFP's driver reads pod-spec placeholders
+    assert task.outputs["gpu_limit"] == "4"
 
 
 @pytest.mark.parametrize(

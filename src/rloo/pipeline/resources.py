@@ -130,3 +130,22 @@ def check_namespace(name: str, value: str) -> None:
         raise UserError(
             f"{name} must be a Kubernetes namespace name (lower-case a-z, 0-9, '-'; got {value!r})."
         )
+
+
+def gpus_granted(gpu_limit: str, gpu_resource: str, visible: int) -> int:
+    """The GPU count the single-node train step trains on: ``gpu_limit`` (the validate step's text output that
+    the pod's accelerator limit is set from), checked against the ``visible`` CUDA devices.
+
+    A pod that got fewer GPUs than it asked for (a driver that dropped the accelerator limit, a device plugin
+    that does not advertise ``gpu_resource``, a runtime without the NVIDIA hook) would otherwise train on what
+    it has, for up to the step's 48-hour timeout, or crash far from the cause."""
+    if not gpu_limit.isdigit():
+        raise UserError(f"gpu_count {gpu_limit!r} is not a whole number of GPUs.")
+    wanted = int(gpu_limit)
+    if visible < wanted:
+        raise UserError(
+            f"this pod asked for {wanted} {gpu_resource} and sees {visible} CUDA device(s): the GPUs were not "
+            "granted; check that the node's device plugin advertises gpu_resource and that the container "
+            "runtime exposes the GPUs."
+        )
+    return wanted
