@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from rloo.errors import UserError
+from rloo.storage.location import local_source_path, source_kind
 
 log = logging.getLogger(__name__)
 
@@ -85,11 +86,17 @@ def check_safetensors_weights(model_dir: Path, *, flag: str, shown: str | None =
 
 
 def check_model_source(flag: str, path: str) -> None:
-    """One line for a local-looking model path that is missing or holds no model; a Hub id passes."""
-    p = Path(path).expanduser()
-    looks_local = p.exists() or path.startswith((".", "/", "~")) or path.count("/") > 1
-    if not looks_local:
-        return  # a Hub id: transformers resolves it (and reports its own failure, wrapped below)
+    """One line for a local model path that is missing or holds no model; a Hub id passes (the one rule of
+    :func:`rloo.storage.location.source_kind`: ``gpt2`` and ``org/name`` are Hub ids, ``./gpt2`` a path)."""
+    kind = source_kind(path)
+    if kind == "hub":
+        return  # transformers resolves it (and reports its own failure, wrapped below)
+    if kind == "s3":
+        raise UserError(
+            f"--{flag} {path}: an s3:// model is not loaded directly; give a Hub id or a local directory "
+            "(download the upload first, e.g. with rloo.storage.download_dir)."
+        )
+    p = local_source_path(path)
     if not p.is_dir():
         raise UserError(f"--{flag} {path}: no such directory; pass a model directory or a Hub id.")
     if not (p / "config.json").is_file() and not (p / ADAPTER_CONFIG).is_file():

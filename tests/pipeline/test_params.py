@@ -340,3 +340,17 @@ def test_a_bad_value_of_each_parameter_is_refused_by_name(name: str) -> None:
     message = str(err.value)
     # the message names the parameter as the user gave it (extra_train_args: the offending flag)
     assert (name in message) if name != "extra_train_args" else ("--no_such_flag" in message), message
+
+
+@pytest.mark.parametrize("model", ["gpt2", "org/sft"])
+def test_the_validate_step_takes_a_hub_id_without_organisation(model: str) -> None:
+    """``gpt2`` is a Hub id to the validate step as to 'rloo train' (rloo.storage.location.source_kind), not a
+    missing directory; ``./gpt2`` and ``a/b/c`` are directories."""
+    from rloo.pipeline.steps import check_pipeline_params
+    from tests.pipeline.test_node_and_steps import good
+
+    check_pipeline_params(good(model=model), check_paths=True)
+    check_pipeline_params(good(model=model, model_revision="v1"), check_paths=True)
+    for local in ("./gpt2", "a/b/c"):
+        with pytest.raises(UserError, match=f"model '{local}': no such directory"):
+            check_pipeline_params(good(model=local), check_paths=True)

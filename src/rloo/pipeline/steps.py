@@ -109,9 +109,11 @@ def check_pipeline_params(
 
 
 def _check_model(model: str, revision: str, *, check_paths: bool, hub: bool) -> None:
+    from rloo.storage.location import source_kind
+
     if not model:
         raise UserError("model is required: a Hub id, s3://bucket/prefix or a local directory.")
-    if revision and (model.startswith("s3://") or _looks_local(model)):
+    if revision and source_kind(model) != "hub":
         raise UserError(
             f"model_revision {revision!r} only applies to a Hugging Face Hub id, and model {model!r} is "
             "not one: drop model_revision (an s3:// upload is already pinned by its manifest)."
@@ -245,8 +247,12 @@ def check_model_source(
 ) -> None:
     """Fail in one line when the SFT model cannot be fetched: a directory without ``config.json``, an
     ``s3://`` prefix without a complete upload, or (``hub``) a Hub id the Hub does not know or will not
-    serve. A Hub that cannot be reached is only logged: the fetch step retries, and it may be a mirror."""
-    if model.startswith("s3://"):
+    serve. A Hub that cannot be reached is only logged: the fetch step retries, and it may be a mirror.
+    Which of the three ``model`` is: :func:`rloo.storage.location.source_kind` (``gpt2`` is a Hub id)."""
+    from rloo.storage.location import local_source_path, source_kind
+
+    kind = source_kind(model)
+    if kind == "s3":
         from rloo.storage import read_manifest
 
         try:
@@ -254,8 +260,8 @@ def check_model_source(
         except UserError as e:
             raise UserError(f"model {model}: {e}") from None
         return
-    if _looks_local(model):
-        path = Path(model.removeprefix("file://")).expanduser()
+    if kind == "local":
+        path = local_source_path(model)
         if not path.is_dir():
             raise UserError(
                 f"model {model!r}: no such directory; give a Hub id, an s3:// prefix or a directory."
@@ -318,12 +324,6 @@ def check_storage_access(uri: str, *, what: str, client: Any = None) -> None:
         raise UserError(f"{what}: {e}") from None
 
 
-def _looks_local(model: str) -> bool:
-    return not model.startswith("s3://") and (
-        model.startswith(("/", ".", "~", "file://")) or model.count("/") != 1
-    )
-
-
 def manifest_digest(manifest: Any) -> str:
     """One digest for a published directory: SHA-256 over its files' paths, sizes and SHA-256s (not the
     manifest's timestamp, so the same files always give the same digest)."""
@@ -351,15 +351,17 @@ def fetch_model(
     sources), uri, manifest digest, file count, bytes.
     """
     from rloo.storage import download_dir, upload_dir, verify_prefix
+    from rloo.storage.location import local_source_path, source_kind
 
     commit: str | None = None
     with tempfile.TemporaryDirectory(dir=work) as tmp:
-        if source.startswith("s3://"):
+        kind = source_kind(source)
+        if kind == "s3":
             local = Path(tmp) / "model"
             download_dir(source, local, progress=False)  # verifies every SHA-256 against the manifest
-        elif _looks_local(source):
+        elif kind == "local":
             check_model_source(source)
-            local = Path(source.removeprefix("file://")).expanduser()
+            local = local_source_path(source)
         else:
             commit = resolve_hub_commit(source, revision, hub_api)
             api = hub_api or _hf_api()
@@ -467,8 +469,10 @@ def multinode_spec(
 def durable_model_name(fetched: dict[str, Any]) -> str:
     """How to name a fetched SFT model in cards and reports: its Hub id, else the store URI it was copied to
     (a path on the machine that ran the fetch step means nothing later)."""
+    from rloo.storage.location import source_kind
+
     source = str(fetched.get("source") or "")
-    if source and not source.startswith("s3://") and not _looks_local(source):
+    if source and source_kind(source) == "hub":
         return source
     return str(fetched.get("uri") or source)
 

@@ -51,6 +51,7 @@ from rloo.push.hub import upload_to_hub
 from rloo.push.registry import Registry, RegistryResult, build_mlflow_model_dir, link_or_copy
 from rloo.storage import Location, download_dir, is_complete, publish_atomic, read_manifest, upload_dir
 from rloo.storage.backends import backend_for
+from rloo.storage.location import source_kind
 from rloo.storage.manifest import MANIFEST_NAME, build_manifest, sha256_file
 from rloo.storage.redact import redact
 from rloo.tracking.runs import pipeline_run_from_env
@@ -96,11 +97,13 @@ def resolve_model_dir(model_path: str, work: Path) -> Path:
 
 def check_model_source(model_path: str) -> None:
     """:func:`resolve_model_dir`'s checks without downloading: a local directory is checked in place, an
-    ``s3://`` prefix by its manifest (complete, with the files a finished training run writes)."""
-    loc = Location.parse(model_path)
-    if not loc.is_s3:
+    ``s3://`` prefix by its manifest (complete, with the files a finished training run writes). Which of the
+    two it is: :func:`rloo.storage.location.source_kind`, the rule of every stage (a Hub id is no trained
+    model: it fails as a missing directory)."""
+    if source_kind(model_path) != "s3":
         resolve_model_dir(model_path, Path())  # a local directory is only read
         return
+    loc = Location.parse(model_path)
     try:
         files = set(read_manifest(loc).by_path)
     except UserError as e:

@@ -6,6 +6,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import Literal
 
 from rloo.errors import UserError
 from rloo.storage.redact import redact
@@ -128,3 +129,52 @@ def require_local_path(flag: str, value: str | os.PathLike[str] | None, hint: st
         f"{flag} {redact(text)!r}: {what} is not supported here, only a local path"
         + (f"; {hint}" if hint else "; give a plain directory or file path.")
     )
+
+
+# ------------------------------------------------------------------------------------------------------
+# What a model or dataset argument names. One rule for every stage and command, so that a value is the same
+# kind of thing to `rloo train`, `rloo eval`, `rloo push` and every pipeline step.
+
+SourceKind = Literal["hub", "s3", "local"]
+
+# A Hugging Face Hub repo id, loosely: ``name`` or ``org/name``, each part letters, digits, '-', '_' and '.',
+# not starting with '.' or '-' (the Hub's own rules are stricter; it reports its own refusal).
+_HUB_ID_RE = re.compile(r"^(?:[A-Za-z0-9_][A-Za-z0-9_.\-]*/)?[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
+
+
+def source_kind(value: str | os.PathLike[str]) -> SourceKind:
+    """Whether a model or dataset argument is a Hub id, an ``s3://`` URI or a local path.
+
+    Local: a ``file://`` URI, a value starting with ``/``, ``.`` or ``~``, a path that exists, or anything
+    with more than one ``/`` or that is not shaped like a Hub id. ``s3``: ``s3://...``. Hub: ``name`` (as
+    ``gpt2``) or ``org/name``. Other URI schemes count as local paths (that do not exist): the commands that
+    take only local paths refuse them by name (:func:`require_local_path`).
+    """
+    if isinstance(value, os.PathLike):
+        return "local"
+    text = str(value).strip()
+    if text[:5].lower() == "s3://":
+        return "s3"
+    if text.startswith(("file://", "/", ".", "~")) or Path(text).expanduser().exists():
+        return "local"
+    if text.count("/") > 1 or not _HUB_ID_RE.match(text):
+        return "local"
+    return "hub"
+
+
+def local_source_path(value: str | os.PathLike[str]) -> Path:
+    """The directory a local model or dataset argument names (``file://`` removed, ``~`` expanded)."""
+    text = value if isinstance(value, os.PathLike) else str(value).strip().removeprefix("file://")
+    return Path(text).expanduser()
+
+
+def require_local_or_s3(flag: str, value: str | os.PathLike[str] | None, hint: str = "") -> None:
+    """:func:`require_local_path` that also takes a well-formed ``s3://bucket/prefix`` (a bad bucket name or
+    ``..`` segment is refused in one line naming ``flag``), for the inputs read from object storage too."""
+    if value is None or source_kind(value) != "s3":
+        require_local_path(flag, value, hint)
+        return
+    try:
+        Location.parse(value)
+    except UserError as e:
+        raise UserError(f"{flag}: {e}") from None
