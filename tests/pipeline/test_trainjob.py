@@ -19,12 +19,14 @@ from rloo.pipeline import constants, trainjob
 from rloo.pipeline.jobs import run_multi_node
 from rloo.pipeline.steps import check_pod_params
 from rloo.pipeline.trainjob import (
+    OwnerPod,
     SecretEnv,
     TrainJobSpec,
     build_job,
     build_pytorchjob,
     build_trainjob,
     job_name,
+    owner_from_env,
 )
 from tests.fixtures.kube_api import FakeKubeAPI
 from tests.helm.helpers import policy_violations
@@ -277,6 +279,8 @@ def _trainjob_pod(manifest: dict[str, Any]) -> dict[str, Any]:
     assert job_patch["name"] == rjob["name"]  # the patch names a job the runtime has
     pod_patch = job_patch["template"]["spec"]["template"]
     template.setdefault("metadata", {}).setdefault("labels", {}).update(pod_patch["metadata"]["labels"])
+    if "annotations" in pod_patch["metadata"]:
+        template["metadata"].setdefault("annotations", {}).update(pod_patch["metadata"]["annotations"])
     for key, value in pod_patch["spec"].items():
         if key == "containers":
             for cp in value:
@@ -415,6 +419,18 @@ def test_vendored_trainjob_schema_and_runtime_are_trainers() -> None:
         ),
         ("trainjob", "Torch_Distributed", "training_runtime 'Torch_Distributed' is not a runtime name"),
         ("trainjob", "Runtime/x", "training_runtime 'Runtime/x' is not a runtime name"),
+        # Trainer's MPI runtimes: a launcher and sshd nodes, which the job's patch and image do not provide
+        (
+            "trainjob",
+            "deepspeed-distributed",
+            r"^training_runtime 'deepspeed-distributed' is an MPI runtime .* use a torch runtime such as "
+            r"torch-distributed .* DeepSpeed is an accelerate setting of 'rloo train' here",
+        ),
+        (
+            "trainjob",
+            "TrainingRuntime/mpi-team",
+            "training_runtime 'TrainingRuntime/mpi-team' is an MPI runtime",
+        ),
     ],
 )
 def test_bad_backend_or_runtime(backend: str, runtime: str, message: str) -> None:
@@ -422,6 +438,13 @@ def test_bad_backend_or_runtime(backend: str, runtime: str, message: str) -> Non
         build_job(_spec(), backend, runtime)
     with pytest.raises(UserError, match=message):
         check_pod_params({"multinode_backend": backend, "training_runtime": runtime})
+
+
+def test_refused_runtimes_say_it_in_one_line() -> None:
+    with pytest.raises(UserError) as info:
+        build_job(_spec(), "trainjob", "deepspeed-distributed")
+    assert "\n" not in str(info.value)
+    build_job(_spec(), "trainjob", "TrainingRuntime/deepspeedish")  # only the deepspeed-/mpi- prefixes
 
 
 def test_build_job_picks_the_backend() -> None:
@@ -558,3 +581,130 @@ def test_pytorchjob_step_follows_the_master(kube: Any, capsys: pytest.CaptureFix
     ):
         run_multi_node(build_pytorchjob(_spec()), poll_seconds=0.05)
     assert "[master] step 1 loss 0.5\n" in capsys.readouterr().out
+
+
+# Owner, Kueue, Istio ---------------------------------------------------------------------------------------
+
+POD_ENV = {
+    "RLOO_POD_NAME": "run-abc-train-launcher",
+    "RLOO_POD_UID": "1f0c-uid",
+    "RLOO_POD_NAMESPACE": "team-a",
+}
+OWNER_REF = {
+    "apiVersion": "v1",
+    "kind": "Pod",
+    "name": "run-abc-train-launcher",
+    "uid": "1f0c-uid",
+    "blockOwnerDeletion": False,
+    "controller": False,
+}
+
+
+def _validate_metadata(manifest: dict[str, Any]) -> None:
+    """The job's metadata against the Kubernetes API's ObjectMeta (the CRD schemas leave it to the API
+    server), by way of an object that has nothing else."""
+    doc = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": manifest["metadata"]}
+    for version in KUBE_VERSIONS:
+        kubernetes_validate.validate(doc, version, strict=True)
+
+
+@pytest.mark.parametrize("kind", ["trainjob", "pytorchjob"])
+def test_the_launcher_pod_owns_the_job(kind: str) -> None:
+    owner = owner_from_env(POD_ENV)
+    assert owner == OwnerPod("run-abc-train-launcher", "1f0c-uid", "team-a")
+    m = build_job(_spec(owner=owner), kind)
+    assert m["metadata"]["ownerReferences"] == [OWNER_REF]
+    _validate_metadata(m)
+    _validate_trainjob(m) if kind == "trainjob" else _validate(m)
+    # an owner is looked for in the dependent's namespace only: one elsewhere would get the job deleted at once
+    elsewhere = build_job(_spec(owner=owner, namespace="team-b"), kind)
+    assert "ownerReferences" not in elsewhere["metadata"]
+    assert "ownerReferences" not in build_job(_spec(), kind)["metadata"]
+
+
+@pytest.mark.parametrize("missing", sorted(POD_ENV))
+def test_no_owner_without_the_whole_downward_api(missing: str) -> None:
+    assert owner_from_env({k: v for k, v in POD_ENV.items() if k != missing}) is None
+    assert owner_from_env({**POD_ENV, missing: " "}) is None
+
+
+def test_trainjob_kueue_and_istio() -> None:
+    m = build_trainjob(_spec(queue_name="gpu-queue", priority_class="high-priority"))
+    assert m["metadata"]["labels"] == {
+        "app.kubernetes.io/name": "rloo-train",
+        "kueue.x-k8s.io/queue-name": "gpu-queue",
+        "kueue.x-k8s.io/priority-class": "high-priority",  # a Kueue WorkloadPriorityClass
+    }
+    assert m["spec"]["suspend"] is True  # Kueue unsuspends it once admitted
+    template = _trainjob_pod(m)
+    assert template["metadata"]["annotations"] == {"sidecar.istio.io/inject": "false"}
+    assert "kueue.x-k8s.io/queue-name" not in template["metadata"]["labels"]
+    assert "priorityClassName" not in template["spec"]  # the pod patch has no such field
+    _validate_trainjob(m)
+    _validate_metadata(m)
+    plain = build_trainjob(_spec(istio_sidecar=True))
+    assert "suspend" not in plain["spec"] and "annotations" not in _trainjob_pod(plain)["metadata"]
+    assert set(plain["metadata"]["labels"]) == {"app.kubernetes.io/name"}
+    _validate_trainjob(plain)
+
+
+def test_pytorchjob_kueue_priority_and_istio() -> None:
+    m = build_pytorchjob(_spec(queue_name="gpu-queue", priority_class="high.priority"))
+    assert m["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-queue"
+    assert "kueue.x-k8s.io/priority-class" not in m["metadata"]["labels"]
+    run_policy = m["spec"]["runPolicy"]
+    assert run_policy["suspend"] is True
+    assert run_policy["schedulingPolicy"] == {"priorityClass": "high.priority"}
+    for template in _pods(m).values():
+        assert template["spec"]["priorityClassName"] == "high.priority"
+        assert template["metadata"]["annotations"] == {"sidecar.istio.io/inject": "false"}
+    _validate(m)
+    _validate_metadata(m)
+    plain = build_pytorchjob(_spec(istio_sidecar=True))
+    assert (
+        "suspend" not in plain["spec"]["runPolicy"] and "schedulingPolicy" not in plain["spec"]["runPolicy"]
+    )
+    for template in _pods(plain).values():
+        assert "annotations" not in template["metadata"] and "priorityClassName" not in template["spec"]
+
+
+@pytest.mark.parametrize(
+    ("change", "kind", "message"),
+    [
+        (
+            {"queue_name": "GPU_Queue"},
+            "pytorchjob",
+            r"^queue_name 'GPU_Queue' is not a Kueue LocalQueue name",
+        ),
+        ({"queue_name": "q" * 64}, "trainjob", "is not a Kueue LocalQueue name"),
+        (
+            {"priority_class": "High Priority"},
+            "pytorchjob",
+            r"^priority_class 'High Priority' is not a priority",
+        ),
+        ({"priority_class": "high"}, "trainjob", r"^priority_class needs queue_name for a TrainJob: .*"),
+        ({"owner": OwnerPod("", "uid")}, "trainjob", "the job's owner pod needs a name and a uid"),
+    ],
+)
+def test_bad_scheduling_settings(change: dict[str, object], kind: str, message: str) -> None:
+    with pytest.raises(UserError, match=message) as info:
+        build_job(_spec(**change), kind)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("backend", ["trainjob", "pytorchjob"])
+def test_manifest_command_shows_the_owner_as_placeholders(
+    backend: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from rloo.cli.pipeline_cmd import main
+
+    assert (
+        main(["manifest", "--backend", backend, "--param", "num_nodes=2", "--param", "namespace=team-a"]) == 0
+    )
+    out = capsys.readouterr().out
+    job = yaml.safe_load(out)
+    (ref,) = job["metadata"]["ownerReferences"]
+    assert ref == {**OWNER_REF, "name": "<launcher pod>", "uid": "<launcher pod uid>"}
+    # said next to the job, in YAML comments: applying it as it is would get it garbage-collected at once
+    assert out.startswith("# metadata.ownerReferences: the train step's pod")
+    assert "remove ownerReferences before\n# applying this job by hand" in out

@@ -25,15 +25,25 @@ PLACEHOLDERS: dict[str, Any] = {
 }
 # The namespace when the namespace parameter is empty: none in the manifest, so 'kubectl apply -n' decides.
 NO_NAMESPACE = ""
+# The train step's pod owns the job it launches (rloo.pipeline.trainjob.OwnerPod); only a run knows which.
+OWNER_PLACEHOLDER_NAME = "<launcher pod>"
+OWNER_PLACEHOLDER_UID = "<launcher pod uid>"
+OWNER_NOTE = (
+    "# metadata.ownerReferences: the train step's pod, which a run fills in (the job is deleted with it).\n"
+    f"# {OWNER_PLACEHOLDER_NAME!r} and {OWNER_PLACEHOLDER_UID!r} are placeholders: remove ownerReferences before\n"
+    "# applying this job by hand, or Kubernetes deletes it at once (its owner does not exist).\n"
+)
 
 
 def manifest(params: dict[str, Any], *, run_id: str = "manual") -> dict[str, Any]:
     """The job (TrainJob or PyTorchJob, by ``multinode_backend``) for ``params`` (pipeline parameters)."""
+    from dataclasses import replace
+
     from rloo.pipeline.images import TRAIN_IMAGE
     from rloo.pipeline.layout import RunLayout
     from rloo.pipeline.params import check_params, with_defaults
     from rloo.pipeline.steps import check_pipeline_params, multinode_spec
-    from rloo.pipeline.trainjob import build_job
+    from rloo.pipeline.trainjob import OwnerPod, build_job
 
     given = check_params(params, required=False)
     p = with_defaults({k: v for k, v in PLACEHOLDERS.items() if k not in given} | given)
@@ -64,6 +74,8 @@ def manifest(params: dict[str, Any], *, run_id: str = "manual") -> dict[str, Any
         hf_secret=str(p["hf_secret"]),
         mlflow_experiment=str(p["mlflow_experiment"]),
     )
+    # the owner as a run sets it, shown with placeholders (no namespace: the pod runs in the job's)
+    spec = replace(spec, owner=OwnerPod(OWNER_PLACEHOLDER_NAME, OWNER_PLACEHOLDER_UID))
     return build_job(spec, str(p["multinode_backend"]), str(p["training_runtime"]))
 
 
@@ -101,4 +113,5 @@ def manifest_yaml(params: dict[str, Any], *, run_id: str = "manual") -> str:
         return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
 
     Dumper.add_representer(str, represent_str)
-    return yaml.dump(manifest(params, run_id=run_id), Dumper=Dumper, sort_keys=False, width=120)
+    text = yaml.dump(manifest(params, run_id=run_id), Dumper=Dumper, sort_keys=False, width=120)
+    return OWNER_NOTE + text

@@ -25,7 +25,9 @@ path.
 from __future__ import annotations
 
 import json
+import logging
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +51,17 @@ DEFAULT_BACKEND = "trainjob"
 # Where the ServiceAccount admission controller mounts the API token (see the module docstring).
 SA_TOKEN_PATH = "/var/run/secrets/kubernetes.io/serviceaccount"
 _DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+# Kueue's labels: the LocalQueue a job is submitted to, and its WorkloadPriorityClass.
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
+ISTIO_INJECT = "sidecar.istio.io/inject"
+# The launcher step's pod, from the downward API (fieldRef metadata.name / metadata.uid / metadata.namespace).
+POD_NAME_ENV = "RLOO_POD_NAME"
+POD_UID_ENV = "RLOO_POD_UID"
+POD_NAMESPACE_ENV = "RLOO_POD_NAMESPACE"
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -59,6 +72,36 @@ class SecretEnv:
     secret: str
     key: str
     optional: bool = False
+
+
+@dataclass(frozen=True)
+class OwnerPod:
+    """The train step's pod, which launches the job: the job's owner, so that Kubernetes' garbage collector
+    deletes the job once that pod is deleted. The step deletes the job itself when it fails or is terminated;
+    the owner covers what it cannot see: its pod killed without notice (node lost, SIGKILL) and then deleted.
+
+    ``namespace`` is the pod's; empty means the job's own (the caller vouches for it).
+    """
+
+    name: str
+    uid: str
+    namespace: str = ""
+
+
+def owner_from_env(env: Mapping[str, str]) -> OwnerPod | None:
+    """The launcher pod from ``RLOO_POD_NAME``/``RLOO_POD_UID``/``RLOO_POD_NAMESPACE`` (the downward API),
+    ``None`` unless all three are set: without its namespace the owner could not be checked to be the job's,
+    and an owner in another namespace would get the job deleted at once."""
+    name, uid, namespace = (env.get(k, "").strip() for k in (POD_NAME_ENV, POD_UID_ENV, POD_NAMESPACE_ENV))
+    if not (name and uid and namespace):
+        log.info(
+            "%s, %s and %s are not all set: the job gets no owner (the step deletes it on failure)",
+            POD_NAME_ENV,
+            POD_UID_ENV,
+            POD_NAMESPACE_ENV,
+        )
+        return None
+    return OwnerPod(name=name, uid=uid, namespace=namespace)
 
 
 @dataclass(frozen=True)
@@ -88,6 +131,14 @@ class TrainJobSpec:
     service_account: str = "default"
     run_as_user: int = 1000  # the project's images (images/*/Dockerfile: USER 1000)
     run_as_group: int = 1000
+    owner: OwnerPod | None = None  # the launcher step's pod (see OwnerPod)
+    # Kueue: the LocalQueue to submit to (the job is created suspended; Kueue starts it once admitted)
+    queue_name: str = ""
+    # a TrainJob: a Kueue WorkloadPriorityClass (needs queue_name); a PyTorchJob: a Kubernetes PriorityClass
+    priority_class: str = ""
+    # Kubeflow profiles inject Istio sidecars, which break the nodes' rendezvous and keep a finished pod's Job
+    # from completing (the sidecar never exits): off unless asked for
+    istio_sidecar: bool = False
 
     def validate(self) -> None:
         if not _DNS1123.match(self.name) or len(self.name) > 63:
@@ -112,6 +163,20 @@ class TrainJobSpec:
             raise UserError(f"the training pods must not run as root (run_as_user={self.run_as_user}).")
         for name in sorted(POD_LOCAL_FIELDS & self.train_config.keys()):
             raise UserError(f"--{name} is set by the job itself; remove it from the training configuration.")
+        # both end up in label values: at most 63 characters
+        if self.queue_name and (not _DNS1123.match(self.queue_name) or len(self.queue_name) > 63):
+            raise UserError(
+                f"queue_name {self.queue_name!r} is not a Kueue LocalQueue name (a-z, 0-9, '-', at most 63)."
+            )
+        if self.priority_class and (
+            not _DNS1123_SUBDOMAIN.match(self.priority_class) or len(self.priority_class) > 63
+        ):
+            raise UserError(
+                f"priority_class {self.priority_class!r} is not a priority class name (a-z, 0-9, '-', '.', at "
+                "most 63)."
+            )
+        if self.owner is not None and not (self.owner.name and self.owner.uid):
+            raise UserError("the job's owner pod needs a name and a uid.")
 
 
 def _command(spec: TrainJobSpec) -> list[str]:
@@ -186,11 +251,44 @@ def _labels(spec: TrainJobSpec) -> dict[str, str]:
     return {"app.kubernetes.io/name": "rloo-train", **spec.labels}
 
 
-def _metadata(spec: TrainJobSpec) -> dict[str, Any]:
+def _metadata(spec: TrainJobSpec, labels: dict[str, str]) -> dict[str, Any]:
     meta: dict[str, Any] = {"name": spec.name}
     if spec.namespace:  # empty: 'kubectl apply -n' decides (rloo pipeline manifest)
         meta["namespace"] = spec.namespace
-    return meta | {"labels": _labels(spec)}
+    if spec.queue_name:
+        labels = {**labels, QUEUE_LABEL: spec.queue_name}
+    meta["labels"] = labels
+    owners = _owner_references(spec)
+    if owners:
+        meta["ownerReferences"] = owners
+    return meta
+
+
+def _owner_references(spec: TrainJobSpec) -> list[dict[str, Any]]:
+    owner = spec.owner
+    if owner is None:
+        return []
+    if owner.namespace and owner.namespace != spec.namespace:
+        # the garbage collector looks for a namespaced owner in the dependent's namespace only: finding none
+        # there, it would delete the job at once
+        log.warning(
+            "the job runs in namespace %r, the train step in %r: no owner reference, the step deletes the job "
+            "itself when it fails or is terminated",
+            spec.namespace,
+            owner.namespace,
+        )
+        return []
+    # not a controller and not blocking: the pod only decides the job's lifetime, and deleting the pod must
+    # not wait for the job's (Foreground) deletion
+    ref = {"apiVersion": "v1", "kind": "Pod", "name": owner.name, "uid": owner.uid}
+    return [ref | {"blockOwnerDeletion": False, "controller": False}]
+
+
+def _pod_metadata(spec: TrainJobSpec) -> dict[str, Any]:
+    meta: dict[str, Any] = {"labels": _labels(spec)}
+    if not spec.istio_sidecar:
+        meta["annotations"] = {ISTIO_INJECT: "false"}
+    return meta
 
 
 def build_pytorchjob(spec: TrainJobSpec) -> dict[str, Any]:
@@ -216,21 +314,27 @@ def build_pytorchjob(spec: TrainJobSpec) -> dict[str, Any]:
         "tolerations": [dict(t) for t in spec.tolerations],
         "nodeSelector": dict(spec.node_selector),
     }
+    if spec.priority_class:
+        pod_spec["priorityClassName"] = spec.priority_class
 
     def replica(n: int) -> dict[str, Any]:
         return {
             "replicas": n,
             "restartPolicy": "OnFailure",
-            "template": {"metadata": {"labels": _labels(spec)}, "spec": pod_spec},
+            "template": {"metadata": _pod_metadata(spec), "spec": pod_spec},
         }
 
     run_policy: dict[str, Any] = {"backoffLimit": spec.backoff_limit, "cleanPodPolicy": "Running"}
     if spec.active_deadline_seconds is not None:
         run_policy["activeDeadlineSeconds"] = spec.active_deadline_seconds
+    if spec.queue_name:
+        run_policy["suspend"] = True  # Kueue admits a suspended job, then unsuspends it
+    if spec.priority_class:
+        run_policy["schedulingPolicy"] = {"priorityClass": spec.priority_class}
     return {
         "apiVersion": API_VERSION,
         "kind": KIND,
-        "metadata": _metadata(spec),
+        "metadata": _metadata(spec, _labels(spec)),
         "spec": {
             "nprocPerNode": str(_nproc(spec)),
             "runPolicy": run_policy,
@@ -258,10 +362,21 @@ def runtime_ref(runtime: str) -> dict[str, str]:
 
 
 def check_multinode(backend: str, runtime: str) -> None:
-    """``multinode_backend`` and ``training_runtime``: a one-line UserError for a bad value."""
+    """``multinode_backend`` and ``training_runtime``: a one-line UserError for a bad value.
+
+    MPI runtimes (Trainer's ``deepspeed-distributed``, ``mpi-*``) are refused here, before any GPU is
+    allocated: they run an ``mpirun`` launcher job plus nodes that run ``sshd``, while the job's patch reaches
+    only the ``node`` job and the train image has no ``sshd``, so such a job would fail once its pods start.
+    Whether the runtime exists is checked at submit."""
     if backend not in BACKENDS:
         raise UserError(f"multinode_backend must be one of {', '.join(BACKENDS)} (got {backend!r}).")
-    runtime_ref(runtime)
+    name = runtime_ref(runtime)["name"]
+    if re.match(r"(deepspeed|mpi)(-|$)", name):
+        raise UserError(
+            f"training_runtime {runtime!r} is an MPI runtime (an mpirun launcher and sshd nodes), which this job "
+            f"cannot run: use a torch runtime such as {DEFAULT_RUNTIME} (torchrun on every node); DeepSpeed is "
+            "an accelerate setting of 'rloo train' here (configs/accelerate/deepspeed_zero*.yaml), not a runtime."
+        )
 
 
 def build_trainjob(spec: TrainJobSpec, runtime: str = DEFAULT_RUNTIME) -> dict[str, Any]:
@@ -271,6 +386,11 @@ def build_trainjob(spec: TrainJobSpec, runtime: str = DEFAULT_RUNTIME) -> dict[s
     ``spec.backoff_limit`` does not apply: a TrainJob cannot patch its Job's retry policy, the runtime's
     decides (Kubernetes' Job default for Trainer's ``torch-distributed``)."""
     spec.validate()
+    if spec.priority_class and not spec.queue_name:
+        raise UserError(
+            "priority_class needs queue_name for a TrainJob: its pods cannot be given a priorityClassName "
+            "(Trainer v2.3's pod patch has none), so the priority is Kueue's WorkloadPriorityClass label."
+        )
     container_patch = {
         "name": TRAINJOB_NODE,
         "volumeMounts": [
@@ -290,7 +410,7 @@ def build_trainjob(spec: TrainJobSpec, runtime: str = DEFAULT_RUNTIME) -> dict[s
     }
     job_patch = {
         "name": TRAINJOB_NODE,
-        "template": {"spec": {"template": {"metadata": {"labels": _labels(spec)}, "spec": pod_patch}}},
+        "template": {"spec": {"template": {"metadata": _pod_metadata(spec), "spec": pod_patch}}},
     }
     job: dict[str, Any] = {
         "runtimeRef": runtime_ref(runtime),
@@ -311,10 +431,15 @@ def build_trainjob(spec: TrainJobSpec, runtime: str = DEFAULT_RUNTIME) -> dict[s
     }
     if spec.active_deadline_seconds is not None:
         job["activeDeadlineSeconds"] = spec.active_deadline_seconds
+    if spec.queue_name:
+        job["suspend"] = True  # Kueue admits a suspended job, then unsuspends it
+    labels = _labels(spec)
+    if spec.priority_class:
+        labels[PRIORITY_LABEL] = spec.priority_class
     return {
         "apiVersion": TRAINJOB_API_VERSION,
         "kind": TRAINJOB_KIND,
-        "metadata": _metadata(spec),
+        "metadata": _metadata(spec, labels),
         "spec": job,
     }
 
