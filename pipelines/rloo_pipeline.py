@@ -41,6 +41,25 @@ def _io_step(task: dsl.PipelineTask, timeout_s: int = C.IO_TIMEOUT_S) -> dsl.Pip
     return task
 
 
+def _retried(task: dsl.PipelineTask) -> dsl.PipelineTask:
+    """A GPU step or the multi-node launcher: retried (a train step resumes from the run's checkpoints, the
+    launcher adopts its job), except after a failure no retry heals (rloo.pipeline.retry)."""
+    return task.set_retry(
+        num_retries=C.GPU_RETRIES,
+        backoff_duration=C.GPU_BACKOFF,
+        backoff_factor=C.GPU_BACKOFF_FACTOR,
+        backoff_max_duration=C.GPU_BACKOFF_MAX,
+    )
+
+
+def _scratch(task: dsl.PipelineTask, step: str) -> dsl.PipelineTask:
+    """Scratch space on the node's disk for a step that stages models: an emptyDir that TMPDIR points at."""
+    kubernetes.empty_dir_mount(
+        task, volume_name=C.SCRATCH_VOLUME, mount_path=C.SCRATCH_PATH, size_limit=C.scratch_size(step)
+    )
+    return task.set_env_variable("TMPDIR", C.SCRATCH_PATH)
+
+
 def _fixed_resources(task: dsl.PipelineTask, r: StepResources) -> dsl.PipelineTask:
     """CPU and memory requests and limits of a CPU step (constants: they do not grow with the model)."""
     task.set_cpu_request(r.cpu_request).set_cpu_limit(r.cpu_limit)
@@ -101,6 +120,9 @@ def rloo_pipeline(
     num_nodes: int = 1,
     multinode_backend: str = "trainjob",
     training_runtime: str = "torch-distributed",
+    queue_name: str = "",
+    priority_class: str = "",
+    istio_sidecar: bool = False,
     gpu_node_selector: dict = {},  # noqa: B006 - KFP reads the default, it is never mutated
     train_cpu: str = "16",
     train_memory: str = "128Gi",
@@ -148,6 +170,9 @@ def rloo_pipeline(
         num_nodes: Training nodes; more than one runs a multi-node job (multinode_backend).
         multinode_backend: The multi-node job: trainjob (Kubeflow Trainer v2 TrainJob) or pytorchjob (Training Operator v1 PyTorchJob, for older clusters).
         training_runtime: Runtime a TrainJob references: NAME of a ClusterTrainingRuntime (Trainer installs torch-distributed) or TrainingRuntime/NAME in the job's namespace.
+        queue_name: Kueue LocalQueue of the multi-node job (empty: not queued); the job is created suspended and Kueue starts it once admitted.
+        priority_class: Priority of the multi-node job: a Kueue WorkloadPriorityClass for a TrainJob (needs queue_name), a PriorityClass for a PyTorchJob.
+        istio_sidecar: Let Istio inject its sidecar into the multi-node job's pods (Kubeflow profiles do by default; it breaks rendezvous and keeps Jobs from completing).
         gpu_node_selector: Node labels GPU pods must match, e.g. {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}.
         train_cpu: CPU request and limit of each training pod (e.g. "16", "500m").
         train_memory: Memory request and limit of each training pod (e.g. "128Gi"); more than the 16Gi in-memory /dev/shm, which counts against it.
@@ -187,6 +212,7 @@ def rloo_pipeline(
         ).after(check)
         fetch.set_display_name("fetch SFT model")
         _io_step(fetch)
+        _scratch(fetch, "fetch")
         _fixed_resources(fetch, C.FETCH_RESOURCES)
         _secrets(fetch, s3_secret, C.S3_SECRET_KEYS)
         _secrets(fetch, hf_secret, C.HF_SECRET_KEYS, optional=True)
@@ -208,6 +234,8 @@ def rloo_pipeline(
             _gpu_step(
                 single, gpu_resource, gpu_limit, gpu_node_selector, train_cpu, train_memory, C.TRAIN_TIMEOUT_S
             )
+            _retried(single)
+            _scratch(single, "train")
             for task_secrets in (
                 (s3_secret, C.S3_SECRET_KEYS, False),
                 (mlflow_secret, C.MLFLOW_SECRET_KEYS, True),
@@ -233,12 +261,18 @@ def rloo_pipeline(
                 service_account=train_service_account,
                 multinode_backend=multinode_backend,
                 training_runtime=training_runtime,
+                queue_name=queue_name,
+                priority_class=priority_class,
+                istio_sidecar=istio_sidecar,
                 **common,
             ).set_display_name("train (RLOO, multi-node)")
             # the launcher holds no GPU; the job's own pods get the GPU settings from the manifest
             multi.set_caching_options(enable_caching=False)
             _fixed_resources(multi, C.LAUNCHER_RESOURCES)
             kubernetes.set_timeout(multi, C.TRAIN_TIMEOUT_S)
+            _retried(multi)
+            for env, field_path in C.POD_FIELD_ENV.items():  # the job's owner: this pod
+                kubernetes.use_field_path_as_env(multi, env_name=env, field_path=field_path)
         # a parameter, not the Model artifacts: kfp.local (rloo pipeline run --local) selects only parameters
         trained = dsl.OneOf(single.outputs["Output"], multi.outputs["Output"])
 
@@ -255,6 +289,8 @@ def rloo_pipeline(
             **common,
         ).set_display_name("evaluate (LLM judge)")
         _gpu_step(judge, gpu_resource, 1, gpu_node_selector, eval_cpu, eval_memory, C.EVAL_TIMEOUT_S)
+        _retried(judge)
+        _scratch(judge, "eval")
         _secrets(judge, s3_secret, C.S3_SECRET_KEYS)
         _secrets(judge, mlflow_secret, C.MLFLOW_SECRET_KEYS, optional=True)
         _secrets(judge, judge_secret, C.JUDGE_SECRET_KEYS)
@@ -272,6 +308,7 @@ def rloo_pipeline(
             **common,
         ).set_display_name("push")
         _io_step(push)
+        _scratch(push, "push")
         _fixed_resources(push, C.PUSH_RESOURCES)
         _secrets(push, s3_secret, C.S3_SECRET_KEYS)
         _secrets(push, mlflow_secret, C.MLFLOW_SECRET_KEYS, optional=True)

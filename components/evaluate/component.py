@@ -30,6 +30,7 @@ def evaluate(
 
     from rloo.pipeline.layout import RunLayout
     from rloo.pipeline.reports import eval_markdown, stage_run_link
+    from rloo.pipeline.retry import give_up_on_user_errors
     from rloo.pipeline.steps import durable_model_name, evaluate_stage
 
     os.environ.update(
@@ -37,7 +38,11 @@ def evaluate(
     )
     layout = RunLayout(output_uri, kfp_run_id)
     results_uri = layout.eval
-    with tempfile.TemporaryDirectory(prefix="rloo-eval-") as work:  # both models' downloads: removed after
+    # both models' downloads are removed after; a retry after a failure for good stops at once
+    with (
+        give_up_on_user_errors(layout.root, "evaluate"),
+        tempfile.TemporaryDirectory(prefix="rloo-eval-") as work,
+    ):
         values, html = evaluate_stage(
             trained_uri=trained_model_uri,
             sft_uri=sft_model.metadata["uri"],

@@ -43,50 +43,53 @@ def train_rloo(
     from rloo.pipeline.layout import RunLayout
     from rloo.pipeline.node import main as node_main
     from rloo.pipeline.resources import gpus_granted
+    from rloo.pipeline.retry import give_up_on_user_errors
 
     try:
         gpu_count = gpus_granted(gpu_limit, gpu_resource, torch.cuda.device_count())
     except UserError as e:
         print(f"[rloo] {e}", file=sys.stderr)
-        raise SystemExit(2) from None
+        raise SystemExit(1) from None  # retryable: the retried pod may land on a node that grants them
     print(f"[rloo] pod: {gpu_count} x {gpu_resource}, cpu {cpu}, memory {memory}", flush=True)
 
     os.environ.update(
         KFP_RUN_ID=kfp_run_id, KFP_RUN_NAME=kfp_run_name, MLFLOW_EXPERIMENT_NAME=mlflow_experiment
     )
     layout = RunLayout(output_uri, kfp_run_id)
-    argv = ["--sft_uri", sft_model.metadata["uri"], "--model_uri", layout.model]
-    argv += [
-        "--checkpoint_uri",
-        layout.checkpoints,
-        "--nproc_per_node",
-        str(gpu_count),
-        "--num_nodes",
-        "1",
-    ]
-    work = os.environ.get("RLOO_WORK_DIR") or tempfile.mkdtemp(prefix="rloo-train-")
-    argv += ["--work_dir", work]
-    try:
-        rc = node_main([*argv, "--train_config", train_config_json])
-        if rc != 0:
-            raise SystemExit(rc)
-        trained_model.metadata.update(
-            {"uri": layout.model, "sft_manifest_digest": sft_model.metadata.get("manifest_digest", "")}
-        )
-        with open(trained_model.path, "w") as f:
-            json.dump(dict(trained_model.metadata), f)
-        out = Path(work) / "output"
-        headline = reports.train_headline(reports.read_history(out))
-        for name, value in headline.items():
-            metrics.log_metric(name, value)
-        link = reports.stage_run_link("train", kfp_run_id)
-        with open(summary.path, "w") as f:
-            f.write(reports.train_markdown(headline, layout.model, link, reports.latest_samples(out)))
-    finally:
-        if not os.environ.get(
-            "RLOO_WORK_DIR"
-        ):  # a temporary copy: the model and checkpoints are in the store
-            shutil.rmtree(work, ignore_errors=True)
+    # a retried attempt resumes from the run's checkpoints; one after a failure for good stops at once
+    with give_up_on_user_errors(layout.root, "train"):
+        argv = ["--sft_uri", sft_model.metadata["uri"], "--model_uri", layout.model]
+        argv += [
+            "--checkpoint_uri",
+            layout.checkpoints,
+            "--nproc_per_node",
+            str(gpu_count),
+            "--num_nodes",
+            "1",
+        ]
+        work = os.environ.get("RLOO_WORK_DIR") or tempfile.mkdtemp(prefix="rloo-train-")
+        argv += ["--work_dir", work]
+        try:
+            rc = node_main([*argv, "--train_config", train_config_json])
+            if rc != 0:
+                raise SystemExit(rc)
+            trained_model.metadata.update(
+                {"uri": layout.model, "sft_manifest_digest": sft_model.metadata.get("manifest_digest", "")}
+            )
+            with open(trained_model.path, "w") as f:
+                json.dump(dict(trained_model.metadata), f)
+            out = Path(work) / "output"
+            headline = reports.train_headline(reports.read_history(out))
+            for name, value in headline.items():
+                metrics.log_metric(name, value)
+            link = reports.stage_run_link("train", kfp_run_id)
+            with open(summary.path, "w") as f:
+                f.write(reports.train_markdown(headline, layout.model, link, reports.latest_samples(out)))
+        finally:
+            if not os.environ.get(
+                "RLOO_WORK_DIR"
+            ):  # a temporary copy: the model and checkpoints are in the store
+                shutil.rmtree(work, ignore_errors=True)
     return trained_model.metadata["uri"]
 
 
@@ -109,19 +112,26 @@ def train_rloo_multinode(
     service_account: str,
     multinode_backend: str,
     training_runtime: str,
+    queue_name: str,
+    priority_class: str,
+    istio_sidecar: bool,
     kfp_run_id: str,
     kfp_run_name: str,
     mlflow_experiment: str,
     trained_model: Output[Model],
 ) -> str:
     """Returns the trained model's URI (a parameter, so the pipeline can pick it with dsl.OneOf in every
-    runner; the Model artifact records it for lineage)."""
+    runner; the Model artifact records it for lineage). The job is owned by this step's pod (the downward API
+    gives its name and uid), so deleting the pod deletes the job."""
     import json
+    import os
     from pathlib import Path
 
     from rloo.pipeline.jobs import run_multi_node
+    from rloo.pipeline.layout import RunLayout
+    from rloo.pipeline.retry import give_up_on_user_errors
     from rloo.pipeline.steps import multinode_spec
-    from rloo.pipeline.trainjob import build_job
+    from rloo.pipeline.trainjob import build_job, owner_from_env
 
     spec = multinode_spec(
         run_id=kfp_run_id,
@@ -143,8 +153,14 @@ def train_rloo_multinode(
         mlflow_secret=mlflow_secret,
         hf_secret=hf_secret,
         mlflow_experiment=mlflow_experiment,
+        queue_name=queue_name,
+        priority_class=priority_class,
+        istio_sidecar=istio_sidecar,
+        owner=owner_from_env(os.environ),
     )
-    run_multi_node(build_job(spec, multinode_backend, training_runtime))
+    # a retried launcher adopts the job if it still runs; one after a failure for good stops at once
+    with give_up_on_user_errors(RunLayout(output_uri, kfp_run_id).root, "train-multinode"):
+        run_multi_node(build_job(spec, multinode_backend, training_runtime))
     trained_model.metadata.update({"uri": spec.model_uri, "num_nodes": num_nodes})
     with open(trained_model.path, "w") as f:
         json.dump(dict(trained_model.metadata), f)

@@ -33,9 +33,9 @@ def docs() -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def test_committed_yaml_is_current(tmp_path: Path) -> None:
-    # A fresh process without RLOO_IMAGE_* overrides: image names are fixed when the components are imported.
+    # A fresh process without RLOO_IMAGE_*/RLOO_SCRATCH_* overrides: both are fixed when the pipeline is built.
     out = tmp_path / "p.yaml"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RLOO_IMAGE_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RLOO_IMAGE_", "RLOO_SCRATCH_"))}
     code = f"from rloo.cli.pipeline_cmd import main; raise SystemExit(main(['compile', '--output', {str(out)!r}]))"
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
@@ -143,7 +143,15 @@ def test_caching_retries_and_run_ids(docs: tuple[dict[str, Any], dict[str, Any]]
             "backoffMaxDuration": C.IO_BACKOFF_MAX,
             "maxRetryCount": C.IO_RETRIES,
         }
-    assert "retryPolicy" not in single  # a training retry is a resume from checkpoints, done by the job
+    # a retried train step resumes from the run's checkpoints, a retried launcher adopts its job, a retried
+    # evaluation starts over; each try holds GPUs: fewer, later (rloo.pipeline.retry stops those that cannot heal)
+    for task in (single, multi, inner["evaluate"]):
+        assert task["retryPolicy"] == {
+            "backoffDuration": C.GPU_BACKOFF,
+            "backoffFactor": C.GPU_BACKOFF_FACTOR,
+            "backoffMaxDuration": C.GPU_BACKOFF_MAX,
+            "maxRetryCount": C.GPU_RETRIES,
+        }
     run_id = single["inputs"]["parameters"]["kfp_run_id"]["runtimeValue"]["constant"]
     run_name = single["inputs"]["parameters"]["kfp_run_name"]["runtimeValue"]["constant"]
     assert (run_id, run_name) == ("{{$.pipeline_job_uuid}}", "{{$.pipeline_job_name}}")
@@ -186,9 +194,12 @@ def test_platform_spec(docs: tuple[dict[str, Any], dict[str, Any]]) -> None:
     assert _secret_names(execs["exec-finish-run"]) == {"mlflow_secret": set(C.MLFLOW_SECRET_KEYS.values())}
     for gpu in ("exec-train-rloo", "exec-evaluate"):
         e = execs[gpu]
-        assert e["emptyDirMounts"] == [
-            {"medium": "Memory", "mountPath": "/dev/shm", "sizeLimit": C.SHM_SIZE, "volumeName": "dshm"}
-        ]
+        assert e["emptyDirMounts"][0] == {
+            "medium": "Memory",
+            "mountPath": "/dev/shm",
+            "sizeLimit": C.SHM_SIZE,
+            "volumeName": "dshm",
+        }
         assert e["tolerations"] == [{"effect": "NoSchedule", "key": "nvidia.com/gpu", "operator": "Exists"}]
         assert (
             e["nodeSelector"]["nodeSelectorJson"]["componentInputParameter"]
@@ -197,7 +208,48 @@ def test_platform_spec(docs: tuple[dict[str, Any], dict[str, Any]]) -> None:
     assert execs["exec-train-rloo"]["activeDeadlineSeconds"] == str(C.TRAIN_TIMEOUT_S)
     assert execs["exec-validate-params"]["activeDeadlineSeconds"] == str(C.VALIDATE_TIMEOUT_S)
     for cpu in ("exec-validate-params", "exec-fetch-sft", "exec-push-model"):
-        assert "emptyDirMounts" not in execs[cpu] and "tolerations" not in execs[cpu]
+        assert "tolerations" not in execs[cpu]
+    assert "emptyDirMounts" not in execs["exec-validate-params"]
+
+
+def test_steps_that_stage_models_get_scratch_space(docs: tuple[dict[str, Any], dict[str, Any]]) -> None:
+    """Models are staged on an emptyDir on the node's disk with a size limit, not in the container's writable
+    layer: TMPDIR points there, and every temporary directory of the steps follows it."""
+    spec, execs = docs
+    containers = spec["deploymentSpec"]["executors"]
+    for step, key in (
+        ("fetch-sft", "fetch"),
+        ("train-rloo", "train"),
+        ("evaluate", "eval"),
+        ("push-model", "push"),
+    ):
+        scratch = [m for m in execs[f"exec-{step}"]["emptyDirMounts"] if m["volumeName"] == C.SCRATCH_VOLUME]
+        # on disk (no medium): Memory would count against the pod's memory limit
+        assert scratch == [
+            {"mountPath": C.SCRATCH_PATH, "sizeLimit": C.DEFAULT_SCRATCH[key], "volumeName": "scratch"}
+        ]
+        env = {e["name"]: e["value"] for e in containers[f"exec-{step}"]["container"].get("env", [])}
+        assert env["TMPDIR"] == C.SCRATCH_PATH, step
+
+
+def test_scratch_size_is_set_at_compile_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rloo.errors import UserError
+
+    monkeypatch.setenv("RLOO_SCRATCH_TRAIN", "1Ti")
+    assert C.scratch_size("train") == "1Ti"
+    assert C.scratch_size("eval") == C.DEFAULT_SCRATCH["eval"]
+    monkeypatch.setenv("RLOO_SCRATCH_EVAL", "lots")
+    with pytest.raises(UserError, match="RLOO_SCRATCH_EVAL must be"):
+        C.scratch_size("eval")
+
+
+def test_the_launcher_knows_its_own_pod(docs: tuple[dict[str, Any], dict[str, Any]]) -> None:
+    """The multi-node job's owner reference names the launcher pod: the downward API gives its name, uid and
+    namespace (rloo.pipeline.trainjob.owner_from_env reads them)."""
+    _, execs = docs
+    fields = {f["name"]: f["fieldPath"] for f in execs["exec-train-rloo-multinode"]["fieldPathAsEnv"]}
+    assert fields == C.POD_FIELD_ENV
+    assert set(fields.values()) == {"metadata.name", "metadata.uid", "metadata.namespace"}
 
 
 def test_components_import_nothing_heavy_at_module_level() -> None:
@@ -212,7 +264,9 @@ def test_components_import_nothing_heavy_at_module_level() -> None:
         tree = ast.parse(f.read_text())
         for node in tree.body:
             if isinstance(node, ast.ImportFrom):
-                assert node.module in ("kfp", "kfp.dsl", "typing", "rloo.pipeline.images"), f"{f}: {node.module}"
+                assert node.module in ("kfp", "kfp.dsl", "typing", "rloo.pipeline.images"), (
+                    f"{f}: {node.module}"
+                )
             elif isinstance(node, ast.Import):
                 assert all(a.name.split(".")[0] == "kfp" for a in node.names), f
 

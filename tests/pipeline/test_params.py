@@ -302,6 +302,8 @@ REFUSED: dict[str, Any] = {
     "num_nodes": 0,
     "multinode_backend": "mpijob",
     "training_runtime": "Torch Distributed",
+    "queue_name": "Team Queue",
+    "priority_class": "High!",
     "gpu_node_selector": {"gpu type": "h100"},
     "train_cpu": "8 cores",
     "train_memory": "8Gi",  # not above the 16Gi in-memory /dev/shm
@@ -321,6 +323,7 @@ REFUSED: dict[str, Any] = {
 }
 ANY_VALUE = {
     "register_model": "a boolean: both values are valid, and the type is checked with every parameter's",
+    "istio_sidecar": "a boolean: both values are valid, and the type is checked with every parameter's",
 }
 
 

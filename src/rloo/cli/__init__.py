@@ -10,6 +10,7 @@ import os
 import sys
 import textwrap
 from collections.abc import Callable
+from pathlib import Path
 
 from rloo.errors import UserError
 
@@ -99,6 +100,25 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
 }
 
 
+def _tell_the_launcher(e: UserError) -> None:
+    """Record ``e`` where rloo.pipeline.node asked (it launched this 'rloo train'): accelerate and torchrun exit
+    1 whatever their processes exited with, and a retried pipeline step needs the status (rloo.pipeline.retry)."""
+    from rloo.pipeline.node import FAILURE_FILE_ENV
+
+    path = os.environ.get(FAILURE_FILE_ENV)
+    if not path:
+        return
+    import json
+
+    from rloo.diskspace import write_bytes_atomic
+
+    try:
+        body = json.dumps({"exit_code": e.exit_code, "message": str(e)}).encode()
+        write_bytes_atomic(Path(path), body, "the failure record")
+    except (OSError, UserError):
+        pass  # the error itself is on stderr already
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
@@ -121,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         return COMMANDS[command](rest)
     except UserError as e:
         print(f"rloo {command}: error: {e}", file=sys.stderr)
+        _tell_the_launcher(e)
         return e.exit_code
     except SystemExit as e:  # argparse exits after printing --help: return its status, don't raise
         return e.code if isinstance(e.code, int) else 0 if e.code is None else 2

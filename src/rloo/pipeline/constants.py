@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from rloo.pipeline.resources import StepResources
-from rloo.pipeline.trainjob import SecretEnv
+import os
+
+from rloo.pipeline.resources import StepResources, memory_bytes
+from rloo.pipeline.trainjob import POD_NAME_ENV, POD_NAMESPACE_ENV, POD_UID_ENV, SecretEnv
 
 PIPELINE_NAME = "rloo-rlhf"
 
@@ -52,6 +54,41 @@ IO_RETRIES = 3
 IO_BACKOFF = "60s"
 IO_BACKOFF_FACTOR = 2.0
 IO_BACKOFF_MAX = "600s"
+# The GPU steps and the multi-node launcher: a retried train step resumes from the run's checkpoints, a
+# retried launcher adopts its still-running job, a retried evaluation starts over. Fewer tries, longer waits:
+# each one holds GPUs. A failure that no retry heals (exit 2: a bad value, a full disk, a non-finite loss) is
+# recorded and every later attempt stops at once (rloo.pipeline.retry).
+GPU_RETRIES = 2
+GPU_BACKOFF = "120s"
+GPU_BACKOFF_FACTOR = 2.0
+GPU_BACKOFF_MAX = "900s"
+
+# The launcher pod, from the downward API: the multi-node job's owner (rloo.pipeline.trainjob.OwnerPod).
+POD_FIELD_ENV = {
+    POD_NAME_ENV: "metadata.name",
+    POD_UID_ENV: "metadata.uid",
+    POD_NAMESPACE_ENV: "metadata.namespace",
+}
+
+# Scratch space of the steps that stage models on disk: an emptyDir on the node's disk at SCRATCH_PATH, which
+# TMPDIR points at (every temporary directory of the steps goes there), instead of the container's writable
+# layer. Its size is fixed when the pipeline is compiled: KFP 2.17's driver reads an emptyDir sizeLimit as a
+# literal (k8s resource.MustParse: a pipeline parameter's placeholder would crash it) and the SDK has no
+# ephemeral-storage request. Override one with RLOO_SCRATCH_<STEP>=<quantity> when compiling
+# (e.g. RLOO_SCRATCH_TRAIN=1Ti rloo pipeline compile).
+SCRATCH_VOLUME = "scratch"
+SCRATCH_PATH = "/scratch"
+# train: the SFT model, the trained model and the newest local checkpoint (optimizer state: ~3x the weights);
+# eval: the trained and the SFT model; fetch and push: one model.
+DEFAULT_SCRATCH = {"fetch": "200Gi", "train": "500Gi", "eval": "300Gi", "push": "200Gi"}
+
+
+def scratch_size(step: str) -> str:
+    """The scratch size of ``step`` (a key of DEFAULT_SCRATCH), RLOO_SCRATCH_<STEP> applied and checked."""
+    name = f"RLOO_SCRATCH_{step.upper()}"
+    size = os.environ.get(name) or DEFAULT_SCRATCH[step]
+    memory_bytes(name, size)  # a Kubernetes quantity, or a one-line error at compile time
+    return size
 
 
 def secret_env(*, s3_secret: str, mlflow_secret: str, hf_secret: str) -> list[SecretEnv]:

@@ -62,6 +62,23 @@ def launch_command(
     return [*launch, *rloo]
 
 
+# Where the launched 'rloo train' records a UserError's status and message (rloo.cli writes it)
+FAILURE_FILE_ENV = "RLOO_FAILURE_FILE"
+
+
+def launcher_status(rc: int, failure_file: Path) -> tuple[int, str]:
+    """The exit status and message of a launched ``rloo train``: accelerate and torchrun exit 1 whatever the
+    training processes exited with, so a process that failed on a UserError records its status and message in
+    ``failure_file`` (:data:`FAILURE_FILE_ENV`), which takes precedence over the launcher's ``rc``."""
+    if rc == 0:
+        return 0, ""
+    try:
+        record = json.loads(failure_file.read_text())
+        return int(record["exit_code"]), str(record["message"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return rc, ""
+
+
 def node_rank() -> int:
     return int(os.environ.get("PET_NODE_RANK") or os.environ.get("RANK") or 0)
 
@@ -98,7 +115,12 @@ def main(argv: list[str] | None = None) -> int:  # pragma: no cover - runs in th
         publish_uri=ns.model_uri,
     )
     print("[rloo] " + " ".join(cmd), flush=True)
-    rc = subprocess.call(cmd)
+    failure_file = work / "failure.json"
+    failure_file.unlink(missing_ok=True)  # a retried attempt's work dir may hold the last one's
+    rc = subprocess.call(cmd, env={**os.environ, FAILURE_FILE_ENV: str(failure_file)})
+    rc, message = launcher_status(rc, failure_file)
+    if message:
+        print(f"[rloo] training failed (exit {rc}): {message}", file=sys.stderr, flush=True)
     if rc == 0 and node_rank() == 0:
         upload_dir(out, ns.model_uri, progress=False, exclude=["checkpoint-*", "checkpoint-*/*"])
     return rc

@@ -203,14 +203,15 @@ def _in_pipeline_terms(message: str, *, has_reward_model: bool) -> str:
 def check_pod_params(params: dict[str, Any]) -> None:
     """The pod settings among ``params`` (those present): CPU and memory quantities, memory above the in-memory
     /dev/shm, service account, secret and namespace names, the GPU resource name and node selector labels, the
-    multi-node backend and runtime. KFP and the API server would refuse a bad one only when that
-    step's pod is created, possibly after hours of training."""
+    Kueue queue and priority class, the multi-node backend and runtime. KFP and the API server would refuse a bad
+    one only when that step's pod is created, possibly after hours of training."""
     from rloo.pipeline.constants import SHM_SIZE
     from rloo.pipeline.resources import (
         check_namespace,
         check_node_selector,
         check_pod_memory,
         check_resource_name,
+        check_scheduling,
         check_secret_name,
         check_service_account,
         cpu_millis,
@@ -233,6 +234,14 @@ def check_pod_params(params: dict[str, Any]) -> None:
         check_node_selector("gpu_node_selector", params["gpu_node_selector"])
     if "namespace" in params:
         check_namespace("namespace", str(params["namespace"]))
+    if "queue_name" in params or "priority_class" in params:
+        from rloo.pipeline.trainjob import DEFAULT_BACKEND
+
+        check_scheduling(
+            str(params.get("queue_name", "")),
+            str(params.get("priority_class", "")),
+            str(params.get("multinode_backend", DEFAULT_BACKEND)),
+        )
     if "multinode_backend" in params or "training_runtime" in params:
         from rloo.pipeline.trainjob import DEFAULT_BACKEND, DEFAULT_RUNTIME, check_multinode
 
@@ -433,9 +442,14 @@ def multinode_spec(
     mlflow_secret: str,
     hf_secret: str,
     mlflow_experiment: str,
+    queue_name: str = "",
+    priority_class: str = "",
+    istio_sidecar: bool = False,
+    owner: Any = None,
 ) -> Any:
     """The :class:`rloo.pipeline.trainjob.TrainJobSpec` of a pipeline run's multi-node job: the train step and
-    ``rloo pipeline manifest`` both build it here, so the printed job is the one the step creates."""
+    ``rloo pipeline manifest`` both build it here, so the printed job is the one the step creates. ``owner``:
+    the launcher pod (:class:`rloo.pipeline.trainjob.OwnerPod`), when known."""
     from rloo.pipeline import constants
     from rloo.pipeline.layout import RunLayout
     from rloo.pipeline.trainjob import TrainJobSpec, job_name
@@ -463,6 +477,10 @@ def multinode_spec(
         tolerations=[dict(constants.GPU_TOLERATION)],
         node_selector={str(k): str(v) for k, v in node_selector.items()},
         active_deadline_seconds=constants.TRAIN_TIMEOUT_S,
+        queue_name=queue_name,
+        priority_class=priority_class,
+        istio_sidecar=istio_sidecar,
+        owner=owner,
     )
 
 
