@@ -239,3 +239,108 @@ def test_api_errors_name_the_status() -> None:
         raise Forbidden()
     with pytest.raises(UserError, match=r"failed \(ConnectionError\)"), S.api_errors("http://kfp"):
         raise ConnectionError("refused")
+
+
+class _Healthz:
+    """A loopback server answering KFP's healthz like an API server of release ``tag``; records the paths."""
+
+    def __init__(self, tag: str) -> None:
+        import http.server
+        import json
+        import threading
+
+        self.paths: list[str] = []
+        paths, body = self.paths, json.dumps({"commit_sha": "0" * 40, "tag_name": tag, "multi_user": False})
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                paths.append(self.path)
+                code = 200 if self.path.startswith("/apis/v2beta1/healthz") else 404
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                self.wfile.write(body.encode() if code == 200 else b"{}")
+
+            do_POST = do_GET
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.host = f"http://127.0.0.1:{self.server.server_port}"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.parametrize(("tag", "known"), [("2.17.0", True), ("v2.15.1", True), ("unknown", False)])
+def test_the_kfp_release_is_read_from_the_real_client(tag: str, known: bool) -> None:
+    """kfp.Client's own healthz model drops tag_name: the version is read from the raw response."""
+    server = _Healthz(tag)
+    try:
+        client = S.connect(server.host)
+        version = S.kfp_version(client)
+    finally:
+        server.close()
+    assert version == tag
+    note = S.check_kfp_version(version, server.host)
+    expected = f"KFP {tag}" if known else "KFP version not reported (unknown); this pipeline needs 2.15 or newer"
+    assert note == expected
+
+
+def test_an_older_kfp_is_refused_before_anything_is_uploaded(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from rloo.cli.pipeline_cmd import main as pipeline_main
+
+    package = _package(tmp_path, "spec: 1\n")
+    server = _Healthz("2.14.0")
+    try:
+        rc = pipeline_main(["upload", "--host", server.host, "--package", str(package)])
+    finally:
+        server.close()
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1, err
+    assert f"Kubeflow Pipelines at {server.host} is 2.14.0; this pipeline needs 2.15 or newer" in err
+    assert all(p.startswith("/apis/v2beta1/healthz") for p in server.paths), server.paths  # nothing uploaded
+
+
+def _multinode(**kw: Any) -> dict[str, Any]:
+    return {"num_nodes": 2, "multinode_backend": "trainjob", "training_runtime": "torch-distributed", **kw}
+
+
+def test_submit_checks_that_the_training_runtime_exists() -> None:
+    from tests.fixtures.kube_api import FakeKubeAPI
+
+    api = FakeKubeAPI()
+    assert S.check_training_runtime(_multinode(), api, "team-a") == "training runtime torch-distributed found"
+    with pytest.raises(
+        UserError,
+        match=r"no ClusterTrainingRuntime torch-h100 in the cluster \(kubectl get clustertrainingruntimes",
+    ):
+        S.check_training_runtime(_multinode(training_runtime="torch-h100"), api, "team-a")
+    with pytest.raises(
+        UserError,
+        match=r"no TrainingRuntime mine in namespace team-b \(kubectl get trainingruntimes -n team-b",
+    ):
+        S.check_training_runtime(
+            _multinode(training_runtime="TrainingRuntime/mine", namespace="team-b"), api, "team-a"
+        )
+    assert ("", "trainer.kubeflow.org", "clustertrainingruntimes", "get") in api.calls
+
+
+def test_the_runtime_is_not_asked_for_when_it_does_not_matter() -> None:
+    from kubernetes.client.rest import ApiException
+
+    class Forbidden:
+        def get_cluster_custom_object(self, *a: Any, **kw: Any) -> Any:
+            raise ApiException(status=403, reason="Forbidden")
+
+    assert S.check_training_runtime({"num_nodes": 1}, None, "ns") == ""  # one node: no job
+    assert S.check_training_runtime(_multinode(multinode_backend="pytorchjob"), None, "ns") == ""
+    assert "not checked (no Kubernetes credentials here)" in S.check_training_runtime(
+        _multinode(), None, "ns"
+    )
+    assert "not checked (HTTP 403)" in S.check_training_runtime(_multinode(), Forbidden(), "ns")

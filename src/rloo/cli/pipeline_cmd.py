@@ -130,6 +130,11 @@ def _check_local_paths(ns: argparse.Namespace) -> None:
         require_local_path(f"--{name}", getattr(ns, name, None), why)
 
 
+def _note(text: str) -> None:
+    if text:  # on stderr: stdout carries the command's results
+        print(f"rloo pipeline: note: {text}", file=sys.stderr)
+
+
 def _dispatch(ns: argparse.Namespace) -> int:
     from rloo.pipeline.compile import parse_params
 
@@ -188,6 +193,10 @@ def _dispatch(ns: argparse.Namespace) -> int:
             (package,) = compile_pipeline(Path(tmp) / "rloo_pipeline.yaml")
         with S.api_errors(ns.host):
             client = S.connect(ns.host, namespace=ns.namespace, ui_host=getattr(ns, "ui_host", None))
+            # before anything is uploaded: an older KFP would refuse every run of this pipeline
+            _note(S.check_kfp_version(S.kfp_version(client), ns.host))
+            if ns.action == "submit":
+                _note(S.check_training_runtime(params, S.kube_custom_api(), ns.namespace or "kubeflow"))
             up = S.ensure_uploaded(client, package, ns.name, namespace=ns.namespace)
     what = {"pipeline": "created pipeline", "version": "added version", "nothing": "unchanged, using version"}
     print(

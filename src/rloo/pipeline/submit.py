@@ -13,6 +13,8 @@ the projected service-account token at ``/var/run/secrets/kubeflow/pipelines/tok
 from __future__ import annotations
 
 import hashlib
+import json
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -175,3 +177,95 @@ def params_for_submit(params: dict[str, Any]) -> dict[str, Any]:
     # check_paths=False: a local path names a path inside the cluster's pods
     check_pipeline_params(with_defaults(params), check_paths=False)
     return params
+
+
+# The oldest Kubeflow Pipelines backend that runs the compiled pipeline: its steps mark secret env vars
+# 'optional', a field of the Kubernetes executor config that KFP understands from 2.15 (2.14's API server
+# refuses the run: "failed to unmarshal kubernetes config: unknown field"; older drivers drop it, so a step
+# whose optional secret is missing never starts). Pod-spec placeholders (GPU count, CPU, memory from
+# parameters) need 2.4.
+MIN_KFP_VERSION = (2, 15)
+_VERSION = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?")
+
+
+def kfp_version(client: Any) -> str | None:
+    """The KFP API server's release (``tag_name`` of ``GET /apis/v2beta1/healthz``), None when it does not say.
+
+    ``kfp.Client.get_kfp_healthz()`` drops ``tag_name`` (its response model has no such field), so the JSON is
+    read raw. Release images report it from 2.16 on; 2.15 and builds from source say "unknown"."""
+    try:
+        resp = client._healthz_api.healthz_service_get_healthz(_preload_content=False)
+        body = json.loads(resp.data)
+    except Exception:  # an older client, a proxy page, no such endpoint: the version stays unknown
+        return None
+    tag = str(body.get("tag_name") or body.get("tagName") or "").strip()
+    return tag or None
+
+
+def check_kfp_version(tag: str | None, host: str) -> str:
+    """A one-line UserError when ``tag`` is a KFP release older than :data:`MIN_KFP_VERSION`; else what is
+    known of the version, for the command's output."""
+    floor = ".".join(map(str, MIN_KFP_VERSION))
+    m = _VERSION.match(tag or "")
+    if m is None:
+        return f"KFP version not reported ({tag or 'no tag'}); this pipeline needs {floor} or newer"
+    if (int(m[1]), int(m[2])) < MIN_KFP_VERSION:
+        raise UserError(
+            f"Kubeflow Pipelines at {host} is {tag}; this pipeline needs {floor} or newer (its steps' optional "
+            "secrets are refused by older API servers): upgrade KFP."
+        )
+    return f"KFP {tag}"
+
+
+def check_training_runtime(params: dict[str, Any], custom_api: Any, namespace: str) -> str:
+    """For a multi-node TrainJob run: the (Cluster)TrainingRuntime named by ``training_runtime`` must exist.
+    ``custom_api``: a ``kubernetes.client.CustomObjectsApi`` with the caller's credentials, or None when there
+    are none (then nothing is checked). Returns what was checked, for the command's output."""
+    from rloo.pipeline.trainjob import DEFAULT_BACKEND, DEFAULT_RUNTIME, runtime_ref
+
+    if int(params.get("num_nodes", 1)) < 2 or params.get("multinode_backend", DEFAULT_BACKEND) != "trainjob":
+        return ""
+    runtime = str(params.get("training_runtime", DEFAULT_RUNTIME))
+    ref = runtime_ref(runtime)
+    if custom_api is None:
+        return f"training runtime {runtime} not checked (no Kubernetes credentials here)"
+    ns = str(params.get("namespace") or namespace)
+    try:
+        if ref["kind"] == "ClusterTrainingRuntime":
+            custom_api.get_cluster_custom_object(
+                "trainer.kubeflow.org", "v1alpha1", "clustertrainingruntimes", ref["name"]
+            )
+        else:
+            custom_api.get_namespaced_custom_object(
+                "trainer.kubeflow.org", "v1alpha1", ns, "trainingruntimes", ref["name"]
+            )
+    except Exception as e:
+        status = getattr(e, "status", None)
+        if status == 404:
+            where = "in the cluster" if ref["kind"] == "ClusterTrainingRuntime" else f"in namespace {ns}"
+            listing = (
+                "kubectl get clustertrainingruntimes"
+                if ref["kind"] == "ClusterTrainingRuntime"
+                else f"kubectl get trainingruntimes -n {ns}"
+            )
+            raise UserError(
+                f"training_runtime {runtime}: no {ref['kind']} {ref['name']} {where} ({listing} lists them); "
+                "install Kubeflow Trainer's torch-distributed runtime or name one that exists."
+            ) from None
+        why = f"HTTP {status}" if status else type(e).__name__
+        return f"training runtime {runtime} not checked ({why})"
+    return f"training runtime {runtime} found"
+
+
+def kube_custom_api() -> Any:  # pragma: no cover - needs a kubeconfig or a pod
+    """A CustomObjectsApi from the local kubeconfig or the pod's service account; None without either."""
+    try:
+        from kubernetes import client, config
+
+        try:
+            config.load_kube_config()
+        except Exception:
+            config.load_incluster_config()
+        return client.CustomObjectsApi()
+    except Exception:
+        return None
