@@ -1,8 +1,10 @@
-"""Prompt datasets from a local directory laid out like a Hub dataset repository."""
+"""Prompt datasets from a local directory laid out like a Hub dataset repository, or an s3:// upload of one."""
 
 from __future__ import annotations
 
 import json
+import tempfile
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +15,8 @@ from transformers import AutoTokenizer
 
 from rloo.data import (
     PromptDataset,
+    check_dataset_source,
+    dataset_record,
     format_prompts,
     load_prompt_dataset,
     local_splits,
@@ -21,6 +25,8 @@ from rloo.data import (
 from rloo.demo.tiny import TinySetup, build_tokenizer
 from rloo.demo.toy import write_toy_dataset
 from rloo.errors import UserError
+from rloo.eval.data import load_eval_rows
+from tests.fixtures.servers import S3Server, use_s3
 
 
 def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
@@ -152,3 +158,86 @@ def test_chat_prompts_need_a_chat_template(tmp_path: Path) -> None:
 def test_prompt_dataset_defaults() -> None:
     ds = PromptDataset(prompts=[])
     assert len(ds) == 0 and not ds.conversational and ds.extra == {} and ds.split == "train"
+
+
+# --- datasets in object storage (the real SeaweedFS of tests/conftest.py) ------------------------------
+
+
+@pytest.fixture
+def s3_dataset(
+    s3_server: S3Server, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, toy_dataset: Path
+) -> tuple[S3Server, str]:
+    """The toy dataset uploaded with rloo's storage upload to a fresh prefix; a private download cache."""
+    from rloo.storage import upload_dir
+
+    server = use_s3(s3_server, monkeypatch)
+    cache = tmp_path / "tmp"
+    cache.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(cache))  # where s3:// datasets are cached
+    uri = f"s3://{server.bucket}/datasets-{uuid.uuid4().hex[:8]}/toy"
+    upload_dir(toy_dataset, uri, progress=False)
+    return server, uri
+
+
+def test_s3_dataset_reads_like_the_local_directory(
+    s3_dataset: tuple[S3Server, str], toy_dataset: Path
+) -> None:
+    _, uri = s3_dataset
+    remote = load_prompt_dataset(uri, "descriptiveness")
+    local = load_prompt_dataset(str(toy_dataset), "descriptiveness")
+    assert remote.prompts == local.prompts and remote.extra == local.extra
+    assert remote.record is not None and local.record is not None
+    assert (remote.record.kind, remote.record.source, remote.record.split) == ("s3", uri, "descriptiveness")
+    # the same files give the same digest wherever they are stored
+    assert remote.record.digest == local.record.digest and remote.record.digest.startswith("sha256:")
+    assert remote.record.num_rows == len(remote)
+    check_dataset_source(uri)
+    # evaluation reads it the same way (the toy test split has prompt + target, not completion: a one-line
+    # refusal about the columns, after reading it from the bucket)
+    with pytest.raises(UserError, match="has no reference completions"):
+        load_eval_rows(uri, "test")
+    assert dataset_record(uri, "descriptiveness") == remote.record
+
+
+def test_s3_dataset_with_a_tampered_file_is_refused(s3_dataset: tuple[S3Server, str]) -> None:
+    server, uri = s3_dataset
+    key = uri.removeprefix(f"s3://{server.bucket}/") + "/data/train-00000-of-00001.parquet"
+    client = server.client()
+    body = bytearray(client.get_object(Bucket=server.bucket, Key=key)["Body"].read())
+    body[len(body) // 2] ^= 0xFF  # same size: only the SHA-256 can tell
+    client.put_object(Bucket=server.bucket, Key=key, Body=bytes(body))
+    with pytest.raises(UserError, match=r"fails its SHA-256 check") as err:
+        load_prompt_dataset(uri, "train")
+    assert str(err.value).startswith(f"--dataset_name {uri}: ") and "\n" not in str(err.value)
+
+
+def test_s3_prefix_without_manifest_is_refused_in_one_line(
+    s3_server: S3Server, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    server = use_s3(s3_server, monkeypatch)
+    prefix = f"raw-{uuid.uuid4().hex[:8]}"
+    rows = b'{"prompt": "hi"}\n'
+    server.client().put_object(Bucket=server.bucket, Key=f"{prefix}/data/train.jsonl", Body=rows)
+    uri = f"s3://{server.bucket}/{prefix}"
+    for read in (lambda: load_prompt_dataset(uri, "train"), lambda: check_dataset_source(uri)):
+        with pytest.raises(UserError) as err:
+            read()
+        message = str(err.value)
+        assert message.startswith(f"--dataset_name {uri}: no _MANIFEST.json at this prefix; upload")
+        assert f"upload_dir('DATASET_DIR', '{uri}')" in message and "\n" not in message
+    # a missing bucket says so, not "no manifest"
+    with pytest.raises(UserError, match="no-such-bucket") as err:
+        load_prompt_dataset("s3://no-such-bucket/x", "train")
+    assert "_MANIFEST" not in str(err.value)
+
+
+def test_local_dataset_digest_is_of_its_files(tmp_path: Path) -> None:
+    root = tmp_path / "ds"
+    write_jsonl(root / "data" / "train.jsonl", [{"prompt": "a"}])
+    write_jsonl(root / "data" / "test.jsonl", [{"prompt": "b"}])
+    first = load_prompt_dataset(str(root), "train").record
+    assert first is not None and first.kind == "local" and first.source == str(root.resolve())
+    (root / "README.md").write_text("not data")  # only the data files count
+    assert dataset_record(str(root), "train", config="x").digest == first.digest
+    write_jsonl(root / "data" / "test.jsonl", [{"prompt": "c"}])
+    assert load_prompt_dataset(str(root), "train").record.digest != first.digest  # type: ignore[union-attr]

@@ -62,7 +62,9 @@ class RLOOConfig:
 
     # --- data ---------------------------------------------------------------------------------------
     dataset_name: str | None = option(
-        None, "Hub dataset id or local directory laid out like one (data/<split>-*.parquet|jsonl)."
+        None,
+        "Hub dataset id, local directory laid out like one (data/<split>-*.parquet|jsonl) or s3:// upload "
+        "of such a directory (made with rloo.storage.upload_dir: every file's SHA-256 is checked).",
     )
     dataset_config: str | None = option(
         None, "Dataset configuration (subset) name, for Hub datasets that have them."
@@ -491,7 +493,7 @@ class RLOOConfig:
 
     def _validate_locations(self) -> None:
         """Which path-like flags take s3:// (output_dir, checkpoint_uri) and which refuse it, in one line."""
-        from rloo.storage.location import Location, has_scheme, require_local_path
+        from rloo.storage.location import Location, has_scheme, require_local_or_s3, require_local_path
         from rloo.storage.redact import redact
 
         if not self.output_dir:
@@ -516,8 +518,11 @@ class RLOOConfig:
             except UserError as e:
                 raise UserError(f"--checkpoint_uri: {e}") from None
         hub_hint = "give a Hub id or a local directory (download an s3:// upload first, e.g. 'aws s3 sync')."
-        for name in ("model_name_or_path", "sft_model_path", "reward_model_path", "dataset_name"):
+        for name in ("model_name_or_path", "sft_model_path", "reward_model_path"):
             require_local_path(f"--{name}", getattr(self, name), hub_hint)
+        require_local_or_s3(
+            "--dataset_name", self.dataset_name, "give a Hub id, a local directory or s3://bucket/prefix."
+        )
         require_local_path(
             "--local_dir", self.local_dir, "it is the local staging directory of an s3:// output_dir."
         )

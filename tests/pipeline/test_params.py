@@ -357,3 +357,20 @@ def test_the_validate_step_takes_a_hub_id_without_organisation(model: str) -> No
     for local in ("./gpt2", "a/b/c"):
         with pytest.raises(UserError, match=f"model '{local}': no such directory"):
             check_pipeline_params(good(model=local), check_paths=True)
+
+
+def test_the_validate_step_takes_s3_datasets() -> None:
+    """An air-gapped cluster keeps its datasets in object storage: dataset_name and eval_dataset_name take
+    s3://bucket/prefix (a malformed one is refused naming the parameter)."""
+    from rloo.pipeline.steps import check_pipeline_params
+    from tests.pipeline.test_node_and_steps import good
+
+    check_pipeline_params(
+        good(dataset_name="s3://datasets/tldr", eval_dataset_name="s3://datasets/tldr-eval"),
+        check_paths=False,
+    )
+    for name in ("dataset_name", "eval_dataset_name"):
+        with pytest.raises(UserError, match=rf"^{name}: invalid S3 bucket name 'Data_Sets'"):
+            check_pipeline_params(good(**{name: "s3://Data_Sets/tldr"}), check_paths=False)
+        with pytest.raises(UserError, match=rf"^{name} 'gs://b/tldr': a URI is not supported here"):
+            check_pipeline_params(good(**{name: "gs://b/tldr"}), check_paths=False)

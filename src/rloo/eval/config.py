@@ -29,7 +29,9 @@ class EvalConfig:
         None, "Baseline (SFT) checkpoint judged on the same prompts; omit to evaluate one model only."
     )
     dataset_name: str | None = option(
-        None, "Hub dataset id or local directory (prompt + completion columns, or chat 'messages')."
+        None,
+        "Hub dataset id, local directory or s3:// upload of one, made with rloo.storage.upload_dir (prompt + "
+        "completion columns, or chat 'messages').",
     )
     dataset_config: str | None = option(None, "Dataset configuration (subset) name, for Hub datasets.")
     dataset_split: str = option("test", "Split whose prompts and reference completions are evaluated.")
@@ -90,11 +92,14 @@ class EvalConfig:
         for name in ("model_name_or_path", "dataset_name", "judge_base_url", "judge_model"):
             if not getattr(self, name):
                 raise UserError(f"--{name} is required.")
-        from rloo.storage.location import require_local_path
+        from rloo.storage.location import require_local_or_s3, require_local_path
 
         fetch = "give a Hub id or a local directory (download an s3:// upload first, e.g. 'aws s3 sync')."
-        for name in ("model_name_or_path", "baseline_model", "dataset_name"):
+        for name in ("model_name_or_path", "baseline_model"):
             require_local_path(f"--{name}", getattr(self, name), fetch)
+        require_local_or_s3(
+            "--dataset_name", self.dataset_name, "give a Hub id, a local directory or s3://bucket/prefix."
+        )
         require_local_path("--judge_template", self.judge_template)
         require_local_path(
             "--output_dir",

@@ -6,8 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-# The prompt loader's readers are reused so local layouts and Hub ids behave exactly as in `rloo train`.
-from rloo.data import read_split
+# The prompt loader's readers are reused so local layouts, s3:// uploads and Hub ids behave exactly as in
+# `rloo train`.
+from rloo.data import DatasetRecord, dataset_record, read_split
 from rloo.errors import UserError
 
 
@@ -16,6 +17,7 @@ class EvalRows:
     prompts: list[Any]  # text, or chat messages (what the model is given)
     references: list[str]
     judge_prompts: list[str]  # the prompt as plain text, for the judge
+    record: DatasetRecord | None = None  # what was read: name, source, digest
 
     def __len__(self) -> int:
         return len(self.prompts)
@@ -47,6 +49,7 @@ def load_eval_rows(
 ) -> EvalRows:
     """The first ``num_examples`` rows of ``split`` with their references; one-line UserErrors otherwise."""
     cols, _ = read_split(name, split, config=config, split_flags="--dataset_split")
+    record = dataset_record(name, split, config=config)  # the one read_split recorded
     n_rows = max((len(v) for v in cols.values()), default=0)
     if n_rows == 0:
         raise UserError(
@@ -80,4 +83,6 @@ def load_eval_rows(
             f"{where} has no reference completions (columns: {', '.join(sorted(cols)) or 'none'}); expected "
             "'prompt' + 'completion' columns or chat 'messages' ending with the assistant's answer."
         )
-    return EvalRows(prompts=prompts, references=refs, judge_prompts=[prompt_text(p) for p in prompts])
+    return EvalRows(
+        prompts=prompts, references=refs, judge_prompts=[prompt_text(p) for p in prompts], record=record
+    )
