@@ -13,6 +13,7 @@ from rloo.errors import UserError
 from rloo.eval.config import EvalConfig
 from rloo.eval.data import load_eval_rows
 from tests.eval.scripted_server import API_KEY, MODEL, ScriptedJudge
+from tests.fixtures.servers import MlflowServer
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> Path:
@@ -269,3 +270,34 @@ def test_non_finite_model_is_refused_in_one_line(
     assert err.startswith(f"rloo eval: error: --model_name_or_path {bad}: tensor '"), err
     assert "magnitude 3.4e+38" in err
     assert not (tmp_path / "o" / "eval_results.json").exists()
+
+
+def test_eval_run_records_its_dataset(
+    tiny_setup: TinySetup, tldr_like: Path, scripted_judge: ScriptedJudge, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch, mlflow_server: MlflowServer,
+) -> None:  # fmt: skip
+    """The eval run's Dataset column: the split it was judged on, context 'evaluation' (real MLflow server)."""
+    import uuid
+
+    from mlflow.tracking import MlflowClient
+
+    from rloo.data import dataset_record
+
+    experiment = f"test-{uuid.uuid4().hex[:8]}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server.uri)
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", experiment)
+    for name in ("KFP_RUN_ID", "KFP_RUN_NAME", "RLOO_REPORT_TO"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("OPENAI_API_KEY", API_KEY)
+    out = tmp_path / "out"
+    args = argv(tiny_setup, tldr_like, scripted_judge.base_url, out, "--num_examples", "1")
+    assert main([*args, "--report_to", "mlflow"]) == 0
+    client = MlflowClient(tracking_uri=mlflow_server.uri)
+    (run,) = client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
+    (dataset_input,) = run.inputs.dataset_inputs
+    dataset, record = dataset_input.dataset, dataset_record(str(tldr_like), "test")
+    assert record.digest is not None and record.num_rows == 3
+    assert (dataset.name, dataset.source_type) == ("tldr:test", "local")
+    assert dataset.digest == record.digest.removeprefix("sha256:")[:12]
+    assert json.loads(dataset.source) == {"uri": tldr_like.resolve().as_uri()}
+    assert [(t.key, t.value) for t in dataset_input.tags] == [("mlflow.data.context", "evaluation")]

@@ -184,3 +184,34 @@ def test_pipeline_push_records_the_pinned_base_model_revision(trained_dir: Path,
     )
     card = (tmp_path / "runs" / "published" / "run-1" / "README.md").read_text()
     assert f"base_model_revision: {commit}" in card and f"- base model revision: `{commit}`" in card
+
+
+def test_card_names_the_training_dataset_with_its_digest(
+    trained_dir: Path, toy_dataset: Path, tmp_path: Path
+) -> None:
+    """The card's lineage says which data trained the model: name, split and the content digest (the same
+    digest the training run's MLflow dataset input starts with); a Hub dataset by its id and split."""
+    import shutil
+
+    from rloo.data import dataset_record
+
+    model = tmp_path / "model"
+    shutil.copytree(trained_dir, model)
+    config = json.loads((model / "rloo_config.json").read_text())
+    cards = {}
+    for name, dataset in (("local", str(toy_dataset)), ("hub", config["dataset_name"])):
+        config.update(dataset_name=dataset, dataset_train_split="descriptiveness")
+        (model / "rloo_config.json").write_text(json.dumps(config))
+        cfg = PushConfig(
+            model_path=str(model),
+            output_dir=str(tmp_path / name),
+            storage_uri=str(tmp_path / f"{name}-store"),
+        )
+        result = run_push(cfg)
+        cards[name] = (tmp_path / f"{name}-store" / result.run_key / "README.md").read_text()
+    digest = dataset_record(str(toy_dataset), "descriptiveness").digest
+    assert digest is not None and digest.startswith("sha256:")
+    line = f"- training dataset: `{toy_dataset} (split descriptiveness, digest {digest})`"
+    assert line in cards["local"].splitlines()
+    hub = "- training dataset: `trl-internal-testing/descriptiveness-sentiment-trl-style (split descriptiveness)`"
+    assert hub in cards["hub"].splitlines()

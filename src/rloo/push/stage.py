@@ -481,6 +481,23 @@ def _tag_and_check_newer(cfg: PushConfig, run: PushRun, decision: Decision) -> D
     )
 
 
+def _training_dataset(train_cfg: dict[str, Any]) -> str | None:
+    """The training dataset as the card names it: name, split and content digest (a local directory's data
+    files hashed, an s3:// upload's from its manifest; a Hub dataset by name and split)."""
+    from rloo.data import dataset_record
+
+    name, split = train_cfg.get("dataset_name"), train_cfg.get("dataset_train_split") or "train"
+    if not name:
+        return None
+    try:
+        return dataset_record(
+            str(name), str(split), config=train_cfg.get("dataset_config") or None
+        ).describe()
+    except UserError as e:  # moved or deleted since training: the card still names it
+        log.warning("the model card names the training dataset without its digest: %s", e)
+        return f"{name} (split {split})"
+
+
 def write_card(
     cfg: PushConfig, prepared: StagedPush, decision: Decision, run: PushRun | None
 ) -> tuple[str, str]:
@@ -503,6 +520,7 @@ def write_card(
         "MLflow training run": cfg.mlflow_train_run_id,
         "model source": str(cfg.model_path),
         "base model revision": cfg.base_model_revision,
+        "training dataset": _training_dataset(train_cfg),
         "evaluation results": cfg.eval_results,
     }
     card = render_model_card(

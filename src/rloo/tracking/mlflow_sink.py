@@ -28,6 +28,7 @@ from typing import Any
 
 from rloo.storage.redact import redact
 from rloo.tracking.base import Status
+from rloo.tracking.datasets import dataset_input
 from rloo.tracking.params import flatten_params, sanitize_key
 from rloo.tracking.runs import (
     TAG_OUTPUT_DIR,
@@ -60,7 +61,7 @@ _PERMANENT_CODES = {
 
 @dataclass
 class _Op:
-    kind: str  # metrics | params | tags | artifact | text | finish
+    kind: str  # metrics | params | tags | artifact | text | dataset | finish
     items: list[Any]
     extra: Any = None
 
@@ -142,6 +143,7 @@ class MlflowSink:
         self._finished = False
         self._disabled = False
         self._warned_drop = False
+        self._dataset_logged = False
 
     # ------------------------------------------------------------------------------------------------
     @property
@@ -215,12 +217,18 @@ class MlflowSink:
 
     # Sink protocol ----------------------------------------------------------------------------------
     def log_params(self, params: Mapping[str, Any]) -> None:
+        """The stage's settings as params; the dataset they name (``dataset_name`` with
+        ``dataset_train_split``: training, or ``dataset_split``: evaluation) as the run's dataset input too."""
         from mlflow.entities import Param
 
         flat = flatten_params(params)
         items = [Param(k, v) for k, v in flat.items()]
         for i in range(0, len(items), _MAX_PARAMS_PER_BATCH):
             self._enqueue(_Op("params", items[i : i + _MAX_PARAMS_PER_BATCH]))
+        dataset = None if self._dataset_logged else dataset_input(params)
+        if dataset is not None:
+            self._dataset_logged = True  # a resumed stage logs its params again, not its dataset
+            self._enqueue(_Op("dataset", [dataset]))
 
     def log_metrics(self, metrics: Mapping[str, Any], step: int, *, timestamp: float | None = None) -> None:
         from mlflow.entities import Metric
@@ -463,6 +471,8 @@ class MlflowSink:
             client.log_artifact(run_id, items[0], batch[0].extra)
         elif kind == "text":
             client.log_text(run_id, items[0], batch[0].extra)
+        elif kind == "dataset":
+            client.log_inputs(run_id, datasets=items)
         elif kind == "finish":
             status = items[0]
             client.set_terminated(run_id, status=status)
