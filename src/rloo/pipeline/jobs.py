@@ -2,17 +2,50 @@
 its rank-0 log, and return or raise with the operator's reason.
 
 The job's manifest comes from :mod:`rloo.pipeline.trainjob`; this module only talks to the Kubernetes API.
+
+The job must not outlive the step that waits for it: it holds every GPU of ``num_nodes`` nodes until its own
+``activeDeadlineSeconds`` (48 h) otherwise. So the step deletes it (Foreground: its pods go first) on every way
+out but success: the job failed, the step's own deadline passed, an API error it could not get past, and
+SIGTERM (KFP terminating the run, the pod evicted). What the step cannot see, its pod killed without notice,
+is left to the job's owner reference to that pod (:class:`rloo.pipeline.trainjob.OwnerPod`). A job that
+succeeded is kept: its pods are done and hold nothing, its status and log stay readable, and a retried step
+that finds it returns at once instead of training again.
+
+Transient API errors (5xx, 429, a dropped connection, a read timeout, and the Kubeflow SDK's ``RuntimeError``
+wrapping one) are retried with exponential backoff a bounded number of times; any other refusal (403, 422, ...)
+fails the step at once with the API's message.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
+import multiprocessing
+import signal
 import sys
+import threading
 import time
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+from rloo.pipeline.trainjob import OwnerPod, owner_from_env
+
+__all__ = [
+    "JOB_NAME_LABEL",
+    "REPLICA_TYPE_LABEL",
+    "TRAINJOB_LOG_STEP",
+    "OwnerPod",
+    "StepTerminated",
+    "is_transient",
+    "job_outcome",
+    "on_existing_job",
+    "owner_from_env",
+    "run_multi_node",
+]
 
 log = logging.getLogger(__name__)
-
+T = TypeVar("T")
 
 # Labels the training operator puts on a PyTorchJob's pods (kubeflow/training-operator v1).
 JOB_NAME_LABEL = "training.kubeflow.org/job-name"
@@ -21,6 +54,26 @@ REPLICA_TYPE_LABEL = "training.kubeflow.org/replica-type"
 _TERMINAL = {"Succeeded": "succeeded", "Complete": "succeeded", "Failed": "failed"}
 # The step of a TrainJob whose log the train step streams: node 0, which the rank-0 processes run on.
 TRAINJOB_LOG_STEP = "node-0"
+
+# Retrying the Kubernetes API: 1, 2, 4, ... 30 s apart, about 2 minutes in all (an API server restarting, a
+# control-plane upgrade), then the step fails (and deletes its job).
+API_ATTEMPTS = 8
+API_BACKOFF_S = 1.0
+API_BACKOFF_MAX_S = 30.0
+# Each request's own limit: a connection that went silent is a read timeout (retried), not a hung step.
+API_REQUEST_TIMEOUT_S = 60
+# Deleting the job after SIGTERM has to fit in the pod's grace period (30 s by default).
+CLEANUP_ATTEMPTS = 3
+CLEANUP_REQUEST_TIMEOUT_S = 8
+_TRANSIENT_STATUS = frozenset({0, 429, 500, 502, 503, 504})  # 0: the client's own connection-level failure
+
+
+class StepTerminated(SystemExit):
+    """SIGTERM reached the step while its job ran (KFP terminating the run, the pod evicted): the job is
+    deleted and the step exits with 143, as a process killed by SIGTERM does."""
+
+    def __init__(self) -> None:
+        super().__init__(128 + signal.SIGTERM)
 
 
 def job_outcome(job: dict[str, Any]) -> tuple[str, str]:
@@ -42,28 +95,321 @@ def job_outcome(job: dict[str, Any]) -> tuple[str, str]:
 
 def on_existing_job(job: dict[str, Any]) -> str:
     """What a (retried) step does with this run's job that it finds already there: ``wait`` for a running or
-    finished one, ``replace`` a failed one (the new job resumes from the checkpoints in object storage)."""
+    finished one, ``replace`` a failed one (the new job resumes from the checkpoints in object storage) and
+    one being deleted (an earlier attempt's clean-up: waiting for it would end in 'deleted')."""
+    if (job.get("metadata") or {}).get("deletionTimestamp"):
+        return "replace"
     return "replace" if job_outcome(job)[0] == "failed" else "wait"
+
+
+def is_transient(error: BaseException) -> bool:
+    """Whether an API call that raised ``error`` may succeed when tried again: a 5xx or 429 answer, a failed or
+    timed-out connection, also behind the ``RuntimeError`` the Kubeflow SDK wraps every failure in."""
+    import urllib3
+    from kubernetes.client.rest import ApiException
+
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, ApiException):
+            return seen.status in _TRANSIENT_STATUS
+        if isinstance(seen, urllib3.exceptions.HTTPError | ConnectionError | TimeoutError):
+            return True
+        if isinstance(seen, multiprocessing.TimeoutError):  # the SDK's async_req calls
+            return True
+        seen = seen.__cause__
+    return False
+
+
+def _api_message(error: Any) -> str:
+    """An ``ApiException`` in one line: its status, reason and the API server's own message."""
+    message = ""
+    with contextlib.suppress(ValueError, TypeError, AttributeError):
+        message = str(json.loads(error.body).get("message") or "")
+    text = " ".join(str(x) for x in (error.status, error.reason) if x)
+    return " ".join(f"{text}: {message}".split()) if message else text
+
+
+def _call(
+    action: str,
+    what: str,
+    fn: Callable[..., T],
+    *args: Any,
+    ok: tuple[int, ...] = (),
+    attempts: int | None = None,
+    **kw: Any,
+) -> T:
+    """``fn(*args, **kw)``, retried with exponential backoff while it fails transiently. An ``ApiException``
+    whose status is in ``ok`` is the caller's to handle (404, 409) and raised as it is; any other failure
+    becomes a one-line ``RuntimeError`` that says what was refused."""
+    from kubernetes.client.rest import ApiException
+
+    attempts = attempts or API_ATTEMPTS  # read at call time: tests shorten it
+    delay = API_BACKOFF_S
+    for attempt in range(1, attempts + 1):
+        try:
+            return fn(*args, **kw)
+        except ApiException as e:
+            if e.status in ok:
+                raise
+            error: Exception = e
+            detail = _api_message(e)
+        except Exception as e:
+            error, detail = e, " ".join(f"{type(e).__name__}: {e}".split())
+        transient = is_transient(error)
+        if not transient or attempt == attempts:
+            tries = f" (after {attempts} attempts)" if transient else ""
+            hint = ""
+            if isinstance(error, ApiException) and error.status in (401, 403):
+                hint = " (the pipeline's service account needs the Role the Helm chart installs)"
+            raise RuntimeError(f"could not {action} {what}: {detail}{tries}{hint}") from error
+        print(
+            f"[rloo] {action} {what}: {detail}; retrying in {delay:g}s ({attempt}/{attempts - 1})", flush=True
+        )
+        time.sleep(delay)
+        delay = min(2 * delay, API_BACKOFF_MAX_S)
+    raise AssertionError("unreachable")  # the last attempt returns or raises
+
+
+class _Job:
+    """This run's TrainJob or PyTorchJob as a custom object: read, create, delete, each call retried."""
+
+    def __init__(self, api: Any, manifest: dict[str, Any], plural: str) -> None:
+        self.api, self.manifest, self.plural = api, manifest, plural
+        self.group, self.version = manifest["apiVersion"].split("/")
+        self.namespace, self.name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
+        self.what = f"{manifest['kind']} {self.namespace}/{self.name}"
+
+    def _path(self) -> tuple[str, str, str, str]:
+        return self.group, self.version, self.namespace, self.plural
+
+    def get(self) -> dict[str, Any] | None:
+        """The job as the API has it; ``None`` once it is gone."""
+        from kubernetes.client.rest import ApiException
+
+        try:
+            return _call(
+                "read",
+                self.what,
+                self.api.get_namespaced_custom_object,
+                *self._path(),
+                self.name,
+                ok=(404,),
+                _request_timeout=API_REQUEST_TIMEOUT_S,
+            )
+        except ApiException:
+            return None
+
+    def create(self) -> bool:
+        """Create the job; ``False`` when one of that name is already there."""
+        from kubernetes.client.rest import ApiException
+
+        try:
+            _call(
+                "create",
+                self.what,
+                self.api.create_namespaced_custom_object,
+                *self._path(),
+                self.manifest,
+                ok=(409,),
+                _request_timeout=API_REQUEST_TIMEOUT_S,
+            )
+        except ApiException:
+            return False
+        return True
+
+    def delete(self, *, attempts: int | None = None, request_timeout: float = API_REQUEST_TIMEOUT_S) -> bool:
+        """Delete the job, its pods first (Foreground); ``False`` when it was already gone."""
+        from kubernetes import client
+        from kubernetes.client.rest import ApiException
+
+        try:
+            _call(
+                "delete",
+                self.what,
+                self.api.delete_namespaced_custom_object,
+                *self._path(),
+                self.name,
+                ok=(404,),
+                attempts=attempts,
+                body=client.V1DeleteOptions(propagation_policy="Foreground"),
+                _request_timeout=request_timeout,
+            )
+        except ApiException:
+            return False
+        return True
+
+    def add_owners(self, existing: dict[str, Any]) -> None:
+        """Make this step's pod an owner of the job it adopts too. The garbage collector deletes a job once all
+        its owners are gone: with only the first attempt's pod as its owner, deleting that pod (pod GC, a lost
+        node) would take the job from under the retry. Best effort: the job runs either way."""
+        want = self.manifest["metadata"].get("ownerReferences") or []
+        meta = existing.get("metadata") or {}
+        have = meta.get("ownerReferences") or []
+        new = [ref for ref in want if ref["uid"] not in {h.get("uid") for h in have}]
+        if not new:
+            return
+        # a merge patch replaces the list: the resourceVersion makes a concurrent change a conflict, not a loss
+        patch = {
+            "metadata": {"ownerReferences": [*have, *new], "resourceVersion": meta.get("resourceVersion")}
+        }
+        try:
+            _call(
+                "add this step's pod to the owners of",
+                self.what,
+                self.api.patch_namespaced_custom_object,
+                *self._path(),
+                self.name,
+                patch,
+                _request_timeout=API_REQUEST_TIMEOUT_S,
+            )
+        except RuntimeError as e:
+            print(f"[rloo] {e}: the job is deleted if the first attempt's pod is", flush=True)
 
 
 def run_multi_node(
     manifest: dict[str, Any], *, poll_seconds: float = 30.0, timeout_s: int | None = None
 ) -> None:
-    """Create the multi-node job (or adopt it when a retried step finds it; replace it when it had failed),
-    stream its rank-0 node's log into this step's log, and return when it succeeds; raise with the
-    operator's reason when it fails.
+    """Create the multi-node job (or adopt it when a retried step finds it; replace it when it had failed or
+    is being deleted), stream its rank-0 node's log into this step's log, and return when it succeeds; raise
+    with the operator's reason when it fails.
+
+    Whenever the step does not end in success, the job is deleted first (see the module docstring): its
+    failure, ``timeout_s`` (the step's deadline, default the train timeout), an API error, and SIGTERM, which
+    raises :class:`StepTerminated` (exit status 143) while this runs in the main thread; the previous SIGTERM
+    handler is back afterwards.
 
     Thin on purpose: the job comes from :func:`rloo.pipeline.trainjob.build_job`, decisions from
-    :func:`job_outcome` and :func:`on_existing_job`. A ``TrainJob`` is followed with the Kubeflow SDK; a
-    ``PyTorchJob``, which that SDK does not handle, with the Kubernetes client.
+    :func:`job_outcome` and :func:`on_existing_job`. A ``TrainJob``'s log is followed with the Kubeflow SDK,
+    a ``PyTorchJob``'s (which that SDK does not handle) with the Kubernetes client; both are created, read and
+    deleted as custom objects: the SDK can neither create *this* manifest (``TrainerClient.train`` assembles
+    its own TrainJob, so what ``rloo pipeline manifest`` prints and the tests validate would not be what is
+    created) nor wait through a transient API error (``wait_for_job_status`` gives up on the first failed
+    read), nor say the controller's reason for a failure.
     """
     from rloo.pipeline.constants import TRAIN_TIMEOUT_S
     from rloo.pipeline.trainjob import TRAINJOB_KIND
 
-    if manifest["kind"] == TRAINJOB_KIND:
-        _run_trainjob(manifest, poll_seconds=poll_seconds, timeout_s=timeout_s or TRAIN_TIMEOUT_S)
-    else:
-        _run_pytorchjob(manifest, poll_seconds=poll_seconds)
+    timeout = timeout_s or TRAIN_TIMEOUT_S
+    deadline = time.monotonic() + timeout
+    with _sigterm_raises() as hold_sigterm:
+        follow: Callable[[threading.Event], None]
+        if manifest["kind"] == TRAINJOB_KIND:
+            trainer = _trainer_client(manifest["metadata"]["namespace"])
+            job = _Job(trainer.backend.custom_api, manifest, "trainjobs")
+
+            def follow(done: threading.Event) -> None:
+                _follow_trainjob_log(trainer, job.name, done, poll_seconds)
+
+        else:
+            from kubernetes import client, config
+
+            config.load_incluster_config()
+            job = _Job(client.CustomObjectsApi(), manifest, "pytorchjobs")
+            core = client.CoreV1Api()
+
+            def follow(done: threading.Event) -> None:
+                _follow_master_log(core, job, done, poll_seconds)
+
+        done = threading.Event()
+        try:
+            _start(job, deadline, poll_seconds)
+            threading.Thread(target=follow, args=(done,), daemon=True, name="job-log").start()
+            _wait(job, deadline, timeout, poll_seconds)
+        except BaseException as error:
+            hold_sigterm()  # a second SIGTERM must not cut the clean-up short
+            _delete_after_failure(job, error)
+            raise
+        finally:
+            done.set()
+    print(f"[rloo] {job.what} succeeded", flush=True)
+
+
+@contextlib.contextmanager
+def _sigterm_raises() -> Iterator[Callable[[], None]]:
+    """SIGTERM raises :class:`StepTerminated` inside the block, so that the block's clean-up runs; yields a
+    function that ignores further SIGTERMs (called when the clean-up starts). Python runs signal handlers in
+    the main thread only, and only the main thread may install them: elsewhere this does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield lambda: None
+        return
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise StepTerminated()
+
+    def hold() -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield hold
+    finally:
+        # None: a handler not installed from Python; the default is what the process had then
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+
+
+def _delete_after_failure(job: _Job, error: BaseException) -> None:
+    """Delete the job on the step's way out; a failure to do so is reported, never raised over ``error``."""
+    why = "was terminated" if isinstance(error, StepTerminated) else "failed"
+    print(f"[rloo] the train step {why}: deleting {job.what} so that it does not hold its nodes", flush=True)
+    try:
+        # short: after SIGTERM, the pod's grace period is all there is
+        job.delete(attempts=CLEANUP_ATTEMPTS, request_timeout=CLEANUP_REQUEST_TIMEOUT_S)
+    except Exception as e:
+        print(
+            f"[rloo] {e}; it runs until its deadline unless deleted by hand: kubectl delete {job.plural} "
+            f"-n {job.namespace} {job.name}",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+def _start(job: _Job, deadline: float, poll_seconds: float) -> None:
+    """Create the job, or adopt this run's job of the same name (a retried step), or replace it."""
+    if job.create():
+        print(f"[rloo] created {job.what}", flush=True)
+        return
+    existing = job.get()
+    if existing is not None and on_existing_job(existing) == "wait":
+        print(f"[rloo] adopting {job.what} (this step was retried)", flush=True)
+        job.add_owners(existing)
+        return
+    if existing is not None:
+        deleting = bool((existing.get("metadata") or {}).get("deletionTimestamp"))
+        print(
+            f"[rloo] {job.what} {'was being deleted' if deleting else 'failed'} before this retry: replacing it",
+            flush=True,
+        )
+        job.delete()
+    _wait_until_gone(job, deadline, poll_seconds)
+    if not job.create():
+        raise RuntimeError(f"{job.what} was created again by someone else while this step replaced it")
+    print(f"[rloo] created {job.what}", flush=True)
+
+
+def _wait_until_gone(job: _Job, deadline: float, poll_seconds: float) -> None:
+    """Return once the job is gone: a deleted job's name is free only then (Foreground: after its pods)."""
+    while job.get() is not None:
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"{job.what} was still being deleted at the step's deadline")
+        time.sleep(min(5.0, poll_seconds))
+
+
+def _wait(job: _Job, deadline: float, timeout_s: float, poll_seconds: float) -> None:
+    """Poll the job's conditions until it succeeds (return), fails or vanishes (raise), or the deadline."""
+    while True:
+        current = job.get()
+        if current is None:
+            raise RuntimeError(f"{job.what} was deleted while the step waited for it")
+        state, reason = job_outcome(current)
+        if state == "succeeded":
+            return
+        if state == "failed":
+            raise RuntimeError(f"{job.what} failed: {reason}")
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"{job.what} did not finish within the step's {timeout_s:g} s")
+        time.sleep(min(poll_seconds, left))
 
 
 def _trainer_client(namespace: str) -> Any:
@@ -82,159 +428,39 @@ def _trainer_client(namespace: str) -> Any:
         sdk_log.setLevel(level)
 
 
-def _run_trainjob(manifest: dict[str, Any], *, poll_seconds: float, timeout_s: int) -> None:
-    """A TrainJob through the Kubeflow SDK: ``wait_for_job_status``, ``get_job``/``get_job_logs`` (node 0's
-    log) and ``delete_job``. Two calls are made with the SDK's own API client instead, because the SDK cannot
-    express them: creating *this* manifest (``TrainerClient.train`` assembles its own TrainJob from typed
-    options, so what ``rloo pipeline manifest`` prints and the tests validate against the CRD would not be
-    what is created), and reading a job's conditions (the SDK's ``TrainJob`` keeps the status name, not the
-    controller's reason)."""
-    import threading
-
-    from kubernetes.client.rest import ApiException
-
-    trainer = _trainer_client(manifest["metadata"]["namespace"])
-    api = trainer.backend.custom_api
-    group, version = manifest["apiVersion"].split("/")
-    ns, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
-    plural = "trainjobs"
-    what = f"TrainJob {ns}/{name}"
-
-    def get() -> dict[str, Any]:
-        return api.get_namespaced_custom_object(group, version, ns, plural, name)
-
-    try:
-        api.create_namespaced_custom_object(group, version, ns, plural, manifest)
-        print(f"[rloo] created {what}", flush=True)
-    except ApiException as e:
-        if e.status != 409:
-            raise
-        if on_existing_job(get()) == "replace":
-            print(f"[rloo] {what} failed before this retry: replacing it", flush=True)
-            trainer.delete_job(name)
-            _wait_until_gone(get, poll_seconds)
-            api.create_namespaced_custom_object(group, version, ns, plural, manifest)
-        else:
-            print(f"[rloo] adopting {what} (this step was retried)", flush=True)
-
-    done = threading.Event()
-
-    def follow_node0_log() -> None:
-        seen: set[str] = set()  # pod names: a replaced node-0 pod is followed again
-        while not done.is_set():
-            try:
-                step = next((s for s in trainer.get_job(name).steps if s.name == TRAINJOB_LOG_STEP), None)
-                if step is not None and step.pod_name not in seen and step.status not in (None, "Pending"):
-                    seen.add(step.pod_name)
-                    for line in trainer.get_job_logs(name, follow=True, step=TRAINJOB_LOG_STEP):
-                        sys.stdout.write(f"[{TRAINJOB_LOG_STEP}] {line}\n")
-                        sys.stdout.flush()
-            except Exception as e:  # logs are a convenience: the job's status decides the outcome
-                log.warning("following %s's log: %s", TRAINJOB_LOG_STEP, e)
-            done.wait(min(10.0, poll_seconds))
-
-    threading.Thread(target=follow_node0_log, daemon=True, name="job-log").start()
-    try:
-        trainer.wait_for_job_status(
-            name, status={"Complete"}, timeout=timeout_s, polling_interval=max(1, int(poll_seconds))
-        )
-    except RuntimeError as e:  # the SDK's "is Failed", or a failed read
+def _follow_trainjob_log(trainer: Any, name: str, done: threading.Event, poll_seconds: float) -> None:
+    """Stream node 0's log through the SDK (``get_job`` / ``get_job_logs``) until ``done``."""
+    seen: set[str] = set()  # pod names: a replaced node-0 pod is followed again
+    while not done.is_set():
         try:
-            state, reason = job_outcome(get())
-        except ApiException as gone:
-            if gone.status == 404:
-                raise RuntimeError(f"{what} was deleted while the step waited for it") from None
-            raise
-        if state == "failed":
-            raise RuntimeError(f"{what} failed: {reason}") from None
-        raise RuntimeError(f"waiting for {what}: {e}") from e
-    finally:
-        done.set()
+            step = next((s for s in trainer.get_job(name).steps if s.name == TRAINJOB_LOG_STEP), None)
+            if step is not None and step.pod_name not in seen and step.status not in (None, "Pending"):
+                seen.add(step.pod_name)
+                for line in trainer.get_job_logs(name, follow=True, step=TRAINJOB_LOG_STEP):
+                    sys.stdout.write(f"[{TRAINJOB_LOG_STEP}] {line}\n")
+                    sys.stdout.flush()
+        except Exception as e:  # logs are a convenience: the job's status decides the outcome
+            log.warning("following %s's log: %s", TRAINJOB_LOG_STEP, e)
+        done.wait(min(10.0, poll_seconds))
 
 
-def _wait_until_gone(get: Any, poll_seconds: float) -> None:
-    """Return once ``get`` answers 404: a deleted job's name is free only once the job is gone."""
-    from kubernetes.client.rest import ApiException
-
-    while True:
+def _follow_master_log(core: Any, job: _Job, done: threading.Event, poll_seconds: float) -> None:
+    """Stream a PyTorchJob's master pod's log until ``done``."""
+    selector = f"{JOB_NAME_LABEL}={job.name},{REPLICA_TYPE_LABEL}=master"
+    seen: set[tuple[str, str]] = set()  # (pod, uid): a restarted master pod is followed again
+    while not done.is_set():
         try:
-            get()
-        except ApiException as gone:
-            if gone.status == 404:
-                return
-            raise
-        time.sleep(min(5.0, poll_seconds))
-
-
-def _run_pytorchjob(manifest: dict[str, Any], *, poll_seconds: float) -> None:
-    """A PyTorchJob through the Kubernetes client (the Kubeflow SDK handles Trainer v2 TrainJobs only)."""
-    import threading
-
-    from kubernetes import client, config
-    from kubernetes.client.rest import ApiException
-
-    config.load_incluster_config()
-    api, core = client.CustomObjectsApi(), client.CoreV1Api()
-    group, version = manifest["apiVersion"].split("/")
-    ns, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
-    plural = "pytorchjobs"
-
-    def get() -> dict[str, Any]:
-        return api.get_namespaced_custom_object(group, version, ns, plural, name)
-
-    try:
-        api.create_namespaced_custom_object(group, version, ns, plural, manifest)
-        print(f"[rloo] created PyTorchJob {ns}/{name}", flush=True)
-    except ApiException as e:
-        if e.status != 409:
-            raise
-        if on_existing_job(get()) == "replace":
-            print(f"[rloo] PyTorchJob {ns}/{name} failed before this retry: replacing it", flush=True)
-            api.delete_namespaced_custom_object(
-                group, version, ns, plural, name, body=client.V1DeleteOptions(propagation_policy="Foreground")
-            )
-            _wait_until_gone(get, poll_seconds)
-            api.create_namespaced_custom_object(group, version, ns, plural, manifest)
-        else:
-            print(f"[rloo] adopting PyTorchJob {ns}/{name} (this step was retried)", flush=True)
-
-    done = threading.Event()
-
-    def follow_master_log() -> None:
-        selector = f"{JOB_NAME_LABEL}={name},{REPLICA_TYPE_LABEL}=master"
-        seen: set[tuple[str, str]] = set()  # (pod, uid): a restarted master pod is followed again
-        while not done.is_set():
-            try:
-                for pod in core.list_namespaced_pod(ns, label_selector=selector).items:
-                    key = (pod.metadata.name, pod.metadata.uid)
-                    if key in seen or pod.status.phase not in ("Running", "Succeeded", "Failed"):
-                        continue
-                    seen.add(key)
-                    stream = core.read_namespaced_pod_log(
-                        pod.metadata.name, ns, follow=True, _preload_content=False
-                    )
-                    for line in stream.stream():
-                        sys.stdout.write(f"[master] {line.decode(errors='replace')}")
-                        sys.stdout.flush()
-            except Exception as e:  # logs are a convenience: status polling decides the outcome
-                log.warning("following the master's log: %s", e)
-            done.wait(min(10.0, poll_seconds))
-
-    threading.Thread(target=follow_master_log, daemon=True, name="job-log").start()
-    try:
-        while True:
-            try:
-                state, reason = job_outcome(get())
-            except ApiException as e:
-                if e.status == 404:
-                    raise RuntimeError(
-                        f"PyTorchJob {ns}/{name} was deleted while the step waited for it"
-                    ) from None
-                raise
-            if state == "succeeded":
-                return
-            if state == "failed":
-                raise RuntimeError(f"PyTorchJob {ns}/{name} failed: {reason}")
-            time.sleep(poll_seconds)
-    finally:
-        done.set()
+            for pod in core.list_namespaced_pod(job.namespace, label_selector=selector).items:
+                key = (pod.metadata.name, pod.metadata.uid)
+                if key in seen or pod.status.phase not in ("Running", "Succeeded", "Failed"):
+                    continue
+                seen.add(key)
+                stream = core.read_namespaced_pod_log(
+                    pod.metadata.name, job.namespace, follow=True, _preload_content=False
+                )
+                for line in stream.stream():
+                    sys.stdout.write(f"[master] {line.decode(errors='replace')}")
+                    sys.stdout.flush()
+        except Exception as e:  # logs are a convenience: status polling decides the outcome
+            log.warning("following the master's log: %s", e)
+        done.wait(min(10.0, poll_seconds))
