@@ -12,7 +12,7 @@ import pytest
 from rloo.errors import UserError
 from rloo.pipeline.node import FAILURE_FILE_ENV, launch_command, launcher_status
 from rloo.pipeline.retry import PERMANENT_EXIT, give_up_on_user_errors, recorded_failure
-from rloo.storage import StorageError
+from rloo.storage import StorageError, StorageUnavailable
 from tests.fixtures.servers import S3Server, use_s3
 
 
@@ -46,14 +46,18 @@ def test_a_user_error_is_recorded_and_the_retry_stops_at_once(
 
 @pytest.mark.parametrize(
     "error",
-    [RuntimeError("NCCL watchdog timeout"), StorageError("s3://b/p: endpoint unreachable"), SystemExit(1)],
+    [
+        RuntimeError("NCCL watchdog timeout"),
+        StorageUnavailable("s3://b/p: cannot connect to the S3 endpoint"),
+        SystemExit(1),
+    ],
     ids=["crash", "storage", "exit-1"],
 )
 def test_failures_that_may_heal_stay_retryable(tmp_path: Path, error: BaseException) -> None:
     root = str(tmp_path / "run-1")
     with pytest.raises(type(error)) if not isinstance(error, (SystemExit, StorageError)) else _no_raise():
         status, _ = _attempt(root, "train", error)
-        if isinstance(error, StorageError):
+        if isinstance(error, StorageUnavailable):
             assert status == 75  # EX_TEMPFAIL: not the permanent status
     assert recorded_failure(root, "train") is None
     assert _attempt(root, "train", None) == (None, True)  # the retry runs
@@ -118,3 +122,23 @@ def _cpu_env() -> dict[str, str]:
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RLOO_", "ACCELERATE_"))}
     return env | {"CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": os.pathsep.join(sys.path)}
+
+
+def test_a_missing_bucket_is_for_good_an_unreachable_store_is_not(
+    s3_server: S3Server, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Through the real S3 client: a bucket that does not exist will not appear by itself (exit 2); an endpoint
+    nobody listens on may come back (exit 75)."""
+    from rloo.storage import upload_dir
+
+    use_s3(s3_server, monkeypatch)
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text("{}")
+    with pytest.raises(StorageError) as missing:
+        upload_dir(tmp_path / "m", "s3://no-such-bucket-here/m", progress=False)
+    assert missing.value.exit_code == PERMANENT_EXIT
+    monkeypatch.setenv("S3_ENDPOINT_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+    with pytest.raises(StorageUnavailable) as down:
+        upload_dir(tmp_path / "m", f"s3://{s3_server.bucket}/m", progress=False)
+    assert down.value.exit_code == 75

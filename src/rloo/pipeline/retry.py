@@ -6,8 +6,8 @@ checkpoints) and wasteful for a bad value, a full scratch disk or a non-finite l
 schedule a GPU pod again, load the models and fail the same way. Such failures exit 2 (a
 :class:`rloo.errors.UserError`). :func:`give_up_on_user_errors` records the first one under the run's own
 prefix (``<output_uri>/<run id>/failed/<step>.json``), and every later attempt of the step reads it first and
-stops in seconds with the same message. Object storage errors exit 75 (:class:`rloo.storage.StorageError`):
-they stay retryable, like every other failure.
+stops in seconds with the same message. Object storage that cannot be reached or keeps failing exits 75
+(:class:`rloo.storage.StorageUnavailable`): that stays retryable, like every other failure.
 """
 
 from __future__ import annotations

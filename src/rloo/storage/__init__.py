@@ -8,7 +8,7 @@ Locations are ``s3://bucket/prefix`` (endpoint and credentials from the AWS envi
 """
 
 from rloo.storage.checkpoints import CheckpointMirror
-from rloo.storage.errors import IncompleteArtifactError, StorageError
+from rloo.storage.errors import IncompleteArtifactError, StorageError, StorageUnavailable
 from rloo.storage.location import Location
 from rloo.storage.manifest import MANIFEST_NAME, FileEntry, Manifest, build_manifest, write_manifest
 from rloo.storage.redact import redact
@@ -33,6 +33,7 @@ __all__ = [
     "Location",
     "Manifest",
     "StorageError",
+    "StorageUnavailable",
     "build_manifest",
     "delete_prefix",
     "download_dir",

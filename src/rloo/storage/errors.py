@@ -9,15 +9,19 @@ from rloo.storage.redact import redact
 class StorageError(UserError):
     """Object storage refused or failed an operation (credentials, bucket, endpoint, retries spent).
 
-    A ``UserError``: the CLI prints it as one line, without credentials. It exits 75 (``EX_TEMPFAIL`` of
-    sysexits.h), not 2: object storage that is down, throttling or refusing credentials can heal while a retried
-    pipeline step waits, where a bad flag cannot (rloo.pipeline.retry tells the two apart by the status).
+    A ``UserError``: the CLI prints it as one line and exits 2. The message never contains credentials.
     """
-
-    exit_code = 75
 
     def __init__(self, message: str) -> None:
         super().__init__(redact(message))
+
+
+class StorageUnavailable(StorageError):
+    """The store could not be reached, or kept failing or throttling through every attempt: nothing about the
+    request is wrong. Exits 75 (``EX_TEMPFAIL`` of sysexits.h) instead of 2, so a retried pipeline step tries
+    again later (rloo.pipeline.retry tells the two apart by the status)."""
+
+    exit_code = 75
 
 
 class IncompleteArtifactError(StorageError):

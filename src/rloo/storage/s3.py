@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from rloo.errors import UserError
-from rloo.storage.errors import IncompleteArtifactError, StorageError
+from rloo.storage.errors import IncompleteArtifactError, StorageError, StorageUnavailable
 from rloo.storage.location import Location
 from rloo.storage.redact import redact_url
 
@@ -131,7 +131,7 @@ def translate(exc: BaseException, *, action: str, loc: Location, client: Any) ->
     if isinstance(exc, (bx.EndpointConnectionError, bx.ConnectTimeoutError)) and not isinstance(
         exc, bx.ReadTimeoutError
     ):
-        return StorageError(
+        return StorageUnavailable(
             f"{where} failed: cannot connect to the S3 endpoint after {attempts} attempts: check "
             "S3_ENDPOINT_URL / AWS_ENDPOINT_URL and that the server is running and reachable."
         )
@@ -148,7 +148,7 @@ def translate(exc: BaseException, *, action: str, loc: Location, client: Any) ->
                 f"s3://{loc.bucket} --endpoint-url {endpoint}) or fix the URI."
             )
         if code in _RETRYABLE_CODES:
-            return StorageError(
+            return StorageUnavailable(
                 f"{where} failed after {attempts} attempts ({code}): the S3 server is failing or throttling; "
                 "retry later or raise AWS_MAX_ATTEMPTS."
             )
@@ -156,7 +156,7 @@ def translate(exc: BaseException, *, action: str, loc: Location, client: Any) ->
     if isinstance(
         exc, (bx.ConnectionError, bx.HTTPClientError, RetriesExceededError, bx.ResponseStreamingError)
     ):
-        return StorageError(
+        return StorageUnavailable(
             f"{where} failed after {attempts} attempts ({type(exc).__name__}): the connection to the S3 "
             "server keeps breaking; retry later or raise AWS_MAX_ATTEMPTS."
         )
