@@ -146,8 +146,8 @@ def rloo_pipeline(
     Args:
         model: SFT checkpoint: Hub id, s3://bucket/prefix (an rloo upload with its manifest) or a directory.
         model_revision: Hub branch, tag or commit of a Hub id model (empty: main); the fetch resolves it to a commit and records it.
-        dataset_name: Training prompts: Hub id or directory in the 'rloo train' layout.
-        eval_dataset_name: Evaluation prompts with reference completions (Hub id or directory).
+        dataset_name: Training prompts: Hub id (name or org/name), directory in the 'rloo train' layout, or s3://bucket/prefix holding one uploaded with rloo.storage.upload_dir (its manifest's SHA-256s are checked). Recorded as the train run's MLflow dataset.
+        eval_dataset_name: Evaluation prompts with reference completions: Hub id, directory, or s3://bucket/prefix upload of one (rloo.storage.upload_dir). Recorded as the eval run's MLflow dataset.
         judge_base_url: OpenAI-compatible endpoint of the judge; its API key is in judge_secret.
         judge_model: {eval.judge_model}
         output_uri: s3://bucket/prefix; this run writes under <output_uri>/<run id>/ (sft, model, checkpoints, eval).
@@ -264,6 +264,7 @@ def rloo_pipeline(
                 queue_name=queue_name,
                 priority_class=priority_class,
                 istio_sidecar=istio_sidecar,
+                scratch_size=C.scratch_size("train"),  # compiled in, like the single-node step's
                 **common,
             ).set_display_name("train (RLOO, multi-node)")
             # the launcher holds no GPU; the job's own pods get the GPU settings from the manifest

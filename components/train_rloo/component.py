@@ -115,6 +115,7 @@ def train_rloo_multinode(
     queue_name: str,
     priority_class: str,
     istio_sidecar: bool,
+    scratch_size: str,
     kfp_run_id: str,
     kfp_run_name: str,
     mlflow_experiment: str,
@@ -157,6 +158,7 @@ def train_rloo_multinode(
         priority_class=priority_class,
         istio_sidecar=istio_sidecar,
         owner=owner_from_env(os.environ),
+        scratch_size=scratch_size,
     )
     # a retried launcher adopts the job if it still runs; one after a failure for good stops at once
     with give_up_on_user_errors(RunLayout(output_uri, kfp_run_id).root, "train-multinode"):

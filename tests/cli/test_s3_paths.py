@@ -29,7 +29,6 @@ REFUSED: dict[str, tuple[list[str], str]] = {
     "train --model_name_or_path": (["train", "--model_name_or_path", S3], "--model_name_or_path"),
     "train --sft_model_path": (["train", "--sft_model_path", S3], "--sft_model_path"),
     "train --reward_model_path": (["train", "--reward_model_path", S3], "--reward_model_path"),
-    "train --dataset_name": (["train", "--dataset_name", S3], "--dataset_name"),
     "train --local_dir": (["train", "--output_dir", S3, "--local_dir", S3], "--local_dir"),
     "train --resume_from_checkpoint": (["train", "--resume_from_checkpoint", S3], "--resume_from_checkpoint"),
     "train --config": (["train", "--config", f"{S3}/run.yaml"], "--config"),
@@ -87,7 +86,7 @@ def aws(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) ->
     return use_s3(s3_server, monkeypatch)
 
 
-@pytest.mark.parametrize("flag", ["--output_dir", "--checkpoint_uri"])
+@pytest.mark.parametrize("flag", ["--output_dir", "--checkpoint_uri", "--dataset_name"])
 def test_train_flags_that_take_s3_reach_the_bucket(
     flag: str,
     aws: S3Server,
@@ -99,7 +98,7 @@ def test_train_flags_that_take_s3_reach_the_bucket(
     argv = ["train", "--model_name_or_path", str(tiny_setup.policy), "--dataset_name", str(toy_dataset)]
     argv += ["--reward_funcs", "rloo.demo.toy:letter_reward", "--disable_tqdm", "--max_steps", "1"]
     argv += ["--per_device_train_batch_size", "4", "--response_length", "4", "--num_sample_generations", "0"]
-    if flag == "--checkpoint_uri":
+    if flag in ("--checkpoint_uri", "--dataset_name"):
         argv += ["--output_dir", str(tmp_path / "out")]
     argv += [flag, S3]
     err = _one_line_error(capsys, main(argv))

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -98,13 +99,9 @@ def test_upload_disabled_renders_no_hook() -> None:
 
 def _api_calls_of_the_training_step(backend: str, runtime: str, monkeypatch: pytest.MonkeyPatch) -> set[Call]:
     """Every Kubernetes API call of ``run_multi_node`` (for a TrainJob, the Kubeflow SDK's too), recorded at the
-    API boundary while the step replaces a failed job, follows the new one's log and sees it succeed: the
-    Role is compared with what the code does, not with a list kept by hand."""
-    import kubernetes
-
-    from rloo.pipeline.jobs import run_multi_node
-    from rloo.pipeline.trainjob import TrainJobSpec, build_job
-
+    API boundary while the step replaces a failed job, follows the new one's log and sees it succeed, and while
+    a retried step adopts a running job (and adds its pod to the job's owners): the Role is compared with what
+    the code does, not with a list kept by hand."""
     failed = {
         "type": "Failed",
         "status": "True",
@@ -112,7 +109,25 @@ def _api_calls_of_the_training_step(backend: str, runtime: str, monkeypatch: pyt
         "message": "",
         "lastTransitionTime": "2026-01-01T00:00:00Z",
     }
-    fake = FakeKubeAPI(outcome="Complete" if backend == "trainjob" else "Succeeded", existing=[failed])
+    from rloo.pipeline.trainjob import OwnerPod
+
+    calls: set[Call] = set()
+    for existing, owner in (([failed], None), (None, OwnerPod("launcher-2", "uid-2", NAMESPACE))):
+        calls |= _calls_of_one_step(backend, runtime, existing, owner, monkeypatch)
+    return calls
+
+
+def _calls_of_one_step(
+    backend: str, runtime: str, existing: list[Any] | None, owner: Any, monkeypatch: pytest.MonkeyPatch
+) -> set[Call]:
+    """``existing``: the conditions of a job an earlier attempt left (replaced when failed); None with an
+    ``owner``: a running job of an earlier attempt's pod, adopted."""
+    import kubernetes
+
+    from rloo.pipeline.jobs import run_multi_node
+    from rloo.pipeline.trainjob import OwnerPod, TrainJobSpec, build_job
+
+    fake = FakeKubeAPI(outcome="Complete" if backend == "trainjob" else "Succeeded", existing=existing)
     monkeypatch.setattr(kubernetes.client, "CustomObjectsApi", lambda *a, **k: fake)
     monkeypatch.setattr(kubernetes.client, "CoreV1Api", lambda *a, **k: fake)
     monkeypatch.setattr(kubernetes.config, "load_incluster_config", lambda *a, **k: None)
@@ -129,10 +144,17 @@ def _api_calls_of_the_training_step(backend: str, runtime: str, monkeypatch: pyt
         checkpoint_uri="s3://b/ck",
         num_nodes=2,
         gpus_per_node=1,
+        owner=owner,
     )
+    if owner is not None:  # the first attempt's job, owned by its pod, still running
+        first = build_job(replace(spec, owner=OwnerPod("launcher-1", "uid-1", NAMESPACE)), backend, runtime)
+        fake.put(first["kind"].lower() + "s", first, resourceVersion="7")
     run_multi_node(build_job(spec, backend, runtime), poll_seconds=0.05, timeout_s=60)
-    assert fake.deleted and fake.created  # the replace path ran: create, get, delete
-    return fake.calls
+    if owner is None:
+        assert fake.deleted and fake.created  # the replace path ran: create, get, delete
+    else:
+        assert not fake.created  # the adopt path ran: get, patch (this pod joins the owners)
+    return set(fake.calls)
 
 
 def _granted(doc: dict[str, Any], scope: str) -> set[Call]:
@@ -169,7 +191,7 @@ def test_rbac_grants_exactly_what_the_training_step_calls(
     job_resource = (
         ("trainer.kubeflow.org", "trainjobs") if backend == "trainjob" else ("kubeflow.org", "pytorchjobs")
     )
-    expected = {(NAMESPACE, *job_resource, verb) for verb in ("create", "get", "delete")}
+    expected = {(NAMESPACE, *job_resource, verb) for verb in ("create", "get", "delete", "patch")}
     expected |= {(NAMESPACE, "", "pods", "list"), (NAMESPACE, "", "pods/log", "get")}
     if backend == "trainjob":
         expected.add((NAMESPACE, "trainer.kubeflow.org", "trainingruntimes", "get"))

@@ -5,7 +5,14 @@ from __future__ import annotations
 import os
 
 from rloo.pipeline.resources import StepResources, memory_bytes
-from rloo.pipeline.trainjob import POD_NAME_ENV, POD_NAMESPACE_ENV, POD_UID_ENV, SecretEnv
+from rloo.pipeline.trainjob import (
+    POD_NAME_ENV,
+    POD_NAMESPACE_ENV,
+    POD_UID_ENV,
+    SCRATCH_PATH,  # noqa: F401 - re-exported: the pipeline reads C.SCRATCH_PATH
+    SCRATCH_VOLUME,  # noqa: F401 - re-exported
+    SecretEnv,
+)
 
 PIPELINE_NAME = "rloo-rlhf"
 
@@ -75,9 +82,8 @@ POD_FIELD_ENV = {
 # layer. Its size is fixed when the pipeline is compiled: KFP 2.17's driver reads an emptyDir sizeLimit as a
 # literal (k8s resource.MustParse: a pipeline parameter's placeholder would crash it) and the SDK has no
 # ephemeral-storage request. Override one with RLOO_SCRATCH_<STEP>=<quantity> when compiling
-# (e.g. RLOO_SCRATCH_TRAIN=1Ti rloo pipeline compile).
-SCRATCH_VOLUME = "scratch"
-SCRATCH_PATH = "/scratch"
+# (e.g. RLOO_SCRATCH_TRAIN=1Ti rloo pipeline compile); "train" sizes the multi-node job's pods' too.
+# SCRATCH_VOLUME and SCRATCH_PATH (rloo.pipeline.trainjob): the same in the multi-node job's pods.
 # train: the SFT model, the trained model and the newest local checkpoint (optimizer state: ~3x the weights);
 # eval: the trained and the SFT model; fetch and push: one model.
 DEFAULT_SCRATCH = {"fetch": "200Gi", "train": "500Gi", "eval": "300Gi", "push": "200Gi"}

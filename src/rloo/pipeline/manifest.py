@@ -73,6 +73,9 @@ def manifest(params: dict[str, Any], *, run_id: str = "manual") -> dict[str, Any
         mlflow_secret=str(p["mlflow_secret"]),
         hf_secret=str(p["hf_secret"]),
         mlflow_experiment=str(p["mlflow_experiment"]),
+        queue_name=str(p["queue_name"]),
+        priority_class=str(p["priority_class"]),
+        istio_sidecar=bool(p["istio_sidecar"]),
     )
     # the owner as a run sets it, shown with placeholders (no namespace: the pod runs in the job's)
     spec = replace(spec, owner=OwnerPod(OWNER_PLACEHOLDER_NAME, OWNER_PLACEHOLDER_UID))

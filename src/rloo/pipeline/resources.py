@@ -151,20 +151,21 @@ def gpus_granted(gpu_limit: str, gpu_resource: str, visible: int) -> int:
     return wanted
 
 
-def check_scheduling(queue_name: str, priority_class: str, backend: str) -> None:
-    """``queue_name`` (a Kueue LocalQueue) and ``priority_class``: empty, or names the API server takes; a
-    TrainJob's priority is Kueue's WorkloadPriorityClass label (Trainer v2.3's pod patch has no
-    ``priorityClassName``), so there it needs a queue."""
+def check_scheduling(queue_name: str, priority_class: str, backend: str | None = None) -> None:
+    """``queue_name`` (a Kueue LocalQueue) and ``priority_class``: empty, or names the API server takes (both end
+    up in label values: at most 63 characters). A TrainJob's priority (``backend="trainjob"``) is Kueue's
+    WorkloadPriorityClass label, Trainer v2.3's pod patch having no ``priorityClassName``: it needs a queue."""
     if queue_name and (len(queue_name) > 63 or not _DNS_LABEL.match(queue_name)):
         raise UserError(
-            f"queue_name must be a Kueue LocalQueue name (lower-case a-z, 0-9, '-'; got {queue_name!r})."
+            f"queue_name {queue_name!r} is not a Kueue LocalQueue name (a-z, 0-9, '-', at most 63)."
         )
     if priority_class and (len(priority_class) > 63 or not _SUBDOMAIN.match(priority_class)):
         raise UserError(
-            f"priority_class must be a priority class name (lower-case a-z, 0-9, '-', '.'; got {priority_class!r})."
+            f"priority_class {priority_class!r} is not a priority class name (a-z, 0-9, '-', '.', at most 63)."
         )
     if priority_class and not queue_name and backend == "trainjob":
         raise UserError(
-            "priority_class needs queue_name for a TrainJob: its priority is Kueue's WorkloadPriorityClass; "
-            "set queue_name, or use multinode_backend=pytorchjob for a plain PriorityClass."
+            "priority_class needs queue_name for a TrainJob: its pods cannot be given a priorityClassName "
+            "(Trainer v2.3's pod patch has none), so the priority is Kueue's WorkloadPriorityClass label; set "
+            "queue_name, or use multinode_backend=pytorchjob for a plain PriorityClass."
         )

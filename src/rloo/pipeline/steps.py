@@ -70,6 +70,8 @@ def check_pipeline_params(
 
     _check_model(str(params["model"]), str(params["model_revision"]), check_paths=check_paths, hub=check_hub)
     _check_run(params, check_paths=check_paths)
+    if check_paths:
+        _check_datasets(params)
     train_config = _train_config(params)
     if not params["judge_base_url"]:
         raise UserError("judge_base_url is required: the OpenAI-compatible endpoint of the judge.")
@@ -125,6 +127,17 @@ def _check_model(model: str, revision: str, *, check_paths: bool, hub: bool) -> 
         )
     if check_paths:
         check_model_source(model, hub=hub, revision=revision or None)
+
+
+def _check_datasets(params: dict[str, Any]) -> None:
+    """An s3:// dataset must be a complete upload (its manifest there) before any GPU is requested; Hub ids and
+    directories are read by the stages themselves (a directory names a path inside the pods)."""
+    from rloo.data import check_dataset_source
+    from rloo.storage.location import source_kind
+
+    for name in ("dataset_name", "eval_dataset_name"):
+        if source_kind(str(params[name])) == "s3":
+            check_dataset_source(str(params[name]), flag=name)
 
 
 def _check_run(params: dict[str, Any], *, check_paths: bool) -> None:
@@ -446,10 +459,12 @@ def multinode_spec(
     priority_class: str = "",
     istio_sidecar: bool = False,
     owner: Any = None,
+    scratch_size: str = "",
 ) -> Any:
     """The :class:`rloo.pipeline.trainjob.TrainJobSpec` of a pipeline run's multi-node job: the train step and
     ``rloo pipeline manifest`` both build it here, so the printed job is the one the step creates. ``owner``:
-    the launcher pod (:class:`rloo.pipeline.trainjob.OwnerPod`), when known."""
+    the launcher pod (:class:`rloo.pipeline.trainjob.OwnerPod`), when known; ``scratch_size``: the pods'
+    scratch emptyDir (default: the train step's, ``RLOO_SCRATCH_TRAIN`` where this runs)."""
     from rloo.pipeline import constants
     from rloo.pipeline.layout import RunLayout
     from rloo.pipeline.trainjob import TrainJobSpec, job_name
@@ -481,6 +496,7 @@ def multinode_spec(
         priority_class=priority_class,
         istio_sidecar=istio_sidecar,
         owner=owner,
+        scratch_size=scratch_size or constants.scratch_size("train"),  # the launcher's: fixed at compile time
     )
 
 

@@ -33,7 +33,7 @@ from typing import Any
 
 from rloo.errors import UserError
 from rloo.pipeline.node import POD_LOCAL_FIELDS
-from rloo.pipeline.resources import check_pod_memory, check_service_account, cpu_millis
+from rloo.pipeline.resources import check_pod_memory, check_scheduling, check_service_account, cpu_millis
 
 API_VERSION = "kubeflow.org/v1"
 KIND = "PyTorchJob"
@@ -51,7 +51,10 @@ DEFAULT_BACKEND = "trainjob"
 # Where the ServiceAccount admission controller mounts the API token (see the module docstring).
 SA_TOKEN_PATH = "/var/run/secrets/kubernetes.io/serviceaccount"
 _DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+# Scratch space of the training pods, on the node's disk: the SFT model, the output and the newest local
+# checkpoint are staged there (TMPDIR and the node's work dir point at it), not in the container's writable layer.
+SCRATCH_VOLUME = "scratch"
+SCRATCH_PATH = "/scratch"
 # Kueue's labels: the LocalQueue a job is submitted to, and its WorkloadPriorityClass.
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
@@ -132,6 +135,7 @@ class TrainJobSpec:
     run_as_user: int = 1000  # the project's images (images/*/Dockerfile: USER 1000)
     run_as_group: int = 1000
     owner: OwnerPod | None = None  # the launcher step's pod (see OwnerPod)
+    scratch_size: str = "500Gi"  # the emptyDir at SCRATCH_PATH (rloo.pipeline.constants.DEFAULT_SCRATCH)
     # Kueue: the LocalQueue to submit to (the job is created suspended; Kueue starts it once admitted)
     queue_name: str = ""
     # a TrainJob: a Kueue WorkloadPriorityClass (needs queue_name); a PyTorchJob: a Kubernetes PriorityClass
@@ -163,18 +167,7 @@ class TrainJobSpec:
             raise UserError(f"the training pods must not run as root (run_as_user={self.run_as_user}).")
         for name in sorted(POD_LOCAL_FIELDS & self.train_config.keys()):
             raise UserError(f"--{name} is set by the job itself; remove it from the training configuration.")
-        # both end up in label values: at most 63 characters
-        if self.queue_name and (not _DNS1123.match(self.queue_name) or len(self.queue_name) > 63):
-            raise UserError(
-                f"queue_name {self.queue_name!r} is not a Kueue LocalQueue name (a-z, 0-9, '-', at most 63)."
-            )
-        if self.priority_class and (
-            not _DNS1123_SUBDOMAIN.match(self.priority_class) or len(self.priority_class) > 63
-        ):
-            raise UserError(
-                f"priority_class {self.priority_class!r} is not a priority class name (a-z, 0-9, '-', '.', at "
-                "most 63)."
-            )
+        check_scheduling(self.queue_name, self.priority_class)
         if self.owner is not None and not (self.owner.name and self.owner.uid):
             raise UserError("the job's owner pod needs a name and a uid.")
 
@@ -205,7 +198,11 @@ def _nproc(spec: TrainJobSpec) -> int:
 
 
 def _env(spec: TrainJobSpec) -> list[dict[str, Any]]:
-    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in sorted(spec.env.items())]
+    scratch = {
+        "TMPDIR": SCRATCH_PATH,
+        "RLOO_WORK_DIR": f"{SCRATCH_PATH}/rloo",
+    }  # rloo.pipeline.node's work dir
+    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in sorted((scratch | spec.env).items())]
     return env + [
         {
             "name": s.env,
@@ -244,6 +241,13 @@ def _pod_security(spec: TrainJobSpec) -> dict[str, Any]:
 def _shm_volume(spec: TrainJobSpec) -> dict[str, Any]:
     # NCCL and DataLoader workers use /dev/shm; the container runtime default is 64 MiB.
     return {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.shm_size}}
+
+
+def _scratch_volume(spec: TrainJobSpec) -> dict[str, Any]:
+    return {"name": SCRATCH_VOLUME, "emptyDir": {"sizeLimit": spec.scratch_size}}
+
+
+_SCRATCH_MOUNT = {"name": SCRATCH_VOLUME, "mountPath": SCRATCH_PATH}
 
 
 def _labels(spec: TrainJobSpec) -> dict[str, str]:
@@ -301,7 +305,7 @@ def build_pytorchjob(spec: TrainJobSpec) -> dict[str, Any]:
         "command": _command(spec),
         "env": _env(spec),
         "resources": _resources(spec),
-        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}, dict(_SCRATCH_MOUNT)],
         "securityContext": dict(_CONTAINER_SECURITY),
     }
     pod_spec: dict[str, Any] = {
@@ -310,7 +314,7 @@ def build_pytorchjob(spec: TrainJobSpec) -> dict[str, Any]:
         "automountServiceAccountToken": False,
         "securityContext": _pod_security(spec),
         "containers": [container],
-        "volumes": [_shm_volume(spec)],
+        "volumes": [_shm_volume(spec), _scratch_volume(spec)],
         "tolerations": [dict(t) for t in spec.tolerations],
         "nodeSelector": dict(spec.node_selector),
     }
@@ -386,15 +390,12 @@ def build_trainjob(spec: TrainJobSpec, runtime: str = DEFAULT_RUNTIME) -> dict[s
     ``spec.backoff_limit`` does not apply: a TrainJob cannot patch its Job's retry policy, the runtime's
     decides (Kubernetes' Job default for Trainer's ``torch-distributed``)."""
     spec.validate()
-    if spec.priority_class and not spec.queue_name:
-        raise UserError(
-            "priority_class needs queue_name for a TrainJob: its pods cannot be given a priorityClassName "
-            "(Trainer v2.3's pod patch has none), so the priority is Kueue's WorkloadPriorityClass label."
-        )
+    check_scheduling(spec.queue_name, spec.priority_class, "trainjob")
     container_patch = {
         "name": TRAINJOB_NODE,
         "volumeMounts": [
             {"name": "dshm", "mountPath": "/dev/shm"},
+            dict(_SCRATCH_MOUNT),
             # the token is not mounted over an existing mount (see the module docstring)
             {"name": "no-api-token", "mountPath": SA_TOKEN_PATH, "readOnly": True},
         ],
@@ -404,7 +405,11 @@ def build_trainjob(spec: TrainJobSpec, runtime: str = DEFAULT_RUNTIME) -> dict[s
         "serviceAccountName": spec.service_account,
         "securityContext": _pod_security(spec),
         "containers": [container_patch],
-        "volumes": [_shm_volume(spec), {"name": "no-api-token", "emptyDir": {"sizeLimit": "1Mi"}}],
+        "volumes": [
+            _shm_volume(spec),
+            _scratch_volume(spec),
+            {"name": "no-api-token", "emptyDir": {"sizeLimit": "1Mi"}},
+        ],
         "tolerations": [dict(t) for t in spec.tolerations],
         "nodeSelector": dict(spec.node_selector),
     }
