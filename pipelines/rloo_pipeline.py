@@ -53,11 +53,10 @@ def _retried(task: dsl.PipelineTask) -> dsl.PipelineTask:
 
 
 def _scratch(task: dsl.PipelineTask, step: str) -> dsl.PipelineTask:
-    """Scratch space on the node's disk for a step that stages models: an emptyDir that TMPDIR points at."""
-    kubernetes.empty_dir_mount(
+    """Scratch space on the node's disk for a step that stages models: /tmp is an emptyDir (see constants)."""
+    return kubernetes.empty_dir_mount(
         task, volume_name=C.SCRATCH_VOLUME, mount_path=C.SCRATCH_PATH, size_limit=C.scratch_size(step)
     )
-    return task.set_env_variable("TMPDIR", C.SCRATCH_PATH)
 
 
 def _fixed_resources(task: dsl.PipelineTask, r: StepResources) -> dsl.PipelineTask:

@@ -16,6 +16,7 @@ the MLflow sink logs as the run's dataset input.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -38,6 +39,8 @@ _SPLIT_RE = re.compile(r"^(?P<split>[A-Za-z0-9_.]+?)(?:-[^/]*)?\.(?:parquet|json
 
 # MLflow keeps at most 36 characters of a dataset digest; the runs table shows it next to the name.
 MLFLOW_DIGEST_CHARS = 12
+# Beside the trained model: the training split as the trainer read it (the model card names it from here).
+TRAINING_DATASET_FILE = "training_dataset.json"
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,14 @@ class DatasetRecord:
         for a Hub dataset whose commit is unknown."""
         full = self.digest or hashlib.sha256(f"{self.name}\0{self.config}\0{self.split}".encode()).hexdigest()
         return full.rsplit(":", 1)[-1][:MLFLOW_DIGEST_CHARS]
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> DatasetRecord:
+        fields = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in json.loads(text).items() if k in fields})
 
     def describe(self) -> str:
         """One line for a model card: name, split and digest."""

@@ -213,10 +213,9 @@ def test_platform_spec(docs: tuple[dict[str, Any], dict[str, Any]]) -> None:
 
 
 def test_steps_that_stage_models_get_scratch_space(docs: tuple[dict[str, Any], dict[str, Any]]) -> None:
-    """Models are staged on an emptyDir on the node's disk with a size limit, not in the container's writable
-    layer: TMPDIR points there, and every temporary directory of the steps follows it."""
-    spec, execs = docs
-    containers = spec["deploymentSpec"]["executors"]
+    """Models are staged in /tmp, an emptyDir on the node's disk with a size limit, not in the container's
+    writable layer (every temporary directory of the steps is under /tmp)."""
+    _, execs = docs
     for step, key in (
         ("fetch-sft", "fetch"),
         ("train-rloo", "train"),
@@ -226,10 +225,28 @@ def test_steps_that_stage_models_get_scratch_space(docs: tuple[dict[str, Any], d
         scratch = [m for m in execs[f"exec-{step}"]["emptyDirMounts"] if m["volumeName"] == C.SCRATCH_VOLUME]
         # on disk (no medium): Memory would count against the pod's memory limit
         assert scratch == [
-            {"mountPath": C.SCRATCH_PATH, "sizeLimit": C.DEFAULT_SCRATCH[key], "volumeName": "scratch"}
+            {"mountPath": "/tmp", "sizeLimit": C.DEFAULT_SCRATCH[key], "volumeName": "scratch"}
         ]
-        env = {e["name"]: e["value"] for e in containers[f"exec-{step}"]["container"].get("env", [])}
-        assert env["TMPDIR"] == C.SCRATCH_PATH, step
+
+
+def test_a_local_run_retries_nothing() -> None:
+    """kfp.local honours retry policies; their minutes of backoff are for a cluster, not 'make demo'."""
+    from rloo.pipeline.compile import load_pipeline
+    from rloo.pipeline.local import _without_retries
+
+    spec = load_pipeline().pipeline_spec
+
+    def retried() -> list[str]:
+        dags = [spec.root.dag, *(c.dag for c in spec.components.values() if c.HasField("dag"))]
+        return sorted(n for d in dags for n, t in d.tasks.items() if t.HasField("retry_policy"))
+
+    before = retried()
+    assert {"fetch-sft", "train-rloo", "evaluate", "push-model"} <= set(before)
+    with _without_retries(spec):
+        assert retried() == []
+    assert retried() == before
+    train = spec.components["comp-condition-3"].dag.tasks["train-rloo"].retry_policy
+    assert train.max_retry_count == C.GPU_RETRIES  # restored whole, not just marked present
 
 
 def test_scratch_size_is_set_at_compile_time(monkeypatch: pytest.MonkeyPatch) -> None:

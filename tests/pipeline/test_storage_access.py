@@ -91,3 +91,23 @@ def test_fetch_step_fails_in_one_line_without_a_traceback(
     out = capfd.readouterr().out
     assert "fetching the SFT model failed: accessing s3://" in out and "rejected the credentials" in out
     assert "Traceback" not in out
+
+
+def test_the_validate_step_refuses_an_s3_dataset_that_is_not_a_complete_upload(
+    aws: S3Server, tmp_path: Path
+) -> None:
+    """A dataset prefix without its manifest fails in the validate step, naming the parameter, before any GPU."""
+    from rloo.storage import upload_dir
+
+    data = tmp_path / "prompts" / "data"
+    data.mkdir(parents=True)
+    (data / "train-00000.jsonl").write_text('{"prompt": "hi"}\n')
+    (data / "test-00000.jsonl").write_text('{"prompt": "hi", "reference": "hello"}\n')
+    uploaded = f"s3://{aws.bucket}/validate-datasets/{tmp_path.name}/ok"
+    upload_dir(tmp_path / "prompts", uploaded, progress=False)
+    output = f"s3://{aws.bucket}/validate-datasets/{tmp_path.name}/out"
+    check_pipeline_params(good(output_uri=output, dataset_name=uploaded, eval_dataset_name=uploaded))
+    bare = f"s3://{aws.bucket}/validate-datasets/{tmp_path.name}/bare"
+    for name in ("dataset_name", "eval_dataset_name"):
+        with pytest.raises(UserError, match=rf"^{name} {bare}: no _MANIFEST.json at this prefix"):
+            check_pipeline_params(good(output_uri=output, **{name: bare}))

@@ -286,7 +286,9 @@ def test_the_kfp_release_is_read_from_the_real_client(tag: str, known: bool) -> 
         server.close()
     assert version == tag
     note = S.check_kfp_version(version, server.host)
-    expected = f"KFP {tag}" if known else "KFP version not reported (unknown); this pipeline needs 2.15 or newer"
+    expected = (
+        f"KFP {tag}" if known else "KFP version not reported (unknown); this pipeline needs 2.15 or newer"
+    )
     assert note == expected
 
 

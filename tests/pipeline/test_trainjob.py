@@ -84,21 +84,16 @@ def test_manifest_fields() -> None:
         assert cmd[cmd.index("--num_nodes") + 1] == "3" and cmd[cmd.index("--nproc_per_node") + 1] == "8"
         res = c["resources"]
         assert res["requests"] == res["limits"] == {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": "8"}
-        # the node stages the models on the scratch emptyDir: its work dir and every temporary file go there
-        assert c["env"][:4] == [
-            {"name": "A", "value": "1"},
-            {"name": "KFP_RUN_ID", "value": "abc"},
-            {"name": "RLOO_WORK_DIR", "value": "/scratch/rloo"},
-            {"name": "TMPDIR", "value": "/scratch"},
-        ]
-        assert c["env"][4] == {
+        assert c["env"][:2] == [{"name": "A", "value": "1"}, {"name": "KFP_RUN_ID", "value": "abc"}]
+        assert c["env"][2] == {
             "name": "AWS_ACCESS_KEY_ID",
             "valueFrom": {"secretKeyRef": {"name": "s3", "key": "AWS_ACCESS_KEY_ID", "optional": False}},
         }
-        assert c["env"][5]["valueFrom"]["secretKeyRef"] == {"name": "hf", "key": "t", "optional": True}
+        assert c["env"][3]["valueFrom"]["secretKeyRef"] == {"name": "hf", "key": "t", "optional": True}
+        # the node stages the models in its work dir under /tmp: an emptyDir on the node's disk
         assert c["volumeMounts"] == [
             {"name": "dshm", "mountPath": "/dev/shm"},
-            {"name": "scratch", "mountPath": "/scratch"},
+            {"name": "scratch", "mountPath": "/tmp"},
         ]
         assert pod["volumes"] == [
             {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}},

@@ -65,6 +65,12 @@ def test_train_run_records_its_s3_dataset(
     assert dataset.source_type == "s3" and json.loads(dataset.source) == {"uri": uri}
     assert json.loads(dataset.profile) == {"split": "train", "num_rows": 16, "digest": record.digest}
     assert tags == {"mlflow.data.context": "training"}
+    # beside the model, for its card: the record as the trainer read it, whatever the config says later
+    from rloo.data import TRAINING_DATASET_FILE, DatasetRecord
+    from rloo.push.stage import _training_dataset
+
+    assert DatasetRecord.from_json((tmp_path / "out" / TRAINING_DATASET_FILE).read_text()) == record
+    assert _training_dataset({"dataset_name": "elsewhere"}, tmp_path / "out") == record.describe()
 
 
 def test_hub_and_local_datasets_are_recorded_too(tracking_env: MlflowServer, tmp_path: Path) -> None:

@@ -77,12 +77,14 @@ POD_FIELD_ENV = {
     POD_NAMESPACE_ENV: "metadata.namespace",
 }
 
-# Scratch space of the steps that stage models on disk: an emptyDir on the node's disk at SCRATCH_PATH, which
-# TMPDIR points at (every temporary directory of the steps goes there), instead of the container's writable
-# layer. Its size is fixed when the pipeline is compiled: KFP 2.17's driver reads an emptyDir sizeLimit as a
-# literal (k8s resource.MustParse: a pipeline parameter's placeholder would crash it) and the SDK has no
-# ephemeral-storage request. Override one with RLOO_SCRATCH_<STEP>=<quantity> when compiling
-# (e.g. RLOO_SCRATCH_TRAIN=1Ti rloo pipeline compile); "train" sizes the multi-node job's pods' too.
+# Scratch space of the steps that stage models on disk: /tmp (where every temporary directory of the steps,
+# and KFP's own launcher files, go) is an emptyDir on the node's disk with a size limit, instead of the
+# container's writable layer. /tmp rather than another path with TMPDIR pointing at it: kfp.local (rloo pipeline
+# run --local) sets a task's environment but mounts no volume. The size is fixed when the pipeline is compiled:
+# KFP 2.17's driver reads an emptyDir sizeLimit as a literal (k8s resource.MustParse: a pipeline parameter's
+# placeholder would crash it) and the SDK has no ephemeral-storage request. Override one with
+# RLOO_SCRATCH_<STEP>=<quantity> when compiling (e.g. RLOO_SCRATCH_TRAIN=1Ti rloo pipeline compile); "train"
+# sizes the multi-node job's pods' too.
 # SCRATCH_VOLUME and SCRATCH_PATH (rloo.pipeline.trainjob): the same in the multi-node job's pods.
 # train: the SFT model, the trained model and the newest local checkpoint (optimizer state: ~3x the weights);
 # eval: the trained and the SFT model; fetch and push: one model.

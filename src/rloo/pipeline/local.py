@@ -98,7 +98,8 @@ def run_local(
         warnings.filterwarnings("ignore", message="You may be attemping", category=RuntimeWarning)
         with step_console(logs, verbose=verbose) as console:
             try:
-                func(**params)
+                with _without_retries(func.pipeline_spec):
+                    func(**params)
             except RuntimeError as e:
                 failure = run_failure(str(e), console.text)
                 where = next(iter(console.failed_logs.values()), logs)
@@ -114,6 +115,28 @@ def run_local(
     for f in run_dir.glob("*/executor_output.json"):
         outputs[f.parent.name] = json.loads(f.read_text())
     return LocalResult(new[-1], run_dir, outputs, time.perf_counter() - start, log_dir=logs)
+
+
+@contextmanager
+def _without_retries(spec: Any) -> Iterator[None]:
+    """Run ``spec`` (a PipelineSpec) with no task retried: kfp.local honours retry policies, and theirs are for
+    a cluster's preempted nodes and flaky networks; here their minutes of backoff would only delay the error."""
+    dags = [spec.root.dag, *(c.dag for c in spec.components.values() if c.HasField("dag"))]
+    saved = [
+        (task, task.retry_policy)
+        for dag in dags
+        for task in dag.tasks.values()
+        if task.HasField("retry_policy")
+    ]
+    copies = [(task, type(policy)()) for task, policy in saved]
+    for (task, policy), (_, copy) in zip(saved, copies, strict=True):
+        copy.CopyFrom(policy)
+        task.ClearField("retry_policy")
+    try:
+        yield
+    finally:
+        for task, copy in copies:
+            task.retry_policy.CopyFrom(copy)
 
 
 def prepare_tracking(workdir: Path, experiment: str) -> str:

@@ -51,10 +51,11 @@ DEFAULT_BACKEND = "trainjob"
 # Where the ServiceAccount admission controller mounts the API token (see the module docstring).
 SA_TOKEN_PATH = "/var/run/secrets/kubernetes.io/serviceaccount"
 _DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-# Scratch space of the training pods, on the node's disk: the SFT model, the output and the newest local
-# checkpoint are staged there (TMPDIR and the node's work dir point at it), not in the container's writable layer.
+# Scratch space of the training pods, on the node's disk: /tmp, where the SFT model, the output and the newest
+# local checkpoint are staged (the node's work dir, /tmp/rloo), is an emptyDir instead of the container's
+# writable layer. The pipeline's own steps mount the same (rloo.pipeline.constants).
 SCRATCH_VOLUME = "scratch"
-SCRATCH_PATH = "/scratch"
+SCRATCH_PATH = "/tmp"
 # Kueue's labels: the LocalQueue a job is submitted to, and its WorkloadPriorityClass.
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
@@ -198,11 +199,7 @@ def _nproc(spec: TrainJobSpec) -> int:
 
 
 def _env(spec: TrainJobSpec) -> list[dict[str, Any]]:
-    scratch = {
-        "TMPDIR": SCRATCH_PATH,
-        "RLOO_WORK_DIR": f"{SCRATCH_PATH}/rloo",
-    }  # rloo.pipeline.node's work dir
-    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in sorted((scratch | spec.env).items())]
+    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in sorted(spec.env.items())]
     return env + [
         {
             "name": s.env,

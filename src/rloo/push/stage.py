@@ -481,10 +481,19 @@ def _tag_and_check_newer(cfg: PushConfig, run: PushRun, decision: Decision) -> D
     )
 
 
-def _training_dataset(train_cfg: dict[str, Any]) -> str | None:
-    """The training dataset as the card names it: name, split and content digest (a local directory's data
-    files hashed, an s3:// upload's from its manifest; a Hub dataset by name and split)."""
-    from rloo.data import dataset_record
+def _training_dataset(train_cfg: dict[str, Any], model_dir: Path) -> str | None:
+    """The training dataset as the card names it: name, split and content digest, as the trainer recorded it
+    when it read the data (``training_dataset.json``); for a model trained before that file existed, worked
+    out now (a local directory's data files hashed, an s3:// upload's from its manifest; a Hub dataset by
+    name and split)."""
+    from rloo.data import TRAINING_DATASET_FILE, DatasetRecord, dataset_record
+
+    recorded = model_dir / TRAINING_DATASET_FILE
+    if recorded.is_file():
+        try:
+            return DatasetRecord.from_json(recorded.read_text()).describe()
+        except (ValueError, TypeError) as e:
+            log.warning("%s is unreadable (%s): the dataset is described from the config", recorded, e)
 
     name, split = train_cfg.get("dataset_name"), train_cfg.get("dataset_train_split") or "train"
     if not name:
@@ -520,7 +529,7 @@ def write_card(
         "MLflow training run": cfg.mlflow_train_run_id,
         "model source": str(cfg.model_path),
         "base model revision": cfg.base_model_revision,
-        "training dataset": _training_dataset(train_cfg),
+        "training dataset": _training_dataset(train_cfg, model_dir),
         "evaluation results": cfg.eval_results,
     }
     card = render_model_card(

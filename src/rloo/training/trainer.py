@@ -31,7 +31,14 @@ import torch
 
 from rloo import algo
 from rloo.config import BatchPlan, RLOOConfig
-from rloo.data import PromptDataset, format_prompts, load_prompt_dataset, tokenize_prompts
+from rloo.data import (
+    TRAINING_DATASET_FILE,
+    PromptDataset,
+    format_prompts,
+    load_prompt_dataset,
+    tokenize_prompts,
+)
+from rloo.diskspace import write_bytes_atomic
 from rloo.errors import UserError
 from rloo.forward import response_logits
 from rloo.generation import (
@@ -1032,6 +1039,12 @@ class RLOOTrainer:
             self.mirror.wait()  # the newest checkpoint must be safe before the run counts as done
         if self.accelerator.is_main_process:
             logger.write_plots()
+            if self.train_ds.record is not None:  # what this model was trained on, digest included
+                write_bytes_atomic(
+                    out_dir / TRAINING_DATASET_FILE,
+                    self.train_ds.record.to_json().encode(),
+                    "the dataset record",
+                )
         self.checkpoints.publish(out_dir)
 
     def _checkpoint_preempted(
