@@ -335,7 +335,8 @@ def read_split(
         source = str(root.resolve())
         if not root.is_dir():
             raise UserError(
-                f"--dataset_name {name}: no such directory; pass a local dataset directory or a Hub id."
+                f"--dataset_name {name}: no such directory; pass a local dataset directory, an s3:// upload or "
+                "a Hub id."
             )
     splits = local_splits(root)
     if not splits:

@@ -301,3 +301,5 @@ def test_eval_run_records_its_dataset(
     assert dataset.digest == record.digest.removeprefix("sha256:")[:12]
     assert json.loads(dataset.source) == {"uri": tldr_like.resolve().as_uri()}
     assert [(t.key, t.value) for t in dataset_input.tags] == [("mlflow.data.context", "evaluation")]
+    # the rows the stage read (its unset dataset_config reaches the sink as the text "None")
+    assert json.loads(dataset.profile)["num_rows"] == 3

@@ -372,5 +372,21 @@ def test_the_validate_step_takes_s3_datasets() -> None:
     for name in ("dataset_name", "eval_dataset_name"):
         with pytest.raises(UserError, match=rf"^{name}: invalid S3 bucket name 'Data_Sets'"):
             check_pipeline_params(good(**{name: "s3://Data_Sets/tldr"}), check_paths=False)
-        with pytest.raises(UserError, match=rf"^{name} 'gs://b/tldr': a URI is not supported here"):
+        with pytest.raises(
+            UserError, match=rf"^{name} 'gs://b/tldr': only s3:// URIs and local paths are supported"
+        ):
             check_pipeline_params(good(**{name: "gs://b/tldr"}), check_paths=False)
+
+
+def test_a_priority_without_a_queue_matters_only_for_a_multinode_trainjob() -> None:
+    """One node creates no job: its priority_class has nothing to need a queue for (names are still checked)."""
+    from rloo.pipeline.steps import check_pipeline_params
+    from tests.pipeline.test_node_and_steps import good
+
+    check_pipeline_params(good(priority_class="high"), check_paths=False)
+    multi = {"num_nodes": 2, "output_uri": "s3://runs/o", "priority_class": "high"}
+    with pytest.raises(UserError, match=r"^priority_class needs queue_name for a TrainJob"):
+        check_pipeline_params(good(**multi), check_paths=False)
+    check_pipeline_params(good(**multi, multinode_backend="pytorchjob"), check_paths=False)
+    with pytest.raises(UserError, match=r"^priority_class 'High!' is not a priority class name"):
+        check_pipeline_params(good(priority_class="High!"), check_paths=False)

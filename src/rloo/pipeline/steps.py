@@ -250,10 +250,11 @@ def check_pod_params(params: dict[str, Any]) -> None:
     if "queue_name" in params or "priority_class" in params:
         from rloo.pipeline.trainjob import DEFAULT_BACKEND
 
+        multinode = int(params.get("num_nodes", 2)) > 1  # one node creates no job: nothing to queue
         check_scheduling(
             str(params.get("queue_name", "")),
             str(params.get("priority_class", "")),
-            str(params.get("multinode_backend", DEFAULT_BACKEND)),
+            str(params.get("multinode_backend", DEFAULT_BACKEND)) if multinode else None,
         )
     if "multinode_backend" in params or "training_runtime" in params:
         from rloo.pipeline.trainjob import DEFAULT_BACKEND, DEFAULT_RUNTIME, check_multinode

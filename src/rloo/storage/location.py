@@ -172,7 +172,11 @@ def require_local_or_s3(flag: str, value: str | os.PathLike[str] | None, hint: s
     """:func:`require_local_path` that also takes a well-formed ``s3://bucket/prefix`` (a bad bucket name or
     ``..`` segment is refused in one line naming ``flag``), for the inputs read from object storage too."""
     if value is None or source_kind(value) != "s3":
-        require_local_path(flag, value, hint)
+        if value is not None and has_scheme(value):
+            raise UserError(
+                f"{flag} {redact(str(value).strip())!r}: only s3:// URIs and local paths are supported"
+                + (f"; {hint}" if hint else ".")
+            )
         return
     try:
         Location.parse(value)

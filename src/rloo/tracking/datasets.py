@@ -71,7 +71,10 @@ def dataset_input(params: Mapping[str, Any]) -> Any | None:
         return None
     split, context = found[0]
     try:
-        record = dataset_record(str(name), str(split), config=params.get("dataset_config") or None)
+        # flattened params carry an unset config as the text "None"
+        config = params.get("dataset_config")
+        config = None if config in (None, "", "None") else str(config)
+        record = dataset_record(str(name), str(split), config=config)
     except UserError as e:
         log.warning("the run's dataset is not recorded in MLflow: %s", e)
         return None
