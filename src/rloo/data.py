@@ -276,7 +276,7 @@ def fetch_s3_dataset(name: str) -> tuple[Path, dict[str, str]]:
 
     from rloo.storage import download_dir
 
-    manifest = _s3_manifest(name)  # refuses a prefix without one, in one line
+    _s3_manifest(name)  # a prefix without one is refused in one line, with how to upload it
     uri = name.strip().rstrip("/")
     dest = Path(tempfile.gettempdir()) / "rloo-datasets" / hashlib.sha256(uri.encode()).hexdigest()[:16]
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -324,20 +324,16 @@ def read_split(
             log.warning("dataset has no split %r; using %r for it", split, fallback_split)
             split = fallback_split
             columns = _load_hub(name, config, split)
-        _remember(DatasetRecord(name, split, "hub", name, _hub_commit(name), config, _num_rows(columns)))
+        _remember(DatasetRecord(name, split, "hub", name, _hub_commit(name), config, num_rows(columns)))
         return columns, split
     known: dict[str, str] | None = None
     if kind == "s3":
         root, known = fetch_s3_dataset(name)
         source = name.strip().rstrip("/")
     else:
+        check_dataset_source(name)  # the directory must be there
         root = local_source_path(name)
         source = str(root.resolve())
-        if not root.is_dir():
-            raise UserError(
-                f"--dataset_name {name}: no such directory; pass a local dataset directory, an s3:// upload or "
-                "a Hub id."
-            )
     splits = local_splits(root)
     if not splits:
         raise UserError(
@@ -354,13 +350,14 @@ def read_split(
     columns = _read_files(splits[split])
     _remember(
         DatasetRecord(
-            name, split, kind, source, _local_digest(root, splits, known), config, _num_rows(columns)
+            name, split, kind, source, _local_digest(root, splits, known), config, num_rows(columns)
         )
     )
     return columns, split
 
 
-def _num_rows(columns: dict[str, list[Any]]) -> int:
+def num_rows(columns: dict[str, list[Any]]) -> int:
+    """The rows of a split read as columns (the longest column)."""
     return max((len(v) for v in columns.values()), default=0)
 
 

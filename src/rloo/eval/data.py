@@ -8,7 +8,7 @@ from typing import Any
 
 # The prompt loader's readers are reused so local layouts, s3:// uploads and Hub ids behave exactly as in
 # `rloo train`.
-from rloo.data import DatasetRecord, dataset_record, read_split
+from rloo.data import DatasetRecord, dataset_record, num_rows, read_split
 from rloo.errors import UserError
 
 
@@ -50,7 +50,7 @@ def load_eval_rows(
     """The first ``num_examples`` rows of ``split`` with their references; one-line UserErrors otherwise."""
     cols, _ = read_split(name, split, config=config, split_flags="--dataset_split")
     record = dataset_record(name, split, config=config)  # the one read_split recorded
-    n_rows = max((len(v) for v in cols.values()), default=0)
+    n_rows = num_rows(cols)
     if n_rows == 0:
         raise UserError(
             f"--dataset_name {name} split {split!r} is empty; give a split with at least one row."

@@ -157,7 +157,7 @@ def source_kind(value: str | os.PathLike[str]) -> SourceKind:
         return "s3"
     if text.startswith(("file://", "/", ".", "~")) or Path(text).expanduser().exists():
         return "local"
-    if text.count("/") > 1 or not _HUB_ID_RE.match(text):
+    if not _HUB_ID_RE.match(text):  # more than one '/' included
         return "local"
     return "hub"
 
