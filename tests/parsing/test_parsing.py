@@ -239,9 +239,59 @@ def test_issue_17_flags_parse(base: list[str]) -> None:
     assert cfg.mask_truncated_completions is True and cfg.vllm_importance_sampling_cap == 3.0
 
 
-def test_alias_and_classic_name_last_one_wins(base: list[str]) -> None:
-    assert parse([*base, "--rloo_k", "2", "--num_generations", "4"]).rloo_k == 4
-    assert parse([*base, "--num_generations", "4", "--rloo_k", "2"]).rloo_k == 2
+def test_alias_and_classic_name_with_different_values_are_refused(base: list[str]) -> None:
+    # the user report: '--rloo_k 4 --num_generations 2' trained with k=2, silently
+    with pytest.raises(UserError) as info:
+        parse([*base, "--rloo_k", "4", "--num_generations", "2"])
+    assert str(info.value) == (
+        "--rloo_k 4 and --num_generations 2 both set rloo_k, to different values: give it once."
+    )
+    with pytest.raises(UserError, match=r"^--num-generations 4 and --rloo_k 2 both set rloo_k"):
+        parse([*base, "--num-generations", "4", "--rloo_k", "2"])
+    with pytest.raises(UserError, match=r"^--beta 0.1 and --kl_coef 0.2 both set kl_coef"):
+        parse([*base, "--beta", "0.1", "--kl_coef", "0.2"])
+    # a boolean's --no_<name> is another name of the same field
+    with pytest.raises(
+        UserError, match=r"^--ds3_gather_for_generation true and --no_ds3_gather_for_generation "
+    ):
+        parse([*base, "--ds3_gather_for_generation", "true", "--no_ds3_gather_for_generation"])
+
+
+def test_alias_and_classic_name_with_the_same_value_are_accepted(base: list[str]) -> None:
+    assert parse([*base, "--rloo_k", "4", "--num_generations", "4"]).rloo_k == 4
+    assert parse([*base, "--beta", "0.1", "--kl_coef", "1e-1"]).kl_coef == 0.1
+    # one name given twice: the last one wins, as with any argparse flag
+    assert parse([*base, "--rloo_k", "4", "--rloo_k", "2"]).rloo_k == 2
+    assert parse([*base, "--rloo-k", "4", "--rloo_k", "2"]).rloo_k == 2  # the dashed spelling of one name
+
+
+def test_alias_in_the_file_and_classic_name_on_the_command_line(tmp_path: Path, base: list[str]) -> None:
+    cfg_file = tmp_path / "run.yaml"
+    cfg_file.write_text("num_generations: 2\n")
+    # the same name on the command line overrides the file, as for any key
+    assert parse([*base, "--config", str(cfg_file), "--num_generations", "4"]).rloo_k == 4
+    # another name of the same field with another value: which one was meant is not ours to guess
+    with pytest.raises(UserError) as info:
+        parse([*base, "--config", str(cfg_file), "--rloo_k", "4"])
+    assert str(info.value) == (
+        f"--rloo_k 4 on the command line and 'num_generations: 2' in --config {cfg_file} both set rloo_k, to "
+        "different values: use one name for it (the command line overrides the file under the same name)."
+    )
+    # the same value under the other name is no conflict
+    assert parse([*base, "--config", str(cfg_file), "--rloo_k", "2"]).rloo_k == 2
+    cfg_file.write_text("rloo_k: 4\nnum_generations: 4\n")
+    assert parse([*base, "--config", str(cfg_file)]).rloo_k == 4
+
+
+def test_cli_conflicting_spellings_is_one_line_exit_2(
+    base: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["train", *base, "--rloo_k", "4", "--num_generations", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "rloo train: error: --rloo_k 4 and --num_generations 2 both set rloo_k, to different values: give it "
+        "once.\n"
+    )
 
 
 def test_seed_and_numbers(base: list[str]) -> None:
@@ -328,20 +378,26 @@ def test_yaml_config_with_aliases_and_cli_override(tmp_path: Path, base: list[st
     assert cfg.missing_eos_penalty is None
     assert cfg.seed == 11
     assert cfg.reward_funcs == ["rloo.demo.toy:letter_reward"]
-    # the command line wins over the file, under either name and wherever --config sits
+    # the command line wins over the file under the file's name, wherever --config sits
     for argv in (
         ["--config", str(cfg_file), "--beta", "0.5", "--seed", "1"],
-        ["--kl_coef", "0.5", "--seed", "1", "--config", str(cfg_file)],
+        ["--beta", "0.5", "--seed", "1", "--config", str(cfg_file)],
     ):
         over = parse(argv)
         assert (over.kl_coef, over.seed, over.rloo_k) == (0.5, 1, 4)
+    # under another name of the same field it is a conflict, said in one line (see the test below)
+    with pytest.raises(UserError, match=r"^--kl_coef 0.5 on the command line and 'beta: 0.02' in --config "):
+        parse(["--kl_coef", "0.5", "--seed", "1", "--config", str(cfg_file)])
 
 
 @pytest.mark.parametrize(
     ("text", "match"),
     [
         ("no_such_key: 1\n", "unknown key 'no_such_key'"),
-        ("rloo_k: 2\nnum_generations: 4\n", "'rloo_k' is given twice"),
+        (
+            "rloo_k: 2\nnum_generations: 4\n",
+            "'rloo_k: 2' and 'num_generations: 4' both set rloo_k, to different",
+        ),
         ("rloo_k: two\n", "--rloo_k expects an integer"),
         ("rloo_k: 2.5\n", "'rloo_k' expects an integer"),
         ("seed: null\n", "'seed' cannot be null"),

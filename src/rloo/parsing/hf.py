@@ -7,6 +7,9 @@ This module adds what the ``rloo`` commands promise on top:
 - values come in three layers, later ones winning: the dataclass defaults, ``--config file.yaml`` (keys are
   flag names, aliases included), the command line; :meth:`ConfigParser.parse_values` returns only what the
   two last layers gave, so a config can be written back out without the defaults;
+- one option given under two of its names (``--rloo_k 4 --num_generations 2``, on the command line, in the
+  file, or one in each) with different values is an error naming both, never a silent last-one-wins; the
+  same value twice is fine, and so is the command line overriding the file under the *same* name;
 - every problem is a one-line :class:`~rloo.errors.UserError` naming the flag (``--rloo_k expects an
   integer (got 'two')``), an unknown flag gets a did-you-mean, and ``-1e-3`` is a value, not a flag;
 - ``--help`` states each default once, and ``none`` clears an optional field.
@@ -31,6 +34,9 @@ from rloo.parsing.base import OneLineErrors, did_you_mean, parse_bool
 from rloo.storage.location import require_local_path
 
 _NONE = {"none", "null"}
+# the parser that is parsing right now records each option it meets here: (field, flag as typed, value after
+# it, whether the flag takes no value); see _recording_action
+_Given = list[tuple[str, str, Any, bool]]
 _WANT = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
 
 
@@ -73,6 +79,45 @@ def _converter(name: str, kind: _Kind) -> Callable[[str], Any]:
     return convert
 
 
+_RECORDING: dict[type, type] = {}
+
+
+def _recording_action(cls: type[argparse.Action]) -> type[argparse.Action]:
+    """``cls`` that also records, on the parser, which spelling set which field to what: argparse itself
+    keeps only the last value of a field, whichever of its names gave it."""
+    if cls not in _RECORDING:
+
+        def __call__(
+            self: argparse.Action,
+            parser: argparse.ArgumentParser,
+            namespace: argparse.Namespace,
+            values: Any,
+            option_string: str | None = None,
+        ) -> None:
+            cls.__call__(self, parser, namespace, values, option_string)
+            given: _Given | None = getattr(parser, "_given", None)
+            if given is not None and option_string is not None:
+                given.append((self.dest, option_string, getattr(namespace, self.dest), self.nargs == 0))
+
+        _RECORDING[cls] = type(f"Recording{cls.__name__}", (cls,), {"__call__": __call__})
+    return _RECORDING[cls]
+
+
+def _spelling(flag: str) -> str:
+    """The name a flag spells (``--rloo-k`` and ``--rloo_k`` are one spelling; ``--num_generations`` another)."""
+    return flag.lstrip("-").replace("-", "_")
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if value is None:
+        return "none"
+    if isinstance(value, list):
+        return " ".join(_shown(v) for v in value)
+    return str(value)
+
+
 class ConfigParser(OneLineErrors, HfArgumentParser):
     """The flags of one config dataclass ``cls``, plus ``--config FILE.yaml``."""
 
@@ -97,6 +142,10 @@ class ConfigParser(OneLineErrors, HfArgumentParser):
         )
         for f in dataclasses.fields(cls):
             self._adapt(f)
+        self._given: _Given | None = None
+        for action in self._actions:
+            if action.dest in self.hints:
+                action.__class__ = _recording_action(type(action))
 
     def _adapt(self, f: dataclasses.Field[Any]) -> None:
         """Our conversions, defaults and help on the actions HfArgumentParser made for field ``f``."""
@@ -127,15 +176,55 @@ class ConfigParser(OneLineErrors, HfArgumentParser):
         return [s for a in self._actions for s in a.option_strings if "-" not in s.removeprefix("--")]
 
     def parse_values(self, argv: list[str]) -> dict[str, Any]:
-        ns = vars(self.parse_args(argv))
+        self._given = []
+        try:
+            ns = vars(self.parse_args(argv))
+            given = self._given
+        finally:
+            self._given = None
         values: dict[str, Any] = {}
         if "config" in ns:
-            values.update(self.load_yaml(ns.pop("config")))
+            path = ns.pop("config")
+            from_file = self._load_yaml_spelled(path)
+            self._refuse_conflicts(given, from_file, path)
+            values.update({key: value for key, (_, value) in from_file.items()})
+        else:
+            self._refuse_conflicts(given, {}, "")
         values.update(ns)
         return values
 
+    @staticmethod
+    def _refuse_conflicts(given: _Given, from_file: dict[str, tuple[str, Any]], path: str) -> None:
+        """Two names of one field with different values: on the command line, or one there and another in
+        the file (the command line overrides the file only under the same name)."""
+        by_field: dict[str, dict[str, tuple[str, Any]]] = {}
+        for field, flag, value, bare in given:
+            spellings = by_field.setdefault(field, {})
+            spellings.pop(_spelling(flag), None)  # the last of one spelling counts, as argparse has it
+            spellings[_spelling(flag)] = (flag if bare else f"{flag} {_shown(value)}", value)
+        for field, spellings in by_field.items():
+            (first_text, first), *others = spellings.values()
+            for text, value in others:
+                if value != first:
+                    raise UserError(
+                        f"{first_text} and {text} both set {field}, to different values: give it once."
+                    )
+            if field in from_file:
+                key, in_file = from_file[field]
+                final = list(spellings.values())[-1][1]
+                if _spelling(key) not in spellings and in_file != final:
+                    raise UserError(
+                        f"{list(spellings.values())[-1][0]} on the command line and '{key}: {_shown(in_file)}' in "
+                        f"--config {path} both set {field}, to different values: use one name for it (the "
+                        "command line overrides the file under the same name)."
+                    )
+
     def load_yaml(self, path: str) -> dict[str, Any]:
         """A ``--config`` file's values by field name, converted to the fields' types."""
+        return {key: value for key, (_, value) in self._load_yaml_spelled(path).items()}
+
+    def _load_yaml_spelled(self, path: str) -> dict[str, tuple[str, Any]]:
+        """A ``--config`` file's values by field name, each with the key that gave it."""
         require_local_path("--config", path, "give a local YAML file.")
         p = Path(path)
         if not p.is_file():
@@ -156,12 +245,17 @@ class ConfigParser(OneLineErrors, HfArgumentParser):
                 f"--config {path}: unknown key{'s' if len(unknown) > 1 else ''} {keys}; keys are the flag names "
                 "without '--'."
             )
-        out: dict[str, Any] = {}
+        out: dict[str, tuple[str, Any]] = {}
         for raw_key, value in data.items():
             key = self.aliases.get(str(raw_key), str(raw_key))
-            if key in out:
-                raise UserError(f"--config {path}: {key!r} is given twice (once under an alias); keep one.")
-            out[key] = self._from_yaml(key, value)
+            converted = self._from_yaml(key, value)
+            if key in out and out[key][1] != converted:
+                other, before = out[key]
+                raise UserError(
+                    f"--config {path}: '{other}: {_shown(before)}' and '{raw_key}: {_shown(converted)}' both set "
+                    f"{key}, to different values: keep one."
+                )
+            out[key] = (str(raw_key), converted)
         return out
 
     def _from_yaml(self, key: str, value: Any) -> Any:
