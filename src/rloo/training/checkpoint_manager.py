@@ -23,6 +23,7 @@ from rloo.training import lora
 from rloo.training.checkpoint import (
     PREFIX,
     checkpoint_problem,
+    honour_umask,
     latest_checkpoint,
     load_checkpoint,
     save_checkpoint,
@@ -147,6 +148,7 @@ class CheckpointManager:
                     if self.cfg.merge_adapter:
                         lora.save_merged(model, self.tokenizer, tmp / MERGED_SUBDIR)
                 (tmp / "rloo_config.json").write_text(json.dumps(self.cfg.recorded(), indent=2, default=str))
+                honour_umask(tmp)  # safetensors writes its files 0600
                 for f in sorted(tmp.iterdir()):
                     if f.is_dir() and (out_dir / f.name).is_dir():  # merged/ of an earlier save
                         shutil.rmtree(out_dir / f.name)
