@@ -282,7 +282,11 @@ class RLOOConfig:
     preemption_grace_seconds: float = option(
         25.0, "On SIGTERM, checkpoint and exit within this many seconds (Kubernetes waits 30 by default)."
     )
-    disable_tqdm: bool = option(False, "Hide the progress bar.")
+    disable_tqdm: bool = option(
+        False,
+        "Hide the progress bar (where stderr is not a terminal, e.g. a pipeline step's log, it is a plain line at "
+        "every 10%% of the run and at most one a minute in between).",
+    )
     report_to: str | None = option(
         None, "'mlflow' or 'none' (default: MLflow exactly when MLFLOW_TRACKING_URI is set)."
     )

@@ -41,7 +41,8 @@ class MetricsLogger:
 
     ``sinks=None`` takes the default from the environment (:func:`rloo.tracking.sinks_from_env`: MLflow when
     ``MLFLOW_TRACKING_URI`` is set); pass ``[]`` for metrics.jsonl only. A sink that fails is reported and
-    skipped; it never stops training.
+    skipped; it never stops training. ``progress_start``: the update a resumed run starts from (the progress
+    display starts there, and its rate counts only this run's updates).
     """
 
     def __init__(
@@ -52,6 +53,7 @@ class MetricsLogger:
         console: Console | None = None,
         sinks: Sequence[Sink] | None = None,
         plots: bool = True,
+        progress_start: int = 0,
     ) -> None:
         if sinks is None:
             from rloo.tracking import sinks_from_env
@@ -68,11 +70,11 @@ class MetricsLogger:
         self._pending_samples: list[tuple[int, list[dict[str, Any]]]] = []
         self._closed = False
         self._plotted = False
-        self._bar = None
-        if show_progress:
-            from tqdm.auto import tqdm
+        self._bar: Any = None
+        if show_progress:  # a bar on a terminal; plain lines now and then in a step's log or a pipe
+            from rloo.storage.progress import progress_bar
 
-            self._bar = tqdm(total=total_updates, unit="update", dynamic_ncols=True, desc="rloo")
+            self._bar = progress_bar(total_updates, "rloo", "update", initial=progress_start)
 
     # ------------------------------------------------------------------------------------------------
     def open(self, output_dir: str | Path, *, keep_until_update: int | None = None) -> None:
@@ -117,9 +119,9 @@ class MetricsLogger:
 
     def progress(self, n: int = 1, **postfix: float) -> None:
         if self._bar is not None:
-            self._bar.update(n)
-            if postfix:
+            if postfix:  # first: the update's redraw (or line) shows this update's numbers
                 self._bar.set_postfix({k: f"{v:.4g}" for k, v in postfix.items()}, refresh=False)
+            self._bar.update(n)
 
     def samples(self, step: int, rows: list[dict[str, Any]]) -> None:
         """Print a query / model response / score table and keep it as text, HTML and JSON files."""

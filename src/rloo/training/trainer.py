@@ -948,7 +948,10 @@ class RLOOTrainer:
         """The metrics logger, its parameters held until the first update; a resumed run's history kept."""
         main = self.accelerator.is_main_process
         logger = MetricsLogger(
-            total_updates=self.num_updates, show_progress=main and not self.cfg.disable_tqdm, sinks=self.sinks
+            total_updates=self.num_updates,
+            show_progress=main and not self.cfg.disable_tqdm,
+            sinks=self.sinks,
+            progress_start=resumed or 0,
         )
         trainable, total = self.param_counts
         # held until open(): nothing reaches MLflow before update 1
@@ -957,7 +960,6 @@ class RLOOTrainer:
         )
         if resumed is not None and main:
             logger.open(out_dir, keep_until_update=resumed)
-            logger.progress(resumed)
         return logger
 
     def _update(
