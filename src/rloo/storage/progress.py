@@ -92,7 +92,7 @@ class LineProgress:
     def _threshold_after(self, n: float) -> float:
         return (int(n // self._step) + 1) * self._step
 
-    def update(self, n: float = 1) -> None:
+    def update(self, n: int = 1) -> None:
         self.n += n
         now = self._clock()
         if self.n >= self._next or (now - self._last_time >= self.every_seconds and self.n != self._last_n):
