@@ -135,6 +135,7 @@ def rloo_pipeline(
     register_model: bool = True,
     hub_repo_id: str = "",
     promotion_margin: float = 0.0,
+    compare_to_champion: bool = True,
     s3_secret: str = "rloo-s3",
     mlflow_secret: str = "rloo-mlflow",
     hf_secret: str = "rloo-hf",
@@ -185,6 +186,7 @@ def rloo_pipeline(
         register_model: Register a version when the MLflow secret names a tracking server (False: do not).
         hub_repo_id: Hugging Face Hub repo 'owner/name' for a promoted model (empty: not uploaded).
         promotion_margin: {push.promotion_margin}
+        compare_to_champion: {push.compare_to_champion}
         s3_secret: Kubernetes secret with AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, S3_ENDPOINT_URL.
         mlflow_secret: Kubernetes secret with MLFLOW_TRACKING_URI (optional).
         hf_secret: Kubernetes secret with HF_TOKEN (optional).
@@ -305,6 +307,7 @@ def rloo_pipeline(
             register_model=register_model,
             hub_repo_id=hub_repo_id,
             promotion_margin=promotion_margin,
+            compare_to_champion=compare_to_champion,
             **common,
         ).set_display_name("push")
         _io_step(push)

@@ -17,6 +17,7 @@ def push_model(
     register_model: bool,
     hub_repo_id: str,
     promotion_margin: float,
+    compare_to_champion: bool,
     kfp_run_id: str,
     kfp_run_name: str,
     mlflow_experiment: str,
@@ -42,6 +43,7 @@ def push_model(
         register_model=register_model,
         hub_repo_id=hub_repo_id or None,
         promotion_margin=promotion_margin,
+        compare_to_champion=compare_to_champion,
         mlflow_experiment=mlflow_experiment,
     )
     with open(summary.path, "w") as f:

@@ -32,6 +32,7 @@ def validate_params(
     num_nodes: int,
     output_uri: str,
     promotion_margin: float,
+    compare_to_champion: bool,
     registered_model_name: str,
     register_model: bool,
     hub_repo_id: str,

@@ -105,6 +105,38 @@ def check_model_source(flag: str, path: str) -> None:
         )
 
 
+def check_model_files(flag: str, path: str, *, trust_remote_code: bool = False) -> None:
+    """Seconds-cheap checks that a local model is loadable, without reading its weights: a model directory
+    (:func:`check_model_source`), a ``config.json`` that parses, weights files whose safetensors header
+    reads and matches their size, and the tokenizer loads. For stages that contact other services before
+    they load the model: a corrupt model must be reported as one, not as the failure of something else."""
+    import json
+
+    check_model_source(flag, path)
+    if source_kind(path) != "local":
+        return
+    p = local_source_path(path)
+    for name in ("config.json", ADAPTER_CONFIG):
+        if (p / name).is_file():
+            try:
+                json.loads((p / name).read_text())
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                raise UserError(
+                    f"--{flag} {path}: {name} is not valid JSON ({type(e).__name__}); re-save the model."
+                ) from None
+    from safetensors import SafetensorError, safe_open
+
+    for f in sorted(p.glob("*.safetensors")):
+        try:
+            with safe_open(str(f), framework="pt") as st:
+                st.keys()
+        except (SafetensorError, OSError) as e:
+            raise UserError(
+                f"--{flag} {path}: {f.name} is not readable safetensors ({e}); re-save or re-download it."
+            ) from None
+    load_tokenizer(path, flag=flag, trust_remote_code=trust_remote_code)
+
+
 def _wrap_load(flag: str, path: str, fn: Any) -> Any:
     check_model_source(flag, path)
     try:

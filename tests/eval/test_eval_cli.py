@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -69,6 +70,9 @@ def test_eval_end_to_end(
     assert parsed.trained.estimate == pytest.approx(0.25) and parsed.paired_difference.estimate == 0.0
     assert parsed.judge_model == results["judge"]["model"] and parsed.num_examples == 3
     assert (parsed.invalid, parsed.ties) == (2, 2)  # one invalid and one tie per model
+    # per-example scores keyed by the example, for the push gate's comparison with the champion
+    assert parsed.per_example is not None and list(parsed.per_example.values()) == [0.0, 0.5, None]
+    assert len(set(parsed.per_example)) == 3 and parsed.judge_template_sha256
     lines = [json.loads(x) for x in (out / "judgements.jsonl").read_text().splitlines()]
     assert len(lines) == 3
     first = lines[0]
@@ -269,7 +273,56 @@ def test_non_finite_model_is_refused_in_one_line(
     assert err.count("\n") == 1 and "Traceback" not in err
     assert err.startswith(f"rloo eval: error: --model_name_or_path {bad}: tensor '"), err
     assert "magnitude 3.4e+38" in err
-    assert not (tmp_path / "o" / "eval_results.json").exists()
+    assert not (tmp_path / "o").exists()  # nothing half-written, not even an empty output_dir
+
+
+def test_corrupt_model_is_named_even_when_the_judge_is_down(
+    tiny_setup: TinySetup, tldr_like: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The models' files are checked before the judge is contacted: a truncated weights file is reported as
+    such, not as an unreachable judge."""
+    from rloo.cli import main as rloo_main
+
+    bad = tmp_path / "truncated"
+    shutil.copytree(tiny_setup.policy, bad)
+    weights = bad / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    args = argv(tiny_setup, tldr_like, "http://127.0.0.1:9/v1", tmp_path / "o", "--judge_max_retries", "0")
+    args[args.index("--baseline_model") + 1] = str(bad)
+    assert rloo_main(["eval", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unreachable" not in err, err
+    assert f"--baseline_model {bad}: model.safetensors is not readable safetensors" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_failed_evaluation_leaves_no_output_dir(
+    tiny_setup: TinySetup, tldr_like: Path, scripted_judge: ScriptedJudge, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """A failure after the output directory was made (here: generation) removes it again when this run
+    created it; one the user made is left, without our files."""
+    import rloo.eval.runner as runner
+
+    monkeypatch.setenv("OPENAI_API_KEY", API_KEY)
+
+    class Broken:
+        name = "broken"
+
+        def generate(self, path: str, prompts: list) -> list[str]:
+            raise UserError("generation failed")
+
+    for pre_existing in (False, True):
+        out = tmp_path / f"o{pre_existing}"
+        if pre_existing:
+            out.mkdir()
+        cfg = runner.EvalConfig(
+            model_name_or_path=str(tiny_setup.policy), dataset_name=str(tldr_like), dataset_split="test",
+            judge_base_url=scripted_judge.base_url, judge_model=MODEL, output_dir=str(out), report_to="none",
+        )  # fmt: skip
+        with pytest.raises(UserError, match="generation failed"):
+            runner.run_eval(cfg, engine=Broken())
+        assert out.exists() is pre_existing and (not pre_existing or not any(out.iterdir()))
 
 
 def test_eval_run_records_its_dataset(

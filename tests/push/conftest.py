@@ -24,16 +24,23 @@ TRAIN_CONFIG = {
 }
 
 
-def eval_results(lo: float = 0.04, *, estimate: float = 0.11, hi: float = 0.18) -> dict[str, Any]:
-    return {
+def eval_results(
+    lo: float = 0.04, *, estimate: float = 0.11, hi: float = 0.18, scores: list[float | None] | None = None
+) -> dict[str, Any]:
+    """An eval_results.json; ``scores``: the trained model's per-example scores (examples ``ex0``, ``ex1``..)
+    that a challenger is compared with the champion by."""
+    data: dict[str, Any] = {
         "trained": {"win_rate": 0.61, "ci95": [0.55, 0.67]},
         "baseline": {"win_rate": 0.50, "ci95": [0.44, 0.56]},
         "paired_difference": {"estimate": estimate, "ci95": [lo, hi]},
-        "judge": {"model": "judge-model-x", "base_url": "http://judge.local/v1"},
+        "judge": {"model": "judge-model-x", "base_url": "http://judge.local/v1", "template_sha256": "t1"},
         "num_examples": 200,
         "invalid": 3,
         "ties": 12,
     }
+    if scores is not None:
+        data["per_example"] = {"keys": [f"ex{i}" for i in range(len(scores))], "trained": scores}
+    return data
 
 
 def write_eval(path: Path, **kw: Any) -> Path:

@@ -19,7 +19,7 @@ from rloo.push import (
     render_model_card,
     summarize_curves,
 )
-from rloo.push.gate import Decision
+from rloo.push.gate import Champion, Decision, compare_to_champion
 from tests.push.conftest import TRAIN_CONFIG, eval_results
 
 
@@ -87,6 +87,61 @@ def test_gate_uses_the_lower_bound_against_the_margin() -> None:
     assert none.decision == CANDIDATE and "no evaluation" in none.reason
     empty = {**eval_results(), "num_examples": 0}
     assert decide(parse_eval_results(empty), -1.0).decision == CANDIDATE
+
+
+def _champ(scores: list[float | None], **judge: str) -> Champion:
+    data = eval_results(scores=scores)
+    data["judge"].update(judge)
+    return Champion("version 1 (run old)", parse_eval_results(data))
+
+
+def test_a_challenger_must_beat_the_champion_on_the_same_examples() -> None:
+    """Paired per example: 6 of 20 examples better (1 vs 0.5), none worse -> +0.15; the interval decides."""
+    mine = parse_eval_results(eval_results(scores=[1.0] * 6 + [0.5] * 14))
+    vs = compare_to_champion(mine, _champ([0.5] * 20))
+    assert not isinstance(vs, str)
+    assert vs.estimate == pytest.approx(0.15) and vs.lo < vs.estimate < vs.hi
+    better = decide(parse_eval_results(eval_results(scores=[1.0] * 20)), 0.0, _champ([0.5] * 20))
+    assert better.promoted and "against the champion (version 1 (run old)) +0.500" in better.reason
+    same = decide(parse_eval_results(eval_results(scores=[0.5] * 20)), 0.0, _champ([0.5] * 20))
+    assert same.decision == CANDIDATE and "the champion stays" in same.reason
+    # examples with no verdict on either side are left out of the pairing
+    holes = compare_to_champion(
+        parse_eval_results(eval_results(scores=[1.0, None, 1.0])), _champ([0.0, 1.0, None])
+    )
+    assert not isinstance(holes, str) and holes.estimate == 1.0
+    # no champion yet: the SFT comparison alone makes the first one
+    assert decide(parse_eval_results(eval_results(scores=[0.0] * 20)), 0.0, None).promoted
+    # a model failing the SFT gate is not compared at all
+    assert "champion" not in decide(parse_eval_results(eval_results(lo=-0.1)), 0.0, _champ([0.0])).reason
+
+
+@pytest.mark.parametrize(
+    ("mine", "champion", "why"),
+    [
+        (eval_results(scores=[1.0] * 3), _champ([0.5] * 4), "other examples"),
+        (eval_results(scores=[1.0] * 3), _champ([0.5] * 3, model="other-judge"), "judged by 'other-judge'"),
+        (eval_results(scores=[1.0] * 3), _champ([0.5] * 3, template_sha256="t2"), "another judge prompt"),
+        (eval_results(), _champ([0.5] * 3), "this model's eval_results.json has no per-example"),
+        (
+            eval_results(scores=[1.0]),
+            Champion("v", None, "it was registered without it"),
+            "registered without",
+        ),
+        (eval_results(scores=[None]), _champ([0.5]), "no example has a usable verdict"),
+    ],
+)
+def test_evaluations_that_cannot_be_compared_say_why(mine: dict, champion: Champion, why: str) -> None:
+    decision = decide(parse_eval_results(mine), 0.0, champion)
+    assert decision.decision == CANDIDATE and why in decision.reason
+
+
+def test_per_example_scores_are_checked() -> None:
+    bad = {**eval_results(), "per_example": {"keys": ["a"], "trained": [1.5]}}
+    with pytest.raises(UserError, match=r"per_example.trained\[0\]"):
+        parse_eval_results(bad)
+    with pytest.raises(UserError, match="equal length"):
+        parse_eval_results({**eval_results(), "per_example": {"keys": ["a"], "trained": []}})
 
 
 def _card(**kw) -> str:  # type: ignore[no-untyped-def]

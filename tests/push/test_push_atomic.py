@@ -61,11 +61,13 @@ def _open_multipart(uri: str) -> list[Any]:
 def test_push_killed_mid_copy_keeps_the_previous_champion(
     where: dict[str, str], trained_dir: Path, tmp_path: Path
 ) -> None:
-    ev = write_eval(tmp_path / "eval_results.json", lo=0.04)
+    # the challenger beats the champion on every example, so it takes production
+    ev_old = write_eval(tmp_path / "eval_old.json", lo=0.04, scores=[0.5] * 20)
+    ev = write_eval(tmp_path / "eval_results.json", lo=0.04, scores=[1.0] * 20)
 
     def cfg(model: Path, out: str) -> PushConfig:
         return PushConfig(
-            model_path=str(model), eval_results=str(ev), output_dir=str(tmp_path / out),
+            model_path=str(model), eval_results=str(ev if out != "out1" else ev_old), output_dir=str(tmp_path / out),
             storage_uri=where["store"], production_uri=where["prod"],
         )  # fmt: skip
 

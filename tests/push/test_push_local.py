@@ -11,6 +11,7 @@ from rloo.cli.push_cmd import main
 from rloo.push import PushConfig, run_push
 from rloo.push.stage import StoredCopy
 from rloo.storage import MANIFEST_NAME, read_manifest
+from rloo.storage.transfer import read_published_file
 from tests.fixtures.weights import corrupt_copy
 from tests.push.conftest import write_eval
 
@@ -39,7 +40,10 @@ def test_champion_is_published_versioned_and_copied_to_production(trained_dir: P
     assert "model.safetensors" in files and "README.md" in files and "eval_results.json" in files
     assert "rloo_config.json" in files and "metrics.jsonl" in files
     assert not any(f.startswith(("checkpoint-", "samples")) for f in files)  # training leftovers stay behind
-    assert read_manifest(tmp_path / "prod").by_path == read_manifest(version).by_path
+    production = read_manifest(tmp_path / "prod").by_path
+    assert production.keys() - read_manifest(version).by_path.keys() == {"promotion.json"}
+    ledger = json.loads(read_published_file(tmp_path / "prod", "promotion.json") or b"")
+    assert ledger == {"run_key": key, "storage_uri": version.as_uri(), "previous": []}
     card = (version / "README.md").read_text()
     assert "base_model: EleutherAI/pythia-14m-sft" in card and "5 RLOO updates" in card
     on_disk = json.loads((tmp_path / "out" / "push_result.json").read_text())
@@ -215,3 +219,107 @@ def test_card_names_the_training_dataset_with_its_digest(
     assert line in cards["local"].splitlines()
     hub = "- training dataset: `trl-internal-testing/descriptiveness-sentiment-trl-style (split descriptiveness)`"
     assert hub in cards["hub"].splitlines()
+
+
+def _push(trained_dir: Path, tmp_path: Path, run: str, ev: Path, **kw: object) -> dict:
+    return run_push(
+        PushConfig(
+            model_path=str(trained_dir),
+            eval_results=str(ev),
+            output_dir=str(tmp_path / f"out-{run}"),
+            storage_uri=str(tmp_path / "store"),
+            production_uri=str(tmp_path / "prod"),
+            run_id=run,
+            **kw,  # type: ignore[arg-type]
+        )
+    ).to_dict()
+
+
+def _production_run(tmp_path: Path) -> str | None:
+    raw = read_published_file(tmp_path / "prod", "promotion.json")
+    return None if raw is None else json.loads(raw)["run_key"]
+
+
+def test_challenger_must_beat_the_champion_without_mlflow(trained_dir: Path, tmp_path: Path) -> None:
+    """Without a registry the champion is the run production_uri's ledger names: a challenger that beats SFT
+    but not the champion stays candidate; one that beats both takes production; the ledger keeps the chain."""
+    a = write_eval(tmp_path / "a.json", lo=0.04, scores=[0.5] * 30)
+    worse = write_eval(tmp_path / "b.json", lo=0.04, scores=[0.5] * 25 + [0.0] * 5)
+    better = write_eval(tmp_path / "c.json", lo=0.04, scores=[1.0] * 30)
+
+    first = _push(trained_dir, tmp_path, "a", a)
+    assert first["decision"] == "champion" and _production_run(tmp_path) == "a"
+    lost = _push(trained_dir, tmp_path, "b", worse)
+    assert lost["decision"] == "candidate" and lost["production"] is None
+    assert "against the champion (run a (at " in lost["reason"] and "the champion stays" in lost["reason"]
+    assert _production_run(tmp_path) == "a"
+    won = _push(trained_dir, tmp_path, "c", better)
+    assert won["decision"] == "champion" and "both lower bounds above the margin" in won["reason"]
+    ledger = json.loads(read_published_file(tmp_path / "prod", "promotion.json") or b"")
+    assert ledger["run_key"] == "c" and [p["run_key"] for p in ledger["previous"]] == ["a"]
+
+    # Opting out: the SFT comparison alone decides.
+    alone = _push(trained_dir, tmp_path, "b", worse, compare_to_champion=False)
+    assert alone["decision"] == "champion" and _production_run(tmp_path) == "b"
+
+
+def test_challenger_on_other_examples_is_not_promoted(trained_dir: Path, tmp_path: Path) -> None:
+    a = write_eval(tmp_path / "a.json", lo=0.04, scores=[0.5] * 30)
+    other = write_eval(tmp_path / "b.json", lo=0.04, scores=[1.0] * 40)
+    old_style = write_eval(tmp_path / "c.json", lo=0.04)  # no per-example scores
+    assert _push(trained_dir, tmp_path, "a", a)["decision"] == "champion"
+    b = _push(trained_dir, tmp_path, "b", other)
+    assert b["decision"] == "candidate" and "evaluated on other examples" in b["reason"]
+    assert "--compare_to_champion false" in b["reason"]
+    c = _push(trained_dir, tmp_path, "c", old_style)
+    assert c["decision"] == "candidate" and "no per-example scores" in c["reason"]
+    assert _production_run(tmp_path) == "a"
+
+
+def test_demotion_without_mlflow_restores_or_withdraws_production(trained_dir: Path, tmp_path: Path) -> None:
+    """A re-run that decides candidate for the model production holds puts the previous champion back (from
+    its versioned copy) or, with none, withdraws the production copy: push_result.json says which."""
+    a = write_eval(tmp_path / "a.json", lo=0.04, scores=[0.5] * 30)
+    c = write_eval(tmp_path / "c.json", lo=0.04, scores=[1.0] * 30)
+    _push(trained_dir, tmp_path, "a", a)
+    _push(trained_dir, tmp_path, "c", c)
+    assert _production_run(tmp_path) == "c"
+
+    demoted = _push(trained_dir, tmp_path, "c", c, promotion_margin=0.1)
+    assert demoted["decision"] == "candidate"
+    assert demoted["production"]["restored_from"] == (tmp_path / "store" / "a").as_uri()
+    assert _production_run(tmp_path) == "a"
+
+    last = _push(trained_dir, tmp_path, "a", a, promotion_margin=0.1)
+    assert last["decision"] == "candidate" and last["production"]["withdrawn"] is True
+    assert not (tmp_path / "prod" / MANIFEST_NAME).exists() and _production_run(tmp_path) is None
+
+
+def test_failed_push_leaves_no_staged_files(trained_dir: Path, tmp_path: Path) -> None:
+    """A push that fails while publishing leaves no publish/ (or other work) directory behind, and no output
+    directory at all when it created it."""
+    ev = write_eval(tmp_path / "ev.json", lo=0.04)
+    (tmp_path / "store").write_text("a file where the storage directory should be")
+    out = tmp_path / "out"
+    with pytest.raises(Exception):  # noqa: B017 - whatever the storage error, what is left is the point
+        run_push(
+            PushConfig(
+                model_path=str(trained_dir),
+                eval_results=str(ev),
+                output_dir=str(out),
+                storage_uri=str(tmp_path / "store"),
+            )
+        )
+    assert not out.exists()
+    out.mkdir()
+    (out / "keep.txt").write_text("the user's")
+    with pytest.raises(Exception):  # noqa: B017
+        run_push(
+            PushConfig(
+                model_path=str(trained_dir),
+                eval_results=str(ev),
+                output_dir=str(out),
+                storage_uri=str(tmp_path / "store"),
+            )
+        )
+    assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]

@@ -49,9 +49,8 @@ def test_champion_end_to_end_and_idempotent(push_env: S3Server, trained_dir: Pat
     assert result["decision"] == "champion"
     assert result["storage"]["uri"] == f"s3://{push_env.bucket}/push-tests/{name}/versions/kfp-run-1"
     assert "model.safetensors" in read_manifest(result["storage"]["uri"]).by_path
-    assert (
-        read_manifest(result["production"]["uri"]).by_path == read_manifest(result["storage"]["uri"]).by_path
-    )
+    production = read_manifest(result["production"]["uri"]).by_path
+    assert production.keys() - read_manifest(result["storage"]["uri"]).by_path.keys() == {"promotion.json"}
 
     mv = client.get_model_version_by_alias(name, "champion")
     assert mv.version == result["mlflow"]["version"] == "1"
@@ -266,31 +265,48 @@ def test_rerun_that_decides_candidate_gives_champion_back(
     """Run 'old' is champion, run 'new' takes over; re-judging 'new' with a higher margin makes it candidate:
     'champion' (and the production copy) go back to 'old'. Demoting the last champion removes the alias."""
     name = _name()
-    ev = write_eval(tmp_path / "ev.json", lo=0.01)
+    evals = {  # 'new' beats 'old' on every example
+        run: write_eval(tmp_path / f"ev-{run}.json", lo=0.01, scores=[score] * 20)
+        for run, score in (("old", 0.5), ("new", 1.0))
+    }
     client = MlflowClient()
 
     def push(run: str, margin: float) -> dict:
         return run_push(
-            _cfg(push_env, trained_dir, ev, tmp_path / run, name, run_id=run, promotion_margin=margin),
+            _cfg(
+                push_env, trained_dir, evals[run], tmp_path / run, name, run_id=run, promotion_margin=margin
+            ),
             hub_api=FakeHfApi(),
         ).to_dict()
 
     old = push("old", 0.0)
     new = push("new", 0.0)
     assert client.get_model_version_by_alias(name, "champion").version == new["mlflow"]["version"]
+    assert "against the champion (version 1 (run old)) +0.500" in new["reason"]
+    # one row claims champion: the version that lost the alias, and its run, say so
+    old_mv = client.get_model_version(name, old["mlflow"]["version"])
+    assert old_mv.tags["rloo.promotion"] == "superseded"
+    assert f"until version {new['mlflow']['version']} (new)" in old_mv.tags["rloo.promotion_reason"]
+    assert client.get_run(old["mlflow"]["run_id"]).data.tags["rloo.promotion"] == "superseded"
     demoted = push("new", 0.05)
     assert demoted["decision"] == "candidate" and demoted["mlflow"]["aliases"] == ["candidate"]
     assert demoted["mlflow"]["champion_version"] == old["mlflow"]["version"]
     assert client.get_model_version_by_alias(name, "champion").version == old["mlflow"]["version"]
     assert demoted["production"]["restored_from"] == old["storage"]["uri"]
     prod = read_manifest(demoted["production"]["uri"]).by_path
-    assert prod == read_manifest(old["storage"]["uri"]).by_path
+    assert prod.keys() - read_manifest(old["storage"]["uri"]).by_path.keys() == {"promotion.json"}
+    # tags agree with the alias again: 'old' says champion, 'new' candidate
+    old_mv = client.get_model_version(name, old["mlflow"]["version"])
+    assert old_mv.tags["rloo.promotion"] == "champion" and "demoted" in old_mv.tags["rloo.promotion_reason"]
+    assert client.get_run(old["mlflow"]["run_id"]).data.tags["rloo.promotion"] == "champion"
+    assert client.get_run(new["mlflow"]["run_id"]).data.tags["rloo.promotion"] == "candidate"
 
     last = push("old", 0.05)
     assert last["decision"] == "candidate" and last["mlflow"]["champion_version"] is None
     with pytest.raises(MlflowException, match="alias"):
         client.get_model_version_by_alias(name, "champion")
-    assert last["production"]["stale"] is True
+    # nothing is left at production_uri pointing at the model the gate no longer approves
+    assert last["production"]["withdrawn"] is True and not is_complete(last["production"]["uri"])
 
 
 def test_retrying_an_older_run_does_not_take_champion_back(
@@ -301,7 +317,8 @@ def test_retrying_an_older_run_does_not_take_champion_back(
     import time
 
     name = _name()
-    ev = write_eval(tmp_path / "ev.json", lo=0.04)
+    ev = write_eval(tmp_path / "ev.json", lo=0.04, scores=[0.5] * 20)
+    ev_early = write_eval(tmp_path / "ev-early.json", lo=0.04, scores=[1.0] * 20)  # better, but older
     client = MlflowClient()
     exp_id = client.create_experiment(f"push-{name}")
     now = int(time.time() * 1000)
@@ -315,11 +332,19 @@ def test_retrying_an_older_run_does_not_take_champion_back(
     assert newer["decision"] == "champion"
     hub = FakeHfApi()
     older = run_push(
-        _cfg(push_env, trained_dir, ev, tmp_path / "early", name, run_id="early", mlflow_parent_run_id=early),
+        _cfg(
+            push_env,
+            trained_dir,
+            ev_early,
+            tmp_path / "early",
+            name,
+            run_id="early",
+            mlflow_parent_run_id=early,
+        ),
         hub_api=hub,
     ).to_dict()
     assert older["decision"] == "candidate" and older["promoted"] is False
-    assert "lower bound above the margin" in older["reason"] and "newer run" in older["reason"]
+    assert "lower bounds above the margin" in older["reason"] and "newer run" in older["reason"]
     assert f"version {newer['mlflow']['version']} of late" in older["reason"]
     assert older["mlflow"]["aliases"] == ["candidate"] and older["production"] is None and hub.calls == []
     assert client.get_model_version_by_alias(name, "champion").version == newer["mlflow"]["version"]

@@ -14,7 +14,8 @@ DESCRIPTION = (
     "Publish a trained model to object storage (<storage_uri>/<run_id>/ with a manifest), the MLflow Model "
     "Registry (--registered_model_name) and the Hugging Face Hub (--hub_repo_id, token from HF_TOKEN), and "
     "promote it (MLflow alias 'champion', copy to --production_uri) only if the 95% lower bound of the paired "
-    "win-rate difference (trained - SFT) in --eval_results is above --promotion_margin; otherwise it is "
+    "win-rate difference (trained - SFT) in --eval_results is above --promotion_margin and, when another run's "
+    "model is champion, so is the difference with the champion on the same examples and judge; otherwise it is "
     "registered as 'candidate'. The decision is written to <output_dir>/push_result.json."
 )
 

@@ -3,8 +3,10 @@ both orders, compute win rates with bootstrap intervals, write results, report t
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -53,23 +55,44 @@ def run_eval(
     rows = load_eval_rows(
         cfg.dataset_name, cfg.dataset_split, config=cfg.dataset_config, num_examples=cfg.num_examples
     )
+    from rloo.models import check_model_files
+
+    # The models' files before the judge: a corrupt model is reported as such even when the judge is down.
+    for flag, path in (
+        ("model_name_or_path", cfg.model_name_or_path),
+        ("baseline_model", cfg.baseline_model),
+    ):
+        if path:
+            check_model_files(flag, path, trust_remote_code=cfg.trust_remote_code)
     sinks = _sinks(cfg)  # an unreachable tracking server fails now too, not after generation
     judge = make_judge(cfg)
     judge.preflight()  # seconds, before minutes of generation: a wrong URL/key/model fails now
     engine = engine or make_engine(cfg)
     out = Path(cfg.output_dir)
+    existed = out.exists()
     out.mkdir(parents=True, exist_ok=True)
     # The run starts now, so that its duration in MLflow is the stage's (generation and judging), not the
     # moment of logging at the end.
-    _open(sinks, cfg, sources, out)
     try:
-        results = _evaluate(cfg, rows, judge, engine, sources, out)
+        _open(sinks, cfg, sources, out)
+        try:
+            results = _evaluate(cfg, rows, judge, engine, sources, out)
+        except BaseException:
+            for sink in sinks:
+                sink.finish("FAILED")
+            raise
     except BaseException:
-        for sink in sinks:
-            sink.finish("FAILED")
+        if not existed:  # nothing half-written is left: results are written only at the end
+            shutil.rmtree(out, ignore_errors=True)
         raise
     _report(sinks, results, out)
     return results
+
+
+def example_key(judge_prompt: str, reference: str) -> str:
+    """An example's identity across evaluations: a digest of what the judge sees besides the model's output
+    (the push gate pairs a challenger's scores with the champion's by it)."""
+    return hashlib.sha256(f"{judge_prompt}\0{reference}".encode()).hexdigest()[:16]
 
 
 def _evaluate(
@@ -124,7 +147,12 @@ def _evaluate(
         "engine": engine.name,
         "models": summaries,
         "paired_difference": None if diff is None else {**diff, "ci95": [diff["low"], diff["high"]]},
-        "judge": {"model": cfg.judge_model, "base_url": cfg.judge_base_url, **judge.stats.as_dict()},
+        "judge": {
+            "model": cfg.judge_model,
+            "base_url": cfg.judge_base_url,
+            "template_sha256": hashlib.sha256(cfg.template_text().encode()).hexdigest(),
+            **judge.stats.as_dict(),
+        },
         # the contract the push stage's promotion gate reads (rloo.push.gate.parse_eval_results)
         **{
             label: {"win_rate": m["win_rate"], "ci95": [m["win_rate_ci_low"], m["win_rate_ci_high"]]}
@@ -133,6 +161,11 @@ def _evaluate(
         "invalid": sum(m["num_invalid"] for m in summaries.values()),
         "ties": sum(m["num_ties"] for m in summaries.values()),
         "settings": recorded_settings(cfg, sources),
+        # the trained model's score per example, for the push gate's champion-against-challenger comparison
+        "per_example": {
+            "keys": [example_key(p, r) for p, r in zip(rows.judge_prompts, rows.references, strict=True)],
+            "trained": scores["trained"],
+        },
     }
     examples = [
         {

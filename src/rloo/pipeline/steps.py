@@ -97,6 +97,7 @@ def check_pipeline_params(
             name: name
             for name in (
                 "promotion_margin",
+                "compare_to_champion",
                 "registered_model_name",
                 "register_model",
                 "hub_repo_id",
@@ -167,7 +168,7 @@ def _train_config(params: dict[str, Any]) -> dict[str, Any]:
     from rloo.pipeline.node import POD_LOCAL_FIELDS
 
     try:
-        values = parse_values(RLOOConfig, train_args(params), prog="pipeline parameters")
+        values = parse_values(RLOOConfig, train_args(params), prog="rloo train")
         for name in sorted(POD_LOCAL_FIELDS & values.keys()):
             raise UserError(f"--{name} is set by the pipeline itself; remove it from extra_train_args.")
         RLOOConfig(**({"model_name_or_path": _PLACEHOLDER_MODEL, "output_dir": "validate"} | values))
@@ -210,6 +211,8 @@ def _in_pipeline_terms(message: str, *, has_reward_model: bool) -> str:
             "no reward source: set the pipeline parameter reward_model_path (a reward model) and/or put "
             "--reward_funcs pkg.module:fn in extra_train_args."
         )
+    if message.startswith(("unknown flag", "unexpected argument")):  # only extra_train_args has free flags
+        return f"extra_train_args: {message}"
     return _as_parameters(message, {name: name for name in TRAIN_PARAMS})
 
 

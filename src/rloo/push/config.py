@@ -70,7 +70,12 @@ class PushConfig:
     promotion_margin: float = option(
         0.0,
         "Promote only if the lower bound of the 95 percent interval of the paired win-rate difference (trained "
-        "minus SFT) is above this.",
+        "minus SFT, and challenger minus champion) is above this.",
+    )
+    compare_to_champion: bool = option(
+        True,
+        "Promote only a model that also beats the current champion on the same examples and judge (false: the "
+        "comparison with SFT alone decides).",
     )
     base_model: str | None = option(
         None,

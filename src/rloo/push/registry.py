@@ -32,6 +32,8 @@ import yaml
 
 from rloo.push.gate import CHAMPION, Decision
 
+SUPERSEDED = "superseded"  # rloo.promotion of a version (and its runs) that held 'champion' and lost it
+
 TAG_SOURCE_RUN = "rloo.source_run"
 TAG_PROMOTION = "rloo.promotion"
 TAG_REASON = "rloo.promotion_reason"
@@ -275,17 +277,79 @@ class Registry:
         return holder if version_order(holder)[0] > mine else None
 
     def previous_champion(self, exclude_version: str) -> Any | None:
-        """The newest other version whose last decision is champion (where ``champion`` goes back to when
-        the version holding it is demoted), or None."""
-        found = self.client.search_model_versions(
-            f"name = '{_quote(self._name())}' and tags.`{TAG_PROMOTION}` = '{CHAMPION}'"
-        )
+        """The newest other version approved as champion, holding it or superseded since (where
+        ``champion`` goes back to when the version holding it is demoted), or None."""
+        found = [
+            v
+            for status in (CHAMPION, SUPERSEDED)
+            for v in self.client.search_model_versions(
+                f"name = '{_quote(self._name())}' and tags.`{TAG_PROMOTION}` = '{status}'"
+            )
+        ]
         others = [
             self.client.get_model_version(self.name, str(v.version))
             for v in found
             if str(v.version) != str(exclude_version) and getattr(v, "status", "READY") == "READY"
         ]
         return max(others, key=version_order, default=None)
+
+    def take_champion(self, version: str, decision: Decision) -> None:
+        """Point ``champion`` at ``version``; the version that held it (another run's) and its runs say
+        ``superseded`` from now on, so that only one row of the runs table claims ``champion``."""
+        holder = self.alias_holder(CHAMPION)
+        self.set_alias(CHAMPION, version)
+        if holder is not None and str(holder.version) != str(version):
+            reason = f"was champion until version {version} ({self.run_key}) beat it"
+            self._mark(holder, SUPERSEDED, reason)
+
+    def give_up_champion(self, version: str, previous: Any | None) -> None:
+        """Move ``champion`` from ``version`` back to ``previous`` (or remove it), and make the tags agree:
+        ``previous`` and its runs say ``champion`` again."""
+        if previous is None:
+            self.drop_alias(CHAMPION)
+            return
+        self.set_alias(CHAMPION, str(previous.version))
+        if (previous.tags or {}).get(TAG_PROMOTION) != CHAMPION:
+            self._mark(previous, CHAMPION, f"champion again: version {version} ({self.run_key}) was demoted")
+
+    def _mark(self, mv: Any, status: str, reason: str) -> None:
+        """``rloo.promotion`` of a version, its push run and that run's pipeline (parent) run."""
+        self.client.set_model_version_tag(self.name, mv.version, TAG_PROMOTION, status)
+        self.client.set_model_version_tag(self.name, mv.version, TAG_REASON, reason[:5000])
+        if not mv.run_id:
+            return
+        from mlflow.exceptions import MlflowException
+
+        try:
+            runs = [mv.run_id]
+            parent = self.client.get_run(mv.run_id).data.tags.get(TAG_PARENT)
+            runs += [parent] if parent else []
+            for run_id in runs:
+                self.client.set_tag(run_id, TAG_PROMOTION, status)
+                self.client.set_tag(run_id, TAG_REASON, reason[:5000])
+        except MlflowException as e:  # a deleted run: the version's own tags are what count
+            if e.error_code != "RESOURCE_DOES_NOT_EXIST":
+                raise
+
+    def eval_results_of(self, mv: Any, dest: Path) -> tuple[Any, str]:
+        """The ``eval_results.json`` registered with ``mv`` (decoded), or None and why not."""
+        from mlflow.exceptions import MlflowException
+
+        if not mv.run_id:
+            return None, "it has no run to read its eval_results.json from"
+        if dest.exists():
+            shutil.rmtree(dest)
+        dest.mkdir(parents=True)
+        try:
+            path = self.client.download_artifacts(
+                mv.run_id, f"{ARTIFACT_PATH}/rloo/eval_results.json", str(dest)
+            )
+        except (MlflowException, OSError):
+            return None, "it was registered without eval_results.json"
+        try:
+            return json.loads(Path(path).read_text()), ""
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return None, "its eval_results.json is not valid JSON"
 
     def drop_alias(self, alias: str) -> None:
         self.client.delete_registered_model_alias(self.name, alias)

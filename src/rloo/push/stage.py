@@ -13,10 +13,17 @@ Order (each step idempotent for one run key):
 4. Hub: champions only, unless ``hub_push_candidates``;
 5. promotion, last, only when everything above succeeded: publish to ``production_uri`` atomically for
    readers (a fresh ``versions/<id>/`` then the pointer manifest, older versions deleted after), then
-   the ``champion`` alias. A re-run that decides ``candidate`` for a version holding ``champion`` moves the
-   alias back to the newest other version still approved as champion (and republishes its copy to
-   ``production_uri``), or removes it when there is none;
+   the ``champion`` alias; the version (and the runs) that held it are marked ``superseded``. A re-run that
+   decides ``candidate`` for the model holding ``champion`` moves it back to the previous champion (and
+   republishes that copy to ``production_uri``), or, when there is none, removes the alias and withdraws the
+   production copy: nothing is left pointing at a model the gate no longer approves;
 6. ``push_result.json`` (atomically) and the MLflow tags ``rloo.promotion`` / ``rloo.promotion_reason``.
+
+Champion against challenger: a model that passes the SFT comparison takes ``champion`` only when it also
+beats the current champion (another run's) on the same examples with the same judge
+(:func:`rloo.push.gate.decide`). The champion is the registry's alias holder; without a registry, the run
+recorded in ``production_uri``'s ledger (``promotion.json``: the champion's run key, its versioned copy and
+the champions before it), which is also how a demotion without MLflow finds the model to put back.
 
 A failure anywhere raises before step 5 finishes: the champion alias is never set on a version whose copies
 are incomplete, and a production prefix is readable only with its manifest. The push run is marked FAILED.
@@ -41,6 +48,7 @@ from rloo.push.config import PushConfig, run_key
 from rloo.push.gate import (
     CANDIDATE,
     CHAMPION,
+    Champion,
     Decision,
     EvalResults,
     decide,
@@ -48,17 +56,36 @@ from rloo.push.gate import (
     parse_eval_results,
 )
 from rloo.push.hub import upload_to_hub
-from rloo.push.registry import Registry, RegistryResult, build_mlflow_model_dir, link_or_copy
-from rloo.storage import Location, download_dir, is_complete, publish_atomic, read_manifest, upload_dir
+from rloo.push.registry import (
+    TAG_SOURCE_RUN,
+    Registry,
+    RegistryResult,
+    build_mlflow_model_dir,
+    link_or_copy,
+)
+from rloo.storage import (
+    Location,
+    delete_prefix,
+    download_dir,
+    is_complete,
+    publish_atomic,
+    read_manifest,
+    upload_dir,
+)
 from rloo.storage.backends import backend_for
 from rloo.storage.location import source_kind
 from rloo.storage.manifest import MANIFEST_NAME, build_manifest, sha256_file
 from rloo.storage.redact import redact
+from rloo.storage.transfer import read_published_file
 from rloo.tracking.runs import pipeline_run_from_env
 
 log = logging.getLogger("rloo.push")
 
 RESULT_FILE = "push_result.json"
+# In the production copy: which run's model it is, where its versioned copy is, and the champions before it.
+LEDGER_FILE = "promotion.json"
+# What a push writes under output_dir besides push_result.json; removed again when the push fails.
+WORK_DIRS = ("publish", "production", "mlflow_model", "model", "champion", "previous_champion")
 REQUIRED_MODEL_FILES = ("config.json", "training_complete.json")
 
 
@@ -254,19 +281,20 @@ def _raise_mlflow_as_user_error(exc: BaseException) -> None:
 @dataclass(frozen=True)
 class StoredCopy:
     """A copy under ``storage_uri`` or ``production_uri``: ``uploaded`` is False when an identical complete
-    copy was already there; a demotion says where the restored copy came from, or that none could be."""
+    copy was already there; a demotion says where the restored copy came from, or that the demoted model's
+    copy was withdrawn (deleted) because no earlier champion could be put back."""
 
     uri: str
     uploaded: bool
     restored_from: str | None = None
-    stale: bool = False
+    withdrawn: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"uri": self.uri, "uploaded": self.uploaded}
         if self.restored_from is not None:
             d["restored_from"] = self.restored_from
-        if self.stale:
-            d["stale"] = True
+        if self.withdrawn:
+            d["withdrawn"] = True
         return d
 
 
@@ -351,9 +379,18 @@ def run_push(cfg: PushConfig, *, hub_api: Any = None, mlflow_client: Any = None)
     result_path = out / RESULT_FILE
     result_path.unlink(missing_ok=True)  # a stale result must not outlive a failed re-run
 
-    prepared = stage_push(cfg, out)
+    existed = out.exists()
+    try:
+        prepared = stage_push(cfg, out)
+    except BaseException:
+        _clean_work(out, existed)
+        raise
     # The MLflow run first: whether this run may take 'champion' depends on its start time.
-    run = open_push_run(cfg, prepared.key, mlflow_client, tracking=tracking) if tracking else None
+    try:
+        run = open_push_run(cfg, prepared.key, mlflow_client, tracking=tracking) if tracking else None
+    except BaseException:
+        _clean_work(out, existed)
+        raise
     try:
         result = publish(cfg, prepared, run, hub_api)
         write_bytes_atomic(
@@ -368,10 +405,22 @@ def run_push(cfg: PushConfig, *, hub_api: Any = None, mlflow_client: Any = None)
                 run.registry.client.set_terminated(run.run_id, status="FAILED")
             except Exception:  # the original error is the one to report
                 log.warning("could not mark MLflow run %s FAILED", run.run_id)
+        _clean_work(out, existed)
         _raise_mlflow_as_user_error(e)
         raise
+    for name in WORK_DIRS:  # the staged copies are published; hard links, but a copy across devices is not
+        shutil.rmtree(out / name, ignore_errors=True)
     log.info("push decision: %s (%s)", result.decision.decision, result.decision.reason)
     return result
+
+
+def _clean_work(out: Path, existed: bool) -> None:
+    """After a failed push: the staged files and downloads go (a re-run stages them again); ``out`` too when
+    this push created it and nothing else is left in it."""
+    for name in WORK_DIRS:
+        shutil.rmtree(out / name, ignore_errors=True)
+    if not existed and out.is_dir() and not any(out.iterdir()):
+        out.rmdir()
 
 
 def stage_push(cfg: PushConfig, out: Path) -> StagedPush:
@@ -419,6 +468,9 @@ def publish(cfg: PushConfig, prepared: StagedPush, run: PushRun | None, hub_api:
     """Steps 2-5: the model card, then storage, MLflow, the Hub and promotion, in that order."""
     out = Path(cfg.output_dir)
     decision = prepared.decision
+    if decision.promoted and cfg.compare_to_champion:
+        champion = current_champion(cfg, prepared.key, run, out)
+        decision = decide(prepared.eval_results, cfg.promotion_margin, champion)
     if run is not None:
         decision = _tag_and_check_newer(cfg, run, decision)
     name, card = write_card(cfg, prepared, decision, run)
@@ -451,10 +503,62 @@ def publish(cfg: PushConfig, prepared: StagedPush, run: PushRun | None, hub_api:
 
     # 5. promotion, last
     registry = None if run is None else run.registry
-    result.production = promote(cfg, prepared.staged, decision, registry, version, out)
+    storage = None if result.storage is None else result.storage.uri
+    result.production = promote(cfg, prepared, decision, registry, version, storage)
     if run is not None and result.mlflow is not None:
         _record_outcome(run, result.mlflow, decision, version)
     return result
+
+
+def current_champion(cfg: PushConfig, key: str, run: PushRun | None, out: Path) -> Champion | None:
+    """The champion a challenger must beat: the registry's ``champion`` version, else (no registry) the run
+    in ``production_uri``'s ledger; None when there is none, or when it is this run's own model (a re-run)."""
+    if run is not None and run.registry.name:
+        holder = run.registry.alias_holder(CHAMPION)
+        source = (holder.tags or {}).get(TAG_SOURCE_RUN) if holder is not None else None
+        if holder is None or source == key:
+            return None
+        label = f"version {holder.version} (run {source or holder.run_id})"
+        data, why = run.registry.eval_results_of(holder, out / "champion")
+        return _champion(label, data, why)
+    if not cfg.production_uri:
+        return None
+    ledger = read_ledger(cfg.production_uri)
+    if ledger is None or ledger.get("run_key") == key:
+        return None
+    label = f"run {ledger.get('run_key')} (at {Location.parse(cfg.production_uri).uri})"
+    raw = read_published_file(cfg.production_uri, "eval_results.json")
+    if raw is None:
+        return Champion(label, None, "its copy has no eval_results.json")
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return Champion(label, None, "its eval_results.json is not valid JSON")
+    return _champion(label, data, "")
+
+
+def _champion(label: str, data: Any, why: str) -> Champion:
+    if data is None:
+        return Champion(label, None, why)
+    try:
+        return Champion(label, parse_eval_results(data, f"the champion's eval_results.json ({label})"))
+    except UserError as e:
+        return Champion(label, None, str(e))
+
+
+def read_ledger(production_uri: str) -> dict[str, Any] | None:
+    """``promotion.json`` of the production copy: ``{"run_key", "storage_uri", "previous": [...]}``."""
+    raw = read_published_file(production_uri, LEDGER_FILE)
+    if raw is None:
+        return None
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        log.warning(
+            "%s/%s is not valid JSON: the production copy's run is unknown", production_uri, LEDGER_FILE
+        )
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def _tag_and_check_newer(cfg: PushConfig, run: PushRun, decision: Decision) -> Decision:
@@ -567,29 +671,64 @@ def register(run: PushRun, staged: Path, decision: Decision, name: str, card: st
 
 def promote(
     cfg: PushConfig,
-    staged: Path,
+    prepared: StagedPush,
     decision: Decision,
     registry: Registry | None,
     version: str | None,
-    out: Path,
+    storage: str | None,
 ) -> StoredCopy | None:
-    """Step 5: a champion goes to ``production_uri`` (atomically) and takes the alias; a candidate re-run
-    of a version holding 'champion' moves the alias back (:func:`_demote`). Returns the production copy."""
+    """Step 5: a champion goes to ``production_uri`` (atomically, with the ledger) and takes the alias; a
+    candidate re-run of the model holding 'champion' gives it back (:func:`_demote`). Returns the production
+    copy."""
+    key = prepared.key
     if decision.promoted:
         production = None
         if cfg.production_uri:
             uri = Location.parse(cfg.production_uri).uri
-            production = StoredCopy(uri, _publish(staged, uri, atomic=True))
+            production = StoredCopy(uri, _publish_production(cfg, prepared.staged, key, storage))
         if registry is not None and version is not None:
-            registry.set_alias(CHAMPION, version)
+            registry.take_champion(version, decision)
             # a re-run with a new decision (e.g. a lower margin) must not leave the version both
             registry.drop_alias_if_on(CANDIDATE, version)
         return production
-    if registry is not None and version is not None and CHAMPION in registry.aliases_of(version):
-        # A re-run of this run decided candidate, but an earlier push of it made it champion: the alias goes
-        # back to the newest other version still approved as champion, or is removed when there is none.
-        return _demote(cfg, registry, version, out)
+    if registry is not None and version is not None:
+        if CHAMPION in registry.aliases_of(version):
+            return _demote(cfg, registry, version, Path(cfg.output_dir))
+        return None
+    if cfg.production_uri:  # no registry: the ledger says whose model production holds
+        ledger = read_ledger(cfg.production_uri)
+        if ledger is not None and ledger.get("run_key") == key:
+            return _demote_without_registry(cfg, ledger, Path(cfg.output_dir))
     return None
+
+
+def _publish_production(cfg: PushConfig, staged: Path, key: str, storage: str | None) -> bool:
+    """The staged files plus the ledger, atomically to ``production_uri``; True if it uploaded."""
+    assert cfg.production_uri
+    ledger = read_ledger(cfg.production_uri) or {}
+    previous = list(ledger.get("previous") or [])
+    if ledger.get("run_key") and ledger.get("run_key") != key:
+        previous.append({"run_key": ledger["run_key"], "storage_uri": ledger.get("storage_uri")})
+    previous = [p for p in previous if isinstance(p, dict) and p.get("run_key") != key][-20:]
+    return _publish_with_ledger(
+        staged, cfg.production_uri, {"run_key": key, "storage_uri": storage, "previous": previous}
+    )
+
+
+def _publish_with_ledger(src: Path, uri: str, ledger: dict[str, Any]) -> bool:
+    """``src``'s files (hard links) and ``ledger`` as ``promotion.json``, atomically to ``uri``."""
+    dest = src.parent / "production"
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    for f in sorted(src.iterdir()):
+        if f.is_file() and f.name not in (LEDGER_FILE, MANIFEST_NAME):
+            link_or_copy(f, dest / f.name)
+    (dest / LEDGER_FILE).write_text(json.dumps(ledger, indent=1, sort_keys=True) + "\n")
+    try:
+        return _publish(dest, uri, atomic=True)
+    finally:
+        shutil.rmtree(dest, ignore_errors=True)
 
 
 def _record_outcome(run: PushRun, record: MlflowRecord, decision: Decision, version: str | None) -> None:
@@ -606,26 +745,64 @@ def _record_outcome(run: PushRun, record: MlflowRecord, decision: Decision, vers
 
 def _demote(cfg: PushConfig, registry: Registry, version: str, out: Path) -> StoredCopy | None:
     """Move 'champion' off ``version`` (back to the previous champion, or nowhere) and put the previous
-    champion's published copy back at ``production_uri`` when there is one."""
+    champion's published copy back at ``production_uri``, or withdraw the production copy when none can be."""
     previous = registry.previous_champion(version)
+    registry.give_up_champion(version, previous)
     if previous is None:
-        registry.drop_alias(CHAMPION)
         log.warning("'champion' removed from version %s: no earlier champion to restore", version)
     else:
-        registry.set_alias(CHAMPION, str(previous.version))
         log.info("'champion' moved back from version %s to version %s", version, previous.version)
     if not cfg.production_uri:
         return None
-    prod = Location.parse(cfg.production_uri).uri
-    source_key = (previous.tags or {}).get("rloo.source_run") if previous is not None else None
+    source_key = (previous.tags or {}).get(TAG_SOURCE_RUN) if previous is not None else None
+    return _restore_production(cfg, source_key, out)
+
+
+def _demote_without_registry(cfg: PushConfig, ledger: dict[str, Any], out: Path) -> StoredCopy:
+    """No registry: the ledger in ``production_uri`` names the champions before this one; the newest whose
+    versioned copy is still complete goes back, else the production copy is withdrawn."""
+    previous = [p for p in ledger.get("previous") or [] if isinstance(p, dict) and p.get("run_key")]
+    while previous:
+        last = previous.pop()
+        src = last.get("storage_uri")
+        if src and is_complete(src):
+            local = out / "previous_champion"
+            download_dir(src, local, progress=False, overwrite=True)
+            entry = {"run_key": last["run_key"], "storage_uri": src, "previous": previous}
+            assert cfg.production_uri
+            uploaded = _publish_with_ledger(local, cfg.production_uri, entry)
+            log.info("production copy restored to the previous champion, run %s", last["run_key"])
+            return StoredCopy(Location.parse(cfg.production_uri).uri, uploaded, restored_from=src)
+    return _withdraw(cfg)
+
+
+def _restore_production(cfg: PushConfig, source_key: str | None, out: Path) -> StoredCopy:
+    assert cfg.production_uri
     if source_key and cfg.storage_uri:
         src = Location.parse(cfg.storage_uri).child(source_key).uri
         if is_complete(src):
             local = out / "previous_champion"
             download_dir(src, local, progress=False, overwrite=True)
-            return StoredCopy(prod, _publish(local, prod, atomic=True), restored_from=src)
-    log.warning("%s still holds the demoted model: no published copy of an earlier champion to restore", prod)
-    return StoredCopy(prod, uploaded=False, stale=True)
+            ledger = read_ledger(cfg.production_uri) or {}
+            previous = [
+                p
+                for p in ledger.get("previous") or []
+                if isinstance(p, dict) and p.get("run_key") != source_key
+            ]
+            entry = {"run_key": source_key, "storage_uri": src, "previous": previous}
+            uploaded = _publish_with_ledger(local, cfg.production_uri, entry)
+            return StoredCopy(Location.parse(cfg.production_uri).uri, uploaded, restored_from=src)
+    return _withdraw(cfg)
+
+
+def _withdraw(cfg: PushConfig) -> StoredCopy:
+    """No approved model to put at ``production_uri``: delete the copy there (its manifest first, so readers
+    stop accepting it at once) rather than leave a model the gate no longer approves."""
+    assert cfg.production_uri
+    prod = Location.parse(cfg.production_uri).uri
+    delete_prefix(prod)
+    log.warning("%s withdrawn: no earlier champion's copy to put back", prod)
+    return StoredCopy(prod, uploaded=False, withdrawn=True)
 
 
 __all__ = ["RESULT_FILE", "Decision", "MlflowRecord", "PushResult", "StoredCopy", "run_push"]

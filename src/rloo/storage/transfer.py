@@ -322,3 +322,18 @@ def delete_prefix(uri: str | os.PathLike[str] | Location, *, client: Any = None)
     backend = backend_for(loc, client)
     backend.delete(MANIFEST_NAME)
     backend.delete_tree()
+
+
+def read_published_file(
+    uri: str | os.PathLike[str] | Location, rel: str, *, client: Any = None
+) -> bytes | None:
+    """One file of a published prefix, as its manifest names it (below the version a pointer manifest names);
+    None when the prefix has no manifest or the manifest lists no such file."""
+    backend = backend_for(Location.parse(uri), client)
+    try:
+        manifest = _read_manifest(backend)
+    except IncompleteArtifactError:
+        return None
+    if rel not in manifest.by_path:
+        return None
+    return _data_backend(backend, manifest).read_bytes(rel)
