@@ -884,7 +884,8 @@ class RLOOTrainer:
     # ------------------------------------------------------------------------------------------------
     def train(self) -> TrainResult:
         """Resume where a previous run stopped, run the remaining updates (rollout, then optimization),
-        checkpoint, and publish the final model; on SIGTERM, checkpoint and exit with 143."""
+        checkpoint, and publish the final model; on SIGTERM (or a first Ctrl-C), checkpoint and exit with 143
+        (130)."""
         cfg = self.cfg
         out_dir = cfg.local_output_dir
         start = time.perf_counter()
@@ -915,7 +916,7 @@ class RLOOTrainer:
         except _Preempted:
             status = "KILLED"
             self._checkpoint_preempted(out_dir, logger, update, preemption)
-            raise SystemExit(143) from None
+            raise SystemExit(preemption.exit_code) from None
         finally:
             preemption.uninstall()
             self.generator.should_stop = None
@@ -1052,7 +1053,8 @@ class RLOOTrainer:
     def _checkpoint_preempted(
         self, out_dir: Path, logger: MetricsLogger, update: int, preemption: _Preemption
     ) -> None:
-        """SIGTERM: checkpoint the state update ``update`` started from, within the grace period."""
+        """SIGTERM or Ctrl-C: checkpoint the state update ``update`` started from (after SIGTERM within the
+        grace period)."""
         if self.accelerator.is_main_process and logger.output_dir is None:
             logger.open(out_dir, keep_until_update=update)
         path = self.checkpoints.save(out_dir, update)
@@ -1060,7 +1062,8 @@ class RLOOTrainer:
             self.mirror.wait()  # a fresh pod resumes from the mirror: it must hold this checkpoint
         preemption.cancel_deadline()
         log.warning(
-            "SIGTERM: saved %s after %d of %d updates; run the same command again to resume",
+            "%s: saved %s after %d of %d updates; run the same command again to resume",
+            "Ctrl-C" if preemption.signal_name == "SIGINT" else "SIGTERM",
             path,
             update,
             self.num_updates,
@@ -1069,7 +1072,8 @@ class RLOOTrainer:
     # ------------------------------------------------------------------------------------------------
     # checkpoints, resume, preemption
     def _phase(self, name: str, update: int, preemption: _Preemption) -> None:
-        """A safe point between phases: run the phase hooks, then honour SIGTERM (agreed across ranks)."""
+        """A safe point between phases: run the phase hooks, then honour SIGTERM or Ctrl-C (agreed across
+        ranks)."""
         for hook in PHASE_HOOKS:
             hook(update, name)
         if self.comm.any(preemption.requested(), self.device):
@@ -1099,40 +1103,65 @@ class RLOOTrainer:
 
 
 class _Preempted(Exception):
-    """Raised at a safe point after SIGTERM: checkpoint and exit."""
+    """Raised at a safe point after SIGTERM or a first Ctrl-C: checkpoint and exit."""
 
 
 class _Preemption:
-    """SIGTERM sets a flag the loop checks at safe points; a watchdog bounds the time to exit.
+    """SIGTERM or a first Ctrl-C (SIGINT) sets a flag the loop checks at safe points; a second Ctrl-C quits at
+    once, without a checkpoint (KeyboardInterrupt). After SIGTERM a watchdog bounds the time to exit.
 
     Kubernetes sends SIGTERM before evicting a pod and SIGKILL ``terminationGracePeriodSeconds`` later.
     The loop checkpoints at its next safe point (between decode steps on one process, between phases on
     several); if that has not finished within the grace period, the watchdog exits anyway: the newest
-    complete checkpoint is still there, only the current update is lost.
+    complete checkpoint is still there, only the current update is lost. Ctrl-C has no SIGKILL behind it:
+    the person who pressed it can press it again.
     """
 
     def __init__(self, grace_seconds: float) -> None:
         self.grace_seconds = grace_seconds
         self._flag = threading.Event()
         self._timer: threading.Timer | None = None
-        self._previous: Any = None
+        self._previous: dict[int, Any] = {}
+        # the signal that asked to stop on this process (None: another rank's, agreed through the collectives)
+        self.signal_name: str | None = None
 
     def requested(self) -> bool:
         return self._flag.is_set()
 
+    @property
+    def exit_code(self) -> int:
+        return 128 + (signal.SIGINT if self.signal_name == "SIGINT" else signal.SIGTERM)
+
     def install(self) -> None:
-        if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGTERM, self._handle)
+        if threading.current_thread() is not threading.main_thread():
+            return
+        self._previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, self._handle)
+        # a process started with Ctrl-C ignored (nohup, a background job) keeps ignoring it
+        if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+            self._previous[signal.SIGINT] = signal.signal(signal.SIGINT, self._handle)
 
     def uninstall(self) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
-            self._previous = None
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        self._previous.clear()
 
     def _handle(self, signum: int, frame: Any) -> None:
-        if self._flag.is_set():
+        first = not self._flag.is_set()
+        if signum == signal.SIGINT:
+            if not first:
+                log.warning("Ctrl-C again: quitting now, without a checkpoint")
+                raise KeyboardInterrupt
+            self.signal_name = "SIGINT"
+            self._flag.set()
+            log.warning(
+                "Ctrl-C (SIGINT) received: checkpointing at the next safe point, then exiting (run the same "
+                "command again to resume); press Ctrl-C again to quit at once without a checkpoint"
+            )
             return
+        self.signal_name = "SIGTERM"
         self._flag.set()
+        if self._timer is not None:
+            return
         log.warning(
             "SIGTERM received: checkpointing at the next safe point (at most %.0fs)", self.grace_seconds
         )
