@@ -73,6 +73,9 @@ def test_eval_and_push_markdown() -> None:
         {"decision": "champion", "reason": "lower bound above margin", "storage": {"uri": "u"}}, "l"
     )
     assert "Decision: **champion**" in push and '| storage | {"uri": "u"} |' in push
+    vs = {"champion": "version 2 (run r)", "estimate": 0.125, "ci95": [0.0625, 0.25]}
+    challenger = R.push_markdown({"decision": "champion", "against_champion": vs}, "l")
+    assert "Against the champion, version 2 (run r): +0.125 (95% CI [+0.062, +0.250])" in challenger
 
 
 def test_stage_run_link(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

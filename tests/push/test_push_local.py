@@ -255,6 +255,10 @@ def test_challenger_must_beat_the_champion_without_mlflow(trained_dir: Path, tmp
     assert _production_run(tmp_path) == "a"
     won = _push(trained_dir, tmp_path, "c", better)
     assert won["decision"] == "champion" and "both lower bounds above the margin" in won["reason"]
+    assert won["against_champion"]["estimate"] == 0.5 and won["against_champion"]["champion"].startswith(
+        "run a"
+    )
+    assert first["against_champion"] is None  # the first champion is compared with SFT only
     ledger = json.loads(read_published_file(tmp_path / "prod", "promotion.json") or b"")
     assert ledger["run_key"] == "c" and [p["run_key"] for p in ledger["previous"]] == ["a"]
 

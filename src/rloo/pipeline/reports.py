@@ -177,6 +177,14 @@ def push_markdown(result: dict[str, Any], link: str) -> str:
     reason = result.get("reason")
     if reason:
         parts += ["", f"Reason: {_cell(reason, 1000)}"]
+    vs = result.get("against_champion")
+    if vs:
+        lo, hi = vs["ci95"]
+        parts += [
+            "",
+            f"Against the champion, {_cell(str(vs['champion']), 200)}: {vs['estimate']:+.3f} "
+            f"(95% CI [{lo:+.3f}, {hi:+.3f}])",
+        ]
     rows = []
     for target in ("storage", "production", "mlflow", "hub"):
         value = result.get(target)

@@ -73,6 +73,15 @@ class Champion:
 class Decision:
     decision: str  # CHAMPION or CANDIDATE
     reason: str
+    # the paired difference with the champion it was compared with (None: not compared)
+    against_champion: Interval | None = None
+    champion: str | None = None  # how that champion is named, e.g. "version 3 (run abc)"
+
+    def against_champion_dict(self) -> dict[str, Any] | None:
+        d = self.against_champion
+        if d is None:
+            return None
+        return {"champion": self.champion, "estimate": d.estimate, "ci95": [d.lo, d.hi]}
 
     @property
     def promoted(self) -> bool:
@@ -234,7 +243,7 @@ def decide(results: EvalResults | None, margin: float, champion: Champion | None
         )
     against = _shown(vs, f"the champion ({champion.label})")
     if vs.lo > margin:
-        return Decision(CHAMPION, f"{shown}; {against}: both lower bounds above the margin {margin:+.3f}")
-    return Decision(
-        CANDIDATE, f"{shown}; {against}: lower bound not above the margin {margin:+.3f}, the champion stays"
-    )
+        reason = f"{shown}; {against}: both lower bounds above the margin {margin:+.3f}"
+        return Decision(CHAMPION, reason, vs, champion.label)
+    reason = f"{shown}; {against}: lower bound not above the margin {margin:+.3f}, the champion stays"
+    return Decision(CANDIDATE, reason, vs, champion.label)

@@ -337,6 +337,7 @@ class PushResult:
             "decision": self.decision.decision,
             "promoted": self.decision.promoted,
             "reason": self.decision.reason,
+            "against_champion": self.decision.against_champion_dict(),
             "promotion_margin": self.promotion_margin,
             "run_key": self.run_key,
             "digests": self.digests,
@@ -582,6 +583,8 @@ def _tag_and_check_newer(cfg: PushConfig, run: PushRun, decision: Decision) -> D
         f"{decision.reason}; but 'champion' is version {newer.version} of "
         f"{(newer.tags or {}).get('rloo.source_run', 'another run')}, a newer run than this one: "
         "an older run never takes 'champion' back",
+        decision.against_champion,
+        decision.champion,
     )
 
 
