@@ -44,8 +44,11 @@ def test_the_validated_config_is_what_rloo_train_reads(tmp_path: Path) -> None:
     params = good(
         rloo_k=4,
         learning_rate=1e-5,
+        kl_coef=0.1,  # the same value under its alias in extra_train_args is accepted, once
         extra_train_args="--bf16 --beta 0.1 --reward_funcs rloo.demo.toy:letter_reward --reward_weights 1 -0.5",
     )
+    with pytest.raises(UserError, match=r"kl_coef 0.05 and --beta 0.1 both set kl_coef, to different values"):
+        check_pipeline_params({**params, "kl_coef": 0.05})
     config = check_pipeline_params(params)
     assert config["kl_coef"] == 0.1 and "beta" not in config  # the alias resolved, once
     assert (config["rloo_k"], config["bf16"], config["reward_weights"]) == (4, True, [1.0, -0.5])
