@@ -38,7 +38,7 @@ def argv(setup: TinySetup, dataset: Path, server_url: str, out: Path, *extra: st
         "--model_name_or_path", str(setup.policy), "--baseline_model", str(setup.policy),
         "--dataset_name", str(dataset), "--dataset_split", "test", "--judge_base_url", server_url,
         "--judge_model", MODEL, "--num_examples", "3", "--output_dir", str(out), "--engine", "transformers",
-        "--max_new_tokens", "8", "--bootstrap_samples", "200", "--judge_backoff", "0.01",
+        "--max_new_tokens", "8", "--judge_backoff", "0.01",
         "--report_to", "none", *extra,
     ]  # fmt: skip
 

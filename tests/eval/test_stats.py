@@ -9,7 +9,6 @@ from rloo.eval.stats import (
     MODEL,
     REFERENCE,
     Interval,
-    bootstrap_ci,
     difference_interval,
     pair_score,
     paired_difference,
@@ -48,7 +47,7 @@ def test_summarize_counts_invalid_apart_from_losses() -> None:
         (None, REFERENCE),  # invalid, not a loss
         (None, None),  # invalid
     ]
-    s = summarize_scores(verdicts, samples=500, seed=0)
+    s = summarize_scores(verdicts)
     assert (s["num_wins"], s["num_losses"], s["num_ties"], s["num_invalid"]) == (2, 1, 1, 2)
     assert s["num_valid"] == 4
     assert s["win_rate"] == pytest.approx((1 + 1 + 0 + 0.5) / 4)
@@ -56,7 +55,7 @@ def test_summarize_counts_invalid_apart_from_losses() -> None:
 
 
 def test_summarize_with_no_valid_pair() -> None:
-    s = summarize_scores([(None, MODEL)], samples=10)
+    s = summarize_scores([(None, MODEL)])
     assert s["win_rate"] is None and s["order_agreement"] is None and s["num_invalid"] == 1
 
 
@@ -66,18 +65,16 @@ def test_win_rate_interval_is_wilsons_and_does_not_collapse_at_the_edges() -> No
     all_wins = rate_interval([1.0] * 32)
     assert (all_wins.estimate, all_wins.high, all_wins.n) == (1.0, 1.0, 32)
     assert all_wins.low == pytest.approx(0.892821, abs=1e-6)
-    # the former name, still what callers get, resamples nothing: samples and seed change nothing
-    assert bootstrap_ci([1.0] * 32, samples=10, seed=1) == bootstrap_ci([1.0] * 32, seed=2) == all_wins
     ci = rate_interval([0.0] * 10)
     assert (ci.estimate, ci.low) == (0.0, 0.0)
     assert ci.high == pytest.approx(0.277533, abs=1e-6)
 
 
 def test_summarized_win_rate_interval_at_32_of_32() -> None:
-    s = summarize_scores([(MODEL, MODEL)] * 32, samples=200, seed=0)
+    s = summarize_scores([(MODEL, MODEL)] * 32)
     assert s["win_rate"] == 1.0 and s["win_rate_ci_high"] == 1.0
     assert s["win_rate_ci_low"] == pytest.approx(0.892821, abs=1e-6)
-    s = summarize_scores([(REFERENCE, REFERENCE)] * 10, samples=200, seed=0)
+    s = summarize_scores([(REFERENCE, REFERENCE)] * 10)
     assert (s["win_rate"], s["win_rate_ci_low"]) == (0.0, 0.0)
     assert s["win_rate_ci_high"] == pytest.approx(0.277533, abs=1e-6)
 
@@ -103,7 +100,6 @@ def test_wilson_matches_the_normal_approximation_for_many_pairs() -> None:
 
 def test_empty_input_has_no_interval_and_out_of_range_values_are_refused() -> None:
     assert rate_interval([]) == Interval(None, None, None, 0) == difference_interval([])
-    assert bootstrap_ci([], samples=10).estimate is None
     with pytest.raises(ValueError, match=r"\[0, 1\]"):
         rate_interval([0.5, 1.5])
     with pytest.raises(ValueError, match=r"\[-1, 1\]"):
@@ -113,7 +109,7 @@ def test_empty_input_has_no_interval_and_out_of_range_values_are_refused() -> No
 def test_paired_difference_does_not_collapse_when_all_differences_are_equal() -> None:
     # Agresti-Min: two pseudo-pairs (+1 and -1 at weight 1/2, 0 at weight 1). 32 differences of +1:
     # mean 32/34, second moment 33/34, half-width z * sqrt((33/34 - (32/34)^2) / 34) = 0.097869
-    d = paired_difference([1.0] * 32, [0.0] * 32, samples=100, seed=0)
+    d = paired_difference([1.0] * 32, [0.0] * 32)
     assert (d.estimate, d.high, d.n) == (1.0, 1.0, 32)
     assert d.low == pytest.approx(32 / 34 - 0.097869, abs=1e-6)
     # the same scores twice: a difference of exactly 0, with an interval of nonzero width around it
@@ -143,7 +139,7 @@ def test_intervals_stay_in_range_and_hold_their_estimate(n: int) -> None:
 def test_paired_difference_skips_incomplete_pairs() -> None:
     trained = [1.0, 1.0, 0.5, None, 0.0, 1.0]
     sft = [0.0, 1.0, 0.0, 1.0, None, 0.5]
-    d = paired_difference(trained, sft, samples=500, seed=0)
+    d = paired_difference(trained, sft)
     assert d.n == 4
     assert d.estimate == pytest.approx((1 + 0 + 0.5 + 0.5) / 4)
     assert d.low is not None and d.high is not None and d.low <= d.estimate <= d.high

@@ -38,7 +38,7 @@ class EvalConfig:
     num_examples: int | None = option(None, "Evaluate the first N rows of the split (default: all).")
     output_dir: str = option("eval_output", "Where eval_results.json, judgements.jsonl and the report go.")
     trust_remote_code: bool = option(False, "Allow custom model code from the checkpoints.")
-    seed: int = option(42, "Seed for sampling (when temperature > 0) and for the bootstrap.")
+    seed: int = option(42, "Seed for sampling (when temperature > 0).")
 
     # --- generation ---------------------------------------------------------------------------------
     engine: str = option(
@@ -79,7 +79,6 @@ class EvalConfig:
     judge_backoff: float = option(1.0, "First retry delay in seconds; doubles per retry (capped at 30 s).")
 
     # --- statistics and reporting -------------------------------------------------------------------
-    bootstrap_samples: int = option(10000, "Bootstrap resamples for the 95 percent confidence intervals.")
     report_examples: int = option(50, "Examples shown in the HTML report.")
     report_to: str | None = option(
         None, "'mlflow' or 'none' (default: MLflow when MLFLOW_TRACKING_URI is set)."
@@ -116,7 +115,7 @@ class EvalConfig:
             "vllm_tensor_parallel_size",
             "judge_max_tokens",
         )
-        positive += ("judge_concurrency", "bootstrap_samples")
+        positive += ("judge_concurrency",)
         for name in positive:
             if getattr(self, name) < 1:
                 raise UserError(f"--{name} must be >= 1 (got {getattr(self, name)}).")

@@ -1,5 +1,5 @@
 """The evaluation stage: generate with both models on the same prompts, judge against the references in
-both orders, compute win rates with bootstrap intervals, write results, report to MLflow."""
+both orders, compute win rates with 95% intervals, write results, report to MLflow."""
 
 from __future__ import annotations
 
@@ -129,7 +129,7 @@ def _evaluate(
         scores[label] = [pair_score(a, b) for a, b in verdicts]
         summaries[label] = {
             "path": (sources or {}).get(label, models[label]),
-            **summarize_scores(verdicts, samples=cfg.bootstrap_samples, seed=cfg.seed),
+            **summarize_scores(verdicts),
         }
         if summaries[label]["num_valid"] == 0:
             log.warning(
@@ -139,9 +139,7 @@ def _evaluate(
             )
     diff = None
     if "baseline" in scores:
-        diff = paired_difference(
-            scores["trained"], scores["baseline"], samples=cfg.bootstrap_samples, seed=cfg.seed
-        ).as_dict()
+        diff = paired_difference(scores["trained"], scores["baseline"]).as_dict()
     results: dict[str, Any] = {
         "num_examples": n,
         "engine": engine.name,

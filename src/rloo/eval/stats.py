@@ -3,19 +3,24 @@
 Verdicts are told from the model's side: ``"model"`` (the model's output was preferred), ``"reference"``,
 or ``None`` (no usable answer: unparseable, failed, or not asked because the budget ran out).
 
-Intervals are closed-form, not bootstrapped: a percentile bootstrap of 32 wins out of 32 resamples nothing
-but wins and reports "100%-100%", an interval of zero width exactly where the evidence is thinnest. The win
-rate gets Wilson's score interval (:func:`rate_interval`), the paired difference the Agresti-Min adjusted
-interval for matched pairs (:func:`difference_interval`); both keep a sensible width at the edges, stay inside
-the range of their values and always hold their estimate.
+The intervals are :mod:`rloo.algo.intervals`' (Wilson for a win rate, Agresti-Min for a paired difference;
+the push gate uses the same ones), re-exported here.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
-from dataclasses import dataclass
-from statistics import NormalDist
+
+from rloo.algo.intervals import Interval, difference_interval, rate_interval
+
+__all__ = [
+    "Interval",
+    "difference_interval",
+    "pair_score",
+    "paired_difference",
+    "rate_interval",
+    "summarize_scores",
+]
 
 MODEL = "model"
 REFERENCE = "reference"
@@ -35,108 +40,17 @@ def pair_score(verdict_ab: str | None, verdict_ba: str | None) -> float | None:
     return 0.5
 
 
-@dataclass(frozen=True)
-class Interval:
-    estimate: float | None
-    low: float | None
-    high: float | None
-    n: int
-
-    def as_dict(self) -> dict[str, float | int | None]:
-        return {"estimate": self.estimate, "low": self.low, "high": self.high, "n": self.n}
-
-
-def _z(confidence: float) -> float:
-    if not 0.0 < confidence < 1.0:
-        raise ValueError(f"confidence must be in (0, 1) (got {confidence!r})")
-    return NormalDist().inv_cdf((1 + confidence) / 2)
-
-
-def _checked(values: Sequence[float], lo: float, hi: float) -> list[float]:
-    x = [float(v) for v in values]
-    bad = next((v for v in x if not lo <= v <= hi), None)  # NaN fails both comparisons
-    if bad is not None:
-        raise ValueError(f"values must be in [{lo:g}, {hi:g}] (got {bad!r})")
-    return x
-
-
-def _bounded(estimate: float, low: float, high: float, lo: float, hi: float, n: int) -> Interval:
-    """The interval cut to the values' range and widened, if rounding left it so, to hold its estimate: the
-    push gate refuses an estimate outside its interval."""
-    return Interval(estimate, max(lo, min(low, estimate)), min(hi, max(high, estimate)), n)
-
-
-def rate_interval(values: Sequence[float], *, confidence: float = 0.95) -> Interval:
-    """Mean of scores in [0, 1] (a win rate: 1 a win, 0 a loss, 0.5 a tie counted as half a win) with the
-    Wilson score interval over ``n = len(values)`` pairs.
-
-    Wilson's interval inverts the score test of a proportion, so it has close to nominal coverage at every
-    rate, 0 and 1 included: 32 wins out of 32 give [0.893, 1] at 95%, 0 out of 10 give [0, 0.278], where the
-    Wald and percentile-bootstrap intervals collapse to a point. With ties the scores are not 0/1, but a
-    variable in [0, 1] with mean p has variance at most p(1 - p), the binomial variance Wilson assumes, so
-    the interval is then a little conservative, never too narrow. Empty input: every field ``None``, n = 0.
-    """
-    x = _checked(values, 0.0, 1.0)
-    n = len(x)
-    if n == 0:
-        return Interval(None, None, None, 0)
-    z2 = _z(confidence) ** 2
-    p = sum(x) / n
-    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
-    half = math.sqrt(z2) * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
-    return _bounded(p, centre - half, centre + half, 0.0, 1.0, n)
-
-
-def difference_interval(diffs: Sequence[float], *, confidence: float = 0.95) -> Interval:
-    """Mean of paired differences in [-1, 1] (one model's score minus the other's on the same example) with
-    the Agresti-Min adjusted interval for matched pairs.
-
-    Agresti and Min (2005, "Simple improved confidence intervals for comparing matched proportions") add one
-    half to each cell of the paired 2x2 table, i.e. two pseudo-pairs: half a +1, half a -1 and one 0. The
-    Wald interval of the adjusted mean then uses the observed spread of the differences (what pairing buys:
-    the between-example variance cancels) yet never collapses: 32 differences of +1 give [0.843, 1] at 95%,
-    32 of 0 give [-0.058, 0.058]. Differences of graded scores (0.5 for a tie) enter with their values, as
-    the table's cells would with fractional counts. The estimate is the plain mean, inside the interval.
-    Empty input: every field ``None``, n = 0.
-    """
-    x = _checked(diffs, -1.0, 1.0)
-    n = len(x)
-    if n == 0:
-        return Interval(None, None, None, 0)
-    m = n + 2  # the pseudo-pairs: +1 and -1 with weight 1/2 each, 0 with weight 1
-    mean = sum(x) / m
-    second = (sum(v * v for v in x) + 1.0) / m
-    half = _z(confidence) * math.sqrt(max(second - mean * mean, 0.0) / m)
-    return _bounded(sum(x) / n, mean - half, mean + half, -1.0, 1.0, n)
-
-
-def bootstrap_ci(
-    values: Sequence[float], *, samples: int = 10000, seed: int = 0, confidence: float = 0.95
-) -> Interval:
-    """The former name of :func:`rate_interval`, kept for its callers: the win-rate interval is Wilson's now,
-    which resamples nothing, so ``samples`` and ``seed`` are accepted and ignored."""
-    del samples, seed
-    return rate_interval(values, confidence=confidence)
-
-
-def paired_difference(
-    a: Sequence[float | None], b: Sequence[float | None], *, samples: int = 10000, seed: int = 0
-) -> Interval:
+def paired_difference(a: Sequence[float | None], b: Sequence[float | None]) -> Interval:
     """Mean of ``a[i] - b[i]`` over examples where both scores exist, with :func:`difference_interval`:
-    pairing removes the between-prompt variance that two independent intervals would keep. ``samples`` and
-    ``seed`` (of the bootstrap this used to be) are accepted and ignored."""
-    del samples, seed
+    pairing removes the between-prompt variance that two independent intervals would keep."""
     if len(a) != len(b):
         raise ValueError(f"paired scores must have equal lengths ({len(a)} != {len(b)})")
     return difference_interval([x - y for x, y in zip(a, b, strict=True) if x is not None and y is not None])
 
 
-def summarize_scores(
-    verdicts: Sequence[tuple[str | None, str | None]], *, samples: int = 10000, seed: int = 0
-) -> dict[str, object]:
-    """Win rate with its Wilson interval (:func:`rate_interval`; ``samples`` and ``seed`` are accepted and
-    ignored), tie / invalid counts and the order-agreement rate of one model's pairs."""
-    del samples, seed
+def summarize_scores(verdicts: Sequence[tuple[str | None, str | None]]) -> dict[str, object]:
+    """Win rate with its Wilson interval (:func:`rate_interval`), tie / invalid counts and the order-agreement
+    rate of one model's pairs."""
     scores = [pair_score(ab, ba) for ab, ba in verdicts]
     valid = [s for s in scores if s is not None]
     ci = rate_interval(valid)

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rloo.algo.intervals import paired_difference_interval
+from rloo.algo.intervals import difference_interval
 from rloo.errors import UserError
 
 CHAMPION = "champion"
@@ -117,7 +117,7 @@ def _interval(data: dict[str, Any], key: str, est_key: str, source: str, lo: flo
         raise UserError(f"{source}: '{key}.ci95' must be a pair [lo, hi] (got {ci!r}).")
     a = _number(ci[0], f"{key}.ci95[0]", source, lo, 1.0)
     b = _number(ci[1], f"{key}.ci95[1]", source, lo, 1.0)
-    # A tiny tolerance: bootstrap percentiles and the point estimate are computed separately.
+    # A tiny tolerance: an interval and its point estimate may be computed separately (rounding).
     if not a - 1e-9 <= est <= b + 1e-9:
         raise UserError(f"{source}: '{key}' has estimate {est} outside its ci95 [{a}, {b}].")
     return Interval(est, a, b)
@@ -213,8 +213,9 @@ def compare_to_champion(candidate: EvalResults, champion: Champion) -> Interval 
     diffs = [a - b for a, b in zip(mine, other, strict=True) if a is not None and b is not None]
     if not diffs:
         return "no example has a usable verdict for both models"
-    est, lo, hi = paired_difference_interval(diffs)
-    return Interval(est, lo, hi)
+    d = difference_interval(diffs)
+    assert d.estimate is not None and d.low is not None and d.high is not None  # diffs is not empty
+    return Interval(d.estimate, d.low, d.high)
 
 
 def decide(results: EvalResults | None, margin: float, champion: Champion | None = None) -> Decision:
