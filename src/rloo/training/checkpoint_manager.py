@@ -30,6 +30,7 @@ from rloo.training.checkpoint import (
 )
 from rloo.training.collectives import Collectives
 from rloo.training.metrics import METRICS_FILE
+from rloo.training.output_lock import LOCK_NAME
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +38,9 @@ COMPLETE_MARKER = "training_complete.json"
 # where the final model is assembled inside output_dir before its files are moved into place
 FINAL_TMP = ".final-model.tmp"
 # Left out of the upload of an s3:// output_dir: checkpoints (mirrored to <prefix>/checkpoints as they are
-# written) and an embedded MLflow store (a live sqlite file; MLFLOW_TRACKING_URI names a server to use).
-PUBLISH_EXCLUDE = ("checkpoint-*", ".checkpoint-*", "mlruns", FINAL_TMP)
+# written), an embedded MLflow store (a live sqlite file; MLFLOW_TRACKING_URI names a server to use) and the
+# staging directory's lock file.
+PUBLISH_EXCLUDE = ("checkpoint-*", ".checkpoint-*", "mlruns", FINAL_TMP, LOCK_NAME)
 
 
 class CheckpointManager:

@@ -63,6 +63,7 @@ from rloo.training.loss_stats import LossStats
 from rloo.training.metrics import MetricsLogger
 from rloo.training.minibatches import minibatch_rows
 from rloo.training.optim import make_adamw
+from rloo.training.output_lock import OutputLock
 from rloo.training.rewards import (
     RewardBatch,
     RewardFunctionSource,
@@ -143,18 +144,25 @@ class RLOOTrainer:
         # Set-up in the order that fails cheapest first: flags and locations, reporting (an unreachable
         # MLflow server or a malformed URI is one line before any model loads), data, then models.
         self.cfg = cfg
+        self.output_lock: OutputLock | None = None
         self._check_locations()
         seed_everything(cfg.seed)
         self._setup_accelerator()
-        self._setup_reporting()
-        self._setup_data()
-        self._setup_models()
-        self._setup_rewards()
-        self._setup_prompts()
-        self._setup_optimization()
-        self._setup_distributed()
-        self._setup_generation()
-        self._setup_run_state()
+        # before anything is loaded: a second run on the same output is refused in seconds
+        self._lock_output()
+        try:
+            self._setup_reporting()
+            self._setup_data()
+            self._setup_models()
+            self._setup_rewards()
+            self._setup_prompts()
+            self._setup_optimization()
+            self._setup_distributed()
+            self._setup_generation()
+            self._setup_run_state()
+        except BaseException:
+            self.release_output()
+            raise
 
     def _check_locations(self) -> None:
         """Flags the machine cannot honour and an output location that is a file: one line each."""
@@ -171,6 +179,27 @@ class RLOOTrainer:
         for name in ("model_name_or_path", "sft_model_path", "reward_model_path"):
             if getattr(cfg, name):
                 check_model_source(name, getattr(cfg, name))
+
+    def _lock_output(self) -> None:
+        """One run per output at a time (:mod:`rloo.training.output_lock`): the main process locks it, and
+        a refusal there is raised on every rank."""
+        cfg = self.cfg
+        failure: UserError | None = None
+        if self.accelerator.is_main_process:
+            flag = "--local_dir" if self.remote is not None and cfg.local_dir else "--output_dir"
+            try:
+                self.output_lock = OutputLock.acquire(cfg.local_output_dir, self.remote, local_dir_flag=flag)
+            except UserError as e:
+                failure = e
+        failure = Collectives(self.accelerator).broadcast(failure)
+        if failure is not None:
+            raise failure
+
+    def release_output(self) -> None:
+        """Let the output's lock go (``train()`` does when it ends; idempotent)."""
+        if self.output_lock is not None:
+            self.output_lock.release()
+            self.output_lock = None
 
     def _setup_accelerator(self) -> None:
         """The accelerate state: precision, gradient accumulation, device."""
@@ -885,7 +914,13 @@ class RLOOTrainer:
     def train(self) -> TrainResult:
         """Resume where a previous run stopped, run the remaining updates (rollout, then optimization),
         checkpoint, and publish the final model; on SIGTERM (or a first Ctrl-C), checkpoint and exit with 143
-        (130)."""
+        (130). The output's lock is released at the end, whatever the end."""
+        try:
+            return self._train()
+        finally:
+            self.release_output()
+
+    def _train(self) -> TrainResult:
         cfg = self.cfg
         out_dir = cfg.local_output_dir
         start = time.perf_counter()
