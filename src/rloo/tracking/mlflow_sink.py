@@ -29,12 +29,17 @@ from typing import Any
 from rloo.storage.redact import redact
 from rloo.tracking.base import Status
 from rloo.tracking.datasets import dataset_input
-from rloo.tracking.params import flatten_params, sanitize_key
+from rloo.tracking.params import flatten_params, sanitize_key, split_locations
 from rloo.tracking.runs import (
+    TAG_LOCATION_PREFIX,
     TAG_OUTPUT_DIR,
+    TRAIN_STAGE,
     UNCLOSED_FILE,
     StageRun,
     configure_mlflow_http,
+    describe_pipeline_run,
+    describe_training_run,
+    pipeline_run_from_env,
     resolve_tracking_uri,
     start_stage_run,
 )
@@ -61,7 +66,7 @@ _PERMANENT_CODES = {
 
 @dataclass
 class _Op:
-    kind: str  # metrics | params | tags | artifact | text | dataset | finish
+    kind: str  # metrics | params | tags | artifact | text | dataset | describe | finish
     items: list[Any]
     extra: Any = None
 
@@ -217,14 +222,25 @@ class MlflowSink:
 
     # Sink protocol ----------------------------------------------------------------------------------
     def log_params(self, params: Mapping[str, Any]) -> None:
-        """The stage's settings as params; the dataset they name (``dataset_name`` with
-        ``dataset_train_split``: training, or ``dataset_split``: evaluation) as the run's dataset input too."""
-        from mlflow.entities import Param
+        """The stage's settings as params, its locations (outputs, per-run copies, endpoints:
+        :func:`rloo.tracking.params.split_locations`) as ``rloo.location.*`` tags; the dataset they name
+        (``dataset_name`` with ``dataset_train_split``: training, or ``dataset_split``: evaluation) as the
+        run's dataset input too. A training stage's settings also name and describe its run, or its
+        pipeline's parent run (:func:`rloo.tracking.runs.describe_pipeline_run`)."""
+        from mlflow.entities import Param, RunTag
 
-        flat = flatten_params(params)
-        items = [Param(k, v) for k, v in flat.items()]
+        pipeline_run_id = self.pipeline_run_id or pipeline_run_from_env()[0]
+        settings, locations = split_locations(
+            flatten_params(params), [pipeline_run_id] if pipeline_run_id else []
+        )
+        items = [Param(k, v) for k, v in settings.items()]
         for i in range(0, len(items), _MAX_PARAMS_PER_BATCH):
             self._enqueue(_Op("params", items[i : i + _MAX_PARAMS_PER_BATCH]))
+        if locations:
+            tags = [RunTag(TAG_LOCATION_PREFIX + k, v[:8000]) for k, v in locations.items()]
+            self._enqueue(_Op("tags", tags))
+        if self.stage == TRAIN_STAGE:
+            self._enqueue(_Op("describe", [(settings, locations)]))
         dataset = None if self._dataset_logged else dataset_input(params)
         if dataset is not None:
             self._dataset_logged = True  # a resumed stage logs its params again, not its dataset
@@ -457,6 +473,19 @@ class MlflowSink:
             self.run_id = self.stage_run.run_id
             self.parent_run_id = self.stage_run.parent_run_id
 
+    def _describe(self, settings: dict[str, str], locations: dict[str, str]) -> None:
+        """Name and describe the training run, or its pipeline's parent run. A bug here must not hold up
+        the queue (it would be retried as an outage): it costs the name, with a warning."""
+        try:
+            if self.parent_run_id:
+                describe_pipeline_run(self._client, self.parent_run_id, train=(settings, locations))
+            elif self.run_id:
+                describe_training_run(
+                    self._client, self.run_id, settings, locations, keep_name=self.run_name is not None
+                )
+        except (KeyError, AttributeError, IndexError, TypeError, ValueError) as e:
+            log.warning("could not name the MLflow run after its settings: %s", e)
+
     def _execute(self, batch: list[_Op]) -> bool:
         """Send one batch; True when it was the final status (the worker is done)."""
         client, run_id, kind = self._client, self.run_id, batch[0].kind
@@ -473,6 +502,8 @@ class MlflowSink:
             client.log_text(run_id, items[0], batch[0].extra)
         elif kind == "dataset":
             client.log_inputs(run_id, datasets=items)
+        elif kind == "describe":
+            self._describe(*items[0])
         elif kind == "finish":
             status = items[0]
             client.set_terminated(run_id, status=status)

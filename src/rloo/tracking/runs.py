@@ -8,13 +8,26 @@ Tags written (what the UI and :func:`MlflowClient.search_runs` filter on):
 
 - parent: ``rloo.kind=pipeline``, ``rloo.pipeline_run_id``, ``kfp.run_id``, ``kfp.run_name``;
 - stage: ``rloo.kind=stage``, ``rloo.stage``, ``mlflow.parentRunId``, the KFP tags, ``rloo.output_dir``, and
-  ``rloo.resumed_from`` when it replaces a run of the same stage that was left RUNNING (a pod that died).
+  ``rloo.resumed_from`` when it replaces a run of the same stage that was left RUNNING (a pod that died);
+- both: ``rloo.location.<name>`` for the locations among a stage's settings (its outputs, per-run copies,
+  endpoints: :func:`rloo.tracking.params.split_locations`), which are tags rather than params so that params
+  are the settings that can differ between runs; ``mlflow.note.content``, the run's description.
+
+A pipeline's parent run is named after what was set (``lr=5e-4 k=4 on Qwen2.5-0.5B (1a2b3c4d)``, see
+:func:`rloo.tracking.params.run_label`) unless its KFP run name was given by the user (not a generated
+``<pipeline>-<timestamp>`` one) or the training config has a ``run_name``; when it closes it gets the
+headline results (:data:`HEADLINE_METRICS`) under names that sort before every other metric.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
+import re
+import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +35,13 @@ from urllib.parse import urlparse
 
 from rloo.errors import UserError
 from rloo.storage.redact import redact
+from rloo.tracking.params import (
+    changed_settings,
+    human_count,
+    run_label,
+    split_locations,
+    training_defaults,
+)
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +65,44 @@ TAG_ERROR = "rloo.error"
 TAG_EXPERIMENT_KIND = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
 TAG_CLOSED_BY = "rloo.closed_by"
+TAG_LOCATION_PREFIX = "rloo.location."
+# A run's (and an experiment's) description in the MLflow UI; the digest of the one rloo wrote, so that a
+# description edited in the UI is never overwritten.
+TAG_NOTE = "mlflow.note.content"
+TAG_NOTE_DIGEST = "rloo.note_digest"
+# The name rloo gave a run: renamed only while it still has it (or the one it was created with).
+TAG_GENERATED_NAME = "rloo.generated_name"
+# What KFP and 'rloo pipeline submit' call a run nobody named: '<pipeline>-<date>-<time>[-<micros>]',
+# the KFP UI's 'Run of <pipeline> (<5 hex>)'.
+_GENERATED_KFP_NAME = re.compile(
+    r".+-\d{4}-?\d{2}-?\d{2}-\d{2}-?\d{2}-?\d{2}(-\d+)?|Run of .+ \([0-9a-f]{5}\)"
+)
+
+# The headline results of a pipeline run, on its parent run: capitalised, so that they sort before every
+# other metric (MLflow's UI orders chart sections and metrics by code point: 'Result' before 'baseline').
+METRIC_WIN_RATE = "Result/win_rate"  # the trained model's win rate against the references
+METRIC_WIN_RATE_GAIN = "Result/win_rate_minus_sft"  # paired difference, trained minus SFT
+METRIC_FINAL_REWARD = "Result/final_reward"  # mean reward of the last FINAL_UPDATES updates
+HEADLINE_METRICS = (METRIC_WIN_RATE, METRIC_WIN_RATE_GAIN, METRIC_FINAL_REWARD)
+FINAL_UPDATES = 3  # one update's batch is noisy (the KFP UI's final_score is the same mean)
+# Stage metrics not copied onto the parent: utilisation over time (meaningless as one number) and the SFT
+# model's results, the same in every run of one SFT model (identical charts first in the chart view);
+# they stay on the eval run, and the difference to them is METRIC_WIN_RATE_GAIN.
+_NOT_COPIED = ("system/", "baseline/")
+
+# MLflow 3.17 keeps an experiment's saved views (the runs page's "Views" menu) in experiment tags
+# 'mlflow.sharedViewState.<id>': {"name", "createdAt", "updatedAt", "state": JSON of the page's state}; the
+# page opens one with ?viewStateShareKey=<id>. Every experiment rloo makes has this one.
+VIEW_TAG_PREFIX = "mlflow.sharedViewState."
+RESULTS_VIEW_ID = "rloo-results"
+RESULTS_VIEW_NAME = "RLOO results"
+RESULTS_VIEW_PARAMS = ("learning_rate", "rloo_k", "kl_coef")
+EXPERIMENT_NOTE = (
+    "RLOO runs: one row per pipeline run, its train, eval and push runs nested under it. The "
+    f"'{RESULTS_VIEW_NAME}' view (Views menu) shows the headline results: "
+    + ", ".join(f"`{m}`" for m in HEADLINE_METRICS)
+    + "."
+)
 # Written into a stage's output directory when its run could not be closed (MLflow unreachable at exit):
 # the run id and the status it should get; the next run on that directory applies it.
 UNCLOSED_FILE = "mlflow_unclosed.json"
@@ -186,19 +244,39 @@ def get_or_create_experiment(client: Any, name: str, artifact_location: str | No
 
     exp = client.get_experiment_by_name(name)
     if exp is None:
+        tags = {TAG_EXPERIMENT_KIND: EXPERIMENT_KIND, TAG_NOTE: EXPERIMENT_NOTE, **results_view_tag()}
         try:
-            return client.create_experiment(
-                name, artifact_location=artifact_location, tags={TAG_EXPERIMENT_KIND: EXPERIMENT_KIND}
-            )
+            return client.create_experiment(name, artifact_location=artifact_location, tags=tags)
         except MlflowException as e:
             if e.error_code != "RESOURCE_ALREADY_EXISTS":
                 raise
             exp = client.get_experiment_by_name(name)
     if exp.lifecycle_stage == "deleted":
         client.restore_experiment(exp.experiment_id)
-    if TAG_EXPERIMENT_KIND not in (exp.tags or {}):  # one made elsewhere; a kind someone chose is kept
+    have = exp.tags or {}
+    if TAG_EXPERIMENT_KIND not in have:  # one made elsewhere; a kind someone chose is kept
         client.set_experiment_tag(exp.experiment_id, TAG_EXPERIMENT_KIND, EXPERIMENT_KIND)
+    for key, value in results_view_tag().items():
+        if (
+            key not in have
+        ):  # one made by an earlier rloo, or elsewhere; the view as a user changed it is kept
+            client.set_experiment_tag(exp.experiment_id, key, value)
     return exp.experiment_id
+
+
+def results_view_tag() -> dict[str, str]:
+    """The experiment tag of the saved view :data:`RESULTS_VIEW_NAME`: the runs table with the headline
+    results and the main settings as columns (the rest of the page as MLflow sets it by default)."""
+    columns = [f"metrics.`{m}`" for m in HEADLINE_METRICS]
+    columns += [f"params.`{p}`" for p in RESULTS_VIEW_PARAMS]
+    now = int(time.time() * 1000)
+    envelope = {
+        "name": RESULTS_VIEW_NAME,
+        "createdAt": now,
+        "updatedAt": now,
+        "state": json.dumps({"selectedColumns": columns}),
+    }
+    return {f"{VIEW_TAG_PREFIX}{RESULTS_VIEW_ID}": json.dumps(envelope)}
 
 
 def filter_value(value: str) -> str:
@@ -418,20 +496,23 @@ def finish_pipeline_run(
 
 
 TRAIN_STAGE = "train"
+EVAL_STAGE = "eval"
 TAG_PROMOTION = "rloo.promotion"
+REWARD_SOURCE = "objective/scores"  # the train run's mean reward of an update's completions
+GAIN_SOURCE = "diff_trained_minus_baseline/estimate"  # the eval run's paired difference, trained - SFT
 
 
 def copy_stage_results(client: Any, experiment_id: str, parent_run_id: str) -> dict[str, int]:
-    """Copy the stages' params and final metric values onto their pipeline (parent) run, so that one row
+    """Copy the stages' settings and final metric values onto their pipeline (parent) run, so that one row
     per pipeline run in the MLflow UI's table compares runs: training settings under their own names (the
-    pipeline's parameter names), other stages' as ``<stage>.<name>``; metrics under their names (the
-    stages' names do not overlap; a clash is prefixed with the stage); the push decision as a tag.
+    pipeline's parameter names), other stages' as ``<stage>.<name>``; their locations as ``rloo.location.*``
+    tags (named the same way), never params; metrics under their names (the stages' names do not overlap; a
+    clash is prefixed with the stage), the SFT model's (``baseline/*``) left on the eval run; the headline
+    results (:data:`HEADLINE_METRICS`); the push decision as a tag; the run's name and description.
 
     Params are immutable in MLflow: ones the parent already has are left alone (a retried exit handler).
     Returns how many params and metrics were copied."""
-    import time
-
-    from mlflow.entities import Metric, Param
+    from mlflow.entities import Metric, Param, RunTag
 
     children = client.search_runs(
         [experiment_id],
@@ -439,28 +520,208 @@ def copy_stage_results(client: Any, experiment_id: str, parent_run_id: str) -> d
         order_by=["attributes.start_time ASC"],
         max_results=200,
     )
-    have = dict(client.get_run(parent_run_id).data.params)
+    parent = client.get_run(parent_run_id)
+    have = dict(parent.data.params)
+    run_ids = _pipeline_ids(parent.data.tags)
     params: dict[str, str] = {}
+    tags: dict[str, str] = {}
     metrics: dict[str, float] = {}
+    stages: dict[str, tuple[Any, dict[str, str], dict[str, str]]] = {}
     now = int(time.time() * 1000)
     for run in children:
         stage = run.data.tags.get(TAG_STAGE)
         if not stage:
             continue
-        for name, value in run.data.params.items():
+        settings, locations = stage_settings(run, run_ids)
+        stages[stage] = (run, settings, locations)  # the latest run of a stage (a retried one) wins
+        for name, value in settings.items():
             key = name if stage == TRAIN_STAGE else f"{stage}.{name}"
             if key not in have and key not in params:
                 params[key] = value
+        for name, value in locations.items():
+            tags[TAG_LOCATION_PREFIX + (name if stage == TRAIN_STAGE else f"{stage}.{name}")] = value
         for name, value in run.data.metrics.items():
-            if name.startswith("system/"):  # utilisation over time: meaningless as one number
+            if name.startswith(_NOT_COPIED):
                 continue
             metrics[name if name not in metrics else f"{stage}.{name}"] = value
         if run.data.tags.get(TAG_PROMOTION):
-            client.set_tag(parent_run_id, TAG_PROMOTION, run.data.tags[TAG_PROMOTION])
+            tags[TAG_PROMOTION] = run.data.tags[TAG_PROMOTION]
+    metrics.update(headline_metrics(client, stages))
     items = list(params.items())
     for i in range(0, len(items), 100):  # MLflow takes at most 100 params per batch
         client.log_batch(parent_run_id, params=[Param(k, v) for k, v in items[i : i + 100]])
     values = [Metric(k, float(v), now, 0) for k, v in metrics.items()]
     for i in range(0, len(values), 1000):
         client.log_batch(parent_run_id, metrics=values[i : i + 1000])
+    tag_items = [RunTag(k, v[:8000]) for k, v in tags.items()]
+    for i in range(0, len(tag_items), 100):
+        client.log_batch(parent_run_id, tags=tag_items[i : i + 100])
+    train = stages.get(TRAIN_STAGE)
+    evaluation = stages.get(EVAL_STAGE)
+    describe_pipeline_run(
+        client,
+        parent_run_id,
+        train=(train[1], train[2]) if train else None,
+        evaluation=evaluation[1] if evaluation else None,
+    )
     return {"params": len(params), "metrics": len(metrics)}
+
+
+def _pipeline_ids(tags: Mapping[str, str]) -> list[str]:
+    """The pipeline run id of a run's tags, as the ``run_ids`` of :func:`split_locations`."""
+    run_id = tags.get(TAG_PIPELINE_RUN_ID)
+    return [run_id] if run_id else []
+
+
+def stage_settings(run: Any, run_ids: list[str]) -> tuple[dict[str, str], dict[str, str]]:
+    """A stage run's (settings, locations): its params (less any location a run of an older rloo logged as
+    a param) and its ``rloo.location.*`` tags."""
+    settings, locations = split_locations(dict(run.data.params), run_ids)
+    for key, value in run.data.tags.items():
+        if key.startswith(TAG_LOCATION_PREFIX):
+            locations[key[len(TAG_LOCATION_PREFIX) :]] = value
+    return settings, locations
+
+
+def headline_metrics(client: Any, stages: Mapping[str, tuple[Any, Any, Any]]) -> dict[str, float]:
+    """:data:`HEADLINE_METRICS` from the train and eval runs of a pipeline run (those they have)."""
+    out: dict[str, float] = {}
+    if EVAL_STAGE in stages:
+        found = stages[EVAL_STAGE][0].data.metrics
+        for name, source in ((METRIC_WIN_RATE, "trained/win_rate"), (METRIC_WIN_RATE_GAIN, GAIN_SOURCE)):
+            if source in found:
+                out[name] = float(found[source])
+    if TRAIN_STAGE in stages:
+        history = client.get_metric_history(stages[TRAIN_STAGE][0].info.run_id, REWARD_SOURCE)
+        last: dict[int, float] = {m.step: m.value for m in sorted(history, key=lambda m: m.timestamp)}
+        tail = [last[step] for step in sorted(last)[-FINAL_UPDATES:]]
+        if tail:
+            out[METRIC_FINAL_REWARD] = sum(tail) / len(tail)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------
+# Names and descriptions
+def is_generated_kfp_name(name: str | None) -> bool:
+    """Whether a KFP run name is one nobody chose (a timestamp): see :data:`_GENERATED_KFP_NAME`."""
+    return bool(name) and _GENERATED_KFP_NAME.fullmatch(str(name)) is not None
+
+
+def _user_run_name(settings: Mapping[str, str]) -> str | None:
+    name = settings.get("run_name")
+    return name if name not in (None, "", "None") else None
+
+
+def _rename(client: Any, run: Any, name: str, replaceable: set[str]) -> None:
+    """Name ``run`` ``name`` if it still has a name rloo gave it or one of ``replaceable``."""
+    current = run.info.run_name
+    if current == name:
+        return
+    if current in replaceable or current == run.data.tags.get(TAG_GENERATED_NAME):
+        client.update_run(run.info.run_id, name=name)
+        client.set_tag(run.info.run_id, TAG_GENERATED_NAME, name)
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _describe(client: Any, run: Any, text: str) -> None:
+    """Set ``run``'s description to ``text`` unless someone wrote it another one."""
+    from mlflow.entities import RunTag
+
+    current = run.data.tags.get(TAG_NOTE)
+    if current == text or (current and _digest(current) != run.data.tags.get(TAG_NOTE_DIGEST)):
+        return
+    client.log_batch(run.info.run_id, tags=[RunTag(TAG_NOTE, text), RunTag(TAG_NOTE_DIGEST, _digest(text))])
+
+
+def training_note(settings: Mapping[str, str], locations: Mapping[str, str]) -> list[str]:
+    """Markdown lines of a description saying what a training run was given."""
+
+    def code(value: str) -> str:
+        return f"`{value}`"
+
+    changed = changed_settings(settings, training_defaults())
+    lines = [
+        "- Training, changed from the defaults: "
+        + (", ".join(code(f"{k}={v}") for k, v in changed.items()) or "nothing")
+    ]
+    model = (
+        locations.get("model_source")
+        or settings.get("model_name_or_path")
+        or locations.get("model_name_or_path")
+    )
+    size = human_count(settings.get("model/total_params", ""))
+    if model:
+        lines.append(f"- Model: {code(model)}" + (f", {size} parameters" if size else ""))
+    if settings.get("dataset_name") not in (None, "None"):
+        split = settings.get("dataset_train_split", "train")
+        lines.append(f"- Prompts: {code(settings['dataset_name'])}, split {code(split)}")
+    rewards = (
+        [settings["reward_model_path"]] if settings.get("reward_model_path") not in (None, "None") else []
+    )
+    try:
+        funcs = json.loads(settings.get("reward_funcs") or "[]")
+    except ValueError:
+        funcs = [settings["reward_funcs"]]
+    rewards += [str(f) for f in funcs] if isinstance(funcs, list) else []
+    if rewards:
+        lines.append("- Reward: " + ", ".join(code(r) for r in rewards))
+    output = locations.get("publish_uri") or locations.get("output_dir")
+    if output:
+        lines.append(f"- Trained model: {code(output)}")
+    return lines
+
+
+def describe_pipeline_run(
+    client: Any,
+    parent_run_id: str,
+    *,
+    train: tuple[Mapping[str, str], Mapping[str, str]] | None = None,
+    evaluation: Mapping[str, str] | None = None,
+) -> None:
+    """Name a pipeline's parent run after its training settings (``train``: the train run's settings and
+    locations) unless the user named it, and describe it: training, evaluation (``evaluation``: the eval
+    run's settings) and KFP run. Called when training starts and again when the pipeline run closes."""
+    parent = client.get_run(parent_run_id)
+    tags = parent.data.tags
+    kfp_id, kfp_name = tags.get(TAG_PIPELINE_RUN_ID), tags.get(TAG_KFP_RUN_NAME)
+    run_ids = [kfp_id] if kfp_id else []
+    if train is not None:
+        settings, locations = train
+        name = _user_run_name(settings) or run_label(
+            settings, locations, suffix=(kfp_id or parent_run_id)[:8], run_ids=run_ids
+        )
+        replaceable = {f"pipeline-{(kfp_id or '')[:8]}"}
+        if kfp_name and is_generated_kfp_name(kfp_name):
+            replaceable.add(kfp_name)
+        _rename(client, parent, name, replaceable)
+    lines = training_note(*train) if train is not None else []
+    if evaluation is not None:
+        judge, data = evaluation.get("judge_model", "?"), evaluation.get("dataset_name", "?")
+        split, n = evaluation.get("dataset_split", "test"), evaluation.get("num_examples", "None")
+        rows = "all rows" if n in ("None", "0", "") else f"first {n} rows"
+        lines.append(f"- Evaluation: judge `{judge}` on `{data}`, split `{split}`, {rows}")
+    if kfp_id:
+        lines.append(f"- KFP run: `{kfp_name or '?'}` (id `{kfp_id}`)")
+    if lines:
+        _describe(client, client.get_run(parent_run_id), "\n".join(lines))
+
+
+def describe_training_run(
+    client: Any,
+    run_id: str,
+    settings: Mapping[str, str],
+    locations: Mapping[str, str],
+    *,
+    keep_name: bool = False,
+) -> None:
+    """Name a training run that is not part of a pipeline after its settings (unless ``keep_name``: its
+    caller named it, or the config's ``run_name`` did) and describe it."""
+    run = client.get_run(run_id)
+    if not keep_name:
+        name = _user_run_name(settings) or run_label(settings, locations, suffix=run_id[:8])
+        _rename(client, run, name, {TRAIN_STAGE})
+        run = client.get_run(run_id)
+    _describe(client, run, "\n".join(training_note(settings, locations)))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rloo.errors import UserError
-from rloo.tracking.runs import EMBEDDED_DIR
+from rloo.tracking.runs import EMBEDDED_DIR, RESULTS_VIEW_ID, VIEW_TAG_PREFIX
 
 DEFAULT_PORT = 5000
 _START_TIMEOUT_S = 180.0  # importing mlflow's server on a busy 2-core machine takes tens of seconds
@@ -37,13 +38,17 @@ def ui_command(work_dir: str | os.PathLike[str]) -> str:
 
 def store_uri(work_dir: str | os.PathLike[str] | None, backend_store_uri: str | None) -> str:
     """The store to serve: ``backend_store_uri`` as given, else the sqlite store under ``work_dir``, which
-    must exist (a one-line UserError says how to make one otherwise)."""
+    must exist (a one-line UserError says how to make one otherwise); a sqlite store must be readable
+    (:func:`check_store`)."""
     if backend_store_uri:
+        check_store(backend_store_uri)
         return backend_store_uri
     work = Path(work_dir or ".").resolve()
     db = work / EMBEDDED_DIR / "mlflow.db"
     if db.is_file():
-        return f"sqlite:///{db}"
+        uri = f"sqlite:///{db}"
+        check_store(uri)
+        return uri
     remote = os.environ.get("MLFLOW_TRACKING_URI", "")
     if remote.startswith(("http://", "https://")):
         from rloo.storage.redact import redact
@@ -103,6 +108,44 @@ def _check_port(host: str, port: int) -> None:
             ) from None
 
 
+def sqlite_path(uri: str) -> Path | None:
+    """The file of a ``sqlite:///`` store URI (``sqlite:////abs/path`` or ``sqlite:///relative``), else None."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    path = uri[len("sqlite:///") :].split("?", 1)[0]
+    return Path(path) if path and path != ":memory:" else None
+
+
+def check_store(uri: str) -> None:
+    """A one-line UserError naming the file, SQLite's reason and the way out when ``uri`` is a sqlite store
+    that SQLite cannot read (not a database, a damaged one): the server would only exit with SQLAlchemy's
+    traceback. Reads the file (SQLite's quick check) without writing to it; seconds for a large store,
+    against the server's tens of seconds of start-up."""
+    import sqlite3
+
+    path = sqlite_path(uri)
+    if path is None or not path.is_file():
+        return  # another kind of store, or one the server creates
+    try:
+        con = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+        try:
+            problems = [row[0] for row in con.execute("PRAGMA quick_check(1)").fetchall()]
+        finally:
+            con.close()
+    except sqlite3.DatabaseError as e:
+        reason = str(e)
+    else:
+        if problems == ["ok"]:
+            return
+        reason = "database disk image is malformed"  # what SQLite says; its page numbers help nobody
+    if not os.access(path, os.R_OK):
+        raise UserError(f"cannot read the MLflow store {path} ({reason}): check its permissions.")
+    raise UserError(
+        f"the MLflow store {path} is damaged or not an SQLite database ({reason}): move it away (mv {path} "
+        f"{path}.broken; the next run starts a new store) or pass --backend-store-uri of another store."
+    )
+
+
 def start_ui(uri: str, *, host: str = "127.0.0.1", port: int = DEFAULT_PORT, log_dir: Path) -> UiServer:
     """Start ``mlflow server`` on ``uri`` and wait until it answers; a one-line UserError if it cannot."""
     try:
@@ -140,10 +183,9 @@ def _wait_until_up(server: UiServer) -> None:
     deadline = time.monotonic() + _START_TIMEOUT_S
     while time.monotonic() < deadline:
         if server.proc.poll() is not None:
-            lines = server.log_path.read_text(errors="replace").splitlines()
-            tail = [x for x in lines if x.strip()] or ["no output"]
+            cause = exit_cause(server.log_path.read_text(errors="replace"))
             raise UserError(
-                f"the MLflow UI exited with code {server.proc.returncode}: {tail[-1][:300]} "
+                f"the MLflow UI exited with code {server.proc.returncode}: {cause[:300]} "
                 f"(log: {server.log_path})."
             )
         try:
@@ -156,23 +198,39 @@ def _wait_until_up(server: UiServer) -> None:
     raise UserError(f"the MLflow UI did not answer within {_START_TIMEOUT_S:.0f}s (log: {server.log_path}).")
 
 
+# A traceback's last line: 'package.module.SomeError: message'
+_EXCEPTION_LINE = re.compile(r"[A-Za-z_][\w.]*(Error|Exception)(: .*)?")
+
+
+def exit_cause(log_text: str) -> str:
+    """The line of a server's log that says why it exited: the last exception raised, else its last line.
+    (Not SQLAlchemy's afterwords, which come last: the failing statement and a link to its docs.)"""
+    lines = [x.strip() for x in log_text.splitlines() if x.strip()]
+    errors = [x for x in lines if _EXCEPTION_LINE.fullmatch(x)]
+    return (errors or lines or ["no output"])[-1]
+
+
 # The UI's "GenAI | Model training" switch defaults to GenAI (traces overview, "Evaluations" breadcrumbs)
 # unless the URL says otherwise; these runs are model training.
 RUNS_QUERY = "?workflowType=machine_learning"
 
 
-def runs_path(experiment_id: str) -> str:
-    """The UI's path (after the host) of an experiment's runs table, in model-training mode."""
-    return f"/#/experiments/{experiment_id}/runs{RUNS_QUERY}"
+def runs_path(experiment_id: str, *, view: bool = True) -> str:
+    """The UI's path (after the host) of an experiment's runs table, in model-training mode; with ``view``,
+    in its saved view of the headline results, which every experiment rloo makes or uses has
+    (:func:`rloo.tracking.runs.get_or_create_experiment`)."""
+    shown = f"&viewStateShareKey={RESULTS_VIEW_ID}" if view else ""
+    return f"/#/experiments/{experiment_id}/runs{RUNS_QUERY}{shown}"
 
 
 def experiment_urls(uri: str, base_url: str) -> list[str]:
-    """A link to the runs table of each (non-default) experiment of the store."""
+    """A link to the runs table of each (non-default) experiment of the store (in the results view where
+    the experiment has it)."""
     from mlflow.tracking import MlflowClient
 
     exps = MlflowClient(tracking_uri=uri).search_experiments()
     return [
-        f"{base_url}{runs_path(e.experiment_id)}  ({e.name})"
+        f"{base_url}{runs_path(e.experiment_id, view=f'{VIEW_TAG_PREFIX}{RESULTS_VIEW_ID}' in e.tags)}  ({e.name})"
         for e in sorted(exps, key=lambda e: int(e.experiment_id) if e.experiment_id.isdigit() else 0)
         if e.name != "Default"
     ]
