@@ -172,11 +172,12 @@ def test_mlflow_has_the_pipeline_run_and_its_stages(local_run: dict[str, Any]) -
     # the train run names the store's copies, not the train step's deleted temporary ones
     (run,) = (p for p in (work / "store").iterdir() if p.name != "published")
     train = stages["train"].data
-    assert (train.params["model_name_or_path"], train.tags["rloo.output_dir"]) == (
+    assert (train.tags["rloo.location.model_name_or_path"], train.tags["rloo.output_dir"]) == (
         str(run / "sft"),
         str(run / "model"),
     )
-    assert train.params["output_dir"] == str(run / "model")
+    assert train.tags["rloo.location.output_dir"] == str(run / "model")
+    assert not {"model_name_or_path", "output_dir"} & set(train.params)  # locations are tags
     assert stages["eval"].data.tags["rloo.output_dir"] == str(run / "eval")
     # no stage starts before its pipeline run
     assert parent.info.start_time <= min(r.info.start_time for r in stages.values())
