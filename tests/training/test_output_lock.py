@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from rloo.demo.tiny import TinySetup
+from rloo.storage.errors import StorageError
 from rloo.storage.location import Location
 from rloo.training import output_lock
 from rloo.training.output_lock import LOCK_NAME, Holder, LocalLock, OutputInUse, OutputLock, S3Lock
@@ -196,6 +197,15 @@ def test_s3_lock_is_a_conditional_write(s3: S3Server, caplog: pytest.LogCaptureF
         s3.client().get_object(Bucket=s3.bucket, Key=f"{loc.key}/{LOCK_NAME}")
     second.acquire()  # free again
     second.release()
+
+
+def test_s3_lock_on_a_missing_bucket_says_so_and_creates_nothing(s3: S3Server) -> None:
+    loc = Location.parse("s3://rloo-lock-no-such-bucket/x")
+    with pytest.raises(StorageError, match="bucket 'rloo-lock-no-such-bucket' does not exist"):
+        S3Lock(loc, flag="--output_dir", holder=Holder.this_process()).acquire()
+    # SeaweedFS creates a bucket on a write into it: the lock never writes before the bucket is known
+    names = [b["Name"] for b in s3.client().list_buckets()["Buckets"]]
+    assert "rloo-lock-no-such-bucket" not in names
 
 
 def test_s3_stale_locks_are_taken_over(

@@ -273,8 +273,11 @@ class S3Lock:
     def acquire(self) -> None:
         from botocore.exceptions import ClientError
 
+        from rloo.storage.backends import S3Backend
         from rloo.storage.s3 import error_code, s3_errors
 
+        # a missing bucket says so (some servers create one on a write); wrong credentials too, in one line
+        S3Backend(self.loc, self.client).check_access(create=False)
         with s3_errors("locking", self.loc, self.client):
             try:
                 self.etag = self._take()
