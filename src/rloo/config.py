@@ -285,7 +285,7 @@ class RLOOConfig:
     disable_tqdm: bool = option(
         False,
         "Hide the progress bar (where stderr is not a terminal, e.g. a pipeline step's log, it is a plain line at "
-        "every 10%% of the run and at most one a minute in between).",
+        "every tenth of the run and at most one a minute in between).",
     )
     report_to: str | None = option(
         None, "'mlflow' or 'none' (default: MLflow exactly when MLFLOW_TRACKING_URI is set)."
