@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from rloo.demo.tiny import TinySetup
@@ -28,6 +29,7 @@ def test_progress_in_a_log_is_a_few_short_lines(
         "--num_sample_generations", "2",
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    start = time.monotonic()
     proc = subprocess.run(
         [sys.executable, "-m", "rloo.cli", "train", *argv],
         env=env,
@@ -40,6 +42,7 @@ def test_progress_in_a_log_is_a_few_short_lines(
     assert max(map(len, lines)) <= 500, max(lines, key=len)[:300]
     assert "\r" not in stderr
     progress = [line for line in lines if line.startswith("rloo: ")]
-    assert 2 <= len(progress) <= 12, progress
+    # a line per tenth of the run, and on a slow machine one a minute in between
+    assert 2 <= len(progress) <= 10 + (time.monotonic() - start) / 60 + 1, progress
     assert progress[-1].startswith("rloo: 60/60 updates (100%), ")
     assert "reward=" in progress[-1] and "kl=" in progress[-1]
