@@ -12,6 +12,7 @@ import contextlib
 import errno
 import os
 import shutil
+import stat
 import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -104,3 +105,30 @@ def write_bytes_atomic(path: Path, data: bytes, what: str) -> None:
             os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def current_umask() -> int:
+    """The process's umask, read without changing it where Linux says it (``os.umask`` can only set it)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def honour_umask(root: Path) -> None:
+    """Give every file under ``root`` the mode a plain ``open()`` gives (0644 under umask 022).
+
+    Some writers create their files 0600 whatever the umask: safetensors (>= 0.7) writes the weights to a
+    private temporary file and renames it, so ``model.safetensors`` would be the one file of a model that a
+    reader running as another user (a serving pod, a shared volume) cannot open.
+    """
+    mode = 0o666 & ~current_umask()
+    for path in root.rglob("*"):
+        if path.is_file() and not path.is_symlink() and stat.S_IMODE(path.stat().st_mode) != mode:
+            path.chmod(mode)

@@ -16,3 +16,12 @@ class UserError(Exception):
     def __init__(self, message: str) -> None:
         # Keep it to one line whatever the caller passed: the CLI contract is one line per error.
         super().__init__(" ".join(str(message).split()))
+
+
+class ServiceUnavailable(UserError):
+    """A service the run needs (a tracking server, object storage) could not be reached or answered 5xx:
+    nothing about the request is wrong, and the same command may well work a minute later. Exits 75
+    (``EX_TEMPFAIL`` of sysexits.h) instead of 2, so a retried pipeline step tries again
+    (rloo.pipeline.retry tells the two apart by the status)."""
+
+    exit_code = 75

@@ -13,7 +13,7 @@ import pytest
 
 from rloo.config import RLOOConfig
 from rloo.demo.tiny import TinySetup
-from rloo.training.checkpoint import current_umask
+from rloo.diskspace import current_umask
 from rloo.training.trainer import train
 
 

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rloo.diskspace import write_bytes_atomic
+from rloo.diskspace import honour_umask, write_bytes_atomic
 from rloo.errors import UserError
 from rloo.models import ADAPTER_CONFIG, ADAPTER_WEIGHTS, MERGED_SUBDIR, check_safetensors_weights
 from rloo.push.card import CardInputs, render_model_card, summarize_curves
@@ -225,6 +225,9 @@ def _stage_merged(adapter_dir: Path, dest: Path) -> None:
 
     log.info("merging the LoRA adapter in %s into its base model", adapter_dir)
     load_causal_lm(str(adapter_dir), flag="model_path").save_pretrained(dest, safe_serialization=True)
+    honour_umask(
+        dest
+    )  # safetensors writes its files 0600: a reader running as another user could not open it
 
 
 def _eval_as_dict(e: EvalResults) -> dict[str, Any]:

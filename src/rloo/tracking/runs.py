@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from rloo.errors import UserError
+from rloo.errors import ServiceUnavailable, UserError
 from rloo.storage.redact import redact
 from rloo.tracking.params import (
     changed_settings,
@@ -207,7 +207,8 @@ def check_tracking_server(tracking_uri: str | None = None, *, timeout: float = 1
         )
     except Exception as e:
         reason = _reason(e)
-        raise UserError(
+        # exit 75, not 2: a server restarting or a network blip heals, and a retried pipeline step tries again
+        raise ServiceUnavailable(
             f"MLflow tracking server {shown} is unreachable ({reason}): start it or fix MLFLOW_TRACKING_URI, "
             "or unset MLFLOW_TRACKING_URI to record runs in a local sqlite store under the output directory."
         ) from None
@@ -215,6 +216,11 @@ def check_tracking_server(tracking_uri: str | None = None, *, timeout: float = 1
         raise UserError(
             f"MLflow tracking server {shown} refused the request (HTTP {resp.status_code}): set "
             "MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD or MLFLOW_TRACKING_TOKEN."
+        )
+    if resp.status_code in (502, 503, 504):
+        raise ServiceUnavailable(
+            f"MLflow tracking server {shown} is unavailable (HTTP {resp.status_code}): it is starting or "
+            "overloaded; try again, or unset MLFLOW_TRACKING_URI to record runs locally."
         )
     if resp.status_code != 200:
         raise UserError(

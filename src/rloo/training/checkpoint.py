@@ -18,13 +18,12 @@ import pickle
 import random
 import re
 import shutil
-import stat
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from rloo.diskspace import disk_full_as_one_line, tensor_bytes
+from rloo.diskspace import disk_full_as_one_line, honour_umask, tensor_bytes
 from rloo.errors import UserError
 from rloo.storage.errors import IncompleteArtifactError
 from rloo.storage.manifest import MANIFEST_NAME, Manifest, fsync_dir, fsync_file, verify_local, write_manifest
@@ -37,33 +36,6 @@ STATE = "trainer_state.json"
 _NAME = re.compile(rf"^{PREFIX}(\d+)$")
 # On resume, weights are checked by size (truncation is what happens to them); small state files also by hash.
 _HASH_LIMIT = 16 * 2**20
-
-
-def current_umask() -> int:
-    """The process's umask, read without changing it where Linux says it (``os.umask`` can only set it)."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def honour_umask(root: Path) -> None:
-    """Give every file under ``root`` the mode a plain ``open()`` gives (0644 under umask 022).
-
-    Some writers create their files 0600 whatever the umask: safetensors (>= 0.7) writes the weights to a
-    private temporary file and renames it, so ``model.safetensors`` would be the one file of a model that a
-    reader running as another user (a serving pod, a shared volume) cannot open.
-    """
-    mode = 0o666 & ~current_umask()
-    for path in root.rglob("*"):
-        if path.is_file() and not path.is_symlink() and stat.S_IMODE(path.stat().st_mode) != mode:
-            path.chmod(mode)
 
 
 def rng_states() -> dict[str, Any]:

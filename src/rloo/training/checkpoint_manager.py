@@ -16,14 +16,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rloo.diskspace import disk_full_as_one_line, tensor_bytes, write_bytes_atomic
+from rloo.diskspace import disk_full_as_one_line, honour_umask, tensor_bytes, write_bytes_atomic
 from rloo.errors import UserError
 from rloo.models import MERGED_SUBDIR, describe_value, find_bad_tensor
 from rloo.training import lora
 from rloo.training.checkpoint import (
     PREFIX,
     checkpoint_problem,
-    honour_umask,
     latest_checkpoint,
     load_checkpoint,
     save_checkpoint,
