@@ -96,3 +96,20 @@ def test_tiny_totals(n: int) -> None:
     bar.update(n)
     bar.close()
     assert len(out.getvalue().splitlines()) == n
+
+
+def test_library_bars_go_quiet_only_off_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Hub's download bars (the pipeline's fetch step, 'rloo train') are off where stderr is a log."""
+    import io
+
+    from huggingface_hub.utils import are_progress_bars_disabled, enable_progress_bars
+
+    from rloo.storage.progress import quiet_library_bars
+
+    enable_progress_bars()
+    try:
+        monkeypatch.setattr("sys.stderr", io.StringIO())
+        quiet_library_bars()
+        assert are_progress_bars_disabled()
+    finally:
+        enable_progress_bars()

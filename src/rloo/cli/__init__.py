@@ -44,30 +44,13 @@ def _train(argv: list[str]) -> int:
         ),
     )
     _setup_logging()
-    _plain_progress_in_logs()
+    from rloo.storage.progress import quiet_library_bars
+
+    quiet_library_bars()
     from rloo.training.trainer import train
 
     train(cfg)
     return 0
-
-
-def _plain_progress_in_logs() -> None:
-    """Where stderr is not a terminal (a pipeline step's log, a pipe), the Hub's download bars and the
-    datasets library's bars go quiet: their carriage-return redraws would pile up into one huge line. The
-    trainer's own progress comes as plain lines there (rloo.storage.progress)."""
-    from rloo.storage.progress import is_interactive
-
-    if is_interactive(sys.stderr):
-        return
-    try:
-        from huggingface_hub.utils import disable_progress_bars
-
-        disable_progress_bars()
-        import datasets
-
-        datasets.disable_progress_bars()
-    except ImportError:  # pragma: no cover - both come with transformers / the data extras
-        pass
 
 
 def _setup_logging() -> None:

@@ -391,6 +391,9 @@ def fetch_model(
         else:
             commit = resolve_hub_commit(source, revision, hub_api)
             api = hub_api or _hf_api()
+            from rloo.storage.progress import quiet_library_bars
+
+            quiet_library_bars()  # a step's log is no terminal: no bars redrawn into one huge line
             local = Path(api.snapshot_download(source, revision=commit, local_dir=Path(tmp) / "model"))
         if revision and commit is None:
             raise UserError(

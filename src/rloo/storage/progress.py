@@ -194,3 +194,20 @@ class Progress:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def quiet_library_bars() -> None:
+    """Where stderr is not a terminal (a pipeline step's log, a pipe), the Hub's download bars and the
+    datasets library's bars go quiet: their carriage-return redraws would pile up into one huge line. The
+    trainer's own progress comes as plain lines there (rloo.storage.progress)."""
+    if is_interactive(sys.stderr):
+        return
+    try:
+        from huggingface_hub.utils import disable_progress_bars
+
+        disable_progress_bars()
+        import datasets
+
+        datasets.disable_progress_bars()
+    except ImportError:  # pragma: no cover - both come with transformers / the data extras
+        pass
