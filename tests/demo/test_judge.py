@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -43,3 +44,33 @@ def test_models_endpoint_and_errors() -> None:
         with pytest.raises(urllib.error.HTTPError) as e:
             urllib.request.urlopen(req, timeout=5)
         assert e.value.code == 404
+
+
+def test_win_rates_against_the_demo_references_follow_the_vowel_fraction(tmp_path: Path) -> None:
+    """Through the real client: answers of vowel fraction 1/4, 1/2, 3/4 and 1 win about that fraction of the
+    demo's graded references, not all of them: the evaluation tells degrees apart."""
+    from rloo.demo.toy import write_toy_eval_dataset
+    from rloo.eval.data import load_eval_rows
+    from rloo.eval.stats import summarize_scores
+
+    rows = load_eval_rows(
+        str(write_toy_eval_dataset(tmp_path / "eval", seed=1)), "test", config=None, num_examples=None
+    )
+    answers = {0.25: "eau hmm shh brr", 0.5: "eau oui psst hm", 0.75: "eau oui aie hmm", 1.0: "eau oui aie"}
+    rates = {}
+    with ToyJudge() as judge:
+        settings = JudgeSettings(
+            base_url=judge.base_url, model=MODEL, api_key="EMPTY", template=DEFAULT_TEMPLATE
+        )
+        for fraction, answer in answers.items():
+            n = len(rows.prompts)
+            pairs = PairwiseJudge(settings).judge(
+                list(rows.judge_prompts), [answer] * n, list(rows.references)
+            )
+            summary = summarize_scores([(a.verdict, b.verdict) for a, b in pairs])
+            assert summary["num_valid"] == n
+            rates[fraction] = summary["win_rate"]
+    for fraction, rate in rates.items():
+        assert rate == pytest.approx(fraction, abs=1 / 31), rates
+    # the all-vowel answer ties the all-vowel reference (both orders answer A: a tie) and beats the rest
+    assert rates[1.0] == (31 + 0.5) / 32

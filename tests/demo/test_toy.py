@@ -134,21 +134,40 @@ def test_sometimes_none_reward() -> None:
 
 
 def test_toy_eval_dataset_loads_as_evaluation_rows(tmp_path: Path) -> None:
-    from rloo.demo.toy import letter_reward, write_toy_eval_dataset
+    from rloo.demo.toy import write_toy_eval_dataset
     from rloo.eval.data import load_eval_rows
 
     path = write_toy_eval_dataset(tmp_path / "ev", num_test=8, seed=3)
     rows = load_eval_rows(str(path), "test", config=None, num_examples=None)
-    assert len(rows.prompts) == 8 and all(" is " in r and " and " in r for r in rows.references)
-    # ordinary words: far from the all-vowel text a trained toy policy writes
-    assert all(0.1 < s < 0.6 for s in letter_reward(rows.references))
+    assert len(rows.prompts) == 8 and all(p.endswith(":") for p in rows.prompts)
     assert write_toy_eval_dataset(tmp_path / "again", num_test=8, seed=3).joinpath("data").is_dir()
     again = load_eval_rows(str(tmp_path / "again"), "test", config=None, num_examples=None)
     assert again.references == rows.references  # same seed, same rows
     with pytest.raises(ValueError, match="num_test"):
         write_toy_eval_dataset(tmp_path / "bad", num_test=0)
-    # the demo's set (32 rows, seed 1) has no repeated prompt: each would be judged and counted twice
+    one = load_eval_rows(
+        str(write_toy_eval_dataset(tmp_path / "one", num_test=1)), "test", config=None, num_examples=None
+    )
+    assert letter_reward(one.references) == [0.5]
+
+
+def test_toy_eval_references_are_graded_over_the_whole_range(tmp_path: Path) -> None:
+    """The demo's set (32 rows, seed 1): distinct prompts (a repeated one would count twice), and references
+    whose vowel fractions are i/31 for i = 0..31, so a judge of vowel fractions reads degrees, not a pass mark.
+    """
+    from rloo.demo.toy import write_toy_eval_dataset
+    from rloo.eval.data import load_eval_rows
+
     demo = load_eval_rows(
         str(write_toy_eval_dataset(tmp_path / "demo", seed=1)), "test", config=None, num_examples=None
     )
     assert len(set(demo.prompts)) == len(demo.prompts) == 32
+    fractions = letter_reward(demo.references)
+    assert sorted(fractions) == pytest.approx([i / 31 for i in range(32)])
+    assert fractions != sorted(fractions)  # in no particular order of the rows
+    for ref in demo.references:
+        assert 40 <= len(ref.replace(" ", "")) <= 64 and ref == " ".join(ref.split())  # about 16 tokens
+    # a model writing vowel fraction s beats the references below s: its win rate is about s
+    for s in (0.0, 0.35, 0.7, 1.0):
+        below = sum(f < s for f in fractions) + 0.5 * sum(f == s for f in fractions)
+        assert below / 32 == pytest.approx(s, abs=1 / 31)

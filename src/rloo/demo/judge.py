@@ -1,9 +1,13 @@
 """A local OpenAI-compatible judge for the toy task, so the pipeline's evaluation runs with nothing downloaded.
 
 The judge reads the two responses out of the judge prompt (the default template of :mod:`rloo.eval.config`)
-and prefers the one :func:`rloo.demo.toy.letter_reward` scores higher: the toy task's own criterion, so the win
-rates of a local run mean what they would mean with a real judge on a real task. Equal scores answer ``A``
-(a position-biased judge: the evaluation asks both orders, so such a pair comes out as a tie).
+and prefers the one :func:`rloo.demo.toy.letter_reward` scores higher: the toy task's own criterion, a degree
+(the fraction of vowels), not a pass mark, so the win rates of a local run mean what they would mean with a
+real judge on a real task. Equal scores answer ``A``, as a position-biased judge does when it cannot tell two
+answers apart: the evaluation asks both orders, so such a pair comes out as a tie (half a win). Against the
+graded references of :func:`rloo.demo.toy.write_toy_eval_dataset` (vowel fractions spread from 0 to 1) a
+model's win rate is then about its own vowel fraction: an untrained model wins about a third of the pairs,
+and two runs that learnt different amounts get different win rates.
 
 Serves ``POST /v1/chat/completions`` and ``GET /v1/models`` on 127.0.0.1 from a background thread::
 

@@ -11,6 +11,7 @@ mass towards them.
 
 from __future__ import annotations
 
+import math
 import random
 import re
 from collections.abc import Sequence
@@ -126,19 +127,54 @@ def write_toy_dataset(
     return path
 
 
-_REFERENCE_WORDS = (
-    "calm", "bright", "slow", "cold", "green", "soft", "deep", "still", "wild", "warm", "dark", "clear",
-    "quiet", "strong", "small", "grand", "light", "sweet", "long", "gentle",
+# The words of the toy evaluation's references: all vowels (each a token of rloo.demo.tiny's tokenizer) or no
+# vowel at all ("y" is no vowel to letter_reward), 2 to 6 letters, so any count of either kind >= 2 is spelt.
+_VOWEL_WORDS = ("eau", "aie", "oui", "ou", "ai", "io", "oo", "ee", "ea", "ie", "aa", "uu")
+_CONSONANT_WORDS = (
+    "hmm", "shh", "brr", "psst", "tsk", "nth", "pfft", "dry", "sky", "why", "shy", "fly", "gym", "lynx",
+    "myth", "crypt", "rhythm", "hm", "sh", "by", "my",
 )  # fmt: skip
+_REFERENCE_LETTERS = range(48, 65)  # a reference's length in letters: about a 16-token answer
+
+
+def _spell(rng: random.Random, letters: int, words: tuple[str, ...]) -> list[str]:
+    """Words from ``words`` (all of 2 letters or more) holding exactly ``letters`` letters (0 or >= 2)."""
+    out: list[str] = []
+    while letters:
+        fits = [w for w in words if len(w) == letters or len(w) <= letters - 2]
+        out.append(rng.choice(fits))
+        letters -= len(out[-1])
+    return out
+
+
+def _graded_reference(rng: random.Random, fraction: float) -> str:
+    """A reference whose vowel fraction (:func:`letter_reward`) is as close to ``fraction`` as a length in
+    :data:`_REFERENCE_LETTERS` allows: vowel-only and vowel-free words in random order ("hmm eau dry oui")."""
+    spelt = [
+        (abs(v / n - fraction), n, v)
+        for n in _REFERENCE_LETTERS
+        for v in {math.floor(fraction * n), math.ceil(fraction * n)}
+        if 1 not in (v, n - v)  # no word has a single letter
+    ]
+    _, n, v = min(spelt)
+    words = _spell(rng, v, _VOWEL_WORDS) + _spell(rng, n - v, _CONSONANT_WORDS)
+    rng.shuffle(words)
+    return " ".join(words)
 
 
 def write_toy_eval_dataset(path: str | Path, *, num_test: int = 32, seed: int = 1) -> Path:
     """Write toy evaluation rows to ``path`` (``data/test-00000-of-00001.parquet``) and return ``path``.
 
-    Columns ``prompt`` and ``completion``, the layout ``rloo eval`` reads: the completion is a plain reference
-    answer of a few ordinary English words ("the sea is calm and deep"), whose vowel fraction (about 0.3)
-    sits near what an untrained tiny policy writes, so a judge applying :func:`letter_reward` gives the SFT
-    model a win rate near one half and a trained one more. Rows come from ``random.Random(seed)``.
+    Columns ``prompt`` and ``completion``, the layout ``rloo eval`` reads: ``num_test`` distinct prompts of the
+    toy task and a reference answer each, graded: the references' vowel fractions (:func:`letter_reward`)
+    are spread evenly over the whole range, one at each ``i / (num_test - 1)`` (rows in shuffled order), from
+    a vowel-free "hmm shh dry" to an all-vowel "eau oui aie". A judge preferring the higher vowel fraction
+    (:mod:`rloo.demo.judge`) then gives a model whose answers have vowel fraction ``s`` a win rate of about
+    ``s``: the win rate reads on the toy reward's own scale, so an untrained model lands near its 0.35 or so,
+    a half-trained one in between, and one that writes vowels and nothing else ties the all-vowel reference
+    and beats the rest (31.5 / 32). (Against references of one level, e.g. ordinary words at 0.3, every model above the
+    level would win everywhere: runs that learnt a little and a lot would look the same.) Rows come from
+    ``random.Random(seed)``. Raises ``ValueError`` for a ``num_test`` outside [1, number of distinct prompts].
     """
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -147,12 +183,11 @@ def write_toy_eval_dataset(path: str | Path, *, num_test: int = 32, seed: int = 
     if not 1 <= num_test <= len(pairs):
         raise ValueError(f"num_test must be in [1, {len(pairs)}] (got {num_test})")
     rng = random.Random(seed)
-    prompts, refs = [], []
     # distinct prompts: a repeated one would be judged twice and count twice in the win rates
-    for instruction, topic in rng.sample(pairs, num_test):
-        prompts.append(f"{instruction} {topic}:")
-        a, b = rng.sample(_REFERENCE_WORDS, 2)
-        refs.append(f"{topic} is {a} and {b}")
+    prompts = [f"{instruction} {topic}:" for instruction, topic in rng.sample(pairs, num_test)]
+    levels = [i / (num_test - 1) if num_test > 1 else 0.5 for i in range(num_test)]
+    rng.shuffle(levels)
+    refs = [_graded_reference(rng, level) for level in levels]
     data = Path(path) / "data"
     data.mkdir(parents=True, exist_ok=True)
     table = pa.table({"prompt": pa.array(prompts, type=pa.string()), "completion": pa.array(refs)})
