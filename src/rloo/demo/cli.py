@@ -3,7 +3,8 @@
 Builds a tiny random-initialised policy and reward model of a real architecture, writes a toy prompt
 dataset laid out like a Hub dataset, and trains with ``rloo.demo.toy:letter_reward`` (the fraction of vowels in
 a completion) plus the tiny reward model at weight 0 (so the reward-model path runs too). A working run
-shows the reward climbing within a minute on a laptop CPU.
+shows the reward climbing within a minute on a laptop CPU. Everything it writes is under --output_dir: the
+trained model and its metrics, and the models and dataset it started from in its assets folder.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 from rich.console import Console
 
 from rloo.config import RLOOConfig
+from rloo.demo.pipeline import ASSETS_DIR
 from rloo.demo.toy import TOY_UPDATES
 from rloo.errors import UserError
 
@@ -26,7 +28,8 @@ def build_config(output_dir: Path, *, updates: int, arch: str, seed: int) -> RLO
     from rloo.demo.tiny import build_tiny_setup
     from rloo.demo.toy import TOY_TRAINING, write_toy_dataset
 
-    assets = output_dir.parent / f"{output_dir.name}-assets"
+    # inside the output directory, not beside it: a run writes nowhere but where it was told to
+    assets = output_dir / ASSETS_DIR
     setup = build_tiny_setup(assets / "models", arch=arch, seed=seed)
     data = write_toy_dataset(assets / "dataset", seed=seed)
     return RLOOConfig(

@@ -178,20 +178,25 @@ def run_pipeline_locally(
 
     user_params = check_names(user_params, required=False)  # before anything is built
     work = Path(workdir).resolve()
+    before = set(os.listdir(work)) if work.is_dir() else None
     work.mkdir(parents=True, exist_ok=True)
-    params: dict[str, Any] = {} if "model" in user_params or defaults is None else defaults(work)
-    params.setdefault("output_uri", str(work / STORE_DIR))
-    params.update(user_params)
     with ExitStack() as stack:
-        if not params.get("judge_base_url") and judge is not None:
-            params.update(stack.enter_context(judge()))
-        # the validate step's own checks, before anything starts: a bad value fails here in one line, with
-        # no kfp.local workspace and no FAILED run in MLflow left behind
-        if precheck:
-            from rloo.pipeline.params import with_defaults
-            from rloo.pipeline.steps import check_pipeline_params
+        try:
+            params: dict[str, Any] = {} if "model" in user_params or defaults is None else defaults(work)
+            params.setdefault("output_uri", str(work / STORE_DIR))
+            params.update(user_params)
+            if not params.get("judge_base_url") and judge is not None:
+                params.update(stack.enter_context(judge()))
+            # the validate step's own checks, before anything starts: a bad value fails here in one line,
+            # with no kfp.local workspace and no FAILED run in MLflow left behind
+            if precheck:
+                from rloo.pipeline.params import with_defaults
+                from rloo.pipeline.steps import check_pipeline_params
 
-            check_pipeline_params(with_defaults(check_names(params, required=True)))
+                check_pipeline_params(with_defaults(check_names(params, required=True)))
+        except BaseException:
+            _remove_new(work, before)  # nor what `defaults` built for it (the demo's models and datasets)
+            raise
         uri = None
         try:
             import mlflow  # noqa: F401
@@ -206,6 +211,21 @@ def run_pipeline_locally(
     result.tracking_uri = uri
     result.work_dir = work
     return result
+
+
+def _remove_new(work: Path, before: set[str] | None) -> None:
+    """Remove what appeared in ``work`` since its listing ``before`` (all of it when it did not exist)."""
+    import shutil
+
+    if before is None:
+        shutil.rmtree(work, ignore_errors=True)
+        return
+    for name in set(os.listdir(work)) - before:
+        path = work / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
 
 
 @contextmanager
