@@ -240,3 +240,19 @@ def test_unknown_arch(tmp_path: Path, tokenizer_dir: Path) -> None:
             call()
         assert all(arch in str(info.value) for arch in ARCHITECTURES)
     assert not (tmp_path / "m").exists() and not (tmp_path / "s").exists()
+
+
+def test_tiny_models_are_readable_by_other_users(tmp_path: Path) -> None:
+    """Like a trained model: files 0644 under umask 022, weights included (safetensors writes them 0600)."""
+    import os
+    import stat
+
+    from rloo.demo.tiny import build_tiny_setup
+
+    old = os.umask(0o022)
+    try:
+        setup = build_tiny_setup(tmp_path / "tiny")
+    finally:
+        os.umask(old)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in setup.policy.iterdir() if p.is_file()}
+    assert modes["model.safetensors"] == 0o644 and set(modes.values()) == {0o644}

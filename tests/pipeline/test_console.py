@@ -76,3 +76,28 @@ def test_root_logger_lines_go_to_the_log_not_the_terminal(tmp_path: Path) -> Non
         sys.stdout = saved
     assert out.getvalue() == "after the run\n"
     assert "Skipping conditional task" in (tmp_path / "logs" / "pipeline.log").read_text()
+
+
+def test_summary_shows_the_comparison_with_the_champion(tmp_path: Path) -> None:
+    """A challenger's push: the summary says how it did against the champion, from push_result.json."""
+    import json
+
+    from rloo.pipeline.local import LocalResult, summary
+
+    model = tmp_path / "store" / "run1" / "model"
+    (model.parent / "push").mkdir(parents=True)
+    vs = {"champion": "version 1 (run r0)", "estimate": -0.25, "ci95": [-0.375, -0.125]}
+    pushed = {"decision": "candidate", "against_champion": vs, "storage": {"uri": "file:///s/published/run1"}}
+    (model.parent / "push" / "push_result.json").write_text(json.dumps(pushed))
+    result = LocalResult(
+        "r",
+        tmp_path / "kfp",
+        {
+            "train-rloo": {"parameterValues": {"Output": str(model)}},
+            "push-model": {"parameterValues": {"Output": "candidate"}},
+        },
+    )
+    text = "\n".join(summary(result))
+    assert "push decision:   candidate" in text
+    assert "vs champion:     -0.250 [-0.375, -0.125] against version 1 (run r0)" in text
+    assert "published:       /s/published/run1" in text

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from rloo.diskspace import write_bytes_atomic
+from rloo.diskspace import honour_umask, write_bytes_atomic
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedTokenizerFast
@@ -42,7 +42,7 @@ ARCHITECTURES = ("gpt_neox", "llama", "qwen2")
 VOCAB_SIZE = 512
 SETUP_MARKER = "tiny_setup.json"
 # Bump when what build_tiny_setup writes changes, so stale setups on disk are rebuilt rather than reused.
-_SETUP_FORMAT = 1
+_SETUP_FORMAT = 2  # 2: files honour the umask
 
 # Qwen2's pre-tokenization regex (GPT-2's, but single digits and a few whitespace refinements).
 _PRETOKENIZE_REGEX = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
@@ -278,6 +278,7 @@ def _build(
         if bar_was_enabled:
             hf_logging.enable_progress_bar()
     _save_tokenizer(tokenizer, path)
+    honour_umask(path)  # safetensors writes its weights 0600
     return path
 
 

@@ -262,7 +262,14 @@ def summary(result: LocalResult) -> list[str]:
     decision = result.parameter("push-model")
     if decision:
         lines.append(f"  push decision:   {decision}")
-        published = _published(model)
+        pushed = _push_result(model)
+        vs = pushed.get("against_champion")
+        if isinstance(vs, dict) and vs.get("ci95"):
+            lo, hi = vs["ci95"]
+            lines.append(
+                f"  vs champion:     {vs['estimate']:+.3f} [{lo:+.3f}, {hi:+.3f}] against {vs['champion']}"
+            )
+        published = _published(pushed)
         if published:
             lines.append(f"  published:       {published}")
     lines.append(f"  KFP step outputs: {result.run_dir}")
@@ -282,15 +289,21 @@ def summary(result: LocalResult) -> list[str]:
     return lines
 
 
-def _published(model: str | None) -> str | None:
-    """Where the push step published the model (its push_result.json beside the model), when local."""
+def _push_result(model: str | None) -> dict[str, Any]:
+    """The push step's push_result.json (beside the model), when local; else empty."""
     if not model or "://" in model:
-        return None
+        return {}
     path = Path(model).parent / "push" / "push_result.json"
     try:
-        storage = json.loads(path.read_text()).get("storage") or {}
+        data = json.loads(path.read_text())
     except (OSError, ValueError):
-        return None
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _published(pushed: dict[str, Any]) -> str | None:
+    """Where the push step published the model (its versioned copy)."""
+    storage = pushed.get("storage") or {}
     uri = storage.get("uri") if isinstance(storage, dict) else None
     return str(uri).removeprefix("file://") if uri else None
 
