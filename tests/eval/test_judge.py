@@ -6,7 +6,7 @@ import socket
 
 import pytest
 
-from rloo.errors import UserError
+from rloo.errors import ServiceUnavailable, UserError
 from rloo.eval.config import DEFAULT_TEMPLATE
 from rloo.eval.judge import (
     BUDGET,
@@ -129,7 +129,8 @@ def test_unknown_model_is_a_user_error(scripted_judge: ScriptedJudge) -> None:
         PairwiseJudge(settings(scripted_judge, model="gpt-nope")).preflight()
 
 
-def test_unreachable_judge_is_a_user_error() -> None:
+def test_unreachable_judge_is_a_temporary_failure() -> None:
+    """One line, exit 75 (not 2): a judge still starting or briefly down heals, so a retried step tries again."""
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -137,8 +138,9 @@ def test_unreachable_judge_is_a_user_error() -> None:
         base_url=f"http://127.0.0.1:{port}/v1", model="m", api_key="k", template=DEFAULT_TEMPLATE,
         max_retries=1, backoff=0.01, timeout=2.0,
     )  # fmt: skip
-    with pytest.raises(UserError, match="unreachable"):
+    with pytest.raises(ServiceUnavailable, match="unreachable") as e:
         PairwiseJudge(cfg).preflight()
+    assert e.value.exit_code == 75
 
 
 def test_model_verdict_mapping_follows_the_order(scripted_judge: ScriptedJudge) -> None:
@@ -215,3 +217,16 @@ def test_judge_answering_200_without_json_is_one_line(body: bytes, content_type:
             PairwiseJudge(cfg).judge(["p"] * 3, ["o"] * 3, ["r"] * 3)
     finally:
         server.close()
+
+
+@pytest.mark.parametrize(
+    ("error", "transient"),
+    [
+        ("APIConnectionError", True), ("APITimeoutError", True), ("HTTP 503", True), ("HTTP 429", True),
+        ("HTTP 400", False), ("HTTP 422", False), (None, False),
+    ],
+)  # fmt: skip
+def test_which_judge_failures_a_retry_may_heal(error: str | None, transient: bool) -> None:
+    from rloo.eval.judge import _transient
+
+    assert _transient(error) is transient

@@ -251,7 +251,7 @@ def test_challenger_must_beat_the_champion_without_mlflow(trained_dir: Path, tmp
     assert first["decision"] == "champion" and _production_run(tmp_path) == "a"
     lost = _push(trained_dir, tmp_path, "b", worse)
     assert lost["decision"] == "candidate" and lost["production"] is None
-    assert "against the champion (run a (at " in lost["reason"] and "the champion stays" in lost["reason"]
+    assert "against the champion (run a at " in lost["reason"] and "the champion stays" in lost["reason"]
     assert _production_run(tmp_path) == "a"
     won = _push(trained_dir, tmp_path, "c", better)
     assert won["decision"] == "champion" and "both lower bounds above the margin" in won["reason"]
@@ -327,3 +327,15 @@ def test_failed_push_leaves_no_staged_files(trained_dir: Path, tmp_path: Path) -
             )
         )
     assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]
+
+
+def test_a_damaged_champion_copy_is_not_read_as_if_whole(trained_dir: Path, tmp_path: Path) -> None:
+    """The champion's eval_results.json in production_uri is checked against the copy's manifest: a modified
+    one leaves the challenger candidate, and the reason says to publish the champion again, not to
+    re-evaluate."""
+    _push(trained_dir, tmp_path, "a", write_eval(tmp_path / "a.json", lo=0.04, scores=[0.5] * 30))
+    (copy,) = (tmp_path / "prod" / "versions").iterdir()
+    (copy / "eval_results.json").write_text((copy / "eval_results.json").read_text().replace("0.5", "0.4"))
+    b = _push(trained_dir, tmp_path, "b", write_eval(tmp_path / "b.json", lo=0.04, scores=[1.0] * 30))
+    assert b["decision"] == "candidate" and "does not match its manifest" in b["reason"]
+    assert "publish the champion's copy again" in b["reason"] and ".;" not in b["reason"]

@@ -282,7 +282,7 @@ def test_rerun_that_decides_candidate_gives_champion_back(
     old = push("old", 0.0)
     new = push("new", 0.0)
     assert client.get_model_version_by_alias(name, "champion").version == new["mlflow"]["version"]
-    assert "against the champion (version 1 (run old)) +0.500" in new["reason"]
+    assert "against the champion (version 1 of run old) +0.500" in new["reason"]
     # one row claims champion: the version that lost the alias, and its run, say so
     old_mv = client.get_model_version(name, old["mlflow"]["version"])
     assert old_mv.tags["rloo.promotion"] == "superseded"

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from rloo.errors import UserError
+from rloo.errors import ServiceUnavailable, UserError
 from rloo.eval.stats import MODEL, REFERENCE
 
 log = logging.getLogger(__name__)
@@ -260,10 +260,25 @@ class PairwiseJudge:
         self.stats.preflight_requests += self.stats.requests - before[0]
         self.stats.requests, self.stats.retries = before
         if j.status == ERROR:
-            raise UserError(
+            message = (
                 f"the judge at {self.s.base_url} is unreachable or failing ({j.error} after {j.attempts} "
                 "attempt(s)); check --judge_base_url and that the server is up."
             )
+            # Down, overloaded or still starting (the chart's vLLM judge loads its model for minutes): exit 75,
+            # so a retried pipeline step tries again; a refused request (another 4xx) is the caller's to fix.
+            if _transient(j.error):
+                raise ServiceUnavailable(message)
+            raise UserError(message)
+
+
+def _transient(error: str | None) -> bool:
+    """Whether a judge request's last error may heal by itself: no connection, a timeout, 408/409/429, 5xx."""
+    if error in ("APIConnectionError", "APITimeoutError"):
+        return True
+    if error and error.startswith("HTTP "):
+        code = int(error.split()[1])
+        return code in _RETRY_STATUS or code >= 500
+    return False
 
 
 def _describe_body(response: Any) -> str:

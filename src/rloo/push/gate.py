@@ -64,9 +64,10 @@ class EvalResults:
 class Champion:
     """The model that holds ``champion`` now, as a challenger is compared with it."""
 
-    label: str  # e.g. "version 3 (run abc)": how reasons name it
+    label: str  # e.g. "version 3 of run abc": how reasons name it
     results: EvalResults | None  # its evaluation; None when none could be read
     missing_why: str = ""  # why ``results`` is None
+    damaged: bool = False  # its files do not match what was published (not an evaluation to redo)
 
 
 @dataclass(frozen=True)
@@ -237,10 +238,15 @@ def decide(results: EvalResults | None, margin: float, champion: Champion | None
         return Decision(CHAMPION, f"{shown}: lower bound above the margin {margin:+.3f}")
     vs = compare_to_champion(results, champion)
     if isinstance(vs, str):
+        vs = vs.rstrip(". ")
+        if champion.damaged or champion.results is None:
+            fix = "publish the champion's copy again, or push with --compare_to_champion false"
+        else:
+            fix = (
+                "evaluate it with the champion's dataset and judge, or push with --compare_to_champion false"
+            )
         return Decision(
-            CANDIDATE,
-            f"{shown}, but it cannot be compared with the champion, {champion.label}: {vs}; evaluate it "
-            "with the champion's dataset and judge, or push with --compare_to_champion false",
+            CANDIDATE, f"{shown}, but it cannot be compared with the champion, {champion.label}: {vs}; {fix}"
         )
     against = _shown(vs, f"the champion ({champion.label})")
     if vs.lo > margin:

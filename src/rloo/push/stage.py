@@ -73,6 +73,7 @@ from rloo.storage import (
     upload_dir,
 )
 from rloo.storage.backends import backend_for
+from rloo.storage.errors import IncompleteArtifactError
 from rloo.storage.location import source_kind
 from rloo.storage.manifest import MANIFEST_NAME, build_manifest, sha256_file
 from rloo.storage.redact import redact
@@ -522,16 +523,20 @@ def current_champion(cfg: PushConfig, key: str, run: PushRun | None, out: Path) 
         source = (holder.tags or {}).get(TAG_SOURCE_RUN) if holder is not None else None
         if holder is None or source == key:
             return None
-        label = f"version {holder.version} (run {source or holder.run_id})"
+        label = f"version {holder.version} of run {source or holder.run_id}"
         data, why = run.registry.eval_results_of(holder, out / "champion")
         return _champion(label, data, why)
     if not cfg.production_uri:
         return None
-    ledger = read_ledger(cfg.production_uri)
-    if ledger is None or ledger.get("run_key") == key:
-        return None
-    label = f"run {ledger.get('run_key')} (at {Location.parse(cfg.production_uri).uri})"
-    raw = read_published_file(cfg.production_uri, "eval_results.json")
+    where = Location.parse(cfg.production_uri).uri
+    try:
+        ledger = read_ledger(cfg.production_uri)
+        if ledger is None or ledger.get("run_key") == key:
+            return None
+        label = f"run {ledger.get('run_key')} at {where}"
+        raw = read_published_file(cfg.production_uri, "eval_results.json")
+    except IncompleteArtifactError as e:
+        return Champion(f"the model at {where}", None, str(e), damaged=True)
     if raw is None:
         return Champion(label, None, "its copy has no eval_results.json")
     try:
@@ -545,13 +550,14 @@ def _champion(label: str, data: Any, why: str) -> Champion:
     if data is None:
         return Champion(label, None, why)
     try:
-        return Champion(label, parse_eval_results(data, f"the champion's eval_results.json ({label})"))
+        return Champion(label, parse_eval_results(data, "its eval_results.json"))
     except UserError as e:
         return Champion(label, None, str(e))
 
 
 def read_ledger(production_uri: str) -> dict[str, Any] | None:
-    """``promotion.json`` of the production copy: ``{"run_key", "storage_uri", "previous": [...]}``."""
+    """``promotion.json`` of the production copy: ``{"run_key", "storage_uri", "previous": [...]}``; None when
+    there is none. IncompleteArtifactError when it does not match the copy's manifest."""
     raw = read_published_file(production_uri, LEDGER_FILE)
     if raw is None:
         return None
@@ -702,7 +708,11 @@ def promote(
             return _demote(cfg, registry, version, Path(cfg.output_dir))
         return None
     if cfg.production_uri:  # no registry: the ledger says whose model production holds
-        ledger = read_ledger(cfg.production_uri)
+        try:
+            ledger = read_ledger(cfg.production_uri)
+        except IncompleteArtifactError as e:
+            log.warning("the production copy's ledger is unreadable, nothing demoted there: %s", e)
+            return None
         if ledger is not None and ledger.get("run_key") == key:
             return _demote_without_registry(cfg, ledger, Path(cfg.output_dir))
     return None
@@ -711,7 +721,13 @@ def promote(
 def _publish_production(cfg: PushConfig, staged: Path, key: str, storage: str | None) -> bool:
     """The staged files plus the ledger, atomically to ``production_uri``; True if it uploaded."""
     assert cfg.production_uri
-    ledger = read_ledger(cfg.production_uri) or {}
+    try:
+        ledger = read_ledger(cfg.production_uri) or {}
+    except IncompleteArtifactError as e:  # replaced now; its history is lost, the registry keeps its own
+        log.warning(
+            "the production copy's ledger is unreadable, the earlier champions are not carried: %s", e
+        )
+        ledger = {}
     previous = list(ledger.get("previous") or [])
     if ledger.get("run_key") and ledger.get("run_key") != key:
         previous.append({"run_key": ledger["run_key"], "storage_uri": ledger.get("storage_uri")})
@@ -789,7 +805,10 @@ def _restore_production(cfg: PushConfig, source_key: str | None, out: Path) -> S
         if is_complete(src):
             local = out / "previous_champion"
             download_dir(src, local, progress=False, overwrite=True)
-            ledger = read_ledger(cfg.production_uri) or {}
+            try:
+                ledger = read_ledger(cfg.production_uri) or {}
+            except IncompleteArtifactError:
+                ledger = {}
             previous = [
                 p
                 for p in ledger.get("previous") or []

@@ -31,6 +31,7 @@ atomic publish (:func:`publish_atomic`, for a location readers use while it is r
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import os
 import re
@@ -327,13 +328,21 @@ def delete_prefix(uri: str | os.PathLike[str] | Location, *, client: Any = None)
 def read_published_file(
     uri: str | os.PathLike[str] | Location, rel: str, *, client: Any = None
 ) -> bytes | None:
-    """One file of a published prefix, as its manifest names it (below the version a pointer manifest names);
-    None when the prefix has no manifest or the manifest lists no such file."""
+    """One file of a published prefix, as its manifest names it (below the version a pointer manifest names),
+    checked against the manifest's SHA-256; None when the prefix has no manifest or the manifest lists no such
+    file. IncompleteArtifactError when the file is missing or its bytes do not match."""
     backend = backend_for(Location.parse(uri), client)
     try:
         manifest = _read_manifest(backend)
     except IncompleteArtifactError:
         return None
-    if rel not in manifest.by_path:
+    entry = manifest.by_path.get(rel)
+    if entry is None:
         return None
-    return _data_backend(backend, manifest).read_bytes(rel)
+    data = _data_backend(backend, manifest).read_bytes(rel)
+    if data is None or hashlib.sha256(data).hexdigest() != entry.sha256:
+        raise IncompleteArtifactError(
+            f"{backend.describe()}: {rel} {'is missing' if data is None else 'does not match its manifest'} (it "
+            "was modified or damaged after it was published); publish the directory again."
+        )
+    return data
