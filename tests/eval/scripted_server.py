@@ -5,7 +5,8 @@ It reads the two responses out of the default judge template and answers:
 - ``I like both of them`` (unparseable) when a response contains ``MALFORMED``;
 - ``E429xN`` / ``E500xN`` / ``STALLxN``: the first N requests with that exact body get HTTP 429 / 500 / no
   answer for ``stall_seconds`` (longer than the client's timeout);
-- HTTP 401 for a key other than ``API_KEY`` and 404 for a model other than ``MODEL``.
+- HTTP 401 for a key other than ``API_KEY`` and 404 for a model other than ``MODEL``;
+- with ``context_chars``, HTTP 400 with vLLM's context-length message for a longer request.
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ def _responses(content: str) -> tuple[str, str]:
 
 
 class ScriptedJudge:
-    def __init__(self, stall_seconds: float = 3.0) -> None:
+    def __init__(self, stall_seconds: float = 3.0, context_chars: int | None = None) -> None:
         self.stall_seconds = stall_seconds
+        self.context_chars = context_chars
         self.seen: Counter[str] = Counter()  # request body -> times received
         self.requests = 0
         self.lock = threading.Lock()
@@ -63,6 +65,12 @@ class ScriptedJudge:
                 if req.get("model") != MODEL:
                     return self._send(404, {"error": {"message": f"model {req.get('model')} not found"}})
                 content = req["messages"][-1]["content"]
+                if owner.context_chars is not None and len(content) > owner.context_chars:
+                    message = (
+                        f"This model's maximum context length is {owner.context_chars} tokens. However, your "
+                        f"prompt contains at least {len(content)} input tokens."
+                    )
+                    return self._send(400, {"object": "error", "message": message, "code": 400})
                 a, b = _responses(content)
                 for kind in ("E429", "E500", "STALL"):
                     m = re.search(kind + r"x(\d+)", content)

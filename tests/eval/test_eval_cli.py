@@ -356,3 +356,62 @@ def test_eval_run_records_its_dataset(
     assert [(t.key, t.value) for t in dataset_input.tags] == [("mlflow.data.context", "evaluation")]
     # the rows the stage read (its unset dataset_config reaches the sink as the text "None")
     assert json.loads(dataset.profile)["num_rows"] == 3
+
+
+class _Fixed:
+    """A generation engine that answers every prompt with ``text`` (the judge's side is what is tested)."""
+
+    name = "fixed"
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def generate(self, path: str, prompts: list) -> list[str]:
+        return [self.text] * len(prompts)
+
+
+def _cfg(setup: TinySetup, dataset: Path, url: str, out: Path) -> EvalConfig:
+    return EvalConfig(
+        model_name_or_path=str(setup.policy), dataset_name=str(dataset), dataset_split="test",
+        judge_base_url=url, judge_model=MODEL, output_dir=str(out), report_to="none", judge_backoff=0.01,
+    )  # fmt: skip
+
+
+def test_a_judge_context_too_short_fails_before_generation(
+    tiny_setup: TinySetup, tldr_like: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The preflight sends a request as large as the evaluation's largest: a judge whose context cannot hold
+    it refuses now, in the server's own words, and nothing is generated."""
+    from rloo.eval.config import DEFAULT_TEMPLATE
+    from rloo.eval.runner import run_eval
+
+    monkeypatch.setenv("OPENAI_API_KEY", API_KEY)
+    with ScriptedJudge(context_chars=len(DEFAULT_TEMPLATE) + 40) as short, pytest.raises(UserError) as e:
+        run_eval(_cfg(tiny_setup, tldr_like, short.base_url, tmp_path / "o"), engine=_Fixed("GOOD"))
+    assert e.value.exit_code == 2 and "HTTP 400: This model's maximum context length is" in str(e.value)
+    assert not (tmp_path / "o").exists()
+
+
+def test_mostly_unusable_verdicts_fail_the_evaluation(
+    tiny_setup: TinySetup, tmp_path: Path, scripted_judge: ScriptedJudge, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fewer than half of a model's pairs with two usable verdicts: no win rate is measured, the evaluation
+    fails in one line saying what the judge did, and writes nothing."""
+    from rloo.eval.runner import run_eval
+
+    monkeypatch.setenv("OPENAI_API_KEY", API_KEY)
+    rows = [{"prompt": f"p{i}", "completion": " MALFORMED" if i < 2 else " ok"} for i in range(3)]
+    data = write_jsonl(tmp_path / "d", rows)
+    with pytest.raises(UserError) as e:
+        run_eval(_cfg(tiny_setup, data, scripted_judge.base_url, tmp_path / "o"), engine=_Fixed("x"))
+    message = str(e.value)
+    assert message.startswith("only 1 of 3 trained pairs got two usable verdicts, fewer than half"), message
+    assert "4 answer(s) were not a single A or B (e.g. 'I like both of them')" in message
+    assert e.value.exit_code == 2 and not (tmp_path / "o").exists()
+    # two of three usable is enough: the evaluation goes through
+    rows[1]["completion"] = " fine"
+    run_eval(
+        _cfg(tiny_setup, write_jsonl(tmp_path / "d2", rows), scripted_judge.base_url, tmp_path / "o2"),
+        engine=_Fixed("x"),
+    )
+    assert (tmp_path / "o2" / "eval_results.json").is_file()

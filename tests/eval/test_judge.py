@@ -230,3 +230,22 @@ def test_which_judge_failures_a_retry_may_heal(error: str | None, transient: boo
     from rloo.eval.judge import _transient
 
     assert _transient(error) is transient
+
+
+def test_a_judge_that_kept_failing_is_temporary_one_that_refused_is_not() -> None:
+    from rloo.eval.judge import ERROR, OK, Judgement, usable_verdicts_problem
+
+    def pair(status: str, error: str | None = None) -> tuple[Judgement, Judgement]:
+        return (
+            Judgement("model_first", status, error=error),
+            Judgement("reference_first", status, error=error),
+        )
+
+    ok = pair(OK)
+    assert usable_verdicts_problem("trained", [ok, ok, pair(ERROR, "HTTP 503")]) is None  # 2 of 3: measured
+    down = usable_verdicts_problem("trained", [ok, pair(ERROR, "HTTP 503"), pair(ERROR, "HTTP 503")])
+    assert isinstance(down, ServiceUnavailable) and "4 request(s) failed with 'HTTP 503'" in str(down)
+    refused = usable_verdicts_problem(
+        "trained", [ok, pair(ERROR, "HTTP 400: too long"), pair(ERROR, "HTTP 400: too long")]
+    )
+    assert type(refused) is UserError and "'HTTP 400: too long'" in str(refused)

@@ -176,6 +176,8 @@ class PairwiseJudge:
                 retryable = e.status_code in _RETRY_STATUS or e.status_code >= 500
                 j.error = f"HTTP {e.status_code}"
                 if not retryable:
+                    # the server's own reason ("maximum context length is 512 tokens ..."): what to fix
+                    j.error += f": {_server_message(e)}"
                     j.status = ERROR
                     return None
                 delay = _retry_after(e.response)
@@ -243,14 +245,16 @@ class PairwiseJudge:
             raise ValueError("prompts, outputs and references must have equal lengths")
         return asyncio.run(self._judge_all(prompts, outputs, references))
 
-    def preflight(self) -> None:
-        """One small request before any generation, so a wrong URL, key or model fails in seconds."""
+    def preflight(self, content: str = "Answer with the letter A.") -> None:
+        """One request before any generation, so a wrong URL, key or model fails in seconds. ``content``: a
+        request as large as the evaluation's largest (its prompt and reference rendered into the template),
+        so that a judge whose context is too short says so now, not for every pair later."""
 
         async def go() -> Judgement:
             client = self._client()
             try:
                 j = Judgement(order="preflight")
-                await self._ask(client, "Answer with the letter A.", j)
+                await self._ask(client, content, j)
                 return j
             finally:
                 await client.close()
@@ -275,10 +279,61 @@ def _transient(error: str | None) -> bool:
     """Whether a judge request's last error may heal by itself: no connection, a timeout, 408/409/429, 5xx."""
     if error in ("APIConnectionError", "APITimeoutError"):
         return True
-    if error and error.startswith("HTTP "):
-        code = int(error.split()[1])
-        return code in _RETRY_STATUS or code >= 500
-    return False
+    m = re.match(r"HTTP (\d+)", error or "")
+    if m is None:
+        return False
+    code = int(m[1])
+    return code in _RETRY_STATUS or code >= 500
+
+
+def _server_message(e: Any) -> str:
+    """The reason an OpenAI-compatible server gave for refusing a request, in one line."""
+    body = getattr(e, "body", None)
+    if isinstance(body, dict):
+        inner = body.get("error", body)
+        message = inner.get("message") if isinstance(inner, dict) else inner
+        if message:
+            return " ".join(str(message).split())[:300]
+    return " ".join(str(getattr(e, "message", "") or e).split())[:300]
+
+
+def usable_verdicts_problem(label: str, judged: list[tuple[Judgement, Judgement]]) -> UserError | None:
+    """Why the pairs of one model cannot measure anything, or None. The rule: at least half of the pairs
+    must have two usable verdicts (both orders answered with A or B); below that the win rate says more about
+    the judge than about the model. The error names the commonest judge failure, the server's own words, and
+    is a temporary one (exit 75) when that failure may heal by itself."""
+    n = len(judged)
+    usable = sum(1 for a, b in judged if a.status == OK and b.status == OK)
+    if n == 0 or 2 * usable >= n:
+        return None
+    errors: dict[str, int] = {}
+    invalid = unasked = 0
+    example = ""
+    for pair in judged:
+        for j in pair:
+            if j.status == ERROR:
+                errors[j.error or "error"] = errors.get(j.error or "error", 0) + 1
+            if j.status == INVALID:
+                invalid += 1
+                example = example or " ".join((j.answer or "").split())[:80]
+            unasked += j.status == BUDGET
+    parts = [
+        f"{count} request(s) failed with {error!r}"
+        for error, count in sorted(errors.items(), key=lambda kv: -kv[1])[:2]
+    ]
+    if invalid:
+        parts.append(f"{invalid} answer(s) were not a single A or B (e.g. {example!r})")
+    if unasked:
+        parts.append(f"{unasked} request(s) not sent: --judge_request_budget ran out")
+    message = (
+        f"only {usable} of {n} {label} pairs got two usable verdicts, fewer than half, so no win rate is "
+        f"measured: {'; '.join(parts)}; fix the judge (--judge_base_url, --judge_model, its context length, "
+        "--judge_template) and run the evaluation again."
+    )
+    top = max(errors, key=lambda k: errors[k]) if errors else None
+    if top is not None and _transient(top) and errors[top] >= invalid + unasked:
+        return ServiceUnavailable(message)
+    return UserError(message)
 
 
 def _describe_body(response: Any) -> str:

@@ -13,7 +13,7 @@ from typing import Any
 from rloo.eval.config import EvalConfig
 from rloo.eval.data import load_eval_rows
 from rloo.eval.generation import GenerationEngine, make_engine
-from rloo.eval.judge import JudgeSettings, PairwiseJudge, api_key_from_env
+from rloo.eval.judge import JudgeSettings, PairwiseJudge, api_key_from_env, usable_verdicts_problem
 from rloo.eval.report import flat_metrics, kfp_metrics, render_html
 from rloo.eval.stats import pair_score, paired_difference, summarize_scores
 
@@ -66,7 +66,9 @@ def run_eval(
             check_model_files(flag, path, trust_remote_code=cfg.trust_remote_code)
     sinks = _sinks(cfg)  # an unreachable tracking server fails now too, not after generation
     judge = make_judge(cfg)
-    judge.preflight()  # seconds, before minutes of generation: a wrong URL/key/model fails now
+    # seconds, before minutes of generation: a wrong URL/key/model, or a context too short for the largest
+    # request (its prompt and reference in the template, the reference standing in for the model's output)
+    judge.preflight(largest_request(cfg, rows))
     engine = engine or make_engine(cfg)
     out = Path(cfg.output_dir)
     existed = out.exists()
@@ -87,6 +89,15 @@ def run_eval(
         raise
     _report(sinks, results, out)
     return results
+
+
+def largest_request(cfg: EvalConfig, rows: Any) -> str:
+    """The judge prompt of the evaluation's largest example, with its reference in both response slots (a
+    model output is at most ``max_new_tokens``; the reference is what there is before generation)."""
+    from rloo.eval.judge import render_prompt
+
+    i = max(range(len(rows)), key=lambda k: len(rows.judge_prompts[k]) + 2 * len(rows.references[k]))
+    return render_prompt(cfg.template_text(), rows.judge_prompts[i], rows.references[i], rows.references[i])
 
 
 def example_key(judge_prompt: str, reference: str) -> str:
@@ -121,6 +132,10 @@ def _evaluate(
     )
     n = len(rows)
     judged = {label: flat[i * n : (i + 1) * n] for i, label in enumerate(labels)}
+    for label in labels:  # a judge that refused or garbled most requests measured nothing: fail, say why
+        problem = usable_verdicts_problem(label, judged[label])
+        if problem is not None:
+            raise problem
 
     summaries: dict[str, dict[str, Any]] = {}
     scores: dict[str, list[float | None]] = {}
@@ -131,12 +146,6 @@ def _evaluate(
             "path": (sources or {}).get(label, models[label]),
             **summarize_scores(verdicts),
         }
-        if summaries[label]["num_valid"] == 0:
-            log.warning(
-                "no pair of %s got two usable verdicts (%s): check --judge_model and the template",
-                label,
-                judge.stats.statuses,
-            )
     diff = None
     if "baseline" in scores:
         diff = paired_difference(scores["trained"], scores["baseline"]).as_dict()
