@@ -305,27 +305,19 @@ def test_failed_push_leaves_no_staged_files(trained_dir: Path, tmp_path: Path) -
     ev = write_eval(tmp_path / "ev.json", lo=0.04)
     (tmp_path / "store").write_text("a file where the storage directory should be")
     out = tmp_path / "out"
+    cfg = PushConfig(
+        model_path=str(trained_dir),
+        eval_results=str(ev),
+        output_dir=str(out),
+        storage_uri=str(tmp_path / "store"),
+    )
     with pytest.raises(Exception):  # noqa: B017 - whatever the storage error, what is left is the point
-        run_push(
-            PushConfig(
-                model_path=str(trained_dir),
-                eval_results=str(ev),
-                output_dir=str(out),
-                storage_uri=str(tmp_path / "store"),
-            )
-        )
+        run_push(cfg)
     assert not out.exists()
     out.mkdir()
     (out / "keep.txt").write_text("the user's")
     with pytest.raises(Exception):  # noqa: B017
-        run_push(
-            PushConfig(
-                model_path=str(trained_dir),
-                eval_results=str(ev),
-                output_dir=str(out),
-                storage_uri=str(tmp_path / "store"),
-            )
-        )
+        run_push(cfg)
     assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]
 
 

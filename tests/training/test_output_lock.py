@@ -27,61 +27,17 @@ from rloo.storage.location import Location
 from rloo.training import output_lock
 from rloo.training.output_lock import LOCK_NAME, Holder, LocalLock, OutputInUse, OutputLock, S3Lock
 from tests.fixtures.servers import S3Server, free_port, use_s3
-
-
-def _argv(tiny: TinySetup, data: Path, out: str, max_steps: int, save_steps: int = 1000) -> list[str]:
-    return [
-        "train", "--disable_tqdm",
-        "--model_name_or_path", str(tiny.policy),
-        "--reward_funcs", "rloo.demo.toy:letter_reward",
-        "--dataset_name", str(data),
-        "--output_dir", out,
-        "--per_device_train_batch_size", "4",
-        "--rloo_k", "2",
-        "--num_ppo_epochs", "1",
-        "--response_length", "4",
-        "--max_steps", str(max_steps),
-        "--save_steps", str(save_steps),
-        "--num_sample_generations", "0",
-        "--seed", "5",
-    ]  # fmt: skip
-
-
-def _env(**extra: str) -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", **extra}
+from tests.fixtures.train_cli import start_train, train_argv, train_env, updates, wait_for_updates
 
 
 def _run(argv: list[str], **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "rloo.cli", *argv],
-        env=_env(**env),
+        env=train_env(**env),
         capture_output=True,
         text=True,
         timeout=300,
     )
-
-
-def _start(argv: list[str]) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "rloo.cli", *argv],
-        env=_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def _wait_for_updates(proc: subprocess.Popen[str], out: Path, n: int) -> None:
-    metrics = out / "metrics.jsonl"
-    deadline = time.monotonic() + 180
-    while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= n):
-        assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline, "training never got going"
-        time.sleep(0.1)
-
-
-def _updates(out: Path) -> list[int]:
-    return [json.loads(line)["update"] for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
 def _error_line(proc: subprocess.CompletedProcess[str]) -> str:
@@ -95,10 +51,10 @@ def test_a_second_run_on_one_output_dir_is_refused_and_the_first_carries_on(
     tiny_setup: TinySetup, toy_dataset: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / "out"
-    first = _start(_argv(tiny_setup, toy_dataset, str(out), max_steps=100_000))
+    first = start_train(train_argv(tiny_setup, toy_dataset, str(out), max_steps=100_000))
     try:
-        _wait_for_updates(first, out, 2)
-        second = _run(_argv(tiny_setup, toy_dataset, str(out), max_steps=100_000))
+        wait_for_updates(first, out, 2)
+        second = _run(train_argv(tiny_setup, toy_dataset, str(out), max_steps=100_000))
         assert second.returncode == 75, second.stderr
         line = _error_line(second)
         assert line.startswith(
@@ -116,13 +72,13 @@ def test_a_second_run_on_one_output_dir_is_refused_and_the_first_carries_on(
     assert not (out / LOCK_NAME).exists()  # released, and deleted, at the end
     (ckpt,) = out.glob("checkpoint-*")
     done = int(ckpt.name.split("-")[1])
-    updates = _updates(out)
-    assert updates == list(range(1, len(updates) + 1)) and len(updates) >= done  # one writer, in order
+    written = updates(out)
+    assert written == list(range(1, len(written) + 1)) and len(written) >= done  # one writer, in order
     # the lock does not get in the way of resuming
-    resumed = _run(_argv(tiny_setup, toy_dataset, str(out), max_steps=done + 1))
+    resumed = _run(train_argv(tiny_setup, toy_dataset, str(out), max_steps=done + 1))
     assert resumed.returncode == 0, resumed.stderr
     assert f"resumed from {ckpt}" in resumed.stdout
-    assert _updates(out) == list(range(1, done + 2))
+    assert updates(out) == list(range(1, done + 2))
     assert not (out / LOCK_NAME).exists()
 
 
@@ -130,13 +86,13 @@ def test_a_holder_killed_with_sigkill_blocks_nobody(
     tiny_setup: TinySetup, toy_dataset: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / "out"
-    first = _start(_argv(tiny_setup, toy_dataset, str(out), max_steps=100_000, save_steps=1))
-    _wait_for_updates(first, out, 3)
+    first = start_train(train_argv(tiny_setup, toy_dataset, str(out), max_steps=100_000, save_steps=1))
+    wait_for_updates(first, out, 3)
     first.kill()
     first.communicate(timeout=60)
     holder = Holder.parse((out / LOCK_NAME).read_bytes())  # left behind, naming a dead process
     assert holder is not None and holder.pid == first.pid
-    again = _run(_argv(tiny_setup, toy_dataset, str(out), max_steps=4, save_steps=1))
+    again = _run(train_argv(tiny_setup, toy_dataset, str(out), max_steps=4, save_steps=1))
     assert again.returncode == 0, again.stderr
     assert "resumed from" in again.stdout
     assert not (out / LOCK_NAME).exists()
@@ -264,7 +220,11 @@ def test_rloo_train_on_an_s3_output_held_by_another_process_is_refused(
     holder = S3Lock(loc, flag="--output_dir", holder=_other_host())
     holder.acquire()
     try:
-        argv = [*_argv(tiny_setup, toy_dataset, loc.uri, max_steps=1), "--local_dir", str(tmp_path / "stage")]
+        argv = [
+            *train_argv(tiny_setup, toy_dataset, loc.uri, max_steps=1),
+            "--local_dir",
+            str(tmp_path / "stage"),
+        ]
         refused = _run(argv, **s3.env())
     finally:
         holder.release()
@@ -286,17 +246,17 @@ def test_under_torchrun_only_rank_0_locks_and_a_refusal_stops_every_rank(
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
     cmd += ["--master_port", str(free_port()), "-m", "rloo.cli"]
-    argv = _argv(tiny_setup, toy_dataset, str(out), max_steps=1)
+    argv = train_argv(tiny_setup, toy_dataset, str(out), max_steps=1)
     # rank 1 taking the lock too would refuse its own run: the plain run trains
-    ok = subprocess.run([*cmd, *argv], env=_env(), capture_output=True, text=True, timeout=300)
+    ok = subprocess.run([*cmd, *argv], env=train_env(), capture_output=True, text=True, timeout=300)
     assert ok.returncode == 0, ok.stderr[-3000:]
     assert (out / "training_complete.json").is_file() and not (out / LOCK_NAME).exists()
     held = OutputLock.acquire(tmp_path / "busy")
     try:
         start = time.monotonic()
         refused = subprocess.run(
-            [*cmd, *_argv(tiny_setup, toy_dataset, str(tmp_path / "busy"), max_steps=1)],
-            env=_env(),
+            [*cmd, *train_argv(tiny_setup, toy_dataset, str(tmp_path / "busy"), max_steps=1)],
+            env=train_env(),
             capture_output=True,
             text=True,
             timeout=300,

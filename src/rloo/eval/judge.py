@@ -173,9 +173,8 @@ class PairwiseJudge:
                 )
                 raise self._fatal from None
             except openai.APIStatusError as e:
-                retryable = e.status_code in _RETRY_STATUS or e.status_code >= 500
                 j.error = f"HTTP {e.status_code}"
-                if not retryable:
+                if not _retryable_status(e.status_code):
                     # the server's own reason ("maximum context length is 512 tokens ..."): what to fix
                     j.error += f": {_server_message(e)}"
                     j.status = ERROR
@@ -280,9 +279,11 @@ def _transient(error: str | None) -> bool:
     if error in ("APIConnectionError", "APITimeoutError"):
         return True
     m = re.match(r"HTTP (\d+)", error or "")
-    if m is None:
-        return False
-    code = int(m[1])
+    return m is not None and _retryable_status(int(m[1]))
+
+
+def _retryable_status(code: int) -> bool:
+    """An HTTP status worth retrying: 408/409/429 and every 5xx."""
     return code in _RETRY_STATUS or code >= 500
 
 

@@ -76,7 +76,7 @@ class Decision:
     reason: str
     # the paired difference with the champion it was compared with (None: not compared)
     against_champion: Interval | None = None
-    champion: str | None = None  # how that champion is named, e.g. "version 3 (run abc)"
+    champion: str | None = None  # how that champion is named (Champion.label)
 
     def against_champion_dict(self) -> dict[str, Any] | None:
         d = self.against_champion
@@ -139,8 +139,16 @@ def parse_eval_results(data: Any, source: str = "eval_results.json") -> EvalResu
     judge_url = _get(data, "judge.base_url", source)
     if not isinstance(judge_model, str) or not judge_model:
         raise UserError(f"{source}: 'judge.model' must be a non-empty string.")
-    known = {"trained", "baseline", "paired_difference", "judge", "num_examples", "invalid", "ties"}
-    known.add("per_example")
+    known = {
+        "trained",
+        "baseline",
+        "paired_difference",
+        "judge",
+        "num_examples",
+        "invalid",
+        "ties",
+        "per_example",
+    }
     template = data["judge"].get("template_sha256")
     return EvalResults(
         trained=_interval(data, "trained", "win_rate", source, 0.0),

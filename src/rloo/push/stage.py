@@ -226,9 +226,8 @@ def _stage_merged(adapter_dir: Path, dest: Path) -> None:
 
     log.info("merging the LoRA adapter in %s into its base model", adapter_dir)
     load_causal_lm(str(adapter_dir), flag="model_path").save_pretrained(dest, safe_serialization=True)
-    honour_umask(
-        dest
-    )  # safetensors writes its files 0600: a reader running as another user could not open it
+    # safetensors writes its files 0600: a reader running as another user could not open them
+    honour_umask(dest)
 
 
 def _eval_as_dict(e: EvalResults) -> dict[str, Any]:
@@ -385,18 +384,11 @@ def run_push(cfg: PushConfig, *, hub_api: Any = None, mlflow_client: Any = None)
     result_path.unlink(missing_ok=True)  # a stale result must not outlive a failed re-run
 
     existed = out.exists()
+    run: PushRun | None = None
     try:
         prepared = stage_push(cfg, out)
-    except BaseException:
-        _clean_work(out, existed)
-        raise
-    # The MLflow run first: whether this run may take 'champion' depends on its start time.
-    try:
+        # The MLflow run first: whether this run may take 'champion' depends on its start time.
         run = open_push_run(cfg, prepared.key, mlflow_client, tracking=tracking) if tracking else None
-    except BaseException:
-        _clean_work(out, existed)
-        raise
-    try:
         result = publish(cfg, prepared, run, hub_api)
         write_bytes_atomic(
             result_path, json.dumps(result.to_dict(), indent=1, sort_keys=True).encode(), result_path.name
@@ -413,15 +405,14 @@ def run_push(cfg: PushConfig, *, hub_api: Any = None, mlflow_client: Any = None)
         _clean_work(out, existed)
         _raise_mlflow_as_user_error(e)
         raise
-    for name in WORK_DIRS:  # the staged copies are published; hard links, but a copy across devices is not
-        shutil.rmtree(out / name, ignore_errors=True)
+    _clean_work(out, existed=True)  # published: the staged copies and downloads are done with
     log.info("push decision: %s (%s)", result.decision.decision, result.decision.reason)
     return result
 
 
 def _clean_work(out: Path, existed: bool) -> None:
-    """After a failed push: the staged files and downloads go (a re-run stages them again); ``out`` too when
-    this push created it and nothing else is left in it."""
+    """The staged files and downloads go (after a failure a re-run stages them again); ``out`` too when this
+    push created it and nothing else is left in it (a failed push: no push_result.json)."""
     for name in WORK_DIRS:
         shutil.rmtree(out / name, ignore_errors=True)
     if not existed and out.is_dir() and not any(out.iterdir()):
@@ -708,26 +699,28 @@ def promote(
             return _demote(cfg, registry, version, Path(cfg.output_dir))
         return None
     if cfg.production_uri:  # no registry: the ledger says whose model production holds
-        try:
-            ledger = read_ledger(cfg.production_uri)
-        except IncompleteArtifactError as e:
-            log.warning("the production copy's ledger is unreadable, nothing demoted there: %s", e)
-            return None
-        if ledger is not None and ledger.get("run_key") == key:
+        ledger = _ledger_or_empty(cfg.production_uri)
+        if ledger.get("run_key") == key:
             return _demote_without_registry(cfg, ledger, Path(cfg.output_dir))
     return None
+
+
+def _ledger_or_empty(production_uri: str) -> dict[str, Any]:
+    """:func:`read_ledger` for the steps that go on without it: a damaged ledger is logged and read as none
+    (the champion comparison, which must not, reads it itself)."""
+    try:
+        return read_ledger(production_uri) or {}
+    except IncompleteArtifactError as e:
+        log.warning(
+            "the production copy's ledger is unreadable, its run and earlier champions unknown: %s", e
+        )
+        return {}
 
 
 def _publish_production(cfg: PushConfig, staged: Path, key: str, storage: str | None) -> bool:
     """The staged files plus the ledger, atomically to ``production_uri``; True if it uploaded."""
     assert cfg.production_uri
-    try:
-        ledger = read_ledger(cfg.production_uri) or {}
-    except IncompleteArtifactError as e:  # replaced now; its history is lost, the registry keeps its own
-        log.warning(
-            "the production copy's ledger is unreadable, the earlier champions are not carried: %s", e
-        )
-        ledger = {}
+    ledger = _ledger_or_empty(cfg.production_uri)
     previous = list(ledger.get("previous") or [])
     if ledger.get("run_key") and ledger.get("run_key") != key:
         previous.append({"run_key": ledger["run_key"], "storage_uri": ledger.get("storage_uri")})
@@ -788,36 +781,37 @@ def _demote_without_registry(cfg: PushConfig, ledger: dict[str, Any], out: Path)
         last = previous.pop()
         src = last.get("storage_uri")
         if src and is_complete(src):
-            local = out / "previous_champion"
-            download_dir(src, local, progress=False, overwrite=True)
-            entry = {"run_key": last["run_key"], "storage_uri": src, "previous": previous}
-            assert cfg.production_uri
-            uploaded = _publish_with_ledger(local, cfg.production_uri, entry)
-            log.info("production copy restored to the previous champion, run %s", last["run_key"])
-            return StoredCopy(Location.parse(cfg.production_uri).uri, uploaded, restored_from=src)
+            return _put_back(cfg, last["run_key"], src, previous, out)
     return _withdraw(cfg)
 
 
 def _restore_production(cfg: PushConfig, source_key: str | None, out: Path) -> StoredCopy:
+    """The registry's previous champion (its run key) back at ``production_uri`` from its versioned copy
+    under ``storage_uri``, else the production copy is withdrawn."""
     assert cfg.production_uri
     if source_key and cfg.storage_uri:
         src = Location.parse(cfg.storage_uri).child(source_key).uri
         if is_complete(src):
-            local = out / "previous_champion"
-            download_dir(src, local, progress=False, overwrite=True)
-            try:
-                ledger = read_ledger(cfg.production_uri) or {}
-            except IncompleteArtifactError:
-                ledger = {}
+            ledger = _ledger_or_empty(cfg.production_uri)
             previous = [
                 p
                 for p in ledger.get("previous") or []
                 if isinstance(p, dict) and p.get("run_key") != source_key
             ]
-            entry = {"run_key": source_key, "storage_uri": src, "previous": previous}
-            uploaded = _publish_with_ledger(local, cfg.production_uri, entry)
-            return StoredCopy(Location.parse(cfg.production_uri).uri, uploaded, restored_from=src)
+            return _put_back(cfg, source_key, src, previous, out)
     return _withdraw(cfg)
+
+
+def _put_back(cfg: PushConfig, key: str, src: str, previous: list[Any], out: Path) -> StoredCopy:
+    """Publish the versioned copy ``src`` of run ``key`` to ``production_uri`` again, ``previous`` the
+    champions before it in its ledger."""
+    assert cfg.production_uri
+    local = out / "previous_champion"
+    download_dir(src, local, progress=False, overwrite=True)
+    entry = {"run_key": key, "storage_uri": src, "previous": previous}
+    uploaded = _publish_with_ledger(local, cfg.production_uri, entry)
+    log.info("production copy restored to the previous champion, run %s", key)
+    return StoredCopy(Location.parse(cfg.production_uri).uri, uploaded, restored_from=src)
 
 
 def _withdraw(cfg: PushConfig) -> StoredCopy:
