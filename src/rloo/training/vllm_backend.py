@@ -31,6 +31,7 @@ releases are the ``vllm`` extra's (0.27-0.30: ``reload_weights`` through ``colle
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import socket
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -39,9 +40,9 @@ from typing import Any
 
 import torch
 
-from rloo.errors import UserError
 from rloo.generation import Generated, Generator, SamplingParams, TransformersGenerator
 from rloo.training import deepspeed_utils
+from rloo.vllm_support import CPU, cpu_engine_kwargs, require_vllm_here
 
 __all__ = [
     "Completion",
@@ -67,6 +68,8 @@ __all__ = [
     "vllm_weight_name",
 ]
 
+log = logging.getLogger(__name__)
+
 # Name segments that wrappers add to parameter names but a checkpoint does not have (torch.compile,
 # activation checkpointing, FSDP); DDP adds a leading "module.". vLLM's load_weights expects checkpoint names.
 _WRAPPER_SEGMENTS = frozenset({"_orig_mod", "_checkpoint_wrapped_module", "_fsdp_wrapped_module"})
@@ -78,14 +81,10 @@ def vllm_available() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-def require_vllm() -> None:
-    """Raise a one-line UserError unless vLLM can run here (installed, and a CUDA GPU present)."""
-    if not vllm_available():
-        raise UserError(
-            "--use_vllm needs vLLM, which is not installed: pip install vllm (or drop --use_vllm)."
-        )
-    if not torch.cuda.is_available():
-        raise UserError("--use_vllm needs a CUDA GPU; drop --use_vllm to generate with transformers.")
+def require_vllm() -> str:
+    """The platform vLLM runs on here ("cuda" or "cpu"), or a one-line UserError (not installed, or the
+    CUDA build without a GPU)."""
+    return require_vllm_here("--use_vllm", "drop --use_vllm to generate with transformers")
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -344,9 +343,13 @@ def engine_env(*, batch_invariant: bool) -> dict[str, str]:
 
 
 def create_colocated_llm(
-    accelerator: Any, *, batch_invariant: bool = False, **kwargs: Any
-) -> Any:  # pragma: no cover - needs vLLM and a GPU (tests/gpu)
-    """Start this rank's engine (``kwargs`` as for ``engine_kwargs``)."""
+    accelerator: Any,
+    *,
+    batch_invariant: bool = False,
+    platform_kwargs: dict[str, Any] | None = None,
+    **kwargs: Any,
+) -> Any:
+    """Start this rank's engine (``kwargs`` as for ``engine_kwargs``; ``platform_kwargs`` added to them)."""
     from vllm import LLM
 
     os.environ.update(
@@ -361,7 +364,10 @@ def create_colocated_llm(
     # does not use (model loading, reference model) are not free to it, and it refuses to start below the
     # budget. Its sleep-mode allocator cannot reuse PyTorch's cached blocks either.
     _empty_cache()
-    llm = LLM(**engine_kwargs(**kwargs))
+    # vLLM's CPU worker sets this process's thread count for its own kernels; the trainer shares the process
+    threads = torch.get_num_threads()
+    llm = LLM(**engine_kwargs(**kwargs), **(platform_kwargs or {}))
+    torch.set_num_threads(threads)
     # Engine start-up is uneven across ranks; training collectives right after it would time out.
     accelerator.wait_for_everyone()
     return llm
@@ -508,18 +514,50 @@ def make_generator(
             cache_implementation=str(getattr(cfg, "cache_implementation", "dynamic")),
             compile_decode=bool(getattr(cfg, "compile_generation", False)),
         )
-    require_vllm()
+    platform = require_vllm()
     enable_sleep_mode = bool(getattr(cfg, "vllm_enable_sleep_mode", False))
+    fraction = float(getattr(cfg, "vllm_gpu_memory_utilization", 0.3))
+    dtype = engine_dtype(cfg)
+    max_num_seqs = int(max_num_seqs or batch_size)
+    platform_kwargs: dict[str, Any] = {}
+    engine_sleeps = enable_sleep_mode
+    if platform == CPU:
+        # vLLM's CPU build has no sleep mode (it refuses the flag, and its worker ignores sleep/wake_up
+        # calls), and reads the memory fraction as one of the total RAM: size the KV cache from the need.
+        if enable_sleep_mode:
+            log.info("--vllm_enable_sleep_mode: vLLM on CPU has no sleep mode; the engine keeps its memory")
+        engine_sleeps = False
+        platform_kwargs = cpu_engine_kwargs(
+            model_path=cfg.policy_path,
+            dtype=dtype,
+            max_model_len=int(max_model_len or _model_positions(cfg)),
+            max_num_seqs=max_num_seqs,
+            fraction=fraction,
+            flag="--vllm_gpu_memory_utilization",
+            trust_remote_code=bool(getattr(cfg, "trust_remote_code", False)),
+        )
     llm = create_colocated_llm(
         accelerator,
         model_path=cfg.policy_path,
-        gpu_memory_utilization=float(getattr(cfg, "vllm_gpu_memory_utilization", 0.3)),
-        enable_sleep_mode=enable_sleep_mode,
-        dtype=engine_dtype(cfg),
+        gpu_memory_utilization=fraction,
+        enable_sleep_mode=engine_sleeps,
+        dtype=dtype,
         seed=int(getattr(cfg, "seed", 0)),
         max_model_len=max_model_len,
-        max_num_seqs=int(max_num_seqs or batch_size),
+        max_num_seqs=max_num_seqs,
         trust_remote_code=bool(getattr(cfg, "trust_remote_code", False)),
         batch_invariant=bool(getattr(cfg, "vllm_batch_invariant", False)),
+        platform_kwargs=platform_kwargs,
     )
+    # the generator keeps its sleep/wake sequence on CPU too: vLLM's CPU worker accepts and ignores it
     return VLLMGenerator(llm, model, accelerator=accelerator, enable_sleep_mode=enable_sleep_mode)
+
+
+def _model_positions(cfg: Any) -> int:
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(
+        cfg.policy_path, trust_remote_code=bool(getattr(cfg, "trust_remote_code", False))
+    )
+    config = getattr(config, "get_text_config", lambda: config)()
+    return int(config.max_position_embeddings)
