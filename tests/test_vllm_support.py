@@ -80,3 +80,12 @@ def test_cpu_kv_cache_is_what_the_sequences_need_capped_by_the_free_ram() -> Non
         vs.cpu_kv_cache_bytes(**kw, max_num_seqs=8, fraction=0.1, available=1_000_000)
     msg = str(err.value)
     assert "\n" not in msg and "--f 0.1" in msg and "one 72-token sequence" in msg and "raise --f" in msg
+
+
+def test_a_head_size_the_cpu_kernels_lack_is_one_line() -> None:
+    vs.check_cpu_head_size(64, [32, 64, 128], "/m")
+    with pytest.raises(UserError) as err:
+        vs.check_cpu_head_size(16, [32, 64, 128], "/m")
+    msg = str(err.value)
+    assert "\n" not in msg and "head size is 16" in msg and "supports 32, 64, 128" in msg
+    assert vs.head_size(SimpleNamespace(hidden_size=64, num_attention_heads=4)) == 16

@@ -69,13 +69,36 @@ def require_vllm_here(flag: str, fallback: str) -> str:
     return platform
 
 
+def head_size(model_config: Any) -> int:
+    """The attention head size of a model config (``head_dim``, else hidden size / heads)."""
+    cfg = getattr(model_config, "get_text_config", lambda: model_config)()
+    return int(getattr(cfg, "head_dim", None) or cfg.hidden_size // int(cfg.num_attention_heads))
+
+
 def kv_bytes_per_token(model_config: Any, dtype: str) -> int:
     """KV-cache bytes one token takes in the engine: keys and values of every layer's KV heads."""
     cfg = getattr(model_config, "get_text_config", lambda: model_config)()
-    heads = int(cfg.num_attention_heads)
-    kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
-    head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
-    return 2 * int(cfg.num_hidden_layers) * kv_heads * head_dim * _DTYPE_BYTES[dtype]
+    kv_heads = int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads)
+    return 2 * int(cfg.num_hidden_layers) * kv_heads * head_size(cfg) * _DTYPE_BYTES[dtype]
+
+
+def check_cpu_head_size(size: int, supported: list[int], model_path: str) -> None:
+    """One line instead of the engine's own error deep in its start-up (vLLM's CPU kernels are compiled
+    for a fixed list of head sizes)."""
+    if size not in supported:
+        raise UserError(
+            f"vLLM on CPU cannot run {model_path}: its attention head size is {size}, and vLLM's CPU "
+            f"attention supports {', '.join(map(str, supported))}; generate with transformers instead (drop "
+            "--use_vllm, or --engine transformers) or run on a GPU."
+        )
+
+
+def _cpu_head_sizes() -> list[int] | None:
+    try:
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+    except ImportError:  # another layout in another release: the engine will say it itself
+        return None
+    return list(CPUAttentionBackend.get_supported_head_sizes())
 
 
 def checkpoint_parameters(model_dir: str | Path) -> int:
@@ -140,6 +163,9 @@ def cpu_engine_kwargs(
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+    supported = _cpu_head_sizes()
+    if supported is not None:
+        check_cpu_head_size(head_size(config), supported, model_path)
     weights = checkpoint_parameters(model_path) * _DTYPE_BYTES[dtype]
     kv = cpu_kv_cache_bytes(
         per_token=kv_bytes_per_token(config, dtype),

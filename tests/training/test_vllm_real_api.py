@@ -1,10 +1,9 @@
 """What the project asks of vLLM exists in the installed vLLM: every keyword, method and argument.
 
-Runs wherever ``vllm`` imports, GPU or not: ``make test-vllm`` installs the pinned wheel without its
-dependencies (plus the few pure-Python modules its config and sampling classes import) into a separate
-directory, which is enough to build ``SamplingParams`` and ``EngineArgs``. ``vllm.LLM`` itself imports
-compiled packages (xgrammar) that install does not bring, so its method signatures are read from its source
-file, and the calls the stand-in engine of test_vllm_backend.py records are bound to them.
+Runs wherever ``vllm`` imports, GPU or not (``make test-vllm``: vLLM's CPU build, same version numbers as
+the GPU build). Method signatures are read from vLLM's source files, the GPU model runner's included (the
+CPU build ships it), and the calls the stand-in engine of test_vllm_backend.py records are bound to them:
+what the real engine does with those calls is tests/vllm's business.
 """
 
 from __future__ import annotations

@@ -128,3 +128,16 @@ def test_resume_pushes_the_checkpointed_weights(
     gaps = _gaps(out)
     assert len(gaps) == 5 and max(gaps) < TOLERANCE, gaps
     assert "resum" in (proc.stdout + proc.stderr).lower()
+
+
+def test_a_model_the_cpu_kernels_cannot_run_is_one_line(
+    tiny_setup: TinySetup, prompts: Path, vllm_env: dict[str, str], tmp_path: Path
+) -> None:
+    """The default tiny models have head size 16, which vLLM's CPU attention has no kernel for: one line
+    before the engine starts, not the engine's traceback, and no output directory."""
+    out = tmp_path / "out"
+    proc = rloo(train_args(tiny_setup, prompts, out), vllm_env)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "head size is 16" in last and "drop --use_vllm" in last and "Traceback" not in proc.stderr
+    assert not out.exists()
