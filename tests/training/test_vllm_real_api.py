@@ -19,6 +19,7 @@ import torch
 
 vllm = pytest.importorskip("vllm")
 
+from vllm import SamplingParams as VSamplingParams  # noqa: E402
 from vllm.engine.arg_utils import EngineArgs  # noqa: E402
 
 from rloo.demo.tiny import TinySetup  # noqa: E402
@@ -27,7 +28,6 @@ from rloo.eval.generation import vllm_llm_kwargs, vllm_prompts, vllm_sampling_kw
 from rloo.generation import SamplingParams, left_pad, row_seeds  # noqa: E402
 from rloo.training import vllm_backend as vb  # noqa: E402
 from tests.training import test_vllm_backend as shell  # noqa: E402
-from vllm import SamplingParams as VSamplingParams  # noqa: E402
 
 VLLM_DIR = Path(vllm.__file__).parent
 PARAMS = [
