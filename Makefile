@@ -51,7 +51,7 @@ $(VLLM_STAMP): pyproject.toml constraints.txt constraints-vllm.txt
 	touch $(VLLM_STAMP)
 
 test-vllm: $(VLLM_STAMP)
-	$(VLLM_VENV)/bin/python -m pytest -q -rs tests/vllm tests/training/test_vllm_real_api.py \
+	$(VLLM_VENV)/bin/python -m pytest -q -rs tests/vllm_engine tests/training/test_vllm_real_api.py \
 	  tests/training/test_vllm_backend.py tests/test_vllm_versions.py tests/test_vllm_support.py
 
 # lint-imports: the dependency contracts ([tool.importlinter]); mypy: the type check of src/ ([tool.mypy])

@@ -2,7 +2,7 @@
 
 vLLM's CPU build has no sleep mode (it refuses ``enable_sleep_mode`` and ignores sleep / wake_up), so the
 round trip sleep level 2 -> wake -> reload_weights, where upstream once produced gibberish, runs on a GPU
-only. Everything else of the engine runs on CPU in ``make test-vllm`` (tests/vllm): weights pushed at every
+only. Everything else of the engine runs on CPU in ``make test-vllm`` (tests/vllm_engine): weights pushed at every
 update (1 and 2 processes, LoRA, resume), log-probs against the trainer's forward, eval, the judge server.
 On a GPU machine with the train image's packages: ``pytest -m gpu tests/gpu``.
 """

@@ -3,7 +3,7 @@
 Runs wherever ``vllm`` imports, GPU or not (``make test-vllm``: vLLM's CPU build, same version numbers as
 the GPU build). Method signatures are read from vLLM's source files, the GPU model runner's included (the
 CPU build ships it), and the calls the stand-in engine of test_vllm_backend.py records are bound to them:
-what the real engine does with those calls is tests/vllm's business.
+what the real engine does with those calls is tests/vllm_engine's business.
 """
 
 from __future__ import annotations

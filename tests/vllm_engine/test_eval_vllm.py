@@ -16,7 +16,7 @@ import pytest
 
 from rloo.demo.tiny import TinySetup, build_causal_lm
 from rloo.demo.toy import write_toy_eval_dataset
-from tests.vllm.conftest import JudgeServer, needs_vllm, rloo
+from tests.vllm_engine.conftest import JudgeServer, needs_vllm, rloo
 
 pytestmark = needs_vllm
 

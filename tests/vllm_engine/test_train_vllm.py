@@ -16,7 +16,7 @@ import pytest
 
 from rloo.demo.tiny import TinySetup
 from rloo.demo.toy import write_toy_dataset
-from tests.vllm.conftest import metrics, needs_vllm, rloo
+from tests.vllm_engine.conftest import metrics, needs_vllm, rloo
 
 pytestmark = needs_vllm
 
@@ -81,7 +81,7 @@ def test_an_engine_that_misses_the_pushes_is_seen(
 ) -> None:
     """The check above can fail: with the weights pushed only once the gap grows past the tolerance."""
     out = tmp_path / "out"
-    _ok(rloo(train_args(qwen, prompts, out), vllm_env, module="tests.vllm.stale_engine"))
+    _ok(rloo(train_args(qwen, prompts, out), vllm_env, module="tests.vllm_engine.stale_engine"))
     gaps = _gaps(out)
     assert gaps[0] < TOLERANCE, gaps  # the first rollout had the pushed weights
     assert gaps[-1] > 100 * TOLERANCE and gaps[-1] > gaps[1] > gaps[0], gaps

@@ -2,7 +2,7 @@
 
 The planted fault the weight-push check must see: the engine keeps sampling from the starting weights while
 the policy moves, so the gap between the engine's log-probs and the trainer's grows with every update.
-Run as ``python -m tests.vllm.stale_engine train ...`` (the arguments of ``rloo``).
+Run as ``python -m tests.vllm_engine.stale_engine train ...`` (the arguments of ``rloo``).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ import yaml
 
 from rloo.demo.pipeline import embedded_params
 from rloo.demo.tiny import TinySetup
-from tests.vllm.conftest import JudgeServer, metrics, needs_vllm, rloo
+from tests.vllm_engine.conftest import JudgeServer, metrics, needs_vllm, rloo
 
 pytestmark = needs_vllm
 

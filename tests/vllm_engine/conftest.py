@@ -28,7 +28,7 @@ from tests.fixtures.servers import free_port, stop_process
 
 # Why the tests here cannot run (None where they can): each module is skipped with it.
 WHY_NOT = why_vllm_cannot_run(
-    vllm_platform(), cuda=torch.cuda.is_available(), flag="tests/vllm", fallback="skip"
+    vllm_platform(), cuda=torch.cuda.is_available(), flag="tests/vllm_engine", fallback="skip"
 )
 needs_vllm = pytest.mark.skipif(
     WHY_NOT is not None, reason=f"{WHY_NOT} ('make test-vllm' runs these on vLLM's CPU build)"
