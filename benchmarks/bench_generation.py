@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import sys
@@ -337,7 +338,7 @@ def results_block(summary: dict[str, Any], args: argparse.Namespace, machine: di
     lines = [
         f"- date: {machine['date']}",
         f"- machine: {machine['cpu']}, {machine['usable_cores']} usable of {machine['cores']} cores, "
-        f"load average before the run {machine['load_before']}",
+        f"load average before the run {machine['load_before']}, after it {machine.get('load_after', 'n/a')}",
         f"- versions: torch {machine['torch']}, transformers {machine['transformers']}, {machine['vllm']}, "
         f"python {machine['python']}",
         f"- settings: {settings_line(args)}",
@@ -421,6 +422,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if args.workdir is None:
             shutil.rmtree(root, ignore_errors=True)
+    # a load that rose during the run means other work shared the cores: the figures are not clean
+    machine["load_after"] = "{:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
     print_report(summary, args, machine)
     if args.json:
         settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k[0] != "_"}

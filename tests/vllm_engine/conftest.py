@@ -26,14 +26,11 @@ from rloo.demo.tiny import TinySetup, build_letter_judge, build_tiny_setup
 from rloo.vllm_support import vllm_platform, why_vllm_cannot_run
 from tests.fixtures.servers import free_port, stop_process
 
-# Why the tests here cannot run (None where they can): each module is skipped with it.
-WHY_NOT = why_vllm_cannot_run(
-    vllm_platform(), cuda=torch.cuda.is_available(), flag="tests/vllm_engine", fallback="skip"
-)
+# Where vLLM cannot run (make test's venv has none) each module is skipped, with this short reason.
+WHY_NOT = why_vllm_cannot_run(vllm_platform(), cuda=torch.cuda.is_available(), flag="vLLM", fallback="skip")
 needs_vllm = pytest.mark.skipif(
-    WHY_NOT is not None, reason=f"{WHY_NOT} ('make test-vllm' runs these on vLLM's CPU build)"
+    WHY_NOT is not None, reason="vLLM cannot run here: 'make test-vllm' runs these"
 )
-
 
 JUDGE_KEY = "rloo-judge-test-key"
 LETTER = "A"  # what the judge model answers, whatever it is asked
