@@ -8,8 +8,9 @@ in a fresh subprocess with the same thread count; model loading, engine start-up
 are timed apart and left out of tokens/s. The built-in engine is ``rloo.generation.TransformersGenerator``
 as the trainer runs it (one prefill per prompt, its KV cache shared by the K samples). vLLM is the engine
 ``rloo train --use_vllm`` starts (``create_colocated_llm``: in-process, prefix caching on, KV cache sized
-from the need), asked in two ways: one seeded request per completion, as ``--use_vllm`` sends a rollout,
-and one request per prompt with ``n=K`` (vLLM's own way of sampling K completions, unseeded).
+from the need), asked in three ways on one engine: one seeded request per completion, as ``--use_vllm``
+sends a rollout; the same requests without seeds; one request per prompt with ``n=K`` (vLLM's own way of
+sampling K completions, unseeded).
 
     .venv-vllm/bin/python benchmarks/bench_generation.py                  # defaults: a few minutes on 2 CPU cores
     .venv-vllm/bin/python benchmarks/bench_generation.py --write-results
@@ -41,6 +42,7 @@ ENGINES = ("ours", "vllm")
 MODES = {
     "ours": "built-in TransformersGenerator",
     "vllm": "vLLM, one seeded request per completion (as --use_vllm)",
+    "vllm-unseeded": "vLLM, the same requests without their seeds",
     "vllm-n": "vLLM, one request per prompt with n=K",
 }
 START = "<!-- bench:generation:start -->"
@@ -209,15 +211,19 @@ def worker_vllm(spec: dict[str, Any]) -> dict[str, Any]:
 
     params = SamplingParams(max_new_tokens=spec["length"], temperature=1.0, stop_token_id=None)
 
-    def seeded(i: int, prompts: list[list[int]]) -> int:
-        seeds = row_seeds(spec["seed"], i, torch.arange(len(prompts)), spec["k"])
-        requests = build_requests(prompts, spec["k"], params, seeds, return_logprobs=False)
-        outs = llm.generate(
-            [{"prompt_token_ids": r.prompt_token_ids} for r in requests],
-            sampling_params=[vllm.SamplingParams(**r.sampling) for r in requests],
-            use_tqdm=False,
-        )
-        return sum(len(c.token_ids) for o in outs for c in o.outputs)
+    def per_completion(seeded: bool) -> Any:
+        def generate(i: int, prompts: list[list[int]]) -> int:
+            seeds = row_seeds(spec["seed"], i, torch.arange(len(prompts)), spec["k"])
+            requests = build_requests(prompts, spec["k"], params, seeds, return_logprobs=False)
+            sampling = [{k: v for k, v in r.sampling.items() if seeded or k != "seed"} for r in requests]
+            outs = llm.generate(
+                [{"prompt_token_ids": r.prompt_token_ids} for r in requests],
+                sampling_params=[vllm.SamplingParams(**kw) for kw in sampling],
+                use_tqdm=False,
+            )
+            return sum(len(c.token_ids) for o in outs for c in o.outputs)
+
+        return generate
 
     n_params = vllm.SamplingParams(
         n=spec["k"], max_tokens=spec["length"], temperature=1.0, ignore_eos=True, detokenize=False
@@ -228,9 +234,11 @@ def worker_vllm(spec: dict[str, Any]) -> dict[str, Any]:
         return sum(len(c.token_ids) for o in outs for c in o.outputs)
 
     # a prompt's KV blocks cached by an earlier call would make its prefill free: start each call cold
+    reset = llm.reset_prefix_cache
     result = {
-        "vllm": {"startup_seconds": startup, **timed_calls(seeded, spec, before=llm.reset_prefix_cache)},
-        "vllm-n": {"startup_seconds": 0.0, **timed_calls(per_prompt, spec, before=llm.reset_prefix_cache)},
+        "vllm": {"startup_seconds": startup, **timed_calls(per_completion(True), spec, before=reset)},
+        "vllm-unseeded": {"startup_seconds": 0.0, **timed_calls(per_completion(False), spec, before=reset)},
+        "vllm-n": {"startup_seconds": 0.0, **timed_calls(per_prompt, spec, before=reset)},
     }
     result["vllm"]["torch_threads_in_engine"] = torch.get_num_threads()
     return result
@@ -362,8 +370,8 @@ def results_block(summary: dict[str, Any], args: argparse.Namespace, machine: di
         "",
         "Tokens/s = generated tokens / seconds of the timed `generate` calls; start-up (model load, or the "
         "engine's start with its compilation) and the warm-up calls are left out. vLLM's prefix cache is "
-        "emptied before every call, and each of an engine's calls has other prompts (the same ones for every engine). vLLM's n=K row is on the same engine, "
-        "after the seeded one (its start-up is that one's).",
+        "emptied before every call, and each of an engine's calls has other prompts (the same ones for every "
+        "engine). The three vLLM rows run on one engine, in this order (the first row's start-up is theirs).",
     ]
     return "\n".join(lines)
 
@@ -378,7 +386,7 @@ def write_results(summary: dict[str, Any], args: argparse.Namespace, machine: di
 
 def print_report(summary: dict[str, Any], args: argparse.Namespace, machine: dict[str, Any]) -> None:
     print(results_block(summary, args, machine))
-    for mode in ("vllm", "vllm-n"):
+    for mode in ("vllm", "vllm-unseeded", "vllm-n"):
         r = ratio(summary, mode)
         if r is not None:
             print(f"ratio {MODES[mode]} / built-in tokens/s: {r:.2f}x")
