@@ -84,7 +84,8 @@ def test_an_engine_that_misses_the_pushes_is_seen(
     _ok(rloo(train_args(qwen, prompts, out), vllm_env, module="tests.vllm_engine.stale_engine"))
     gaps = _gaps(out)
     assert gaps[0] < TOLERANCE, gaps  # the first rollout had the pushed weights
-    assert gaps[-1] > 100 * TOLERANCE and gaps[-1] > gaps[1] > gaps[0], gaps
+    # every later update is far off (measured 0.35, 0.49, 0.39, 0.55), and further off at the end
+    assert min(gaps[1:]) > 100 * TOLERANCE and gaps[-1] > gaps[1], gaps
 
 
 def test_two_processes_under_torchrun_with_sleep_mode(
