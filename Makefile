@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install install-vllm demo ui test test-vllm lint format bench gpu-wheels gpu-check clean
+.PHONY: install install-vllm images push-images demo ui test test-vllm lint format bench gpu-wheels gpu-check clean
 
 install: $(STAMP)
 
@@ -53,6 +53,14 @@ $(VLLM_STAMP): pyproject.toml constraints.txt constraints-vllm.txt
 test-vllm: $(VLLM_STAMP)
 	$(VLLM_VENV)/bin/python -m pytest -q -rs tests/vllm_engine tests/training/test_vllm_real_api.py \
 	  tests/training/test_vllm_backend.py tests/test_vllm_versions.py tests/test_vllm_support.py
+
+# The pipeline's images (images/<name>/Dockerfile) with docker or podman, tagged from RLOO_IMAGE_REGISTRY /
+# RLOO_IMAGE_TAG (what `rloo pipeline compile` reads); mirror, proxy CA and builder options: images/build.py.
+images: install
+	$(BIN)/python images/build.py $(IMAGES)
+
+push-images: install
+	$(BIN)/python images/build.py --push $(IMAGES)
 
 # lint-imports: the dependency contracts ([tool.importlinter]); mypy: the type check of src/ ([tool.mypy])
 lint: install

@@ -55,8 +55,10 @@ def test_dockerfile_hygiene(name: str) -> None:
     assert base and ":" in base[1] and not base[1].endswith(":latest"), "pin the base image"
     users = re.findall(r"^USER (\S+)", text, flags=re.M)
     assert users and users[-1] not in ("root", "0"), "the image must end as a non-root user"
+    # build secrets (mounted for one RUN, in no layer) are how a CA reaches the build: not a baked secret
+    baked = re.sub(r"--mount=type=secret,id=\w+|/run/secrets/\w+", "", text)
     for word in ("TOKEN=", "SECRET", "PASSWORD", "AWS_ACCESS_KEY_ID"):
-        assert word not in text.upper(), f"{name}: looks like a secret ({word})"
+        assert word not in baked.upper(), f"{name}: looks like a secret ({word})"
 
 
 def test_components_use_the_images_their_work_needs() -> None:

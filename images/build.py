@@ -1,0 +1,110 @@
+"""Build (and push) the pipeline's images from images/<name>/Dockerfile with docker or podman.
+
+Tags come from the one place the compiled pipeline reads them (``rloo.pipeline.images``: ``RLOO_IMAGE_REGISTRY``,
+``RLOO_IMAGE_TAG``). Behind a mirror or an intercepting proxy, the environment passes through:
+
+- ``PIP_INDEX_URL``, ``PIP_EXTRA_INDEX_URL``, ``PIP_FIND_LINKS``, ``PIP_TRUSTED_HOST``, ``TORCH_INDEX_URL``
+  (empty: torch from the indexes above) and ``BASE_IMAGE_<NAME>`` become build arguments;
+- ``RLOO_BUILD_CA`` (a CA bundle file) becomes the build secret ``pip_ca``, in no layer;
+- ``RLOO_BUILD_OPTS`` (shell words) is added to every build, e.g. ``--network host`` or podman's
+  ``-v /opt/wheels:/opt/wheels:ro`` for a local wheel directory named in ``PIP_FIND_LINKS``.
+
+    python images/build.py                   # all three, with docker if its daemon answers, else podman
+    python images/build.py slim --push       # one image, then push it
+    python images/build.py --ci-base         # the Debian stand-in base of images/ci (no registry needed)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from rloo.pipeline.images import IMAGE_EXTRAS, image  # noqa: E402
+
+PIP_ARGS = ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "PIP_TRUSTED_HOST", "TORCH_INDEX_URL")
+CI_DEBIAN = "localhost/debian:bookworm"
+CI_BASE = "localhost/rloo-ci-base:bookworm"
+
+
+def pick_builder(choice: str = "auto") -> str:
+    """docker when its daemon answers, else podman; a one-line SystemExit when neither is there."""
+    if choice != "auto":
+        return choice
+    if shutil.which("docker"):
+        ok = subprocess.run(["docker", "info"], capture_output=True, timeout=30).returncode == 0
+        if ok:
+            return "docker"
+    if shutil.which("podman"):
+        return "podman"
+    raise SystemExit("images/build.py: no container builder: install docker (with its daemon) or podman.")
+
+
+def build_command(builder: str, name: str, env: dict[str, str]) -> list[str]:
+    """The ``<builder> build`` command of image ``name``, with the environment's mirror settings."""
+    cmd = [builder, "build", "-f", str(ROOT / "images" / name / "Dockerfile"), "-t", image(name)]
+    for arg in PIP_ARGS:
+        if arg in env:
+            cmd += ["--build-arg", f"{arg}={env[arg]}"]
+    base = env.get(f"BASE_IMAGE_{name.upper()}")
+    if base:
+        cmd += ["--build-arg", f"BASE_IMAGE={base}"]
+    if env.get("RLOO_BUILD_CA"):
+        cmd += ["--secret", f"id=pip_ca,src={env['RLOO_BUILD_CA']}"]
+    cmd += shlex.split(env.get("RLOO_BUILD_OPTS", ""))
+    return [*cmd, str(ROOT)]
+
+
+def ci_base(builder: str) -> None:
+    """A Debian root filesystem (debootstrap) imported as an image, and images/ci/base.Dockerfile on it."""
+    present = subprocess.run([builder, "image", "exists", CI_DEBIAN], capture_output=True).returncode == 0
+    if not present:
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="rloo-debian-") as root:
+            subprocess.run(
+                ["debootstrap", "--variant=minbase", "bookworm", root], check=True, capture_output=True
+            )
+            tar = subprocess.Popen(["tar", "-C", root, "-c", "."], stdout=subprocess.PIPE)
+            subprocess.run(
+                [builder, "import", "-", CI_DEBIAN], stdin=tar.stdout, check=True, capture_output=True
+            )
+            tar.wait()
+    cmd = [builder, "build", "-f", str(ROOT / "images" / "ci" / "base.Dockerfile"), "-t", CI_BASE]
+    subprocess.run([*cmd, str(ROOT / "images" / "ci")], check=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("names", nargs="*", help=f"images to build (default: all): {', '.join(IMAGE_EXTRAS)}")
+    parser.add_argument("--builder", default="auto", choices=("auto", "docker", "podman"))
+    parser.add_argument("--push", action="store_true", help="push each image after building it")
+    parser.add_argument("--ci-base", action="store_true", help="build the Debian stand-in base and stop")
+    args = parser.parse_args(argv)
+    builder = pick_builder(args.builder)
+    if args.ci_base:
+        ci_base(builder)
+        print(CI_BASE)
+        return 0
+    unknown = [n for n in args.names if n not in IMAGE_EXTRAS]
+    if unknown:
+        parser.error(f"unknown image(s) {', '.join(unknown)}; choose from {', '.join(IMAGE_EXTRAS)}")
+    for name in args.names or list(IMAGE_EXTRAS):
+        start = time.monotonic()
+        subprocess.run(build_command(builder, name, dict(os.environ)), check=True)
+        print(f"built {image(name)} with {builder} in {time.monotonic() - start:.0f} s", flush=True)
+        if args.push:
+            subprocess.run([builder, "push", image(name)], check=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,68 @@
+"""images/build.py: the build commands it gives docker or podman, and the Dockerfiles taking what it passes."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+
+from rloo.pipeline.images import IMAGE_EXTRAS
+
+ROOT = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("images_build", ROOT / "images" / "build.py")
+assert _spec and _spec.loader
+build = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(build)
+
+
+def test_tags_follow_the_variables_the_compiled_pipeline_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RLOO_IMAGE_REGISTRY", "registry.corp/ml")
+    monkeypatch.setenv("RLOO_IMAGE_TAG", "1.2.3")
+    cmd = build.build_command("podman", "slim", {})
+    assert cmd[:2] == ["podman", "build"] and cmd[cmd.index("-t") + 1] == "registry.corp/ml/rloo-slim:1.2.3"
+    assert cmd[cmd.index("-f") + 1] == str(ROOT / "images" / "slim" / "Dockerfile") and cmd[-1] == str(ROOT)
+
+
+def test_mirror_settings_pass_through_as_build_args_and_the_ca_as_a_secret() -> None:
+    env = {
+        "PIP_INDEX_URL": "https://mirror.corp/simple",
+        "TORCH_INDEX_URL": "",
+        "BASE_IMAGE_TRAIN": "mirror.corp/pytorch/pytorch:2.13.0",
+        "RLOO_BUILD_CA": "/etc/corp-ca.pem",
+        "RLOO_BUILD_OPTS": "--network host -v '/opt/wheels:/opt/wheels:ro'",
+        "HOME": "/root",  # not a build setting: not passed
+    }
+    cmd = build.build_command("docker", "train", env)
+    args = [cmd[i + 1] for i, word in enumerate(cmd) if word == "--build-arg"]
+    assert args == [
+        "PIP_INDEX_URL=https://mirror.corp/simple",
+        "TORCH_INDEX_URL=",  # set but empty means something (torch from the indexes above): passed
+        "BASE_IMAGE=mirror.corp/pytorch/pytorch:2.13.0",
+    ]
+    assert cmd[cmd.index("--secret") + 1] == "id=pip_ca,src=/etc/corp-ca.pem"
+    assert cmd[-5:] == ["--network", "host", "-v", "/opt/wheels:/opt/wheels:ro", str(ROOT)]
+    assert "HOME" not in " ".join(cmd)
+
+
+@pytest.mark.parametrize("name", sorted(IMAGE_EXTRAS))
+def test_every_dockerfile_takes_the_mirror_settings(name: str) -> None:
+    text = (ROOT / "images" / name / "Dockerfile").read_text()
+    declared = set(re.findall(r"^ARG (\w+)", text, flags=re.M))
+    # one ARG per line: older builders (podman 4's buildah) read only the first name of a multi-name ARG
+    assert not re.search(r"^ARG \w+(=\S*)? \w", text, flags=re.M)
+    assert {"PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "PIP_TRUSTED_HOST"} <= declared
+    installs = [line for line in text.splitlines() if "pip install" in line]
+    assert installs
+    # every RUN that installs mounts the CA secret and uses it when it is there
+    for run in re.split(r"\n(?=RUN )", text):
+        if "pip install" in run:
+            assert "--mount=type=secret,id=pip_ca" in run and "PIP_CERT=/run/secrets/pip_ca" in run, run
+
+
+def test_no_builder_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(build.shutil, "which", lambda name: None)
+    with pytest.raises(SystemExit, match="no container builder"):
+        build.pick_builder()
+    assert build.pick_builder("podman") == "podman"
