@@ -30,6 +30,8 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from rloo.pipeline.images import IMAGE_EXTRAS, image  # noqa: E402
 
+# flavours: name -> (the image it stands in for, Dockerfile, tag suffix)
+FLAVOURS = {"train-cpu": ("train", "images/train/cpu.Dockerfile", "-cpu")}
 PIP_ARGS = ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "PIP_TRUSTED_HOST", "TORCH_INDEX_URL")
 CI_DEBIAN = "localhost/debian:bookworm"
 CI_BASE = "localhost/rloo-ci-base:bookworm"
@@ -48,13 +50,25 @@ def pick_builder(choice: str = "auto") -> str:
     raise SystemExit("images/build.py: no container builder: install docker (with its daemon) or podman.")
 
 
+def reference(name: str) -> str:
+    """The tag image or flavour ``name`` is built with (a flavour: its image's, with the suffix)."""
+    if name in FLAVOURS:
+        of, _, suffix = FLAVOURS[name]
+        return image(of) + suffix
+    return image(name)
+
+
+def dockerfile(name: str) -> Path:
+    return ROOT / FLAVOURS[name][1] if name in FLAVOURS else ROOT / "images" / name / "Dockerfile"
+
+
 def build_command(builder: str, name: str, env: dict[str, str]) -> list[str]:
     """The ``<builder> build`` command of image ``name``, with the environment's mirror settings."""
-    cmd = [builder, "build", "-f", str(ROOT / "images" / name / "Dockerfile"), "-t", image(name)]
+    cmd = [builder, "build", "-f", str(dockerfile(name)), "-t", reference(name)]
     for arg in PIP_ARGS:
         if arg in env:
             cmd += ["--build-arg", f"{arg}={env[arg]}"]
-    base = env.get(f"BASE_IMAGE_{name.upper()}")
+    base = env.get(f"BASE_IMAGE_{name.upper().replace('-', '_')}")
     if base:
         cmd += ["--build-arg", f"BASE_IMAGE={base}"]
     if env.get("RLOO_BUILD_CA"):
@@ -84,7 +98,10 @@ def ci_base(builder: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("names", nargs="*", help=f"images to build (default: all): {', '.join(IMAGE_EXTRAS)}")
+    choices = [*IMAGE_EXTRAS, *FLAVOURS]
+    parser.add_argument(
+        "names", nargs="*", help=f"images to build (default: {', '.join(IMAGE_EXTRAS)}): {', '.join(choices)}"
+    )
     parser.add_argument("--builder", default="auto", choices=("auto", "docker", "podman"))
     parser.add_argument("--push", action="store_true", help="push each image after building it")
     parser.add_argument("--ci-base", action="store_true", help="build the Debian stand-in base and stop")
@@ -94,15 +111,15 @@ def main(argv: list[str] | None = None) -> int:
         ci_base(builder)
         print(CI_BASE)
         return 0
-    unknown = [n for n in args.names if n not in IMAGE_EXTRAS]
+    unknown = [n for n in args.names if n not in choices]
     if unknown:
-        parser.error(f"unknown image(s) {', '.join(unknown)}; choose from {', '.join(IMAGE_EXTRAS)}")
+        parser.error(f"unknown image(s) {', '.join(unknown)}; choose from {', '.join(choices)}")
     for name in args.names or list(IMAGE_EXTRAS):
         start = time.monotonic()
         subprocess.run(build_command(builder, name, dict(os.environ)), check=True)
-        print(f"built {image(name)} with {builder} in {time.monotonic() - start:.0f} s", flush=True)
+        print(f"built {reference(name)} with {builder} in {time.monotonic() - start:.0f} s", flush=True)
         if args.push:
-            subprocess.run([builder, "push", image(name)], check=True)
+            subprocess.run([builder, "push", reference(name)], check=True)
     return 0
 
 

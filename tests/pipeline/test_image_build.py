@@ -46,9 +46,9 @@ def test_mirror_settings_pass_through_as_build_args_and_the_ca_as_a_secret() -> 
     assert "HOME" not in " ".join(cmd)
 
 
-@pytest.mark.parametrize("name", sorted(IMAGE_EXTRAS))
+@pytest.mark.parametrize("name", [*sorted(IMAGE_EXTRAS), *build.FLAVOURS])
 def test_every_dockerfile_takes_the_mirror_settings(name: str) -> None:
-    text = (ROOT / "images" / name / "Dockerfile").read_text()
+    text = build.dockerfile(name).read_text()
     declared = set(re.findall(r"^ARG (\w+)", text, flags=re.M))
     # one ARG per line: older builders (podman 4's buildah) read only the first name of a multi-name ARG
     assert not re.search(r"^ARG \w+(=\S*)? \w", text, flags=re.M)
@@ -66,3 +66,17 @@ def test_no_builder_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(SystemExit, match="no container builder"):
         build.pick_builder()
     assert build.pick_builder("podman") == "podman"
+
+
+def test_the_cpu_train_flavour_serves_the_train_and_eval_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RLOO_IMAGE_REGISTRY", "localhost/rloo")
+    monkeypatch.setenv("RLOO_IMAGE_TAG", "dev")
+    assert build.reference("train-cpu") == "localhost/rloo/rloo-train:dev-cpu"
+    cmd = build.build_command("podman", "train-cpu", {"BASE_IMAGE_TRAIN_CPU": "localhost/base:1"})
+    assert cmd[cmd.index("-f") + 1] == str(ROOT / "images" / "train" / "cpu.Dockerfile")
+    assert "BASE_IMAGE=localhost/base:1" in cmd
+    lines = build.dockerfile("train-cpu").read_text().splitlines()
+    text = "\n".join(line for line in lines if not line.lstrip().startswith("#"))
+    (extras,) = re.findall(r"'\.\[([a-z,]+)\]'", text)
+    assert set(extras.split(",")) >= (set(IMAGE_EXTRAS["train"]) | set(IMAGE_EXTRAS["eval"])) - {"vllm"}
+    assert "vllm" not in extras and re.findall(r"^USER (\S+)", text, flags=re.M)[-1] == "1000"
