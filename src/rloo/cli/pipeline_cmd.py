@@ -69,6 +69,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "-v", "--verbose", action="store_true", help="print every step's whole log (default: in files)"
     )
+    run.add_argument(
+        "--containers",
+        action="store_true",
+        help="run each step in its image (docker, or podman's Docker API at DOCKER_HOST); images from "
+        "RLOO_IMAGE_REGISTRY/RLOO_IMAGE_TAG or RLOO_IMAGE_<NAME> (make images)",
+    )
     _params_args(run)
     up = _action(sub, "upload", "upload the pipeline (or a new version of it) to KFP")
     _kfp_args(up)
@@ -177,6 +183,7 @@ def _dispatch(ns: argparse.Namespace) -> int:
             defaults=functools.partial(embedded_params, updates=ns.updates),
             judge=toy_judge,
             verbose=ns.verbose,
+            containers=ns.containers,
         )
         print("\n".join(summary(result)))
         return 0

@@ -70,11 +70,15 @@ def run_local(
     *,
     log_dir: str | os.PathLike[str] | None = None,
     verbose: bool = False,
+    container_env: dict[str, str] | None = None,
 ) -> LocalResult:
     """Run the pipeline once with ``kfp.local``; raise a one-line UserError when a step fails.
 
     The steps' output goes to files under ``log_dir`` (default: ``<pipeline_root>/../logs/<time>``); the
-    terminal gets one line per step start and end, or everything with ``verbose``."""
+    terminal gets one line per step start and end, or everything with ``verbose``. With ``container_env``
+    every step runs in its image (``kfp.local.DockerRunner``, docker or podman's Docker API at
+    ``DOCKER_HOST``) with that environment, on the host's network; kfp.local mounts ``pipeline_root`` only,
+    at its own path, so every path the steps read or write must be under it."""
     import warnings
 
     from kfp import local
@@ -87,7 +91,10 @@ def run_local(
     root.mkdir(parents=True, exist_ok=True)
     logs = Path(log_dir) if log_dir else root.parent / LOGS_DIR / time.strftime("%Y%m%d-%H%M%S")
     before = set(os.listdir(root))
-    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(root))
+    runner: Any = local.SubprocessRunner(use_venv=False)
+    if container_env is not None:
+        runner = local.DockerRunner(network_mode="host", environment=container_env)
+    local.init(runner=runner, pipeline_root=str(root))
     start = time.perf_counter()
     failure: str | None
     with warnings.catch_warnings():
@@ -107,7 +114,8 @@ def run_local(
                 failure = None
     if failure:
         raise UserError(f"{failure} (log: {where})")
-    new = sorted(set(os.listdir(root)) - before)
+    # the run's directory: the new one holding the steps' outputs (the root may hold other new things)
+    new = sorted(n for n in set(os.listdir(root)) - before if any((root / n).glob("*/executor_output.json")))
     if not new:
         raise UserError(f"the local run wrote nothing under {root}; is another run using it?")
     run_dir = root / new[-1]
@@ -169,6 +177,7 @@ def run_pipeline_locally(
     judge: LocalJudge | None = None,
     verbose: bool = False,
     precheck: bool = True,
+    containers: bool = False,
 ) -> LocalResult:
     """The ``rloo pipeline run --local`` command: ``defaults`` built under ``workdir`` (unless ``model`` is
     given), one tracking store, ``judge`` served while the run needs it (unless ``judge_base_url`` is
@@ -207,10 +216,32 @@ def run_pipeline_locally(
         if uri:  # inherited by every step's subprocess; this process's environment is left as it was
             stack.enter_context(_env(MLFLOW_TRACKING_URI=uri))
         print(f"running the pipeline on this machine (step logs: {work / LOGS_DIR})", flush=True)
-        result = run_local(params, work / KFP_DIR, verbose=verbose)
+        if containers:
+            result = run_local(
+                params,
+                work,
+                log_dir=work / LOGS_DIR / time.strftime("%Y%m%d-%H%M%S"),
+                verbose=verbose,
+                container_env=_container_env(work, uri),
+            )
+        else:
+            result = run_local(params, work / KFP_DIR, verbose=verbose)
     result.tracking_uri = uri
     result.work_dir = work
     return result
+
+
+def _container_env(work: Path, tracking_uri: str | None) -> dict[str, str]:
+    """What the steps' containers get of this process: the tracking store, offline switches. The work
+    directory (the pipeline root, mounted at its own path) is opened to the images' non-root user."""
+    for path in [work, *work.rglob("*")]:
+        if not path.is_symlink():
+            path.chmod(path.stat().st_mode | 0o666 | (0o111 if path.is_dir() else 0))
+    env = {"MLFLOW_TRACKING_URI": tracking_uri} if tracking_uri else {}
+    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "MLFLOW_EXPERIMENT_NAME", "OPENAI_API_KEY"):
+        if os.environ.get(name):
+            env[name] = os.environ[name]
+    return env
 
 
 def _remove_new(work: Path, before: set[str] | None) -> None:
