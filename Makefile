@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install install-vllm images push-images demo ui test test-vllm lint format bench gpu-wheels gpu-check clean
+.PHONY: install install-vllm images push-images test-images demo ui test test-vllm lint format bench gpu-wheels gpu-check clean
 
 install: $(STAMP)
 
@@ -61,6 +61,14 @@ images: install
 
 push-images: install
 	$(BIN)/python images/build.py --push $(IMAGES)
+
+# The pipeline in its real images, here: Debian's podman (installed when missing, set up by
+# images/ci/containers.conf), a debootstrap stand-in base (no registry needed), slim and train-cpu built from
+# their Dockerfiles with this machine's pip mirror and CA, then every step run in its image (tests/containers).
+test-images: install
+	command -v podman >/dev/null || apt-get install -y -q podman debootstrap runc >/dev/null \
+	  || (apt-get update -q && apt-get install -y -q podman debootstrap runc >/dev/null)
+	RLOO_TEST_IMAGES=1 $(BIN)/python -m pytest -q -rs -s tests/containers
 
 # lint-imports: the dependency contracts ([tool.importlinter]); mypy: the type check of src/ ([tool.mypy])
 lint: install

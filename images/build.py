@@ -77,6 +77,31 @@ def build_command(builder: str, name: str, env: dict[str, str]) -> list[str]:
     return [*cmd, str(ROOT)]
 
 
+def host_pip_settings(config_list: str) -> dict[str, str]:
+    """Build settings from this machine's pip configuration (``pip config list``): its indexes, find-links
+    and CA, with podman volumes for the ones that are local paths (a wheel directory, a file:// index)."""
+    values: dict[str, str] = {}
+    for line in config_list.splitlines():
+        key, _, value = line.partition("=")
+        values[key.rsplit(".", 1)[-1]] = value.strip().strip("'\"")
+    out = {"TORCH_INDEX_URL": ""}  # torch from the indexes below, like this machine's own pip
+    mounts: dict[str, None] = {}  # ordered, no repeats
+    for key, arg in (("index-url", "PIP_INDEX_URL"), ("extra-index-url", "PIP_EXTRA_INDEX_URL"),
+                     ("find-links", "PIP_FIND_LINKS"), ("trusted-host", "PIP_TRUSTED_HOST")):  # fmt: skip
+        if values.get(key):
+            out[arg] = values[key]
+            for item in values[key].split():
+                path = item.removeprefix("file://")
+                if path.startswith("/") and Path(path).exists():
+                    top = "/".join(path.split("/")[:3])  # /opt/pypi/simple -> /opt/pypi
+                    mounts[f"{top}:{top}:ro"] = None
+    if values.get("cert") and Path(values["cert"]).is_file():
+        out["RLOO_BUILD_CA"] = values["cert"]
+    if mounts:
+        out["RLOO_BUILD_OPTS"] = shlex.join([word for m in mounts for word in ("-v", m)])
+    return out
+
+
 def ci_base(builder: str) -> None:
     """A Debian root filesystem (debootstrap) imported as an image, and images/ci/base.Dockerfile on it."""
     present = subprocess.run([builder, "image", "exists", CI_DEBIAN], capture_output=True).returncode == 0
@@ -105,6 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--builder", default="auto", choices=("auto", "docker", "podman"))
     parser.add_argument("--push", action="store_true", help="push each image after building it")
     parser.add_argument("--ci-base", action="store_true", help="build the Debian stand-in base and stop")
+    parser.add_argument(
+        "--host-pip", action="store_true", help="build with this machine's pip configuration (podman: mounts)"
+    )
     args = parser.parse_args(argv)
     builder = pick_builder(args.builder)
     if args.ci_base:
@@ -114,9 +142,15 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in args.names if n not in choices]
     if unknown:
         parser.error(f"unknown image(s) {', '.join(unknown)}; choose from {', '.join(choices)}")
+    env = dict(os.environ)
+    if args.host_pip:
+        listed = subprocess.run(
+            [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True
+        )
+        env = {**host_pip_settings(listed.stdout), **env}  # what the environment sets wins
     for name in args.names or list(IMAGE_EXTRAS):
         start = time.monotonic()
-        subprocess.run(build_command(builder, name, dict(os.environ)), check=True)
+        subprocess.run(build_command(builder, name, env), check=True)
         print(f"built {reference(name)} with {builder} in {time.monotonic() - start:.0f} s", flush=True)
         if args.push:
             subprocess.run([builder, "push", reference(name)], check=True)
