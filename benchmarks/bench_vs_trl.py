@@ -35,33 +35,27 @@ RESULTS_FILE = HERE / "RESULTS.md"
 TRAINERS = ("ours", "trl")
 # Named shapes (flag values): compute-bound ones where the output layer's vocabulary costs what it does in
 # real models, next to the default tiny one where start-up and per-call overheads dominate.
+_NEOX50K: dict[str, Any] = {
+    "doc": "GPT-NeoX 4 layers x 256 hidden with Pythia's 50,304-token vocabulary, ~150-token prompts, "
+    "53-token completions, 4 prompts x k=4 (16 completions per update), one PPO epoch",
+    "arch": "gpt_neox",
+    "hidden": 256,
+    "layers": 4,
+    "vocab": 50304,
+    "prompt_words": 95,
+    "length": 53,
+    "prompts": 4,
+    "k": 4,
+    "lr": 1e-3,
+}
 SHAPES: dict[str, dict[str, Any]] = {
-    "neox50k": {
-        "doc": "GPT-NeoX 4 layers x 256 hidden with Pythia's 50,304-token vocabulary, ~150-token prompts, "
-        "53-token completions, 4 prompts x k=4 (16 completions per update), one PPO epoch",
-        "arch": "gpt_neox",
-        "hidden": 256,
-        "layers": 4,
-        "vocab": 50304,
-        "prompt_words": 95,
-        "length": 53,
-        "prompts": 4,
-        "k": 4,
-        "lr": 1e-3,
-    },
+    "neox50k": _NEOX50K,
     # the same work with a Qwen2 of 4 heads x 64: vLLM's CPU attention has no head_dim 16 (--use-vllm)
     "qwen50k": {
+        **_NEOX50K,
         "doc": "Qwen2 4 layers x 256 hidden (head_dim 64, as vLLM's CPU build needs) with a 50,304-token "
         "vocabulary, otherwise as neox50k",
         "arch": "qwen2",
-        "hidden": 256,
-        "layers": 4,
-        "vocab": 50304,
-        "prompt_words": 95,
-        "length": 53,
-        "prompts": 4,
-        "k": 4,
-        "lr": 1e-3,
     },
 }
 LABELS = {"ours": "rloo (ours)", "trl": "TRL RLOOTrainer"}

@@ -64,8 +64,9 @@ def require_vllm_here(flag: str, fallback: str) -> str:
     """The platform vLLM runs on here, or a one-line UserError naming ``flag`` and what to do instead."""
     platform = vllm_platform()
     why = why_vllm_cannot_run(platform, cuda=torch.cuda.is_available(), flag=flag, fallback=fallback)
-    if why is not None or platform is None:
-        raise UserError(why or "")
+    if why is not None:
+        raise UserError(why)
+    assert platform is not None  # why_vllm_cannot_run explains a missing vLLM
     return platform
 
 

@@ -7,8 +7,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +14,7 @@ import pytest
 
 from rloo.demo.tiny import TinySetup
 from tests.eval.scripted_server import ScriptedJudge
+from tests.fixtures.servers import wait_until_serving
 
 
 @pytest.fixture
@@ -53,19 +52,8 @@ def transformers_server(tiny_setup: TinySetup, tmp_path_factory: pytest.TempPath
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     try:
-        deadline = time.monotonic() + 120  # startup wait, not an assertion on speed
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"transformers serve exited ({proc.returncode}): {log_path.read_text()[-2000:]}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"transformers serve not ready: {log_path.read_text()[-2000:]}")
-            time.sleep(0.3)
+        url = f"http://127.0.0.1:{port}/health"
+        wait_until_serving(proc, url, log_path, "transformers serve", timeout=120)  # a start-up wait
         yield f"http://127.0.0.1:{port}/v1"
     finally:
         proc.terminate()

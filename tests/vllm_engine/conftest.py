@@ -12,8 +12,6 @@ import json
 import os
 import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +22,7 @@ import torch
 
 from rloo.demo.tiny import TinySetup, build_letter_judge, build_tiny_setup
 from rloo.vllm_support import vllm_platform, why_vllm_cannot_run
-from tests.fixtures.servers import free_port, stop_process
+from tests.fixtures.servers import free_port, stop_process, wait_until_serving
 
 # Where vLLM cannot run (make test's venv has none) each module is skipped, with this short reason.
 WHY_NOT = why_vllm_cannot_run(vllm_platform(), cuda=torch.cuda.is_available(), flag="vLLM", fallback="skip")
@@ -63,6 +61,13 @@ def rloo(
     return subprocess.run(
         [sys.executable, "-m", module, *args], env=env, capture_output=True, text=True, timeout=timeout
     )
+
+
+def refusal(proc: subprocess.CompletedProcess[str], out: Path) -> str:
+    """The one-line error of a run refused with exit 2 (no traceback, no output directory left)."""
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and not out.exists()
+    return proc.stderr.strip().splitlines()[-1]
 
 
 def metrics(out: Path) -> list[dict[str, Any]]:
@@ -149,19 +154,8 @@ def judge_server(
             start_new_session=True,
         )
     try:
-        deadline = time.monotonic() + 300  # a start-up wait, not a speed assertion
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"the vLLM judge server exited ({proc.returncode}): {log.read_text()[-3000:]}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}{probe}", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"the vLLM judge server never got ready: {log.read_text()[-3000:]}")
-            time.sleep(0.5)
+        url = f"http://127.0.0.1:{port}{probe}"
+        wait_until_serving(proc, url, log, "the vLLM judge server", timeout=300)
         yield JudgeServer(f"http://127.0.0.1:{port}/v1", "judge", JUDGE_KEY, log)
     finally:
         stop_process(proc)  # type: ignore[arg-type]

@@ -16,7 +16,7 @@ import pytest
 
 from rloo.demo.tiny import TinySetup, build_causal_lm
 from rloo.demo.toy import write_toy_eval_dataset
-from tests.vllm_engine.conftest import JudgeServer, needs_vllm, rloo
+from tests.vllm_engine.conftest import JudgeServer, needs_vllm, refusal, rloo
 
 pytestmark = needs_vllm
 
@@ -120,11 +120,8 @@ def test_a_judge_request_without_the_key_is_refused_in_one_line(
     before anything is generated, and leaves no output."""
     env = {**vllm_env, "JUDGE_KEY": "not-the-key"}
     out = tmp_path / "out"
-    proc = rloo(eval_args(qwen, baseline, eval_rows, judge_server, out, "vllm"), env)
-    assert proc.returncode == 2, proc.stderr[-3000:]
-    last = proc.stderr.strip().splitlines()[-1]
-    assert "rejected the API key" in last and "Traceback" not in proc.stderr
-    assert not out.exists()
+    last = refusal(rloo(eval_args(qwen, baseline, eval_rows, judge_server, out, "vllm"), env), out)
+    assert "rejected the API key" in last
 
 
 def test_a_memory_fraction_too_small_for_the_cpu_engine_is_one_line(
@@ -140,11 +137,8 @@ def test_a_memory_fraction_too_small_for_the_cpu_engine_is_one_line(
     args = eval_args(
         qwen, baseline, eval_rows, judge_server, out, "vllm", "--vllm_gpu_memory_utilization", "1e-7"
     )
-    proc = rloo(args, env)
-    assert proc.returncode == 2, proc.stderr[-3000:]
-    last = proc.stderr.strip().splitlines()[-1]
+    last = refusal(rloo(args, env), out)
     assert (
         "vLLM on CPU: --vllm_gpu_memory_utilization 1e-07" in last
         and "raise --vllm_gpu_memory_utilization" in last
     )
-    assert "Traceback" not in proc.stderr and not out.exists()

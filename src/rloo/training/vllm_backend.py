@@ -522,6 +522,8 @@ def make_generator(
     platform_kwargs: dict[str, Any] = {}
     engine_sleeps = enable_sleep_mode
     if platform == CPU:
+        if max_model_len is None:  # the trainer always knows it (longest prompt + response_length)
+            raise ValueError("a CPU engine is sized from max_model_len: pass it")
         # vLLM's CPU build has no sleep mode (it refuses the flag, and its worker ignores sleep/wake_up
         # calls), and reads the memory fraction as one of the total RAM: size the KV cache from the need.
         if enable_sleep_mode:
@@ -530,7 +532,7 @@ def make_generator(
         platform_kwargs = cpu_engine_kwargs(
             model_path=cfg.policy_path,
             dtype=dtype,
-            max_model_len=int(max_model_len or _model_positions(cfg)),
+            max_model_len=max_model_len,
             max_num_seqs=max_num_seqs,
             fraction=fraction,
             flag="--vllm_gpu_memory_utilization",
@@ -551,13 +553,3 @@ def make_generator(
     )
     # the generator keeps its sleep/wake sequence on CPU too: vLLM's CPU worker accepts and ignores it
     return VLLMGenerator(llm, model, accelerator=accelerator, enable_sleep_mode=enable_sleep_mode)
-
-
-def _model_positions(cfg: Any) -> int:
-    from transformers import AutoConfig
-
-    config = AutoConfig.from_pretrained(
-        cfg.policy_path, trust_remote_code=bool(getattr(cfg, "trust_remote_code", False))
-    )
-    config = getattr(config, "get_text_config", lambda: config)()
-    return int(config.max_position_embeddings)
