@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install install-vllm images push-images test-images demo ui test test-vllm lint format bench gpu-wheels gpu-check clean
+.PHONY: install install-vllm images push-images pipeline-for-images test-images demo ui test test-vllm lint format bench gpu-wheels gpu-check clean
 
 install: $(STAMP)
 
@@ -62,12 +62,20 @@ images: install
 push-images: install
 	$(BIN)/python images/build.py --push $(IMAGES)
 
+# The compiled pipeline that names exactly the images just built (build/images.json, which images/build.py
+# writes: by the registry's digest after push-images), for `rloo pipeline upload --package`.
+pipeline-for-images: install
+	$(BIN)/rloo pipeline compile --images build/images.json --output build/rloo_pipeline.yaml
+
 # The pipeline in its real images, here: Debian's podman (installed when missing, set up by
 # images/ci/containers.conf), a debootstrap stand-in base (no registry needed), slim and train-cpu built from
-# their Dockerfiles with this machine's pip mirror and CA, then every step run in its image (tests/containers).
+# their Dockerfiles with this machine's pip mirror and CA, pushed to a real registry (Debian's docker-registry
+# on 127.0.0.1) with their SBOMs, then every step run in its image named by digest (tests/containers).
+CONTAINER_PKGS := podman debootstrap runc docker-registry
 test-images: install
-	command -v podman >/dev/null || apt-get install -y -q podman debootstrap runc >/dev/null \
-	  || (apt-get update -q && apt-get install -y -q podman debootstrap runc >/dev/null)
+	command -v podman >/dev/null && command -v docker-registry >/dev/null \
+	  || apt-get install -y -q $(CONTAINER_PKGS) >/dev/null \
+	  || (apt-get update -q && apt-get install -y -q $(CONTAINER_PKGS) >/dev/null)
 	RLOO_TEST_IMAGES=1 $(BIN)/python -m pytest -q -rs -s tests/containers
 
 # lint-imports: the dependency contracts ([tool.importlinter]); mypy: the type check of src/ ([tool.mypy])

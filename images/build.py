@@ -1,27 +1,35 @@
 """Build (and push) the pipeline's images from images/<name>/Dockerfile with docker or podman.
 
 Tags come from the one place the compiled pipeline reads them (``rloo.pipeline.images``: ``RLOO_IMAGE_REGISTRY``,
-``RLOO_IMAGE_TAG``). Behind a mirror or an intercepting proxy, the environment passes through:
+``RLOO_IMAGE_TAG``). Each image built is written to a record (``--record``, default ``build/images.json``): its
+tag, or after ``--push`` its reference by the digest the registry gave, which ``rloo pipeline compile --images``
+names in the compiled pipeline (``make pipeline-for-images``). ``--sbom DIR`` writes each image's CycloneDX SBOM
+of its Python environment (``cyclonedx-py``, run inside the image). Behind a mirror or an intercepting proxy,
+the environment passes through:
 
 - ``PIP_INDEX_URL``, ``PIP_EXTRA_INDEX_URL``, ``PIP_FIND_LINKS``, ``PIP_TRUSTED_HOST``, ``TORCH_INDEX_URL``
   (empty: torch from the indexes above) and ``BASE_IMAGE_<NAME>`` become build arguments;
 - ``RLOO_BUILD_CA`` (a CA bundle file) becomes the build secret ``pip_ca``, in no layer;
 - ``RLOO_BUILD_OPTS`` (shell words) is added to every build, e.g. ``--network host`` or podman's
-  ``-v /opt/wheels:/opt/wheels:ro`` for a local wheel directory named in ``PIP_FIND_LINKS``.
+  ``-v /opt/wheels:/opt/wheels:ro`` for a local wheel directory named in ``PIP_FIND_LINKS``;
+- ``RLOO_PUSH_OPTS`` (shell words) is added to every push, e.g. podman's ``--tls-verify=false`` or
+  ``--compression-format zstd``.
 
     python images/build.py                   # all three, with docker if its daemon answers, else podman
-    python images/build.py slim --push       # one image, then push it
+    python images/build.py slim --push       # one image, then push it; build/images.json names its digest
     python images/build.py --ci-base         # the Debian stand-in base of images/ci (no registry needed)
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -30,7 +38,10 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from rloo.pipeline.images import IMAGE_EXTRAS, image  # noqa: E402
 
-# flavours: name -> (the image it stands in for, Dockerfile, tag suffix)
+RECORD = ROOT / "build" / "images.json"
+# the SBOM generator, installed into a throwaway directory of the image itself: its Python reads the metadata
+CYCLONEDX = "cyclonedx-bom==7.5.0"
+# flavours (rloo.pipeline.images.FLAVOURS): name -> (the image whose tag it shares, Dockerfile, tag suffix)
 FLAVOURS = {"train-cpu": ("train", "images/train/cpu.Dockerfile", "-cpu")}
 PIP_ARGS = ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "PIP_TRUSTED_HOST", "TORCH_INDEX_URL")
 CI_DEBIAN = "localhost/debian:bookworm"
@@ -102,12 +113,90 @@ def host_pip_settings(config_list: str) -> dict[str, str]:
     return out
 
 
+def push(builder: str, ref: str, env: dict[str, str]) -> str:
+    """Push ``ref``; returns it by the digest the registry now serves it under (``repo@sha256:...``)."""
+    opts = shlex.split(env.get("RLOO_PUSH_OPTS", ""))
+    repo = ref.rsplit(":", 1)[0] if ":" in ref.rsplit("/", 1)[-1] else ref
+    if builder == "podman":
+        with tempfile.TemporaryDirectory(prefix="rloo-push-") as tmp:
+            digest_file = Path(tmp) / "digest"
+            subprocess.run([builder, "push", *opts, "--digestfile", str(digest_file), ref], check=True)
+            digest = digest_file.read_text().strip()
+    else:
+        subprocess.run([builder, "push", *opts, ref], check=True)
+        listed = subprocess.run(
+            [builder, "image", "inspect", "--format", "{{json .RepoDigests}}", ref],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        mine = [d for d in json.loads(listed.stdout) or [] if d.rsplit("@", 1)[0] == repo]
+        if not mine:
+            raise SystemExit(f"images/build.py: {builder} pushed {ref} but names no digest for {repo}.")
+        digest = mine[0].rsplit("@", 1)[1]
+    if not digest.startswith("sha256:"):
+        raise SystemExit(f"images/build.py: the registry gave {ref} the digest {digest!r}, not sha256:...")
+    return f"{repo}@{digest}"
+
+
+def write_record(path: Path, built: dict[str, str]) -> dict[str, str]:
+    """Add ``built`` (name -> reference) to the record at ``path``; what it already names of other images
+    stays (``make images IMAGES=slim`` after a whole build keeps the others)."""
+    record = json.loads(path.read_text()) if path.is_file() else {}
+    record.update(built)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    return record
+
+
+def _run_options(env: dict[str, str]) -> list[str]:
+    """What a container started during the build needs of the build's settings to reach the package index:
+    pip's variables, the CA (mounted, as the build's secret is) and the volumes and network of
+    RLOO_BUILD_OPTS."""
+    opts = [f"--env={arg}={env[arg]}" for arg in PIP_ARGS if arg.startswith("PIP_") and env.get(arg)]
+    if env.get("RLOO_BUILD_CA"):
+        opts += ["-v", f"{env['RLOO_BUILD_CA']}:/run/secrets/pip_ca:ro", "--env=PIP_CERT=/run/secrets/pip_ca"]
+    words = shlex.split(env.get("RLOO_BUILD_OPTS", ""))
+    for i, word in enumerate(words[:-1]):
+        if word in ("-v", "--volume", "--network"):
+            opts += [word, words[i + 1]]
+    opts += [w for w in words if w.startswith(("--volume=", "--network="))]
+    return opts
+
+
+def sbom_command(builder: str, ref: str, env: dict[str, str]) -> list[str]:
+    """The command that prints image ``ref``'s CycloneDX SBOM (JSON): cyclonedx-py, installed into /tmp of a
+    throwaway container with the image's own pip, reads the environment of the image's ``python3`` (the
+    generator's directory is not on that interpreter's path, so it does not list itself)."""
+    script = (
+        f"python3 -m pip install -q --disable-pip-version-check --target /tmp/sbom '{CYCLONEDX}' >&2 && "
+        'python3 -c \'import runpy, sys; sys.path.insert(0, "/tmp/sbom"); '
+        'sys.argv = ["cyclonedx-py", *sys.argv[1:]]; '
+        'runpy.run_module("cyclonedx_py", run_name="__main__")\' '
+        'environment --of JSON --output-reproducible "$(command -v python3)"'
+    )
+    return [builder, "run", "--rm", *_run_options(env), "--entrypoint", "sh", ref, "-c", script]
+
+
+def sbom(builder: str, ref: str, env: dict[str, str], out: Path, *, published: str | None = None) -> Path:
+    """Write image ``ref``'s SBOM to ``out`` and return it; its property ``rloo:image`` names the image as
+    ``published`` (by digest after a push), else ``ref``."""
+    proc = subprocess.run(sbom_command(builder, ref, env), capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"images/build.py: the SBOM of {ref} failed: {proc.stderr.strip()[-2000:]}")
+    document = json.loads(proc.stdout)
+    document.setdefault("metadata", {}).setdefault("properties", []).append(
+        {"name": "rloo:image", "value": published or ref}
+    )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(document, indent=2) + "\n")
+    return out
+
+
 def ci_base(builder: str) -> None:
     """A Debian root filesystem (debootstrap) imported as an image, and images/ci/base.Dockerfile on it."""
     present = subprocess.run([builder, "image", "exists", CI_DEBIAN], capture_output=True).returncode == 0
     if not present:
-        import tempfile
-
         with tempfile.TemporaryDirectory(prefix="rloo-debian-") as root:
             subprocess.run(
                 ["debootstrap", "--variant=minbase", "bookworm", root], check=True, capture_output=True
@@ -121,7 +210,7 @@ def ci_base(builder: str) -> None:
     subprocess.run([*cmd, str(ROOT / "images" / "ci")], check=True)
 
 
-def main(argv: list[str] | None = None) -> int:
+def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     choices = [*IMAGE_EXTRAS, *FLAVOURS]
     parser.add_argument(
@@ -133,6 +222,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--host-pip", action="store_true", help="build with this machine's pip configuration (podman: mounts)"
     )
+    parser.add_argument(
+        "--record",
+        type=Path,
+        default=RECORD,
+        help="JSON file of the references built (by digest after --push), for rloo pipeline compile --images "
+        "(default: build/images.json)",
+    )
+    parser.add_argument(
+        "--sbom", type=Path, default=None, metavar="DIR", help="write DIR/<name>.cdx.json, each image's SBOM"
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = make_parser()
+    choices = [*IMAGE_EXTRAS, *FLAVOURS]
     args = parser.parse_args(argv)
     builder = pick_builder(args.builder)
     if args.ci_base:
@@ -152,8 +257,16 @@ def main(argv: list[str] | None = None) -> int:
         start = time.monotonic()
         subprocess.run(build_command(builder, name, env), check=True)
         print(f"built {reference(name)} with {builder} in {time.monotonic() - start:.0f} s", flush=True)
+        ref = push(builder, reference(name), env) if args.push else reference(name)
         if args.push:
-            subprocess.run([builder, "push", reference(name)], check=True)
+            print(f"pushed {ref}", flush=True)
+        if args.sbom:
+            out = sbom(builder, reference(name), env, args.sbom / f"{name}.cdx.json", published=ref)
+            print(f"SBOM of {ref}: {out}", flush=True)
+        write_record(args.record, {name: ref})
+    print(
+        f"recorded in {args.record}: rloo pipeline compile --images {args.record} --output PATH", flush=True
+    )
     return 0
 
 

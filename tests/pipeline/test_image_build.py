@@ -80,3 +80,44 @@ def test_the_cpu_train_flavour_serves_the_train_and_eval_steps(monkeypatch: pyte
     (extras,) = re.findall(r"'\.\[([a-z,]+)\]'", text)
     assert set(extras.split(",")) >= (set(IMAGE_EXTRAS["train"]) | set(IMAGE_EXTRAS["eval"])) - {"vllm"}
     assert "vllm" not in extras and re.findall(r"^USER (\S+)", text, flags=re.M)[-1] == "1000"
+
+
+def test_flavours_are_the_ones_the_pipeline_knows() -> None:
+    from rloo.pipeline.images import FLAVOURS
+
+    assert set(build.FLAVOURS) == set(FLAVOURS)
+    assert all(build.FLAVOURS[name][0] in FLAVOURS[name] for name in FLAVOURS)
+
+
+def test_the_record_keeps_what_other_builds_wrote(tmp_path: Path) -> None:
+    import json
+
+    record = tmp_path / "build" / "images.json"
+    build.write_record(record, {"slim": "reg/rloo-slim@sha256:" + "1" * 64})
+    build.write_record(record, {"train-cpu": "reg/rloo-train:dev-cpu"})
+    assert json.loads(record.read_text()) == {
+        "slim": "reg/rloo-slim@sha256:" + "1" * 64,
+        "train-cpu": "reg/rloo-train:dev-cpu",
+    }
+    # and what it writes is what rloo pipeline compile --images reads
+    from rloo.pipeline.images import read_record
+
+    assert read_record(record)["eval"] == "reg/rloo-train:dev-cpu"
+
+
+def test_the_sbom_runs_in_the_image_with_the_build_s_way_to_the_index() -> None:
+    env = {
+        "PIP_INDEX_URL": "https://mirror.corp/simple",
+        "TORCH_INDEX_URL": "",
+        "RLOO_BUILD_CA": "/etc/corp-ca.pem",
+        "RLOO_BUILD_OPTS": "--network host -v /opt/wheels:/opt/wheels:ro --no-cache",
+    }
+    cmd = build.sbom_command("podman", "reg/rloo-slim:1", env)
+    assert cmd[:3] == ["podman", "run", "--rm"]
+    assert "--env=PIP_INDEX_URL=https://mirror.corp/simple" in cmd and not any("TORCH" in w for w in cmd)
+    assert cmd[cmd.index("/etc/corp-ca.pem:/run/secrets/pip_ca:ro") - 1] == "-v"
+    assert "--env=PIP_CERT=/run/secrets/pip_ca" in cmd
+    assert cmd[cmd.index("--network") + 1] == "host" and "/opt/wheels:/opt/wheels:ro" in cmd
+    assert "--no-cache" not in cmd  # a build flag, not one for run
+    assert cmd[cmd.index("--entrypoint") + 1 :][:2] == ["sh", "reg/rloo-slim:1"]
+    assert build.CYCLONEDX in cmd[-1] and "environment" in cmd[-1]

@@ -86,3 +86,117 @@ def test_the_slim_image_can_parse_configs() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert any(re.match(r"transformers\b", d) for d in project["dependencies"])
     assert "from transformers import HfArgumentParser" in Path(parsing_hf.__file__).read_text()
+
+
+DIGEST = "sha256:" + "ab" * 32
+
+
+def _record(tmp_path: Path, content: object) -> Path:
+    import json
+
+    path = tmp_path / "images.json"
+    path.write_text(content if isinstance(content, str) else json.dumps(content))
+    return path
+
+
+def test_a_flavour_in_the_record_serves_its_images_unless_they_are_named() -> None:
+    from rloo.pipeline.images import FLAVOURS, read_record
+
+    assert FLAVOURS["train-cpu"] == ("train", "eval")
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        slim, cpu = f"reg:5000/ml/rloo-slim@{DIGEST}", f"reg:5000/ml/rloo-train@{DIGEST}"
+        assert read_record(_record(Path(tmp), {"slim": slim, "train-cpu": cpu})) == {
+            "slim": slim,
+            "train": cpu,
+            "eval": cpu,
+        }
+        gpu = "reg/ml/rloo-train:1.0"
+        chosen = read_record(_record(Path(tmp), {"train": gpu, "train-cpu": cpu}))
+        assert chosen == {"train": gpu, "eval": cpu}  # slim: not recorded, keeps its usual reference
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        (None, "no such file; run 'make images'"),
+        ("{not json", "not JSON"),
+        ([], "expected a JSON mapping"),
+        ({"gpu": "reg/x:1"}, "unknown image 'gpu'; the names are train, eval, slim, train-cpu"),
+        ({"slim": "Reg/UPPER:1"}, "is not an image reference"),
+        ({"slim": "reg/x@sha256:123"}, "is not an image reference"),
+        ({"slim": 3}, "is not an image reference"),
+    ],
+)
+def test_a_wrong_record_is_one_line(tmp_path: Path, content: object, says: str) -> None:
+    from rloo.errors import UserError
+    from rloo.pipeline.images import read_record
+
+    path = tmp_path / "missing.json" if content is None else _record(tmp_path, content)
+    with pytest.raises(UserError, match=re.escape(says)) as e:
+        read_record(path)
+    assert "\n" not in str(e.value)
+
+
+def test_pinned_means_a_sha256_digest() -> None:
+    from rloo.pipeline.images import is_pinned
+
+    assert is_pinned(f"reg/ml/rloo-slim@{DIGEST}") and is_pinned(f"reg/ml/rloo-slim:1@{DIGEST}")
+    assert not is_pinned("reg/ml/rloo-slim:1") and not is_pinned("reg/ml/rloo-slim@sha256:abc")
+
+
+def test_compile_with_a_record_names_its_images_everywhere(tmp_path: Path) -> None:
+    """``rloo pipeline compile --images``: every step's image and the multi-node job's image are the record's
+    (a fresh process, as make pipeline-for-images runs it: the components take their image on import)."""
+    import os
+    import subprocess
+    import sys
+
+    slim, train, evals = (
+        f"registry.corp:5000/ml/rloo-{n}@sha256:{c * 64}"
+        for n, c in zip(("slim", "train", "eval"), "123", strict=True)
+    )
+    record = _record(tmp_path, {"slim": slim, "train": train, "eval": evals})
+    out = tmp_path / "pinned.yaml"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RLOO_IMAGE_")}
+    cmd = [
+        sys.executable,
+        "-m",
+        "rloo.cli",
+        "pipeline",
+        "compile",
+        "--images",
+        str(record),
+        "--output",
+        str(out),
+    ]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == [str(out)]
+    assert f"rloo pipeline: note: train image: {train}\n" in proc.stderr
+    text = out.read_text()
+    used = set(re.findall(r"^\s+image: (\S+)$", text, flags=re.M))
+    assert used == {slim, train, evals}
+    assert re.search(rf"^\s+constant: {re.escape(train)}$", text, flags=re.M)  # the TrainJob's pods
+    assert DEFAULT_REGISTRY not in text
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["compile", "--images", "{record}"], "give --output PATH"),
+        (["run", "--local", "--images", "{record}"], "--images names the images of --containers"),
+        (["compile", "--images", "{missing}", "--output", "x.yaml"], "no such file"),
+    ],
+)
+def test_images_flag_misuse_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], says: str
+) -> None:
+    from rloo.cli.pipeline_cmd import main
+
+    record = _record(tmp_path, {"slim": f"reg/rloo-slim@{DIGEST}"})
+    argv = [a.format(record=record, missing=tmp_path / "nope.json") for a in argv]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert says in err and err.count("\n") == 1, err

@@ -1,7 +1,8 @@
 """``rloo pipeline``: compile the Kubeflow pipeline, run it on this machine, or upload and run it on KFP.
 
-- ``rloo pipeline compile [--output PATH]``: write the compiled YAML (default: the committed
-  ``pipelines/rloo_pipeline.yaml`` and the Helm chart's copy).
+- ``rloo pipeline compile [--output PATH] [--images FILE]``: write the compiled YAML (default: the committed
+  ``pipelines/rloo_pipeline.yaml`` and the Helm chart's copy); ``--images`` names the images a build recorded
+  (``images/build.py``: by digest after a push), ``make pipeline-for-images`` does both.
 - ``rloo pipeline run --local [--workdir DIR] [--param NAME=VALUE ...] [--params FILE] [-v]``: every step on
   this machine with ``kfp.local``; without a ``model`` parameter on embedded defaults (tiny model, toy data,
   toy judge); step logs in ``<workdir>/logs/`` (``-v`` prints them). ``make demo`` runs exactly this.
@@ -40,6 +41,16 @@ def _kfp_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--package", default=None, help="compiled pipeline YAML (default: compile it now)")
 
 
+def _images_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--images",
+        default=None,
+        metavar="FILE",
+        help="the images to name: the record images/build.py wrote (make images / make push-images: "
+        "build/images.json; by digest after a push); default: RLOO_IMAGE_REGISTRY/RLOO_IMAGE_TAG",
+    )
+
+
 def _action(sub: Any, name: str, text: str) -> argparse.ArgumentParser:
     """An action's parser: ``text`` is both its line in 'rloo pipeline --help' and its own --help's."""
     parser: argparse.ArgumentParser = sub.add_parser(name, help=text, description=text)
@@ -60,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="where to write (default: pipelines/rloo_pipeline.yaml + the chart's copy)",
     )
+    _images_arg(comp)
     run = _action(sub, "run", "run the whole pipeline on this machine (kfp.local)")
     run.add_argument("--local", action="store_true", help="required: run every step here, in subprocesses")
     run.add_argument("--workdir", default="rloo-local", help="where models, results and MLflow runs go")
@@ -73,8 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--containers",
         action="store_true",
         help="run each step in its image (docker, or podman's Docker API at DOCKER_HOST); images from "
-        "RLOO_IMAGE_REGISTRY/RLOO_IMAGE_TAG or RLOO_IMAGE_<NAME> (make images)",
+        "--images, RLOO_IMAGE_REGISTRY/RLOO_IMAGE_TAG or RLOO_IMAGE_<NAME> (make images)",
     )
+    _images_arg(run)
     _params_args(run)
     up = _action(sub, "upload", "upload the pipeline (or a new version of it) to KFP")
     _kfp_args(up)
@@ -131,6 +144,7 @@ def _check_local_paths(ns: argparse.Namespace) -> None:
         "workdir": "a local run works in a local directory; give --param output_uri=s3://... for its results.",
         "params": "give a local YAML file (or --param NAME=VALUE).",
         "package": "give the local path of a compiled pipeline YAML.",
+        "images": "give the local record images/build.py wrote (build/images.json).",
     }
     for name, why in hint.items():
         require_local_path(f"--{name}", getattr(ns, name, None), why)
@@ -141,9 +155,27 @@ def _note(text: str) -> None:
         print(f"rloo pipeline: note: {text}", file=sys.stderr)
 
 
+def _use_images(ns: argparse.Namespace) -> None:
+    """``--images FILE``: the recorded images for every step, said on stderr (stdout: the command's results)."""
+    if getattr(ns, "images", None) is None:
+        return
+    if ns.action == "run" and not ns.containers:
+        raise UserError("--images names the images of --containers: add --containers, or leave --images out.")
+    if ns.action == "compile" and ns.output is None:
+        raise UserError(
+            "--images with the committed pipeline would pin it to your build: give --output PATH "
+            "(make pipeline-for-images writes build/rloo_pipeline.yaml)."
+        )
+    from rloo.pipeline.images import is_pinned, use_record
+
+    for name, ref in use_record(ns.images).items():
+        _note(f"{name} image: {ref}{'' if is_pinned(ref) else ' (a tag: not pinned by digest)'}")
+
+
 def _dispatch(ns: argparse.Namespace) -> int:
     from rloo.pipeline.compile import parse_params
 
+    _use_images(ns)
     if ns.action == "compile":
         from rloo.pipeline.compile import compile_pipeline
 

@@ -2,12 +2,17 @@
 
 Each image is built from ``images/<name>/Dockerfile`` in this repository (a test checks both directions).
 Override the registry or tag at compile time with ``RLOO_IMAGE_REGISTRY`` / ``RLOO_IMAGE_TAG``, or one image
-with ``RLOO_IMAGE_<NAME>`` (e.g. ``RLOO_IMAGE_TRAIN=my.registry/rloo-train:dev``).
+with ``RLOO_IMAGE_<NAME>`` (e.g. ``RLOO_IMAGE_TRAIN=my.registry/rloo-train:dev``), or name exactly the images
+a build pushed with its record (``images/build.py`` writes it; ``rloo pipeline compile --images FILE``).
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import sys
+from pathlib import Path
 
 DEFAULT_REGISTRY = "ghcr.io/rloo-kfp"
 DEFAULT_TAG = "0.1.0"
@@ -20,6 +25,16 @@ IMAGE_EXTRAS: dict[str, tuple[str, ...]] = {
     "slim": ("tracking", "kfp"),
 }
 
+# flavours of an image, built from a Dockerfile of their own: name -> the images whose steps they can run
+# (train-cpu: CPU torch with the train and eval extras, for a CPU cluster and the container tests)
+FLAVOURS: dict[str, tuple[str, ...]] = {"train-cpu": ("train", "eval")}
+
+# a reference as registries and Kubernetes take it: [host[:port]/]path[:tag][@sha256:digest], lowercase path
+_REFERENCE = re.compile(
+    r"(?:[a-zA-Z0-9.-]+(?::\d+)?/)?[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"
+    r"(?::[\w][\w.-]{0,127})?(?:@sha256:[0-9a-f]{64})?"
+)
+
 
 def image(name: str) -> str:
     """Full reference of image ``name`` (``train``, ``eval`` or ``slim``), environment overrides applied."""
@@ -31,6 +46,61 @@ def image(name: str) -> str:
     registry = os.environ.get("RLOO_IMAGE_REGISTRY", DEFAULT_REGISTRY).rstrip("/")
     tag = os.environ.get("RLOO_IMAGE_TAG", DEFAULT_TAG)
     return f"{registry}/rloo-{name}:{tag}"
+
+
+def is_pinned(reference: str) -> bool:
+    """Whether ``reference`` names one image by its registry digest (``...@sha256:<64 hex>``)."""
+    return bool(re.search(r"@sha256:[0-9a-f]{64}$", reference))
+
+
+def read_record(path: str | os.PathLike[str]) -> dict[str, str]:
+    """The references a build recorded (``images/build.py --record``, a JSON mapping of image or flavour name
+    to reference), as the image of each step: a flavour serves its images where the record has none of
+    their own. A missing, unreadable or wrong record is a one-line UserError."""
+    from rloo.errors import UserError
+
+    hint = "run 'make images' or 'make push-images' (images/build.py) to write it"
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"--images {path}: no such file; {hint}.")
+    try:
+        record = json.loads(p.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise UserError(f"--images {path}: not JSON; {hint}.") from None
+    if not isinstance(record, dict) or not record:
+        raise UserError(f"--images {path}: expected a JSON mapping of image name to reference; {hint}.")
+    known = [*IMAGE_EXTRAS, *FLAVOURS]
+    for name, ref in record.items():
+        if name not in known:
+            raise UserError(f"--images {path}: unknown image {name!r}; the names are {', '.join(known)}.")
+        if not isinstance(ref, str) or not _REFERENCE.fullmatch(ref):
+            raise UserError(
+                f"--images {path}: {name}: {ref!r} is not an image reference (registry/name:tag or "
+                f"registry/name@sha256:<digest>)."
+            )
+    chosen = {name: record[name] for name in IMAGE_EXTRAS if name in record}
+    for flavour, serves in FLAVOURS.items():
+        for name in serves:
+            if flavour in record:
+                chosen.setdefault(name, record[flavour])
+    return chosen
+
+
+def use_record(path: str | os.PathLike[str]) -> dict[str, str]:
+    """Name the record's images (:func:`read_record`) for every step compiled or run from now on: images the
+    record does not name keep their usual reference. Call it before the pipeline is loaded: the components
+    take their image when they are imported. Returns image name -> reference, for every image."""
+    chosen = read_record(path)
+    loaded = [m for m in sys.modules if m == "components" or m.startswith("components.")]
+    if loaded:
+        raise RuntimeError(
+            f"use_record after the components were imported ({loaded[0]}): their images are set"
+        )
+    for name, ref in chosen.items():
+        os.environ[f"RLOO_IMAGE_{name.upper()}"] = ref
+    global TRAIN_IMAGE, EVAL_IMAGE, SLIM_IMAGE
+    TRAIN_IMAGE, EVAL_IMAGE, SLIM_IMAGE = image("train"), image("eval"), image("slim")
+    return {name: image(name) for name in IMAGE_EXTRAS}
 
 
 TRAIN_IMAGE = image("train")
