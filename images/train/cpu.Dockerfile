@@ -13,12 +13,19 @@ ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 ENV PIP_NO_CACHE_DIR=1 PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 WORKDIR /opt/rloo
 COPY pyproject.toml constraints.txt README.md ./
-COPY src ./src
-COPY configs ./configs
+# Dependencies first, installed for a stand-in of the package (its metadata, an empty module): a code change
+# rebuilds only the two small layers after them, not torch's.
 RUN --mount=type=secret,id=pip_ca \
     if [ -s /run/secrets/pip_ca ]; then export PIP_CERT=/run/secrets/pip_ca; fi \
     && pip install ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} "$(grep '^torch==' constraints.txt)" \
-    && pip install -c constraints.txt '.[train,eval,tracking,kfp]'
+    && mkdir -p src/rloo && touch src/rloo/__init__.py \
+    && pip install -c constraints.txt '.[train,eval,tracking,kfp]' \
+    && pip uninstall -y rloo-kfp && rm -rf build src
+COPY configs ./configs
+COPY src ./src
+RUN --mount=type=secret,id=pip_ca \
+    if [ -s /run/secrets/pip_ca ]; then export PIP_CERT=/run/secrets/pip_ca; fi \
+    && pip install --no-deps . && rm -rf build src/*.egg-info
 
 RUN useradd --create-home --uid 1000 rloo
 USER 1000
