@@ -108,18 +108,21 @@ def test_schema_closes_every_object() -> None:
     walk(SCHEMA, "")
 
 
-def _values_paths() -> dict[str, bool]:
-    """Every mapping key path of values.yaml (not inside lists) -> whether it or an ancestor carries a `# --`
-    comment."""
-    out: dict[str, bool] = {}
-    stack: list[tuple[str, bool]] = []
-    documented = False
+def _values_docs() -> dict[str, str | None]:
+    """Every mapping key path of values.yaml (not inside lists) -> its `# --` comment (continuation lines
+    joined), or None."""
+    out: dict[str, str | None] = {}
+    stack: list[str] = []
+    doc: list[str] | None = None
     list_indent: int | None = None  # keys at or beyond this indent belong to list items
     for line in (CHART / "values.yaml").read_text().splitlines():
         stripped = line.strip()
         indent = len(line) - len(line.lstrip(" "))
         if stripped.startswith("# --"):
-            documented = True
+            doc = [stripped.removeprefix("# --").strip()]
+            continue
+        if stripped.startswith("#") and doc is not None:
+            doc.append(stripped.removeprefix("#").strip())
             continue
         if not stripped or stripped.startswith("#"):
             continue
@@ -130,13 +133,19 @@ def _values_paths() -> dict[str, bool]:
         if not m or (list_indent is not None and indent >= list_indent):
             continue
         list_indent = None
-        depth = indent // 2
-        stack = stack[:depth]
-        inherited = any(doc for _, doc in stack)
-        stack.append((m.group(2), documented))
-        out[".".join(k for k, _ in stack)] = documented or inherited
-        documented = False
+        stack = [*stack[: indent // 2], m.group(2)]
+        out[".".join(stack)] = " ".join(doc) if doc else None
+        doc = None
     return out
+
+
+def _values_paths() -> dict[str, bool]:
+    """Every mapping key path of values.yaml (not inside lists) -> whether it or an ancestor carries a `# --`
+    comment."""
+    docs = _values_docs()
+    return {
+        path: any(docs[".".join(path.split(".")[: i + 1])] for i in range(path.count(".") + 1)) for path in docs
+    }
 
 
 def _yaml_paths(node: Any, prefix: str = "") -> set[str]:
@@ -181,6 +190,13 @@ def test_schema_describes_what_values_yaml_has() -> None:
     missing = [p for p in paths if node(p) is None and not _inside_free_map(p)]
     assert not missing, f"values.yaml keys the schema does not know: {missing}"
     chart().validate_schema(yaml.safe_load((CHART / "values.yaml").read_text()))
+    # an editor or helm-docs shows the schema's description: the same words as values.yaml's comment
+    wrong = {
+        p: (node(p) or {}).get("description")
+        for p, doc in _values_docs().items()
+        if doc and node(p) is not None and (node(p) or {}).get("description") != doc
+    }
+    assert not wrong, f"schema descriptions that are not values.yaml's '# --' comment: {sorted(wrong)}"
 
 
 def _inside_free_map(path: str) -> bool:
