@@ -52,6 +52,15 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 
 {{/* "repository:tag", the tag defaulting to appVersion: (dict "ctx" $ "image" .Values.upload.image) */}}
+{{/* The compiled pipeline the upload Job uploads: upload.pipelinePackage (--set-file), else the chart's copy */}}
+{{- define "rloo-kfp.pipelinePackage" -}}
+{{- $package := .Values.upload.pipelinePackage | default (.Files.Get "files/rloo_pipeline.yaml") -}}
+{{- if not (contains "pipelineInfo:" $package) -}}
+{{- fail "upload.pipelinePackage is not a compiled pipeline (no pipelineInfo): pass the YAML that 'rloo pipeline compile' wrote, e.g. --set-file upload.pipelinePackage=build/rloo_pipeline.yaml" -}}
+{{- end -}}
+{{- $package -}}
+{{- end -}}
+
 {{- define "rloo-kfp.image" -}}
 {{- printf "%s:%s" .image.repository (default .ctx.Chart.AppVersion .image.tag) -}}
 {{- end -}}

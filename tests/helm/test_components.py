@@ -94,6 +94,35 @@ def test_upload_disabled_renders_no_hook() -> None:
     ]
 
 
+def test_the_upload_takes_a_pipeline_compiled_for_your_images() -> None:
+    """--set-file upload.pipelinePackage=build/rloo_pipeline.yaml (make pipeline-for-images): the ConfigMap
+    carries that package byte for byte, and the Job's checksum follows it, so an upgrade re-runs the upload."""
+    import hashlib
+
+    pinned = "registry.corp/ml/rloo-slim@sha256:" + "5" * 64
+    package = (
+        (CHART / "files" / "rloo_pipeline.yaml")
+        .read_text()
+        .replace("ghcr.io/rloo-kfp/rloo-slim:0.1.0", pinned)
+    )
+    docs = _docs({"upload": {"pipelinePackage": package}})
+    assert find(docs, "ConfigMap", "-pipeline")["data"]["rloo_pipeline.yaml"] == package
+    job = find(docs, "Job", "-upload")
+    checksum = job["metadata"]["annotations"]["rloo-kfp/pipeline-sha256"]
+    assert checksum == hashlib.sha256(package.encode()).hexdigest()
+    default = find(_docs(), "Job", "-upload")["metadata"]["annotations"]
+    assert default["rloo-kfp/pipeline-sha256"] != checksum
+
+
+def test_an_upload_package_that_is_not_a_pipeline_is_one_message() -> None:
+    import helm_python as helm
+
+    with pytest.raises(helm.HelmRenderError) as err:
+        render({"upload": {"pipelinePackage": "images:\n  slim: registry.corp/ml/rloo-slim:1\n"}})
+    assert "upload.pipelinePackage is not a compiled pipeline" in str(err.value)
+    assert "--set-file upload.pipelinePackage=build/rloo_pipeline.yaml" in str(err.value)
+
+
 # RBAC --------------------------------------------------------------------------------------------------
 
 

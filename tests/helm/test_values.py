@@ -144,7 +144,8 @@ def _values_paths() -> dict[str, bool]:
     comment."""
     docs = _values_docs()
     return {
-        path: any(docs[".".join(path.split(".")[: i + 1])] for i in range(path.count(".") + 1)) for path in docs
+        path: any(docs[".".join(path.split(".")[: i + 1])] for i in range(path.count(".") + 1))
+        for path in docs
     }
 
 
