@@ -12,16 +12,17 @@ ARG PIP_TRUSTED_HOST
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 ENV PIP_NO_CACHE_DIR=1 PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 WORKDIR /opt/rloo
-COPY pyproject.toml constraints.txt README.md ./
-# Dependencies first, installed for a stand-in of the package (its metadata, an empty module): a code change
-# rebuilds only the two small layers after them, not torch's.
+COPY pyproject.toml constraints.txt ./
+# Dependencies first, installed for a stand-in of the package (its pyproject, an empty module and README): a
+# change to the code or the README rebuilds only the small layers after them, not torch's.
 RUN --mount=type=secret,id=pip_ca \
     if [ -s /run/secrets/pip_ca ]; then export PIP_CERT=/run/secrets/pip_ca; fi \
     && pip install ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} "$(grep '^torch==' constraints.txt)" \
-    && mkdir -p src/rloo && touch src/rloo/__init__.py \
+    && mkdir -p src/rloo && touch src/rloo/__init__.py README.md \
     && pip install -c constraints.txt '.[train,eval,tracking,kfp]' \
-    && pip uninstall -y rloo-kfp && rm -rf build src
+    && pip uninstall -y rloo-kfp && rm -rf build src README.md
 COPY configs ./configs
+COPY README.md ./
 COPY src ./src
 RUN --mount=type=secret,id=pip_ca \
     if [ -s /run/secrets/pip_ca ]; then export PIP_CERT=/run/secrets/pip_ca; fi \
