@@ -43,6 +43,7 @@ RECORD = ROOT / "build" / "images.json"
 CYCLONEDX = "cyclonedx-bom==7.5.0"
 # flavours (rloo.pipeline.images.FLAVOURS): name -> (the image whose tag it shares, Dockerfile, tag suffix)
 FLAVOURS = {"train-cpu": ("train", "images/train/cpu.Dockerfile", "-cpu")}
+NAMES = [*IMAGE_EXTRAS, *FLAVOURS]  # what can be built
 PIP_ARGS = ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "PIP_TRUSTED_HOST", "TORCH_INDEX_URL")
 CI_DEBIAN = "localhost/debian:bookworm"
 CI_BASE = "localhost/rloo-ci-base:bookworm"
@@ -212,9 +213,8 @@ def ci_base(builder: str) -> None:
 
 def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    choices = [*IMAGE_EXTRAS, *FLAVOURS]
     parser.add_argument(
-        "names", nargs="*", help=f"images to build (default: {', '.join(IMAGE_EXTRAS)}): {', '.join(choices)}"
+        "names", nargs="*", help=f"images to build (default: {', '.join(IMAGE_EXTRAS)}): {', '.join(NAMES)}"
     )
     parser.add_argument("--builder", default="auto", choices=("auto", "docker", "podman"))
     parser.add_argument("--push", action="store_true", help="push each image after building it")
@@ -237,16 +237,15 @@ def make_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = make_parser()
-    choices = [*IMAGE_EXTRAS, *FLAVOURS]
     args = parser.parse_args(argv)
     builder = pick_builder(args.builder)
     if args.ci_base:
         ci_base(builder)
         print(CI_BASE)
         return 0
-    unknown = [n for n in args.names if n not in choices]
+    unknown = [n for n in args.names if n not in NAMES]
     if unknown:
-        parser.error(f"unknown image(s) {', '.join(unknown)}; choose from {', '.join(choices)}")
+        parser.error(f"unknown image(s) {', '.join(unknown)}; choose from {', '.join(NAMES)}")
     env = dict(os.environ)
     if args.host_pip:
         listed = subprocess.run(

@@ -51,7 +51,6 @@ app.kubernetes.io/component: {{ .component }}
 {{- default .Release.Namespace .Values.pipeline.namespace -}}
 {{- end -}}
 
-{{/* "repository:tag", the tag defaulting to appVersion: (dict "ctx" $ "image" .Values.upload.image) */}}
 {{/* The compiled pipeline the upload Job uploads: upload.pipelinePackage (--set-file), else the chart's copy */}}
 {{- define "rloo-kfp.pipelinePackage" -}}
 {{- $package := .Values.upload.pipelinePackage | default (.Files.Get "files/rloo_pipeline.yaml") -}}
@@ -61,6 +60,7 @@ app.kubernetes.io/component: {{ .component }}
 {{- $package -}}
 {{- end -}}
 
+{{/* "repository:tag", the tag defaulting to appVersion: (dict "ctx" $ "image" .Values.upload.image) */}}
 {{- define "rloo-kfp.image" -}}
 {{- printf "%s:%s" .image.repository (default .ctx.Chart.AppVersion .image.tag) -}}
 {{- end -}}

@@ -29,10 +29,11 @@ IMAGE_EXTRAS: dict[str, tuple[str, ...]] = {
 # (train-cpu: CPU torch with the train and eval extras, for a CPU cluster and the container tests)
 FLAVOURS: dict[str, tuple[str, ...]] = {"train-cpu": ("train", "eval")}
 
+_DIGEST = r"@sha256:[0-9a-f]{64}"
 # a reference as registries and Kubernetes take it: [host[:port]/]path[:tag][@sha256:digest], lowercase path
 _REFERENCE = re.compile(
     r"(?:[a-zA-Z0-9.-]+(?::\d+)?/)?[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"
-    r"(?::[\w][\w.-]{0,127})?(?:@sha256:[0-9a-f]{64})?"
+    rf"(?::[\w][\w.-]{{0,127}})?(?:{_DIGEST})?"
 )
 
 
@@ -50,7 +51,7 @@ def image(name: str) -> str:
 
 def is_pinned(reference: str) -> bool:
     """Whether ``reference`` names one image by its registry digest (``...@sha256:<64 hex>``)."""
-    return bool(re.search(r"@sha256:[0-9a-f]{64}$", reference))
+    return bool(re.search(f"{_DIGEST}$", reference))
 
 
 def read_record(path: str | os.PathLike[str]) -> dict[str, str]:
@@ -79,10 +80,9 @@ def read_record(path: str | os.PathLike[str]) -> dict[str, str]:
                 f"registry/name@sha256:<digest>)."
             )
     chosen = {name: record[name] for name in IMAGE_EXTRAS if name in record}
-    for flavour, serves in FLAVOURS.items():
-        for name in serves:
-            if flavour in record:
-                chosen.setdefault(name, record[flavour])
+    for flavour in FLAVOURS.keys() & record.keys():
+        for name in FLAVOURS[flavour]:
+            chosen.setdefault(name, record[flavour])
     return chosen
 
 
