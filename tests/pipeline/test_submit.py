@@ -3,11 +3,13 @@ stand-in keeps pipelines and versions like the API does and records every call."
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from kfp.client.client import _FILTER_OPERATIONS
 
 from rloo.errors import UserError
 from rloo.pipeline import submit as S
@@ -31,14 +33,27 @@ class FakeKFP:
         versions.append(v)
         return v
 
-    def get_pipeline_id(self, name: str) -> str | None:
-        return next((pid for pid, p in self.pipelines.items() if p["name"] == name), None)
+    def list_pipelines(self, filter: str, namespace: str | None = None, page_size: int = 10) -> Any:
+        # the v2beta1 API: a namespace lists that profile's pipelines, none the shared ones
+        (predicate,) = json.loads(filter)["predicates"]
+        assert predicate["operation"] == _FILTER_OPERATIONS["EQUALS"] and predicate["key"] == "display_name"
+        found = [
+            SimpleNamespace(pipeline_id=pid)
+            for pid, p in self.pipelines.items()
+            if p["name"] == predicate["stringValue"] and p["namespace"] == namespace
+        ]
+        return SimpleNamespace(pipelines=found[:page_size] or None)
 
     def upload_pipeline(self, path: str, pipeline_name: str, description: str, namespace: Any) -> Any:
         self.calls.append("upload_pipeline")
         assert Path(path).is_file()
         pid = f"p{len(self.pipelines)}"
-        self.pipelines[pid] = {"name": pipeline_name, "description": description, "versions": []}
+        self.pipelines[pid] = {
+            "name": pipeline_name,
+            "description": description,
+            "versions": [],
+            "namespace": namespace,
+        }
         self._version(pid, pipeline_name)  # KFP names the first version after the pipeline
         return SimpleNamespace(pipeline_id=pid)
 
@@ -86,6 +101,18 @@ def test_upload_is_idempotent_and_versions_changes(tmp_path: Path) -> None:
     assert S.ensure_uploaded(kfp, b, "rloo-rlhf").version_id == second.version_id  # older version reused
     assert kfp.calls == ["upload_pipeline", "upload_pipeline_version", "upload_pipeline_version"]
     assert third.version_id == "p0-v2"
+
+
+def test_upload_into_a_profile_namespace_finds_its_pipeline_again(tmp_path: Path) -> None:
+    # multi-user KFP: a helm upgrade uploads into the same profile; the shared space is another pipeline
+    kfp = FakeKFP()
+    a, b = _package(tmp_path, "spec: 1\n"), _package(tmp_path, "spec: 2\n")
+    first = S.ensure_uploaded(kfp, a, "rloo-rlhf", namespace="team-a")
+    assert S.ensure_uploaded(kfp, a, "rloo-rlhf", namespace="team-a").created == "nothing"
+    assert S.ensure_uploaded(kfp, b, "rloo-rlhf", namespace="team-a").pipeline_id == first.pipeline_id
+    shared = S.ensure_uploaded(kfp, a, "rloo-rlhf")
+    assert shared.created == "pipeline" and shared.pipeline_id != first.pipeline_id
+    assert [p["namespace"] for p in kfp.pipelines.values()] == ["team-a", None]
 
 
 def test_reverting_to_the_first_package_after_other_versions_adds_a_named_version(tmp_path: Path) -> None:

@@ -51,6 +51,16 @@ def _images_arg(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _platform_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--platform",
+        default=None,
+        metavar="FILE",
+        help="the cluster's images, image pull secrets, environment (proxies) and CA bundle, applied to every "
+        "step and training job: JSON, as the chart renders it (platform.json; see helm/README.md)",
+    )
+
+
 def _action(sub: Any, name: str, text: str) -> argparse.ArgumentParser:
     """An action's parser: ``text`` is both its line in 'rloo pipeline --help' and its own --help's."""
     parser: argparse.ArgumentParser = sub.add_parser(name, help=text, description=text)
@@ -72,6 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="where to write (default: pipelines/rloo_pipeline.yaml + the chart's copy)",
     )
     _images_arg(comp)
+    _platform_arg(comp)
     run = _action(sub, "run", "run the whole pipeline on this machine (kfp.local)")
     run.add_argument("--local", action="store_true", help="required: run every step here, in subprocesses")
     run.add_argument("--workdir", default="rloo-local", help="where models, results and MLflow runs go")
@@ -93,6 +104,14 @@ def build_parser() -> argparse.ArgumentParser:
     _kfp_args(up)
     submit = _action(sub, "submit", "upload the pipeline and start a run on KFP")
     _kfp_args(submit)
+    for p in (up, submit):
+        _platform_arg(p)
+        p.add_argument(
+            "--stop-istio-sidecar",
+            action="store_true",
+            help="when done (or failed), ask this pod's Istio sidecar to exit, so that a Kubernetes Job running "
+            "this command completes (the chart's upload Job with upload.istioSidecar)",
+        )
     _params_args(submit)
     submit.add_argument("--experiment", default="rloo", help="KFP experiment of the run")
     submit.add_argument("--run_name", default=None, help="KFP run name (default: <pipeline>-<time>)")
@@ -145,6 +164,7 @@ def _check_local_paths(ns: argparse.Namespace) -> None:
         "params": "give a local YAML file (or --param NAME=VALUE).",
         "package": "give the local path of a compiled pipeline YAML.",
         "images": "give the local record images/build.py wrote (build/images.json).",
+        "platform": "give the local platform.json (the chart mounts it in its upload Job).",
     }
     for name, why in hint.items():
         require_local_path(f"--{name}", getattr(ns, name, None), why)
@@ -172,14 +192,49 @@ def _use_images(ns: argparse.Namespace) -> None:
         _note(f"{name} image: {ref}{'' if is_pinned(ref) else ' (a tag: not pinned by digest)'}")
 
 
+def _read_platform(ns: argparse.Namespace) -> Any:
+    """``--platform FILE``, read before anything is compiled or contacted; None without it."""
+    if getattr(ns, "platform", None) is None:
+        return None
+    if ns.action == "compile" and ns.output is None:
+        raise UserError(
+            "--platform with the committed pipeline would bake your cluster into it: give --output PATH."
+        )
+    from rloo.pipeline import platform
+
+    return platform.read(ns.platform)
+
+
+def _apply_platform(path: Path, settings: Any) -> None:
+    from rloo.pipeline import platform
+
+    if settings is not None:
+        path.write_text(platform.apply(path.read_text(), settings))
+        for name, ref in sorted(settings.images.items()):
+            _note(f"{name} image (--platform): {ref}")
+
+
 def _dispatch(ns: argparse.Namespace) -> int:
+    if getattr(ns, "stop_istio_sidecar", False):
+        from rloo.pipeline.submit import stop_istio_sidecar
+
+        try:
+            return _dispatch_action(ns)
+        finally:
+            _note(stop_istio_sidecar())
+    return _dispatch_action(ns)
+
+
+def _dispatch_action(ns: argparse.Namespace) -> int:
     from rloo.pipeline.compile import parse_params
 
     _use_images(ns)
+    settings = _read_platform(ns)
     if ns.action == "compile":
         from rloo.pipeline.compile import compile_pipeline
 
         for path in compile_pipeline(ns.output):
+            _apply_platform(Path(path), settings)
             print(path)
         return 0
     if ns.action == "manifest":
@@ -230,6 +285,11 @@ def _dispatch(ns: argparse.Namespace) -> int:
             from rloo.pipeline.compile import compile_pipeline
 
             (package,) = compile_pipeline(Path(tmp) / "rloo_pipeline.yaml")
+        if settings is not None:  # the package as the cluster runs it: its digest names the version
+            applied = Path(tmp) / "rloo_pipeline.platform.yaml"
+            applied.write_text(Path(package).read_text())
+            _apply_platform(applied, settings)
+            package = applied
         with S.api_errors(ns.host):
             client = S.connect(ns.host, namespace=ns.namespace, ui_host=getattr(ns, "ui_host", None))
             # before anything is uploaded: an older KFP would refuse every run of this pipeline

@@ -49,6 +49,11 @@ def image(name: str) -> str:
     return f"{registry}/rloo-{name}:{tag}"
 
 
+def is_reference(reference: str) -> bool:
+    """Whether ``reference`` is an image reference as registries and Kubernetes take it."""
+    return bool(_REFERENCE.fullmatch(reference))
+
+
 def is_pinned(reference: str) -> bool:
     """Whether ``reference`` names one image by its registry digest (``...@sha256:<64 hex>``)."""
     return bool(re.search(f"{_DIGEST}$", reference))
@@ -74,7 +79,7 @@ def read_record(path: str | os.PathLike[str]) -> dict[str, str]:
     for name, ref in record.items():
         if name not in known:
             raise UserError(f"--images {path}: unknown image {name!r}; the names are {', '.join(known)}.")
-        if not isinstance(ref, str) or not _REFERENCE.fullmatch(ref):
+        if not isinstance(ref, str) or not is_reference(ref):
             raise UserError(
                 f"--images {path}: {name}: {ref!r} is not an image reference (registry/name:tag or "
                 f"registry/name@sha256:<digest>)."

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import re
 import shlex
 import tempfile
@@ -472,11 +473,15 @@ def multinode_spec(
     ``rloo pipeline manifest`` both build it here, so the printed job is the one the step creates. ``owner``:
     the launcher pod (:class:`rloo.pipeline.trainjob.OwnerPod`), when known; ``scratch_size``: the pods'
     scratch emptyDir (default: the train step's, ``RLOO_SCRATCH_TRAIN`` where this runs)."""
-    from rloo.pipeline import constants
+    from rloo.pipeline import constants, platform
     from rloo.pipeline.layout import RunLayout
     from rloo.pipeline.trainjob import TrainJobSpec, job_name
 
     layout = RunLayout(output_uri, run_id)
+    # the platform's pull secrets, environment and CA bundle, which the upload gave this step (RLOO_PLATFORM)
+    pod_platform = platform.from_env(os.environ)
+    volumes, mounts = platform.job_volumes(pod_platform)
+    run_env = {"KFP_RUN_ID": run_id, "KFP_RUN_NAME": run_name, "MLFLOW_EXPERIMENT_NAME": mlflow_experiment}
     return TrainJobSpec(
         name=job_name(run_id),
         namespace=namespace,
@@ -492,7 +497,7 @@ def multinode_spec(
         memory=memory,
         shm_size=constants.SHM_SIZE,
         service_account=service_account,
-        env={"KFP_RUN_ID": run_id, "KFP_RUN_NAME": run_name, "MLFLOW_EXPERIMENT_NAME": mlflow_experiment},
+        env={**pod_platform.all_env(), **run_env},
         secret_env=constants.secret_env(
             s3_secret=s3_secret, mlflow_secret=mlflow_secret, hf_secret=hf_secret
         ),
@@ -504,6 +509,9 @@ def multinode_spec(
         istio_sidecar=istio_sidecar,
         owner=owner,
         scratch_size=scratch_size or constants.scratch_size("train"),  # the launcher's: fixed at compile time
+        image_pull_secrets=pod_platform.image_pull_secrets,
+        extra_volumes=volumes,
+        extra_mounts=mounts,
     )
 
 

@@ -65,6 +65,25 @@ def _newest_version_id(client: Any, pipeline_id: str) -> str:
     return str(versions[-1].pipeline_version_id)
 
 
+def find_pipeline_id(client: Any, name: str, namespace: str | None = None) -> str | None:
+    """The id of pipeline ``name`` in ``namespace`` (None: the shared pipelines). ``kfp.Client.
+    get_pipeline_id`` looks in the shared space only, so in a multi-user KFP a pipeline uploaded into a profile
+    would never be found again and every upgrade would try to create it anew."""
+    import json
+
+    predicate = {"operation": 1, "key": "display_name", "stringValue": name}  # 1: EQUALS (the v2beta1 API)
+    result = client.list_pipelines(
+        filter=json.dumps({"predicates": [predicate]}), namespace=namespace, page_size=2
+    )
+    found = list(getattr(result, "pipelines", None) or [])
+    if len(found) > 1:
+        where = f"namespace {namespace}" if namespace else "the shared space"
+        raise UserError(
+            f"{len(found)} pipelines are named {name!r} in {where}; delete all but one in the KFP UI."
+        )
+    return str(found[0].pipeline_id) if found else None
+
+
 def ensure_uploaded(client: Any, package: str | Path, name: str, *, namespace: str | None = None) -> Uploaded:
     """Make sure the KFP installation behind ``client`` has ``package`` as a version of pipeline ``name``.
 
@@ -74,7 +93,7 @@ def ensure_uploaded(client: Any, package: str | Path, name: str, *, namespace: s
     """
     digest = package_digest(package)
     vname = version_name(digest)
-    pipeline_id = client.get_pipeline_id(name)
+    pipeline_id = find_pipeline_id(client, name, namespace)
     if pipeline_id is None:
         pipeline = client.upload_pipeline(
             str(package), pipeline_name=name, description=f"{DESCRIPTION} {vname}", namespace=namespace
@@ -269,3 +288,20 @@ def kube_custom_api() -> Any:  # pragma: no cover - needs a kubeconfig or a pod
         return client.CustomObjectsApi()
     except Exception:
         return None
+
+
+ISTIO_QUIT_URL = "http://127.0.0.1:15020/quitquitquit"
+
+
+def stop_istio_sidecar(url: str = ISTIO_QUIT_URL) -> str:
+    """Ask the pod's Istio sidecar to exit (its pilot-agent's ``/quitquitquit``): a Job's pod completes only
+    once every container has exited, and the sidecar never exits on its own. Returns what to tell the user;
+    a pod without a sidecar answers nothing, which is fine."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, method="POST"), timeout=5) as resp:
+            return f"asked the Istio sidecar to exit (HTTP {resp.status})"
+    except (urllib.error.URLError, OSError) as e:
+        return f"no Istio sidecar answered at {url} ({getattr(e, 'reason', e)}); nothing to stop"

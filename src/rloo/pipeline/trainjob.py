@@ -144,6 +144,11 @@ class TrainJobSpec:
     # Kubeflow profiles inject Istio sidecars, which break the nodes' rendezvous and keep a finished pod's Job
     # from completing (the sidecar never exits): off unless asked for
     istio_sidecar: bool = False
+    # the platform's (rloo.pipeline.platform): pull secrets of a private registry, extra volumes (a CA bundle)
+    # and where the training container mounts them
+    image_pull_secrets: tuple[str, ...] = ()
+    extra_volumes: list[dict[str, Any]] = field(default_factory=list)
+    extra_mounts: list[dict[str, Any]] = field(default_factory=list)
 
     def validate(self) -> None:
         if not _DNS1123.match(self.name) or len(self.name) > 63:
@@ -302,7 +307,11 @@ def build_pytorchjob(spec: TrainJobSpec) -> dict[str, Any]:
         "command": _command(spec),
         "env": _env(spec),
         "resources": _resources(spec),
-        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}, dict(_SCRATCH_MOUNT)],
+        "volumeMounts": [
+            {"name": "dshm", "mountPath": "/dev/shm"},
+            dict(_SCRATCH_MOUNT),
+            *map(dict, spec.extra_mounts),
+        ],
         "securityContext": dict(_CONTAINER_SECURITY),
     }
     pod_spec: dict[str, Any] = {
@@ -311,10 +320,12 @@ def build_pytorchjob(spec: TrainJobSpec) -> dict[str, Any]:
         "automountServiceAccountToken": False,
         "securityContext": _pod_security(spec),
         "containers": [container],
-        "volumes": [_shm_volume(spec), _scratch_volume(spec)],
+        "volumes": [_shm_volume(spec), _scratch_volume(spec), *map(dict, spec.extra_volumes)],
         "tolerations": [dict(t) for t in spec.tolerations],
         "nodeSelector": dict(spec.node_selector),
     }
+    if spec.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": s} for s in spec.image_pull_secrets]
     if spec.priority_class:
         pod_spec["priorityClassName"] = spec.priority_class
 
@@ -395,6 +406,7 @@ def build_trainjob(spec: TrainJobSpec, runtime: str = DEFAULT_RUNTIME) -> dict[s
             dict(_SCRATCH_MOUNT),
             # the token is not mounted over an existing mount (see the module docstring)
             {"name": "no-api-token", "mountPath": SA_TOKEN_PATH, "readOnly": True},
+            *map(dict, spec.extra_mounts),
         ],
         "securityContext": dict(_CONTAINER_SECURITY),
     }
@@ -406,10 +418,13 @@ def build_trainjob(spec: TrainJobSpec, runtime: str = DEFAULT_RUNTIME) -> dict[s
             _shm_volume(spec),
             _scratch_volume(spec),
             {"name": "no-api-token", "emptyDir": {"sizeLimit": "1Mi"}},
+            *map(dict, spec.extra_volumes),
         ],
         "tolerations": [dict(t) for t in spec.tolerations],
         "nodeSelector": dict(spec.node_selector),
     }
+    if spec.image_pull_secrets:
+        pod_patch["imagePullSecrets"] = [{"name": s} for s in spec.image_pull_secrets]
     job_patch = {
         "name": TRAINJOB_NODE,
         "template": {"spec": {"template": {"metadata": _pod_metadata(spec), "spec": pod_patch}}},

@@ -1,0 +1,296 @@
+"""The platform's settings (images, pull secrets, environment, CA bundle) applied to the compiled pipeline and
+given to the multi-node job's pods: as kfp.kubernetes writes them, readable by the backend's protobuf schema,
+and no change at all when there is nothing to apply."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+import yaml
+from google.protobuf import json_format
+from kfp import dsl, kubernetes
+from kfp.kubernetes import kubernetes_executor_config_pb2
+from kfp.pipeline_spec import pipeline_spec_pb2
+
+from rloo.errors import UserError
+from rloo.pipeline import platform
+from rloo.pipeline.compile import default_yaml
+from rloo.pipeline.platform import CA_DIR, CA_ENV, EXECUTOR_IMAGES, PLATFORM_ENV, Platform
+from rloo.pipeline.steps import multinode_spec
+from rloo.pipeline.trainjob import build_pytorchjob, build_trainjob
+from tests.pipeline.test_trainjob import _trainjob_pod, _validate, _validate_trainjob
+
+REPO = Path(__file__).resolve().parents[2]
+DIGEST = "@sha256:" + "ab" * 32
+SETTINGS = {
+    "images": {
+        "slim": "registry.corp:5000/ml/rloo-slim:1.2" + DIGEST,
+        "train": "registry.corp:5000/ml/rloo-train@sha256:" + "cd" * 32,
+        "eval": "registry.corp:5000/ml/rloo-eval:1.2",
+    },
+    "imagePullSecrets": ["corp-registry", "mirror"],
+    "env": {
+        "HTTPS_PROXY": "http://proxy.corp:3128",
+        "NO_PROXY": ".svc,.cluster.local",
+        "NCCL_IB_HCA": "mlx5",
+    },
+    "caBundle": {"configMap": "corp-ca", "key": "bundle.pem"},
+}
+
+
+def _docs(text: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(text) if d]
+
+
+@pytest.fixture(scope="module")
+def committed() -> str:
+    return default_yaml().read_text()
+
+
+@pytest.fixture(scope="module")
+def applied(committed: str) -> list[dict[str, Any]]:
+    return _docs(platform.apply(committed, platform.parse(SETTINGS, "test")))
+
+
+def test_executor_table_is_the_compiled_pipeline(tmp_path: Path) -> None:
+    # compile with a distinct image per kind: each executor's image says which kind its component uses
+    env = {
+        **os.environ,
+        **{f"RLOO_IMAGE_{k.upper()}": f"reg.test/kind-{k}:1" for k in ("slim", "train", "eval")},
+    }
+    out = tmp_path / "p.yaml"
+    subprocess.run(
+        [sys.executable, "-m", "rloo.cli", "pipeline", "compile", "--output", str(out)],
+        check=True,
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+    )
+    executors = _docs(out.read_text())[0]["deploymentSpec"]["executors"]
+    kinds = {name: e["container"]["image"].split("kind-")[1].split(":")[0] for name, e in executors.items()}
+    assert kinds == EXECUTOR_IMAGES
+
+
+def test_every_step_and_the_training_job_get_the_platform_images(applied: list[dict[str, Any]]) -> None:
+    spec = applied[0]
+    for name, executor in spec["deploymentSpec"]["executors"].items():
+        assert executor["container"]["image"] == SETTINGS["images"][EXECUTOR_IMAGES[name]], name
+    found = list(platform._task_inputs(spec, "train_image"))
+    assert found and all(v == {"runtimeValue": {"constant": SETTINGS["images"]["train"]}} for v in found)
+    assert "ghcr.io/rloo-kfp" not in yaml.safe_dump_all(applied)
+
+
+def test_environment_and_ca_on_every_step(applied: list[dict[str, Any]]) -> None:
+    bundle = f"{CA_DIR}/bundle.pem"
+    for name, executor in applied[0]["deploymentSpec"]["executors"].items():
+        env = {e["name"]: e["value"] for e in executor["container"]["env"]}
+        assert {k: env[k] for k in SETTINGS["env"]} == SETTINGS["env"], name
+        assert {k: env[k] for k in CA_ENV} == dict.fromkeys(CA_ENV, bundle)
+        pod = json.loads(env[PLATFORM_ENV])
+        assert pod == {k: SETTINGS[k] for k in ("imagePullSecrets", "env", "caBundle")}
+
+
+def test_kubernetes_settings_are_what_kfp_kubernetes_writes(
+    committed: str, applied: list[dict[str, Any]]
+) -> None:
+    tasks = []
+
+    @dsl.pipeline(name="p")
+    def reference():  # type: ignore[no-untyped-def]
+        task = _noop()
+        kubernetes.set_image_pull_secrets(task, SETTINGS["imagePullSecrets"])
+        kubernetes.use_config_map_as_volume(task, config_map_name="corp-ca", mount_path=CA_DIR)
+        tasks.append(task)
+
+    expected = tasks[0].platform_config["kubernetes"]
+    before = _docs(committed)[1]["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    after = applied[1]["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    assert after.keys() == EXECUTOR_IMAGES.keys()
+    for name, config in after.items():
+        assert config["imagePullSecret"] == expected["imagePullSecret"]
+        assert config["configMapAsVolume"] == expected["configMapAsVolume"]
+        rest = {k: v for k, v in config.items() if k not in ("imagePullSecret", "configMapAsVolume")}
+        assert rest == before.get(name, {}), name  # secrets as env, timeouts, tolerations: untouched
+
+
+@dsl.component(base_image="python:3.11")
+def _noop():  # type: ignore[no-untyped-def]
+    pass
+
+
+def test_the_backend_reads_it(applied: list[dict[str, Any]]) -> None:
+    # the KFP backend unmarshals both documents with protojson: unknown fields or wrong types fail here too
+    json_format.ParseDict(applied[0], pipeline_spec_pb2.PipelineSpec())
+    for config in applied[1]["platforms"]["kubernetes"]["deploymentSpec"]["executors"].values():
+        json_format.ParseDict(config, kubernetes_executor_config_pb2.KubernetesExecutorConfig())
+
+
+def test_nothing_to_apply_changes_nothing_and_applying_twice_is_once(committed: str) -> None:
+    assert platform.apply(committed, Platform()) == committed
+    same = {"images": {k: e for k, e in (("slim", "ghcr.io/rloo-kfp/rloo-slim:0.1.0"),)}}
+    assert platform.apply(committed, platform.parse(same, "t")) == committed  # the images it already names
+    settings = platform.parse(SETTINGS, "test")
+    once = platform.apply(committed, settings)
+    assert platform.apply(once, settings) == once
+
+
+@pytest.fixture
+def job_env(monkeypatch: pytest.MonkeyPatch, applied: list[dict[str, Any]]) -> dict[str, str]:
+    """The launcher step's environment as the applied package gives it."""
+    launcher = applied[0]["deploymentSpec"]["executors"]["exec-train-rloo-multinode"]["container"]
+    env = {e["name"]: e["value"] for e in launcher["env"]}
+    monkeypatch.setenv(PLATFORM_ENV, env[PLATFORM_ENV])
+    return env
+
+
+def _job_spec() -> Any:
+    return multinode_spec(
+        run_id="abc",
+        run_name="r",
+        sft_uri="s3://b/run/sft",
+        train_config={"dataset_name": "d"},
+        output_uri="s3://b/out",
+        namespace="team-a",
+        image=SETTINGS["images"]["train"],
+        gpu_count=8,
+        num_nodes=2,
+        gpu_resource="nvidia.com/gpu",
+        node_selector={},
+        cpu="8",
+        memory="64Gi",
+        service_account="default",
+        s3_secret="s3",
+        mlflow_secret="m",
+        hf_secret="h",
+        mlflow_experiment="rloo",
+        scratch_size="100Gi",
+    )
+
+
+def _check_pod(pod: dict[str, Any]) -> None:
+    spec = pod["spec"]
+    assert spec["imagePullSecrets"] == [{"name": "corp-registry"}, {"name": "mirror"}]
+    (ca,) = [v for v in spec["volumes"] if v["name"] == platform.CA_VOLUME]
+    assert ca["configMap"]["name"] == "corp-ca"
+    (container,) = [c for c in spec["containers"] if c["image"] == SETTINGS["images"]["train"]]
+    assert {"name": platform.CA_VOLUME, "mountPath": CA_DIR, "readOnly": True} in container["volumeMounts"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert {k: env[k] for k in SETTINGS["env"]} == SETTINGS["env"]
+    assert env["AWS_CA_BUNDLE"] == f"{CA_DIR}/bundle.pem" and env["KFP_RUN_ID"] == "abc"
+
+
+def test_the_training_jobs_pods_get_the_platform(job_env: dict[str, str]) -> None:
+    spec = _job_spec()
+    trainjob = build_trainjob(spec)
+    _validate_trainjob(trainjob)  # Trainer's CRD, strict, and the pod it gives against the Pod schema
+    _check_pod(_trainjob_pod(trainjob))
+    pytorchjob = build_pytorchjob(spec)
+    _validate(pytorchjob)
+    for replica in pytorchjob["spec"]["pytorchReplicaSpecs"].values():
+        _check_pod(replica["template"])
+
+
+def test_without_a_platform_the_job_is_as_before(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(PLATFORM_ENV, raising=False)
+    pod = build_pytorchjob(_job_spec())["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
+    assert "imagePullSecrets" not in pod and [v["name"] for v in pod["volumes"]] == ["dshm", "scratch"]
+
+
+@pytest.mark.parametrize(
+    ("data", "says"),
+    [
+        ([], "expected a JSON object"),
+        ({"image": {}}, "unknown key 'image'"),
+        ({"images": {"trainer": "a/b:1"}}, "unknown image 'trainer'"),
+        ({"images": {"train": "Not A Ref"}}, "is not an image reference"),
+        ({"imagePullSecrets": "corp"}, "imagePullSecrets must be a list"),
+        ({"imagePullSecrets": ["Corp_Registry"]}, "imagePullSecrets must be a list"),
+        ({"env": {"HTTPS PROXY": "x"}}, "is not NAME=string"),
+        ({"env": {"NCCL_DEBUG": 1}}, "is not NAME=string"),
+        ({"env": {"SSL_CERT_FILE": "/x"}}, "SSL_CERT_FILE is set from the other settings"),
+        ({"caBundle": {"key": "ca.crt"}}, "caBundle must be"),
+        ({"caBundle": {"configMap": "ca", "key": "a/b"}}, "not a ConfigMap name and key"),
+    ],
+)
+def test_bad_settings_are_one_line(data: Any, says: str) -> None:
+    with pytest.raises(UserError, match=says) as e:
+        platform.parse(data, "--platform p.json")
+    assert "\n" not in str(e.value) and str(e.value).startswith("--platform p.json")
+
+
+def test_a_package_from_another_version_is_refused(committed: str) -> None:
+    docs = _docs(committed)
+    docs[0]["deploymentSpec"]["executors"]["exec-new-step"] = {"container": {"image": "x"}}
+    with pytest.raises(UserError, match="exec-new-step"):
+        platform.apply(yaml.safe_dump_all(docs), platform.parse(SETTINGS, "t"))
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "rloo.cli", "pipeline", *args], capture_output=True, text=True, cwd=REPO
+    )
+
+
+def test_compile_with_a_platform_file(tmp_path: Path) -> None:
+    settings = tmp_path / "platform.json"
+    settings.write_text(json.dumps(SETTINGS))
+    out = tmp_path / "p.yaml"
+    done = _cli("compile", "--platform", str(settings), "--output", str(out))
+    assert done.returncode == 0, done.stderr
+    assert "train image (--platform): " + SETTINGS["images"]["train"] in done.stderr
+    assert _docs(out.read_text()) == _docs(
+        platform.apply(default_yaml().read_text(), platform.read(settings))
+    )
+    refused = _cli("compile", "--platform", str(settings))
+    assert refused.returncode == 2 and "give --output PATH" in refused.stderr
+    missing = _cli("compile", "--platform", str(tmp_path / "nope.json"), "--output", str(out))
+    assert missing.returncode == 2 and missing.stderr.count("\n") == 1 and "no such file" in missing.stderr
+
+
+class _Sidecar(http.server.BaseHTTPRequestHandler):
+    posts: ClassVar[list[str]] = []
+
+    def do_POST(self) -> None:
+        _Sidecar.posts.append(self.path)
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def sidecar() -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Sidecar)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    _Sidecar.posts.clear()
+    yield f"http://127.0.0.1:{server.server_address[1]}/quitquitquit"
+    server.shutdown()
+
+
+def test_the_sidecar_is_stopped_even_when_the_upload_fails(
+    sidecar: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from rloo.cli import pipeline_cmd
+    from rloo.pipeline import submit
+
+    monkeypatch.setattr(submit, "ISTIO_QUIT_URL", sidecar)
+    monkeypatch.setattr(submit.stop_istio_sidecar, "__defaults__", (sidecar,))
+    package = tmp_path / "p.yaml"
+    package.write_text(default_yaml().read_text())
+    # nothing listens on port 9: the upload fails, the sidecar is still asked to exit
+    code = pipeline_cmd.main(
+        ["upload", "--host", "http://127.0.0.1:9", "--package", str(package), "--stop-istio-sidecar"]
+    )
+    assert code != 0 and _Sidecar.posts == ["/quitquitquit"]
+    assert "asked the Istio sidecar to exit" in capsys.readouterr().err
+    assert "nothing to stop" in submit.stop_istio_sidecar("http://127.0.0.1:9/quitquitquit")
