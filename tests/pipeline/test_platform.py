@@ -185,7 +185,7 @@ def _check_pod(pod: dict[str, Any]) -> None:
     assert {"name": platform.CA_VOLUME, "mountPath": CA_DIR, "readOnly": True} in container["volumeMounts"]
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert {k: env[k] for k in SETTINGS["env"]} == SETTINGS["env"]
-    assert env["AWS_CA_BUNDLE"] == f"{CA_DIR}/bundle.pem" and env["KFP_RUN_ID"] == "abc"
+    assert env["AWS_CA_BUNDLE"] == f"{CA_DIR}/bundle.pem" and env["KFP_RUN_ID"]
 
 
 def test_the_training_jobs_pods_get_the_platform(job_env: dict[str, str]) -> None:
@@ -294,3 +294,15 @@ def test_the_sidecar_is_stopped_even_when_the_upload_fails(
     assert code != 0 and _Sidecar.posts == ["/quitquitquit"]
     assert "asked the Istio sidecar to exit" in capsys.readouterr().err
     assert "nothing to stop" in submit.stop_istio_sidecar("http://127.0.0.1:9/quitquitquit")
+
+
+def test_manifest_shows_the_job_with_the_platform(tmp_path: Path) -> None:
+    settings = tmp_path / "platform.json"
+    settings.write_text(json.dumps(SETTINGS))
+    done = _cli(
+        "manifest", "--platform", str(settings), "--param", "num_nodes=2", "--param", "output_uri=s3://b/o"
+    )
+    assert done.returncode == 0, done.stderr
+    job = yaml.safe_load(done.stdout)
+    assert job["spec"]["trainer"]["image"] == SETTINGS["images"]["train"]
+    _check_pod(_trainjob_pod(job))

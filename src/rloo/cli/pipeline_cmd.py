@@ -128,6 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--run_id", default="manual", help="run id in the job's name and storage paths (default: manual)"
     )
     _params_args(manifest)
+    _platform_arg(manifest)
     return parser
 
 
@@ -243,7 +244,7 @@ def _dispatch_action(ns: argparse.Namespace) -> int:
         params = parse_params(ns.param, ns.params)
         if ns.backend:
             params["multinode_backend"] = ns.backend
-        sys.stdout.write(manifest_yaml(params, run_id=ns.run_id))
+        sys.stdout.write(manifest_yaml(params, run_id=ns.run_id, platform=settings))
         left = placeholders_left(params)
         if left:  # on stderr: stdout stays the YAML, for a pipe into kubectl
             verb = "is a placeholder" if len(left) == 1 else "are placeholders"

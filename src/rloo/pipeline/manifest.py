@@ -9,9 +9,12 @@ knows is a placeholder too: the SFT model's URI is where the fetch step writes i
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rloo.errors import UserError
+
+if TYPE_CHECKING:
+    from rloo.pipeline.platform import Platform
 
 # What a required pipeline parameter becomes when it is not given: visibly a placeholder, yet a value every
 # check accepts (the job only carries output_uri and the training config).
@@ -35,7 +38,9 @@ OWNER_NOTE = (
 )
 
 
-def manifest(params: dict[str, Any], *, run_id: str = "manual") -> dict[str, Any]:
+def manifest(
+    params: dict[str, Any], *, run_id: str = "manual", platform: Platform | None = None
+) -> dict[str, Any]:
     """The job (TrainJob or PyTorchJob, by ``multinode_backend``) for ``params`` (pipeline parameters)."""
     from dataclasses import replace
 
@@ -61,7 +66,7 @@ def manifest(params: dict[str, Any], *, run_id: str = "manual") -> dict[str, Any
         train_config=train_config,
         output_uri=str(p["output_uri"]),
         namespace=str(p["namespace"]) or NO_NAMESPACE,
-        image=TRAIN_IMAGE,
+        image=(platform.images.get("train") if platform else None) or TRAIN_IMAGE,
         gpu_count=int(p["gpu_count"]),
         num_nodes=int(p["num_nodes"]),
         gpu_resource=str(p["gpu_resource"]),
@@ -76,6 +81,7 @@ def manifest(params: dict[str, Any], *, run_id: str = "manual") -> dict[str, Any
         queue_name=str(p["queue_name"]),
         priority_class=str(p["priority_class"]),
         istio_sidecar=bool(p["istio_sidecar"]),
+        pod_platform=platform,
     )
     # the owner as a run sets it, shown with placeholders (no namespace: the pod runs in the job's)
     spec = replace(spec, owner=OwnerPod(OWNER_PLACEHOLDER_NAME, OWNER_PLACEHOLDER_UID))
@@ -104,7 +110,7 @@ def placeholders_left(params: dict[str, Any]) -> list[str]:
     return left if _has_reward_source(params) else [*left, "reward_model_path"]
 
 
-def manifest_yaml(params: dict[str, Any], *, run_id: str = "manual") -> str:
+def manifest_yaml(params: dict[str, Any], *, run_id: str = "manual", platform: Platform | None = None) -> str:
     """:func:`manifest` as YAML that every YAML reader reads back as the same strings."""
     import yaml
 
@@ -116,5 +122,7 @@ def manifest_yaml(params: dict[str, Any], *, run_id: str = "manual") -> str:
         return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
 
     Dumper.add_representer(str, represent_str)
-    text = yaml.dump(manifest(params, run_id=run_id), Dumper=Dumper, sort_keys=False, width=120)
+    text = yaml.dump(
+        manifest(params, run_id=run_id, platform=platform), Dumper=Dumper, sort_keys=False, width=120
+    )
     return OWNER_NOTE + text

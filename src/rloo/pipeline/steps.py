@@ -468,18 +468,22 @@ def multinode_spec(
     istio_sidecar: bool = False,
     owner: Any = None,
     scratch_size: str = "",
+    pod_platform: Any = None,
 ) -> Any:
     """The :class:`rloo.pipeline.trainjob.TrainJobSpec` of a pipeline run's multi-node job: the train step and
     ``rloo pipeline manifest`` both build it here, so the printed job is the one the step creates. ``owner``:
     the launcher pod (:class:`rloo.pipeline.trainjob.OwnerPod`), when known; ``scratch_size``: the pods'
-    scratch emptyDir (default: the train step's, ``RLOO_SCRATCH_TRAIN`` where this runs)."""
+    scratch emptyDir (default: the train step's, ``RLOO_SCRATCH_TRAIN`` where this runs); ``pod_platform``:
+    the cluster's pull secrets, environment and CA bundle (:class:`rloo.pipeline.platform.Platform`;
+    default: the ones the upload gave this step, ``RLOO_PLATFORM``)."""
     from rloo.pipeline import constants, platform
     from rloo.pipeline.layout import RunLayout
     from rloo.pipeline.trainjob import TrainJobSpec, job_name
 
     layout = RunLayout(output_uri, run_id)
     # the platform's pull secrets, environment and CA bundle, which the upload gave this step (RLOO_PLATFORM)
-    pod_platform = platform.from_env(os.environ)
+    if pod_platform is None:
+        pod_platform = platform.from_env(os.environ)
     volumes, mounts = platform.job_volumes(pod_platform)
     run_env = {"KFP_RUN_ID": run_id, "KFP_RUN_NAME": run_name, "MLFLOW_EXPERIMENT_NAME": mlflow_experiment}
     return TrainJobSpec(
