@@ -6,8 +6,12 @@
 - ``rloo pipeline run --local [--workdir DIR] [--param NAME=VALUE ...] [--params FILE] [-v]``: every step on
   this machine with ``kfp.local``; without a ``model`` parameter on embedded defaults (tiny model, toy data,
   toy judge); step logs in ``<workdir>/logs/`` (``-v`` prints them). ``make demo`` runs exactly this.
-- ``rloo pipeline upload --host URL [--package FILE] [--name NAME]``: create the pipeline or add a version
-  (idempotent: an unchanged package uploads nothing).
+- ``rloo pipeline upload --host URL [--package FILE] [--name NAME] [--namespace NS]``: create the pipeline or
+  add a version (idempotent: an unchanged package uploads nothing), in a profile's namespace with
+  ``--namespace``.
+- ``--platform FILE`` (compile, upload, submit, manifest): the cluster's images, image pull secrets,
+  environment (proxies) and CA bundle for every step and the multi-node job (``rloo.pipeline.platform``; the
+  chart renders the file); ``--stop-istio-sidecar`` (upload, submit): end the pod's Istio sidecar when done.
 - ``rloo pipeline submit --host URL --param NAME=VALUE ...``: upload as above, start a run, print its URL.
 - ``rloo pipeline manifest --backend trainjob|pytorchjob [--param NAME=VALUE ...]``: print, as YAML, the
   multi-node job the train step would create for these parameters (placeholders for what is not given), for
