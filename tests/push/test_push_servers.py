@@ -60,16 +60,18 @@ def test_champion_end_to_end_and_idempotent(push_env: S3Server, trained_dir: Pat
     run = client.get_run(result["mlflow"]["run_id"])
     assert run.info.status == "FINISHED"
     assert run.data.tags["rloo.promotion"] == "champion" and run.data.tags["rloo.stage"] == "push"
-    # The logged model is the transformers layout with the checkpoint under model/, nothing re-loaded.
-    local = Path(client.download_artifacts(run.info.run_id, "model", str(tmp_path / "dl")))
-    mlmodel = yaml.safe_load((local / "MLmodel").read_text())
-    assert mlmodel["flavors"]["transformers"]["model_binary"] == "model"
+    # Registered by reference to the copy in S3: the transformers flavor's MLmodel next to the weights (the
+    # checkpoint is the copy's top level), the tokenizer under components/, nothing uploaded to MLflow.
+    assert mv.source == result["mlflow"]["source"] == result["storage"]["uri"]
+    key = result["storage"]["uri"].split("/", 3)[3]
+    s3 = push_env.client()
+    mlmodel = yaml.safe_load(s3.get_object(Bucket=push_env.bucket, Key=f"{key}/MLmodel")["Body"].read())
+    assert mlmodel["flavors"]["transformers"]["model_binary"] == "."
     assert mlmodel["flavors"]["transformers"]["pipeline_model_type"] == "GPTNeoXForCausalLM"
-    assert (local / "model" / "model.safetensors").read_bytes() == (
-        trained_dir / "model.safetensors"
-    ).read_bytes()
-    assert (local / "components" / "tokenizer" / "tokenizer.json").is_file()
-    assert not (local / "model" / "checkpoint-5").exists()
+    s3.head_object(Bucket=push_env.bucket, Key=f"{key}/components/tokenizer/tokenizer.json")
+    assert not any(p.startswith("checkpoint-") for p in read_manifest(result["storage"]["uri"]).by_path)
+    assert {a.path for a in client.list_artifacts(run.info.run_id)} == {"push_result.json"}
+    assert client.get_logged_model(result["mlflow"]["model_id"]).tags["rloo.source_run"] == "kfp-run-1"
     assert [c for c, _ in hub.calls] == ["create_repo", "upload_folder"]
     assert hub.calls[0][1]["private"] is True and "README.md" in hub.files
     assert json.loads((tmp_path / "out" / "push_result.json").read_text())["mlflow"]["version"] == "1"
@@ -82,6 +84,7 @@ def test_champion_end_to_end_and_idempotent(push_env: S3Server, trained_dir: Pat
     assert len(client.search_model_versions(f"name = '{name}'")) == 1
     exp = client.get_experiment_by_name(f"push-{name}")
     assert len(client.search_runs([exp.experiment_id])) == 1
+    assert len(client.search_logged_models([exp.experiment_id])) == 1
 
 
 def test_candidate_gets_alias_and_reason_not_production(
@@ -354,15 +357,19 @@ def test_retrying_an_older_run_does_not_take_champion_back(
     assert mv.tags["rloo.promotion"] == "candidate" and int(mv.tags["rloo.run_started_ms"]) == now - 3_600_000
 
 
-def test_registered_version_loads_back(push_env: S3Server, trained_dir: Path, tmp_path: Path) -> None:
+def test_registered_version_loads_back(
+    push_env: S3Server, trained_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The hand-written MLmodel is a real transformers flavor: the registered champion loads through the
-    registry (models:/name@champion) with mlflow.transformers and mlflow.pyfunc, and generates."""
+    registry (models:/name@champion) with mlflow.transformers and mlflow.pyfunc, and generates. Registered
+    by reference, it is read from S3 with the bucket's credentials and MLflow's endpoint variable."""
     import mlflow.pyfunc
     import mlflow.transformers
 
     name = _name()
     ev = write_eval(tmp_path / "ev.json", lo=0.04)
     run_push(_cfg(push_env, trained_dir, ev, tmp_path / "out", name), hub_api=FakeHfApi())
+    monkeypatch.setenv("MLFLOW_S3_ENDPOINT_URL", push_env.endpoint)
     uri = f"models:/{name}@champion"
     for d in ("tf", "pyfunc"):
         (tmp_path / d).mkdir()

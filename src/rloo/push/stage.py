@@ -9,7 +9,9 @@ Order (each step idempotent for one run key):
    (found again by its ``rloo.source_run`` tag) under ``registered_model_name`` (default: the experiment's
    name; ``register_model=False`` opts out), ``candidate`` alias when not promoted. A model that passes the
    gate but whose run started before the current champion's is registered as ``candidate`` (an old run
-   retried never takes ``champion`` back), and the reason says so;
+   retried never takes ``champion`` back), and the reason says so. A copy of step 2 in object storage is
+   registered by reference (MLmodel written next to its weights, which never go through the MLflow
+   server); otherwise the model is uploaded through the server (see :mod:`rloo.push.registry`);
 4. Hub: champions only, unless ``hub_push_candidates``;
 5. promotion, last, only when everything above succeeded: publish to ``production_uri`` atomically for
    readers (a fresh ``versions/<id>/`` then the pointer manifest, older versions deleted after), then
@@ -58,9 +60,9 @@ from rloo.push.gate import (
 from rloo.push.hub import upload_to_hub
 from rloo.push.registry import (
     TAG_SOURCE_RUN,
+    ModelFiles,
     Registry,
     RegistryResult,
-    build_mlflow_model_dir,
     link_or_copy,
 )
 from rloo.storage import (
@@ -315,7 +317,11 @@ class MlflowRecord:
         if self.registered is not None:
             reg = self.registered
             d.update(
-                registered_model_name=reg.name, version=reg.version, source=reg.source, reused=reg.reused
+                registered_model_name=reg.name,
+                version=reg.version,
+                source=reg.source,
+                reused=reg.reused,
+                model_id=reg.model_id,
             )
             d.update(aliases=self.aliases, champion_version=self.champion_version)
         return d
@@ -480,7 +486,16 @@ def publish(cfg: PushConfig, prepared: StagedPush, run: PushRun | None, hub_api:
 
     # 3. MLflow registry
     if run is not None:
-        result.mlflow = register(run, prepared.staged, decision, name, card, out)
+        result.mlflow = register(
+            run,
+            prepared.staged,
+            decision,
+            name,
+            card,
+            out,
+            published=None if result.storage is None else result.storage.uri,
+            train_run_id=cfg.mlflow_train_run_id,
+        )
     version = (
         None
         if result.mlflow is None or result.mlflow.registered is None
@@ -658,14 +673,27 @@ def write_card(
     return name, card
 
 
-def register(run: PushRun, staged: Path, decision: Decision, name: str, card: str, out: Path) -> MlflowRecord:
+def register(
+    run: PushRun,
+    staged: Path,
+    decision: Decision,
+    name: str,
+    card: str,
+    out: Path,
+    *,
+    published: str | None = None,
+    train_run_id: str | None = None,
+) -> MlflowRecord:
     """Step 3: one registered version per run key (none when the registry has no name), with its decision;
-    ``candidate`` alias when not promoted ('champion' waits for step 5)."""
+    ``candidate`` alias when not promoted ('champion' waits for step 5). ``published``: the copy step 2 made
+    (an ``s3://`` one is registered by reference, without uploading the weights to MLflow again)."""
     registry = run.registry
     record = MlflowRecord(run.run_id)
     if registry.name:
-        mdir = build_mlflow_model_dir(staged, out / "mlflow_model", source_model_name=name, card=card)
-        record.registered = registry.register(run.run_id, mdir, decision, description=decision.reason)
+        files = ModelFiles(staged, card, name, published, out / "mlflow_model")
+        record.registered = registry.register(
+            run.run_id, files, decision, description=decision.reason, train_run_id=train_run_id
+        )
         registry.set_decision(record.registered.version, decision)
         if not decision.promoted:
             registry.set_alias(CANDIDATE, record.registered.version)
