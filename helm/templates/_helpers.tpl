@@ -60,9 +60,107 @@ app.kubernetes.io/component: {{ .component }}
 {{- $package -}}
 {{- end -}}
 
-{{/* "repository:tag", the tag defaulting to appVersion: (dict "ctx" $ "image" .Values.upload.image) */}}
+{{/* "repository:tag", the tag defaulting to appVersion: (dict "ctx" $ "image" .Values.mlflow.image) */}}
 {{- define "rloo-kfp.image" -}}
 {{- printf "%s:%s" .image.repository (default .ctx.Chart.AppVersion .image.tag) -}}
+{{- end -}}
+
+{{/* One of the project's images (slim, train, eval) from images.*: "repository:tag", then "@digest" when
+images.<name>.digest is set; the repository defaults to <images.registry>/rloo-<name>, the tag to images.tag,
+then appVersion (a tag may carry its own @sha256:...): (dict "ctx" $ "name" "train") */}}
+{{- define "rloo-kfp.projectImage" -}}
+{{- $images := .ctx.Values.images -}}
+{{- $image := index $images .name -}}
+{{- $repository := $image.repository | default (printf "%s/rloo-%s" (trimSuffix "/" $images.registry) .name) -}}
+{{- $tag := $image.tag | default $images.tag | default .ctx.Chart.AppVersion -}}
+{{- printf "%s:%s" $repository $tag -}}
+{{- with $image.digest }}@{{ . }}{{ end -}}
+{{- end -}}
+
+{{/* What the upload applies to every step of the pipeline and to its training jobs (`rloo pipeline upload
+--platform`): the project's images, the pull secrets, the environment (extraEnv under pipeline.extraEnv) and
+the CA bundle. Always all four keys. */}}
+{{- define "rloo-kfp.platform" -}}
+{{- $images := dict -}}
+{{- range $name := list "slim" "train" "eval" -}}
+{{- $_ := set $images $name (include "rloo-kfp.projectImage" (dict "ctx" $ "name" $name)) -}}
+{{- end -}}
+{{- $env := dict -}}
+{{- range $name, $value := .Values.extraEnv }}{{ $_ := set $env $name (toString $value) }}{{ end -}}
+{{- range $name, $value := .Values.pipeline.extraEnv }}{{ $_ := set $env $name (toString $value) }}{{ end -}}
+{{- $ca := dict -}}
+{{- if .Values.caBundle.configMap -}}
+{{- $ca = dict "configMap" .Values.caBundle.configMap "key" .Values.caBundle.key -}}
+{{- end -}}
+{{- toJson (dict "images" $images "imagePullSecrets" (.Values.imagePullSecrets | default list) "env" $env "caBundle" ($ca | default nil)) -}}
+{{- end -}}
+
+{{/* The data of the pipeline ConfigMap, which the upload Job's checksum covers as a whole. */}}
+{{- define "rloo-kfp.pipelineConfigData" -}}
+rloo_pipeline.yaml: {{ include "rloo-kfp.pipelinePackage" . | toJson }}
+platform.json: |-
+  {{ include "rloo-kfp.platform" . }}
+{{- end -}}
+
+{{/* Pods ------------------------------------------------------------------------------------------ */}}
+
+{{/* A pod template's metadata: the component's selector labels over `labels` (its podLabels: the selector
+labels win) and `extraLabels`, the chart's `chartAnnotations` over `annotations` (its podAnnotations).
+(dict "ctx" $ "component" "mlflow" "labels" .Values.mlflow.podLabels "annotations" .Values.mlflow.podAnnotations) */}}
+{{- define "rloo-kfp.podMetadata" -}}
+{{- $labels := merge (include "rloo-kfp.selectorLabels" . | fromYaml) (.extraLabels | default dict) (.labels | default dict) -}}
+{{- $annotations := merge (.chartAnnotations | default dict) (.annotations | default dict) -}}
+labels:
+  {{- toYaml $labels | nindent 2 }}
+{{- with $annotations }}
+annotations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* nodeSelector, tolerations and affinity of a pod, from a values block that has them (.Values.mlflow,
+.Values.jobs); empty when none is set. */}}
+{{- define "rloo-kfp.podPlacement" -}}
+{{- $placement := dict -}}
+{{- with .nodeSelector }}{{ $_ := set $placement "nodeSelector" . }}{{ end -}}
+{{- with .tolerations }}{{ $_ := set $placement "tolerations" . }}{{ end -}}
+{{- with .affinity }}{{ $_ := set $placement "affinity" . }}{{ end -}}
+{{- with $placement }}{{ toYaml . }}{{ end -}}
+{{- end -}}
+
+{{/* Environment of the containers that call other services: extraEnv, placed before the chart's own
+variables (a repeated name keeps the chart's value). Empty without extraEnv. */}}
+{{- define "rloo-kfp.extraEnv" -}}
+{{- $env := list -}}
+{{- range $name, $value := .Values.extraEnv }}{{ $env = append $env (dict "name" $name "value" (toString $value)) }}{{ end -}}
+{{- with $env }}{{ toYaml . }}{{ end -}}
+{{- end -}}
+
+{{/* The CA bundle's variables, after the chart's own; empty without caBundle.configMap. The steps get the
+same mount path and variables through platform.json. */}}
+{{- define "rloo-kfp.caEnv" -}}
+{{- if .Values.caBundle.configMap -}}
+{{- $path := printf "/etc/rloo/ca/%s" .Values.caBundle.key -}}
+{{- $env := list -}}
+{{- range $name := list "SSL_CERT_FILE" "REQUESTS_CA_BUNDLE" "AWS_CA_BUNDLE" "CURL_CA_BUNDLE" }}{{ $env = append $env (dict "name" $name "value" $path) }}{{ end -}}
+{{- toYaml $env -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "rloo-kfp.caVolumeMount" -}}
+{{- if .Values.caBundle.configMap -}}
+- name: ca-bundle
+  mountPath: /etc/rloo/ca
+  readOnly: true
+{{- end -}}
+{{- end -}}
+
+{{- define "rloo-kfp.caVolume" -}}
+{{- with .Values.caBundle.configMap -}}
+- name: ca-bundle
+  configMap:
+    name: {{ . }}
+{{- end -}}
 {{- end -}}
 
 {{/* Security -------------------------------------------------------------------------------------- */}}
@@ -202,5 +300,18 @@ authenticating proxy such as nginx's auth-url). "true" or empty. */}}
 {{- end -}}
 {{- if and .Values.mlflow.ingress.enabled (not .Values.mlflow.ingress.host) -}}
 {{- fail "mlflow.ingress.enabled is true but mlflow.ingress.host is empty: set the host name the Ingress serves" -}}
+{{- end -}}
+{{- range $name := list "slim" "train" "eval" -}}
+{{- $image := index $.Values.images $name -}}
+{{- if and $image.digest (contains "@" $image.tag) -}}
+{{- fail (printf "images.%s.tag (%s) already names a digest and images.%s.digest is set too: keep one of them" $name $image.tag $name) -}}
+{{- end -}}
+{{- end -}}
+{{- if .Values.caBundle.configMap -}}
+{{- range $name := list "SSL_CERT_FILE" "REQUESTS_CA_BUNDLE" "AWS_CA_BUNDLE" "CURL_CA_BUNDLE" -}}
+{{- if or (hasKey $.Values.extraEnv $name) (hasKey $.Values.pipeline.extraEnv $name) -}}
+{{- fail (printf "%s is set in extraEnv (or pipeline.extraEnv) and by caBundle.configMap: remove it from extraEnv, caBundle sets it to /etc/rloo/ca/%s" $name $.Values.caBundle.key) -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}

@@ -75,6 +75,94 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
         {"pipeline": {"multinode": {"trainingRuntime": "ClusterTrainingRuntime/torch"}}},
         "at '/pipeline/multinode/trainingRuntime'",
     ),
+    # the project's images have one source, images.*
+    (
+        "removed upload.image",
+        {"upload": {"image": {"tag": "1"}}},
+        "additional properties 'image' not allowed",
+    ),
+    ("removed tests.image", {"tests": {"image": {"tag": "1"}}}, "additional properties 'image' not allowed"),
+    (
+        "moved jobPodSecurityContext",
+        {"jobPodSecurityContext": {"runAsUser": 1000}},
+        "additional properties 'jobPodSecurityContext' not allowed",
+    ),
+    ("short digest", {"images": {"train": {"digest": "sha256:abc"}}}, "at '/images/train/digest'"),
+    ("digest without algorithm", {"images": {"slim": {"digest": "1" * 64}}}, "at '/images/slim/digest'"),
+    ("tag with a bad digest", {"images": {"eval": {"tag": "1.0@md5:0a"}}}, "at '/images/eval/tag'"),
+    ("digest in the shared tag", {"images": {"tag": "1.0@sha256:" + "1" * 64}}, "at '/images/tag'"),
+    ("latest", {"images": {"tag": "latest"}}, "at '/images/tag'"),
+    ("registry with a scheme", {"images": {"registry": "https://ghcr.io/x"}}, "at '/images/registry'"),
+    (
+        "two digests",
+        {"images": {"eval": {"tag": "1.0@sha256:" + "1" * 64, "digest": "sha256:" + "2" * 64}}},
+        "images.eval.tag (1.0@sha256:"
+        + "1" * 64
+        + ") already names a digest and images.eval.digest is set too",
+    ),
+    # environment, CA
+    ("env name", {"extraEnv": {"1_PROXY": "x"}}, "invalid propertyName '1_PROXY'"),
+    ("env value not a string", {"extraEnv": {"PORT": 3128}}, "at '/extraEnv/PORT': got number, want string"),
+    ("pipeline env name", {"pipeline": {"extraEnv": {"NCCL-X": "1"}}}, "invalid propertyName 'NCCL-X'"),
+    # secrets only by reference
+    ("token in extraEnv", {"extraEnv": {"HF_TOKEN": "hf_x"}}, "invalid propertyName 'HF_TOKEN'"),
+    (
+        "password in pipeline.extraEnv",
+        {"pipeline": {"extraEnv": {"DB_PASSWORD": "x"}}},
+        "invalid propertyName 'DB_PASSWORD'",
+    ),
+    (
+        "literal secret in mlflow.extraEnv",
+        {"mlflow": {"extraEnv": [{"name": "AWS_SECRET_ACCESS_KEY", "value": "x"}]}},
+        "at '/mlflow/extraEnv/0'",
+    ),
+    (
+        "env entry with value and valueFrom",
+        {
+            "mlflow": {
+                "extraEnv": [{"name": "A", "value": "1", "valueFrom": {"fieldRef": {"fieldPath": "x"}}}]
+            }
+        },
+        "at '/mlflow/extraEnv/0'",
+    ),
+    ("env entry without name", {"judge": {"extraEnv": [{"value": "1"}]}}, "at '/judge/extraEnv/0'"),
+    (
+        "CA variable set twice",
+        {"caBundle": {"configMap": "corp-ca"}, "pipeline": {"extraEnv": {"REQUESTS_CA_BUNDLE": "/x.pem"}}},
+        "REQUESTS_CA_BUNDLE is set in extraEnv (or pipeline.extraEnv) and by caBundle.configMap",
+    ),
+    ("bad CA ConfigMap name", {"caBundle": {"configMap": "Corp_CA"}}, "at '/caBundle/configMap'"),
+    # pod extras: restricted volumes only, Kubernetes shapes
+    (
+        "hostPath volume",
+        {"mlflow": {"extraVolumes": [{"name": "host", "hostPath": {"path": "/"}}]}},
+        "at '/mlflow/extraVolumes/0': additional properties 'hostPath' not allowed",
+    ),
+    ("volume without source", {"judge": {"extraVolumes": [{"name": "v"}]}}, "at '/judge/extraVolumes/0'"),
+    (
+        "relative mount path",
+        {"seaweedfs": {"extraVolumeMounts": [{"name": "v", "mountPath": "data"}]}},
+        "at '/seaweedfs/extraVolumeMounts/0/mountPath'",
+    ),
+    (
+        "misspelled affinity",
+        {"jobs": {"affinity": {"nodeAfinity": {}}}},
+        "additional properties 'nodeAfinity'",
+    ),
+    (
+        "annotation not a string",
+        {"postgresql": {"podAnnotations": {"a": 1}}},
+        "at '/postgresql/podAnnotations/a'",
+    ),
+    # upload, MLflow
+    ("bad upload namespace", {"upload": {"namespace": "Team_A"}}, "at '/upload/namespace'"),
+    ("istioSidecar not a boolean", {"upload": {"istioSidecar": "yes"}}, "at '/upload/istioSidecar'"),
+    ("bad scratch size", {"mlflow": {"scratchSize": "lots"}}, "at '/mlflow/scratchSize'"),
+    (
+        "db-upgrade without limits",
+        {"mlflow": {"dbUpgrade": {"resources": {"limits": None}}}},
+        "missing property 'limits'",
+    ),
 ]
 
 
@@ -221,8 +309,9 @@ def test_chart_metadata_and_pins() -> None:
     assert meta["name"] == "rloo-kfp" and meta["apiVersion"] == "v2"
     assert meta["appVersion"] == DEFAULT_TAG
     assert not meta.get("dependencies"), "KFP and the training operator are prerequisites, not subcharts"
-    assert values["upload"]["image"]["repository"] == f"{DEFAULT_REGISTRY}/rloo-slim"
-    assert values["tests"]["image"]["repository"] == f"{DEFAULT_REGISTRY}/rloo-slim"
+    # the project's images: the registry and tag `rloo pipeline compile` names by default (images.tag empty:
+    # appVersion, checked above)
+    assert values["images"]["registry"] == DEFAULT_REGISTRY and values["images"]["tag"] == ""
     constraints = dict(
         line.split("==", 1) for line in (REPO / "constraints.txt").read_text().splitlines() if "==" in line
     )
