@@ -12,10 +12,12 @@ by digest, SBOM.
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -252,3 +254,85 @@ def test_the_pipeline_runs_every_step_in_its_image_pinned_by_digest(
     runs = client.search_runs([experiment.experiment_id])
     assert {r.data.tags.get("rloo.stage") for r in runs} >= {"train", "eval", "push"}
     assert all(r.info.status == "FINISHED" for r in runs), [(r.info.run_name, r.info.status) for r in runs]
+
+
+def test_the_charts_upload_job_runs_in_the_slim_image(
+    built: Built, registry: Registry, tmp_path: Path
+) -> None:
+    """The chart's upload hook as Kubernetes would run it: the Job rendered by real Helm with the images from
+    the record, its container run in the slim image by digest (uid 1000, read-only root, the ConfigMap
+    mounted where the Job mounts it, the Job's env), against a stand-in of the KFP API and of an Istio sidecar.
+    KFP gets the pipeline with every step in the recorded images and the platform's pull secret, and the
+    sidecar is told to exit."""
+    import yaml
+
+    from rloo.pipeline import platform
+    from tests.fixtures.kfp_api import kfp_api
+    from tests.helm.helpers import documents, find, render
+
+    slim_repo, slim_digest = built.record["slim"].split("@")
+    cpu_repo, cpu_digest = built.record["train-cpu"].split("@")
+    quits: list[str] = []
+
+    class Sidecar(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            quits.append(self.path)
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    sidecar = http.server.ThreadingHTTPServer(("127.0.0.1", 15020), Sidecar)
+    threading.Thread(target=sidecar.serve_forever, daemon=True).start()
+    try:
+        with kfp_api() as api:
+            values = {
+                "images": {
+                    "slim": {"repository": slim_repo, "digest": slim_digest},
+                    "train": {"repository": cpu_repo, "digest": cpu_digest},
+                    "eval": {"repository": cpu_repo, "digest": cpu_digest},
+                },
+                "imagePullSecrets": ["corp-registry"],
+                "extraEnv": {"NO_PROXY": "127.0.0.1,localhost", "HF_ENDPOINT": "https://hf.corp.example"},
+                "upload": {
+                    "kfpHost": api.url,
+                    "namespace": "team-a",
+                    "istioSidecar": True,
+                    "kfpToken": {"enabled": False},
+                },
+            }
+            docs = documents(render(values))
+            job = find(docs, "Job", "-upload")
+            (c,) = job["spec"]["template"]["spec"]["containers"]
+            assert c["image"] == built.record["slim"]
+            mount = next(m["mountPath"] for m in c["volumeMounts"] if m["name"] == "pipeline")
+            config = tmp_path / "pipeline"
+            config.mkdir()
+            for key, text in find(docs, "ConfigMap", "-pipeline")["data"].items():
+                (config / key).write_text(text)
+                (config / key).chmod(0o644)  # a ConfigMap volume's mode; the pod's uid is 1000
+            config.chmod(0o755)
+            env = [f"{e['name']}={e['value']}" for e in c["env"] if "value" in e]
+            run = ["run", "--rm", "--network", "host", "--read-only", "--user", "1000:1000"]
+            run += ["--tmpfs", "/tmp", "--tmpfs", "/home/rloo", "-v", f"{config}:{mount}:ro"]
+            run += [arg for e in env for arg in ("-e", e)]
+            out = _podman(registry, *run, c["image"], *c["command"], *c["args"])
+            assert "created pipeline rloo-rlhf" in out, out
+            (stored,) = api.packages()
+            assert [p.namespace for p in api.pipelines] == ["team-a"]
+    finally:
+        sidecar.shutdown()
+        sidecar.server_close()
+    assert quits == ["/quitquitquit"]
+    spec, k8s = (d for d in yaml.safe_load_all(stored) if d)
+    images = {e["container"]["image"] for e in spec["deploymentSpec"]["executors"].values()}
+    assert images == {built.record["slim"], built.record["train-cpu"]}
+    for config_of in k8s["platforms"]["kubernetes"]["deploymentSpec"]["executors"].values():
+        assert [p["secretName"] for p in config_of["imagePullSecret"]] == ["corp-registry"]
+    launcher = spec["deploymentSpec"]["executors"]["exec-train-rloo-multinode"]["container"]
+    pod = json.loads(next(e["value"] for e in launcher["env"] if e["name"] == platform.PLATFORM_ENV))
+    assert (
+        pod["imagePullSecrets"] == ["corp-registry"]
+        and pod["env"]["HF_ENDPOINT"] == "https://hf.corp.example"
+    )

@@ -306,3 +306,31 @@ def test_manifest_shows_the_job_with_the_platform(tmp_path: Path) -> None:
     job = yaml.safe_load(done.stdout)
     assert job["spec"]["trainer"]["image"] == SETTINGS["images"]["train"]
     _check_pod(_trainjob_pod(job))
+
+
+def test_upload_applies_the_platform_through_the_real_kfp_client(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`rloo pipeline upload --platform --namespace` with kfp.Client against a stand-in of KFP's v2beta1 API:
+    what KFP stores is the package with the platform applied, in the profile, once per distinct platform."""
+    from rloo.cli import pipeline_cmd
+    from tests.fixtures.kfp_api import kfp_api
+
+    settings = tmp_path / "platform.json"
+    settings.write_text(json.dumps(SETTINGS))
+    package = tmp_path / "p.yaml"
+    package.write_text(default_yaml().read_text())
+    with kfp_api() as api:
+        argv = ["upload", "--host", api.url, "--package", str(package), "--platform", str(settings)]
+        argv += ["--namespace", "team-a"]
+        assert pipeline_cmd.main(argv) == 0
+        assert pipeline_cmd.main(argv) == 0  # a helm upgrade without changes
+        (stored,) = api.packages()
+        assert stored == platform.apply(package.read_text(), platform.read(settings))
+        assert [(p.name, p.namespace) for p in api.pipelines] == [("rloo-rlhf", "team-a")]
+        settings.write_text(json.dumps({**SETTINGS, "imagePullSecrets": ["other"]}))
+        assert pipeline_cmd.main(argv) == 0
+        assert len(api.packages()) == 2 and "other" in api.packages()[1]
+    out = [line for line in capsys.readouterr().out.splitlines() if not line.startswith("Pipeline details")]
+    assert out[0].startswith("created pipeline rloo-rlhf") and out[1].startswith("unchanged")
+    assert out[2].startswith("added version rloo-rlhf / sha256-")
