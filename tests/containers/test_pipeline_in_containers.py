@@ -305,7 +305,9 @@ def test_the_charts_upload_job_runs_in_the_slim_image(
             docs = documents(render(values))
             job = find(docs, "Job", "-upload")
             (c,) = job["spec"]["template"]["spec"]["containers"]
-            assert c["image"] == built.record["slim"]
+            # the chart keeps the tag beside the digest (repo:tag@digest); the runtime pulls by the digest
+            assert c["image"] == f"{slim_repo}:0.1.0@{slim_digest}"
+            chart_images = json.loads(find(docs, "ConfigMap", "-pipeline")["data"]["platform.json"])["images"]
             mount = next(m["mountPath"] for m in c["volumeMounts"] if m["name"] == "pipeline")
             config = tmp_path / "pipeline"
             config.mkdir()
@@ -327,7 +329,7 @@ def test_the_charts_upload_job_runs_in_the_slim_image(
     assert quits == ["/quitquitquit"]
     spec, k8s = (d for d in yaml.safe_load_all(stored) if d)
     images = {e["container"]["image"] for e in spec["deploymentSpec"]["executors"].values()}
-    assert images == {built.record["slim"], built.record["train-cpu"]}
+    assert images == set(chart_images.values()) == {c["image"], f"{cpu_repo}:0.1.0@{cpu_digest}"}
     for config_of in k8s["platforms"]["kubernetes"]["deploymentSpec"]["executors"].values():
         assert [p["secretName"] for p in config_of["imagePullSecret"]] == ["corp-registry"]
     launcher = spec["deploymentSpec"]["executors"]["exec-train-rloo-multinode"]["container"]
