@@ -284,6 +284,9 @@ def test_the_sidecar_is_stopped_even_when_the_upload_fails(
     from rloo.pipeline import submit
 
     monkeypatch.setattr(submit, "ISTIO_QUIT_URL", sidecar)
+    # a corporate proxy whose NO_PROXY forgot 127.0.0.1: the call to the sidecar must not go through it
+    monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")
+    monkeypatch.setenv("NO_PROXY", "localhost")
     monkeypatch.setattr(submit.stop_istio_sidecar, "__defaults__", (sidecar,))
     package = tmp_path / "p.yaml"
     package.write_text(default_yaml().read_text())

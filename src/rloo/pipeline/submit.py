@@ -300,8 +300,10 @@ def stop_istio_sidecar(url: str = ISTIO_QUIT_URL) -> str:
     import urllib.error
     import urllib.request
 
+    # never through HTTP_PROXY (a NO_PROXY without 127.0.0.1 would send it to the proxy and the Job would hang)
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, method="POST"), timeout=5) as resp:
+        with opener.open(urllib.request.Request(url, method="POST"), timeout=5) as resp:
             return f"asked the Istio sidecar to exit (HTTP {resp.status})"
     except (urllib.error.URLError, OSError) as e:
         return f"no Istio sidecar answered at {url} ({getattr(e, 'reason', e)}); nothing to stop"
