@@ -60,9 +60,11 @@ app.kubernetes.io/component: {{ .component }}
 {{- $package -}}
 {{- end -}}
 
-{{/* "repository:tag", the tag defaulting to appVersion: (dict "ctx" $ "image" .Values.mlflow.image) */}}
+{{/* "repository:tag", the tag defaulting to appVersion, then "@digest" when the image's digest is set:
+(dict "ctx" $ "image" .Values.mlflow.image) */}}
 {{- define "rloo-kfp.image" -}}
 {{- printf "%s:%s" .image.repository (default .ctx.Chart.AppVersion .image.tag) -}}
+{{- with .image.digest }}@{{ . }}{{ end -}}
 {{- end -}}
 
 {{/* One of the project's images (slim, train, eval) from images.*: "repository:tag", then "@digest" when
@@ -78,16 +80,14 @@ then appVersion (a tag may carry its own @sha256:...): (dict "ctx" $ "name" "tra
 {{- end -}}
 
 {{/* What the upload applies to every step of the pipeline and to its training jobs (`rloo pipeline upload
---platform`): the project's images, the pull secrets, the environment (extraEnv under pipeline.extraEnv) and
-the CA bundle. Always all four keys. */}}
+--platform`): the project's images, the pull secrets, the environment (extraEnv under pipeline.extraEnv, its
+proxies completed by rloo-kfp.proxyEnv) and the CA bundle. Always all four keys. */}}
 {{- define "rloo-kfp.platform" -}}
 {{- $images := dict -}}
 {{- range $name := list "slim" "train" "eval" -}}
 {{- $_ := set $images $name (include "rloo-kfp.projectImage" (dict "ctx" $ "name" $name)) -}}
 {{- end -}}
-{{- $env := dict -}}
-{{- range $name, $value := .Values.extraEnv }}{{ $_ := set $env $name (toString $value) }}{{ end -}}
-{{- range $name, $value := .Values.pipeline.extraEnv }}{{ $_ := set $env $name (toString $value) }}{{ end -}}
+{{- $env := include "rloo-kfp.proxyEnv" (dict "ctx" $ "env" (include "rloo-kfp.stepEnv" . | fromJson)) | fromJson -}}
 {{- $ca := dict -}}
 {{- if .Values.caBundle.configMap -}}
 {{- $ca = dict "configMap" .Values.caBundle.configMap "key" .Values.caBundle.key -}}
@@ -118,22 +118,71 @@ annotations:
 {{- end }}
 {{- end -}}
 
-{{/* nodeSelector, tolerations and affinity of a pod, from a values block that has them (.Values.mlflow,
-.Values.jobs); empty when none is set. */}}
+{{/* nodeSelector, tolerations, affinity, topologySpreadConstraints, priorityClassName and runtimeClassName of
+a pod, from a values block that has them (.Values.mlflow, .Values.jobs; runtimeClassName: the judge's only);
+empty when none is set. */}}
 {{- define "rloo-kfp.podPlacement" -}}
 {{- $placement := dict -}}
-{{- with .nodeSelector }}{{ $_ := set $placement "nodeSelector" . }}{{ end -}}
-{{- with .tolerations }}{{ $_ := set $placement "tolerations" . }}{{ end -}}
-{{- with .affinity }}{{ $_ := set $placement "affinity" . }}{{ end -}}
+{{- range $key := list "nodeSelector" "tolerations" "affinity" "topologySpreadConstraints" "priorityClassName" "runtimeClassName" -}}
+{{- with index $ $key }}{{ $_ := set $placement $key . }}{{ end -}}
+{{- end -}}
 {{- with $placement }}{{ toYaml . }}{{ end -}}
 {{- end -}}
 
-{{/* Environment of the containers that call other services: extraEnv, placed before the chart's own
-variables (a repeated name keeps the chart's value). Empty without extraEnv. */}}
+{{/* Environment -------------------------------------------------------------------------------------- */}}
+
+{{/* `env` (NAME -> value) with its proxy variables completed, as JSON. When it sets HTTPS_PROXY or HTTP_PROXY
+(either case): both cases of each of them, and NO_PROXY and no_proxy both set to its own NO_PROXY and no_proxy
+entries, then whichever of .svc, .cluster.local, .kubeflow, .<release namespace>, .<pipeline namespace>,
+localhost and 127.0.0.1 they lack, without repeats. KFP's launcher in every step calls short names such as
+ml-pipeline.kubeflow:8887 (kubeflow/pipelines#9702); curl reads only the lowercase http_proxy. Otherwise `env`
+as it is. (dict "ctx" $ "env" .Values.extraEnv) */}}
+{{- define "rloo-kfp.proxyEnv" -}}
+{{- $env := dict -}}
+{{- range $name, $value := .env }}{{ $_ := set $env $name (toString $value) }}{{ end -}}
+{{- $proxied := false -}}
+{{- range $name := list "HTTPS_PROXY" "HTTP_PROXY" -}}
+{{- $value := get $env $name | default (get $env (lower $name)) -}}
+{{- if $value -}}
+{{- $proxied = true -}}
+{{- $_ := set $env $name $value -}}
+{{- $_ := set $env (lower $name) $value -}}
+{{- end -}}
+{{- end -}}
+{{- if $proxied -}}
+{{- $inCluster := list ".svc" ".cluster.local" ".kubeflow" (printf ".%s" .ctx.Release.Namespace) (printf ".%s" (include "rloo-kfp.pipelineNamespace" .ctx)) "localhost" "127.0.0.1" -}}
+{{- $entries := list -}}
+{{- range $entry := concat (splitList "," (get $env "NO_PROXY")) (splitList "," (get $env "no_proxy")) $inCluster -}}
+{{- $entry = trim $entry -}}
+{{- if and $entry (not (has $entry $entries)) }}{{ $entries = append $entries $entry }}{{ end -}}
+{{- end -}}
+{{- $_ := set $env "NO_PROXY" (join "," $entries) -}}
+{{- $_ := set $env "no_proxy" (join "," $entries) -}}
+{{- end -}}
+{{- toJson $env -}}
+{{- end -}}
+
+{{/* The environment the user gives the pipeline's steps, as JSON: extraEnv, then pipeline.extraEnv over it
+(an empty value included). */}}
+{{- define "rloo-kfp.stepEnv" -}}
+{{- $env := dict -}}
+{{- range $name, $value := .Values.extraEnv }}{{ $_ := set $env $name (toString $value) }}{{ end -}}
+{{- range $name, $value := .Values.pipeline.extraEnv }}{{ $_ := set $env $name (toString $value) }}{{ end -}}
+{{- toJson $env -}}
+{{- end -}}
+
+{{/* Environment of the containers that call other services: extraEnv (its proxies completed), placed before
+the chart's own variables; rloo-kfp.validate refuses a name the chart sets itself. Empty without extraEnv. */}}
 {{- define "rloo-kfp.extraEnv" -}}
 {{- $env := list -}}
-{{- range $name, $value := .Values.extraEnv }}{{ $env = append $env (dict "name" $name "value" (toString $value)) }}{{ end -}}
+{{- range $name, $value := include "rloo-kfp.proxyEnv" (dict "ctx" . "env" .Values.extraEnv) | fromJson }}{{ $env = append $env (dict "name" $name "value" $value) }}{{ end -}}
 {{- with $env }}{{ toYaml . }}{{ end -}}
+{{- end -}}
+
+{{/* The variables pointing at the CA bundle (OpenSSL and httpx, requests, boto3, curl), as a JSON list: the
+same as rloo.pipeline.platform.CA_ENV. */}}
+{{- define "rloo-kfp.caEnvNames" -}}
+{{- list "SSL_CERT_FILE" "REQUESTS_CA_BUNDLE" "AWS_CA_BUNDLE" "CURL_CA_BUNDLE" | toJson -}}
 {{- end -}}
 
 {{/* The CA bundle's variables, after the chart's own; empty without caBundle.configMap. The steps get the
@@ -142,9 +191,31 @@ same mount path and variables through platform.json. */}}
 {{- if .Values.caBundle.configMap -}}
 {{- $path := printf "/etc/rloo/ca/%s" .Values.caBundle.key -}}
 {{- $env := list -}}
-{{- range $name := list "SSL_CERT_FILE" "REQUESTS_CA_BUNDLE" "AWS_CA_BUNDLE" "CURL_CA_BUNDLE" }}{{ $env = append $env (dict "name" $name "value" $path) }}{{ end -}}
+{{- range $name := include "rloo-kfp.caEnvNames" . | fromJsonArray }}{{ $env = append $env (dict "name" $name "value" $path) }}{{ end -}}
 {{- toYaml $env -}}
 {{- end -}}
+{{- end -}}
+
+{{/* The environment variables the chart sets itself, by the container it sets them in, as JSON; every one
+of them also gets the CA bundle's (rloo-kfp.caEnvNames). "steps": what the upload (platform.json) sets in every
+step and training job of the pipeline. What extraEnv, pipeline.extraEnv, mlflow.extraEnv and judge.extraEnv may
+not name (rloo-kfp.validate): Kubernetes refuses a container with a repeated name (server-side apply:
+"duplicate entries for key"). tests/helm compares this list with every container the chart renders. */}}
+{{- define "rloo-kfp.ownEnv" -}}
+{{- $s3 := list "AWS_ACCESS_KEY_ID" "AWS_SECRET_ACCESS_KEY" "AWS_DEFAULT_REGION" -}}
+{{- $db := list "HOME" "USER" "MLFLOW_BACKEND_STORE_URI" "PGPASSWORD" "MLFLOW_TMP_DIR" -}}
+{{- $own := dict
+  "upload" (list "HOME" "KF_PIPELINES_SA_TOKEN_PATH")
+  "bucket" (concat (list "HOME" "BUCKET" "ABORT_INCOMPLETE_UPLOADS_DAYS" "S3_ENDPOINT_URL") $s3)
+  "db-upgrade" $db
+  "mlflow" (concat $db $s3 (list "MLFLOW_S3_ENDPOINT_URL" "MLFLOW_SERVER_ALLOWED_HOSTS" "MLFLOW_AUTH_CONFIG_PATH" "MLFLOW_AUTH_ADMIN_USERNAME" "MLFLOW_AUTH_ADMIN_PASSWORD" "MLFLOW_FLASK_SERVER_SECRET_KEY"))
+  "judge" (list "HOME" "USER" "XDG_CACHE_HOME" "HF_HOME" "VLLM_CACHE_ROOT" "TRITON_CACHE_DIR" "NUMBA_CACHE_DIR" "VLLM_NO_USAGE_STATS" "VLLM_API_KEY" "HF_TOKEN")
+  "test-mlflow" (list "MLFLOW_URL" "MLFLOW_TRACKING_USERNAME" "MLFLOW_TRACKING_PASSWORD")
+  "test-judge" (list "JUDGE_URL" "JUDGE_MODEL" "OPENAI_API_KEY")
+  "steps" (list "RLOO_PLATFORM") -}}
+{{- $ca := include "rloo-kfp.caEnvNames" . | fromJsonArray -}}
+{{- range $container, $names := $own }}{{ $_ := set $own $container (concat $names $ca) }}{{ end -}}
+{{- toJson $own -}}
 {{- end -}}
 
 {{- define "rloo-kfp.caVolumeMount" -}}
@@ -301,16 +372,110 @@ authenticating proxy such as nginx's auth-url). "true" or empty. */}}
 {{- if and .Values.mlflow.ingress.enabled (not .Values.mlflow.ingress.host) -}}
 {{- fail "mlflow.ingress.enabled is true but mlflow.ingress.host is empty: set the host name the Ingress serves" -}}
 {{- end -}}
+{{- /* images: pinned, one digest each */ -}}
+{{- if eq .Values.images.tag "latest" -}}
+{{- fail "images.tag is latest, which names a different image over time: set a release tag (empty: the chart's appVersion), or pin images.<name>.digest" -}}
+{{- end -}}
 {{- range $name := list "slim" "train" "eval" -}}
 {{- $image := index $.Values.images $name -}}
+{{- if eq $image.tag "latest" -}}
+{{- fail (printf "images.%s.tag is latest, which names a different image over time: set a release tag (empty: images.tag), or pin images.%s.digest" $name $name) -}}
+{{- end -}}
 {{- if and $image.digest (contains "@" $image.tag) -}}
 {{- fail (printf "images.%s.tag (%s) already names a digest and images.%s.digest is set too: keep one of them" $name $image.tag $name) -}}
 {{- end -}}
 {{- end -}}
-{{- if .Values.caBundle.configMap -}}
-{{- range $name := list "SSL_CERT_FILE" "REQUESTS_CA_BUNDLE" "AWS_CA_BUNDLE" "CURL_CA_BUNDLE" -}}
-{{- if or (hasKey $.Values.extraEnv $name) (hasKey $.Values.pipeline.extraEnv $name) -}}
-{{- fail (printf "%s is set in extraEnv (or pipeline.extraEnv) and by caBundle.configMap: remove it from extraEnv, caBundle sets it to /etc/rloo/ca/%s" $name $.Values.caBundle.key) -}}
+{{- range $component := list "mlflow" "postgresql" "seaweedfs" "judge" -}}
+{{- $image := (index $.Values $component).image -}}
+{{- if eq $image.tag "latest" -}}
+{{- fail (printf "%s.image.tag is latest, which names a different image over time: set a release tag (values.yaml has the one the chart is tested with), or pin %s.image.digest" $component $component) -}}
+{{- end -}}
+{{- if and $image.digest (contains "@" $image.tag) -}}
+{{- fail (printf "%s.image.tag (%s) already names a digest and %s.image.digest is set too: keep one of them" $component $image.tag $component) -}}
+{{- end -}}
+{{- end -}}
+{{- /* pod labels: the chart's selector labels stay the chart's */ -}}
+{{- range $block := list "mlflow" "postgresql" "seaweedfs" "judge" "jobs" -}}
+{{- range $key := list "app.kubernetes.io/name" "app.kubernetes.io/instance" "app.kubernetes.io/component" -}}
+{{- if hasKey (index $.Values $block).podLabels $key -}}
+{{- fail (printf "%s.podLabels sets %s, one of the chart's selector labels (app.kubernetes.io/name, instance, component): remove it, or use a label of your own" $block $key) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- /* the CA bundle */ -}}
+{{- if and (not .Values.caBundle.configMap) (ne .Values.caBundle.key "ca.crt") -}}
+{{- fail (printf "caBundle.key is %s but caBundle.configMap is empty, so no CA bundle is used: name the ConfigMap holding it in caBundle.configMap, or remove caBundle.key" .Values.caBundle.key) -}}
+{{- end -}}
+{{- /* environment: secrets only by reference; no name twice in a container */ -}}
+{{- $caNames := include "rloo-kfp.caEnvNames" . | fromJsonArray -}}
+{{- $own := include "rloo-kfp.ownEnv" . | fromJson -}}
+{{- $where := dict "upload" "the upload container" "bucket" "the bucket Job's container" "db-upgrade" "the db-upgrade container" "mlflow" "the mlflow container" "judge" "the judge's vllm container" "test-mlflow" "the helm test mlflow container" "test-judge" "the helm test judge container" "steps" "the pipeline's steps and training jobs (platform.json)" -}}
+{{- range $value := list "extraEnv" "pipeline.extraEnv" -}}
+{{- $env := ternary $.Values.extraEnv $.Values.pipeline.extraEnv (eq $value "extraEnv") -}}
+{{- range $name := keys $env | sortAlpha -}}
+{{- if and (regexMatch "(PASSWORD|SECRET|TOKEN|API_KEY|ACCESS_KEY)" $name) (not (regexMatch "_(PATH|FILE|DIR)$" $name)) -}}
+{{- fail (printf "%s.%s looks like a credential, and %s takes literal values: secrets only by reference. Remove it; put it in a Secret and read it from there (mlflow.extraEnv or judge.extraEnv valueFrom.secretKeyRef; the pipeline's own Secrets for the steps)" $value $name $value) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- $merged := include "rloo-kfp.stepEnv" . | fromJson -}}
+{{- range $lower := list "https_proxy" "http_proxy" -}}
+{{- $upper := upper $lower -}}
+{{- range $pair := list (list "extraEnv" $.Values.extraEnv) (list "extraEnv and pipeline.extraEnv" $merged) -}}
+{{- $env := index $pair 1 -}}
+{{- if and (hasKey $env $upper) (hasKey $env $lower) (ne (toString (get $env $upper)) (toString (get $env $lower))) -}}
+{{- fail (printf "%s set %s and %s to different values: set one of them (the chart sets both cases from it)" (index $pair 0) $upper $lower) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- $mlflowNames := list -}}
+{{- range .Values.mlflow.extraEnv }}{{ $mlflowNames = append $mlflowNames .name }}{{ end -}}
+{{- $judgeNames := list -}}
+{{- range .Values.judge.extraEnv }}{{ $judgeNames = append $judgeNames .name }}{{ end -}}
+{{- $reach := list
+  (list "extraEnv" (keys .Values.extraEnv | sortAlpha) (list "upload" "bucket" "db-upgrade" "mlflow" "judge" "test-mlflow" "test-judge" "steps"))
+  (list "pipeline.extraEnv" (keys .Values.pipeline.extraEnv | sortAlpha) (list "steps"))
+  (list "mlflow.extraEnv" $mlflowNames (list "mlflow" "db-upgrade"))
+  (list "judge.extraEnv" $judgeNames (list "judge")) -}}
+{{- range $check := $reach -}}
+{{- $value := index $check 0 -}}
+{{- range $name := index $check 1 -}}
+{{- if has $name $caNames -}}
+{{- fail (printf "%s.%s is set by the chart itself: caBundle.configMap points it at the CA bundle (/etc/rloo/ca/<caBundle.key>) in the chart's containers and the pipeline's steps; remove it, and name the bundle's ConfigMap in caBundle.configMap" $value $name) -}}
+{{- end -}}
+{{- range $container := index $check 2 -}}
+{{- if has $name (index $own $container) -}}
+{{- fail (printf "%s.%s is set by the chart itself in %s; remove it" $value $name (index $where $container)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- $extraEnv := include "rloo-kfp.proxyEnv" (dict "ctx" . "env" .Values.extraEnv) | fromJson -}}
+{{- range $check := list (list "mlflow.extraEnv" .Values.mlflow.extraEnv) (list "judge.extraEnv" .Values.judge.extraEnv) -}}
+{{- $value := index $check 0 -}}
+{{- $seen := list -}}
+{{- range $entry := index $check 1 -}}
+{{- $name := $entry.name -}}
+{{- if has $name $seen -}}
+{{- fail (printf "%s names %s twice: keep one entry" $value $name) -}}
+{{- end -}}
+{{- $seen = append $seen $name -}}
+{{- if hasKey $extraEnv $name -}}
+{{- fail (printf "%s.%s is also set by extraEnv (which sets both cases of the proxy variables and completes NO_PROXY): set it in one of them" $value $name) -}}
+{{- end -}}
+{{- if and (hasKey $entry "value") (hasKey $entry "valueFrom") -}}
+{{- fail (printf "%s.%s has both value and valueFrom: keep one" $value $name) -}}
+{{- end -}}
+{{- if and (regexMatch "(PASSWORD|SECRET|TOKEN|API_KEY|ACCESS_KEY)" $name) (not (regexMatch "_(PATH|FILE|DIR)$" $name)) (not ($entry.valueFrom | default dict).secretKeyRef) -}}
+{{- fail (printf "%s.%s looks like a credential: secrets only by reference. Read it from a Secret (valueFrom.secretKeyRef), not a literal value" $value $name) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- /* the Job and helm test pods' volumes */ -}}
+{{- range $jobVolume := .Values.jobs.extraVolumes -}}
+{{- range $mlflowVolume := $.Values.mlflow.extraVolumes -}}
+{{- if eq $jobVolume.name $mlflowVolume.name -}}
+{{- fail (printf "jobs.extraVolumes and mlflow.extraVolumes both name a volume %s, and the db-upgrade Job gets both: rename one" $jobVolume.name) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}

@@ -494,6 +494,46 @@ def test_notes_explain_secrets_mlflow_and_submit() -> None:
     assert "https://mlflow.example.com/" in other
 
 
+@pytest.mark.parametrize(
+    "values",
+    [{}, variant_values("platform-values.yaml")],
+    ids=["default", "platform"],
+)
+def test_notes_submit_the_version_the_chart_uploaded(values: dict[str, Any]) -> None:
+    """`rloo pipeline submit` without --platform would upload a version without the platform's images, pull
+    secrets, proxies and CA: NOTES fetches the package and platform.json the upload used from the pipeline
+    ConfigMap and passes both, so submit finds that version unchanged and runs it."""
+    import shlex
+
+    from rloo.cli.pipeline_cmd import build_parser
+
+    rendered = render(values)
+    notes = rendered["rloo-kfp/templates/NOTES.txt"]
+    docs = documents(rendered)
+    cm = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-pipeline"))
+    lines = re.sub(r"\\\n\s*", " ", notes).splitlines()
+    fetched = {}
+    for line in lines:
+        m = re.match(
+            r"^\s*kubectl -n (\S+) get configmap (\S+) -o jsonpath='\{\.data\.(\S+)\}' > (\S+)$", line
+        )
+        if m:
+            namespace, name, key, out = m.groups()
+            assert (namespace, name) == (cm["metadata"]["namespace"], cm["metadata"]["name"])
+            fetched[out] = key.replace("\\.", ".")
+    assert fetched == {"rloo_pipeline.yaml": "rloo_pipeline.yaml", "platform.json": "platform.json"}
+    assert set(fetched.values()) == set(cm["data"])
+    (submit,) = [line.strip() for line in lines if line.strip().startswith("rloo pipeline submit")]
+    argv = shlex.split(submit.replace("<", "").replace(">", ""))
+    ns = build_parser().parse_args(argv[2:])
+    assert (ns.package, ns.platform) == ("rloo_pipeline.yaml", "platform.json")
+    assert ns.name == (values.get("upload") or {}).get("pipelineName", "rloo-rlhf")
+    assert ns.namespace == ((values.get("pipeline") or {}).get("namespace") or None)
+    # without the upload there is no ConfigMap to fetch: the plain command
+    notes = _notes({**values, "upload": {**(values.get("upload") or {}), "enabled": False}})
+    assert "get configmap" not in notes and "--platform" not in notes
+
+
 def _wait_until_up(proc: subprocess.Popen[bytes], log: Path, probe: Callable[[], object]) -> None:
     """Until ``probe`` stops raising OSError (the server answers), at most 120 s; fail if the server exits."""
     deadline = time.monotonic() + 120

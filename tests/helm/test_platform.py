@@ -144,9 +144,12 @@ def test_platform_json_carries_pull_secrets_env_and_the_ca() -> None:
             name: f"{DEFAULT_REGISTRY}/rloo-{name}:{DEFAULT_TAG}" for name in ("slim", "train", "eval")
         },
         "imagePullSecrets": ["corp-registry", "mirror"],
-        # pipeline.extraEnv wins over extraEnv
+        # pipeline.extraEnv wins over extraEnv; the proxy in both cases, NO_PROXY completed (tests/helm/test_env.py)
         "env": {
             "HTTPS_PROXY": "http://proxy:3128",
+            "https_proxy": "http://proxy:3128",
+            "NO_PROXY": ".svc,.cluster.local,.kubeflow,.rloo,localhost,127.0.0.1",
+            "no_proxy": ".svc,.cluster.local,.kubeflow,.rloo,localhost,127.0.0.1",
             "NCCL_DEBUG": "INFO",
             "NCCL_SOCKET_IFNAME": "eth0",
             "QUOTE": 'it\'s "x" & <y>',
@@ -202,10 +205,12 @@ def test_extra_env_and_the_ca_bundle_reach_every_client_container() -> None:
         (c,) = [c for c in spec["containers"] if c["name"] == name]
         env = env_of(c)
         names = [e["name"] for e in c["env"]]
-        assert env["HTTPS_PROXY"]["value"] == "http://proxy:3128", suffix
-        assert env["NO_PROXY"]["value"] == ".svc,.cluster.local,10.96.0.0/12", suffix
-        # extraEnv before the chart's variables (a repeated name keeps the chart's), the CA's after them
-        assert names.index("HTTPS_PROXY") < min(i for i, n in enumerate(names) if n not in values["extraEnv"])
+        assert env["HTTPS_PROXY"]["value"] == env["https_proxy"]["value"] == "http://proxy:3128", suffix
+        no_proxy = ".svc,.cluster.local,10.96.0.0/12,.kubeflow,.rloo,localhost,127.0.0.1"
+        assert env["NO_PROXY"]["value"] == env["no_proxy"]["value"] == no_proxy, suffix
+        # extraEnv (completed) before the chart's variables, the CA's after them
+        proxy_env = {"HTTPS_PROXY", "https_proxy", "NO_PROXY", "no_proxy"}
+        assert set(names[:4]) == proxy_env, (suffix, names)
         for var in CA_VARIABLES:
             assert env[var]["value"] == "/etc/rloo/ca/bundle.pem", (suffix, var)
         assert {"name": "ca-bundle", "mountPath": "/etc/rloo/ca", "readOnly": True} in c["volumeMounts"]
@@ -295,18 +300,23 @@ def test_pod_extras_of_each_component(component: str, kind: str, container: str)
 
 
 def test_pod_labels_never_replace_selector_labels(tmp_path: Path) -> None:
-    """The schema rejects a podLabels entry named like a selector label; and without the schema (helm
-    --skip-schema-validation) the selector labels still win, with no repeated key."""
+    """The chart refuses a podLabels entry named like a selector label, in one line naming the value (helm
+    --skip-schema-validation does not skip it); and without the schema and the chart's checks the selector labels
+    still win, with no repeated key."""
     import helm_python as helm
 
     for component in ("mlflow", "postgresql", "seaweedfs", "judge", "jobs"):
         for key in SELECTOR_KEYS:
-            with pytest.raises(helm.HelmValuesError) as err:
+            with pytest.raises(helm.HelmRenderError) as err:
                 render({component: {"podLabels": {key: "other"}}})
-            assert f"invalid propertyName '{key}'" in str(err.value)
+            assert (
+                f"{component}.podLabels sets {key}, one of the chart's selector labels (app.kubernetes.io/name, "
+                "instance, component): remove it" in str(err.value)
+            ), str(err.value)
     with helm.Chart.load(CHART) as c:
         c.save_dir(tmp_path)
     (tmp_path / "rloo-kfp" / "values.schema.json").unlink()
+    (tmp_path / "rloo-kfp" / "templates" / "validate.yaml").unlink()
     hostile = {key: "other" for key in SELECTOR_KEYS} | {"team": "a"}
     values = _everything()
     for component in ("mlflow", "postgresql", "seaweedfs", "judge", "jobs"):
@@ -354,6 +364,130 @@ def test_jobs_extras_reach_every_job_and_test_pod() -> None:
         _docs({"jobs": {"podAnnotations": {"helm.sh/hook": "post-install"}}}), "Pod", "-test-mlflow"
     )
     assert test_pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+
+
+# Placement, Service and ServiceAccount annotations, component digests ---------------------------------------
+
+SERVER_PODS = {
+    "mlflow": "Deployment",
+    "postgresql": "StatefulSet",
+    "seaweedfs": "StatefulSet",
+    "judge": "Deployment",
+}
+
+
+def _pods(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [d for d in docs if pod_spec(d) is not None]
+
+
+def _targets(component: str) -> list[tuple[str, str]]:
+    return JOB_PODS if component == "jobs" else [(SERVER_PODS[component], f"-{component}")]
+
+
+@pytest.mark.parametrize("component", [*SERVER_PODS, "jobs"])
+def test_priority_class_and_topology_spread_of_each_component(component: str) -> None:
+    spread = [
+        {
+            "maxSkew": 1,
+            "topologyKey": "topology.kubernetes.io/zone",
+            "whenUnsatisfiable": "ScheduleAnyway",
+            "labelSelector": {"matchLabels": {"app.kubernetes.io/component": component}},
+        }
+    ]
+    values = _everything()
+    values[component] = {
+        **values.get(component, {}),
+        "priorityClassName": f"{component}-priority",
+        "topologySpreadConstraints": spread,
+    }
+    docs = _docs(values)
+    targets = [find(docs, kind, suffix) for kind, suffix in _targets(component)]
+    for doc in _pods(docs):
+        spec = pod_spec(doc)
+        if any(doc is t for t in targets):
+            assert spec["priorityClassName"] == f"{component}-priority", doc["metadata"]["name"]
+            assert spec["topologySpreadConstraints"] == spread, doc["metadata"]["name"]
+        else:  # nothing of it reaches another component
+            assert "priorityClassName" not in spec and "topologySpreadConstraints" not in spec, doc[
+                "metadata"
+            ]
+    for doc in _pods(_docs(_everything())):  # by default: none
+        assert not {"priorityClassName", "topologySpreadConstraints", "runtimeClassName"} & set(pod_spec(doc))
+
+
+def test_the_judge_runtime_class() -> None:
+    docs = _docs({**_everything(), "judge": {"enabled": True, "runtimeClassName": "nvidia"}})
+    for doc in _pods(docs):
+        expected = (
+            "nvidia" if doc["metadata"]["name"].endswith("-judge") and doc["kind"] == "Deployment" else None
+        )
+        assert pod_spec(doc).get("runtimeClassName") == expected, doc["metadata"]["name"]
+
+
+def test_mlflow_service_and_service_account_annotations() -> None:
+    internal = {"service.beta.kubernetes.io/aws-load-balancer-internal": "true"}
+    irsa = {"eks.amazonaws.com/role-arn": "arn:aws:iam::123456789012:role/rloo"}
+    docs = _docs({**_everything(), "mlflow": {"service": {"annotations": internal}}, "serviceAccount": {"annotations": irsa}})  # fmt: skip
+    assert find(docs, "Service", "-mlflow")["metadata"]["annotations"] == internal
+    for svc in (d for d in docs if d["kind"] == "Service" and not d["metadata"]["name"].endswith("-mlflow")):
+        assert "annotations" not in svc["metadata"], svc["metadata"]["name"]
+    (sa,) = [d for d in docs if d["kind"] == "ServiceAccount"]
+    assert sa["metadata"]["annotations"] == irsa and sa["automountServiceAccountToken"] is False
+    # the pods that run as it
+    for doc in _pods(docs):
+        if doc["metadata"]["name"].endswith("-db-upgrade"):
+            continue  # a pre-upgrade hook: the namespace's default
+        assert pod_spec(doc)["serviceAccountName"] == sa["metadata"]["name"], doc["metadata"]["name"]
+    defaults = _docs()
+    assert "annotations" not in find(defaults, "Service", "-mlflow")["metadata"]
+    assert "annotations" not in next(d for d in defaults if d["kind"] == "ServiceAccount")["metadata"]
+
+
+@pytest.mark.parametrize("component", list(SERVER_PODS))
+def test_component_images_take_a_digest(component: str) -> None:
+    values = _everything()
+    values[component] = {**values.get(component, {}), "image": {"digest": DIGEST}}
+    docs = _docs(values)
+    defaults = yaml.safe_load((CHART / "values.yaml").read_text())[component]["image"]
+    reference = f"{defaults['repository']}:{defaults['tag']}@{DIGEST}"
+    spec = pod_spec(find(docs, SERVER_PODS[component], f"-{component}"))
+    assert {c["image"] for c in containers(spec)} == {reference}
+    if component == "mlflow":  # the db-upgrade Job runs MLflow's image
+        assert _container(find(docs, "Job", "-db-upgrade"))["image"] == reference
+    # a tag that names its own digest is taken as it is
+    values[component]["image"] = {"tag": f"{defaults['tag']}@{DIGEST}"}
+    spec = pod_spec(find(_docs(values), SERVER_PODS[component], f"-{component}"))
+    assert {c["image"] for c in containers(spec)} == {reference}
+
+
+def test_jobs_extra_volumes_reach_every_job_and_test_container() -> None:
+    volume = {"name": "corp-tools", "configMap": {"name": "corp-tools"}}
+    mount = {"name": "corp-tools", "mountPath": "/etc/corp-tools", "readOnly": True}
+    mlflow_volume = {"name": "pg-ca", "secret": {"secretName": "pg-ca"}}
+    values = {
+        **_everything(),
+        "jobs": {"extraVolumes": [volume], "extraVolumeMounts": [mount]},
+        "mlflow": {"extraVolumes": [mlflow_volume]},
+    }
+    docs = _docs(values)
+    for kind, suffix in JOB_PODS:
+        spec = pod_spec(find(docs, kind, suffix))
+        assert volume in spec["volumes"], suffix
+        for c in containers(spec):
+            assert mount in c["volumeMounts"], (suffix, c["name"])
+    assert mlflow_volume in pod_spec(find(docs, "Job", "-db-upgrade"))["volumes"]  # beside mlflow's own
+    for kind, suffix in (("Deployment", "-mlflow"), ("StatefulSet", "-postgresql"), ("StatefulSet", "-seaweedfs"), ("Deployment", "-judge")):  # fmt: skip
+        spec = pod_spec(find(docs, kind, suffix))
+        assert volume not in spec["volumes"], suffix
+
+
+def test_upload_resources_size_the_bucket_job_too() -> None:
+    resources = {"requests": {"cpu": "200m", "memory": "300Mi"}, "limits": {"cpu": "2", "memory": "3Gi"}}
+    docs = _docs({"seaweedfs": {"enabled": True}, "upload": {"resources": resources}})
+    assert _container(find(docs, "Job", "-bucket"))["resources"] == resources
+    assert _container(find(docs, "Job", "-upload"))["resources"] == resources
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    assert "the bucket Job" in schema["properties"]["upload"]["properties"]["resources"]["description"]
 
 
 # Upload: multi-user KFP and Istio ----------------------------------------------------------------------
@@ -612,6 +746,120 @@ def test_readme_has_a_guide_for_platform_teams() -> None:
     assert (
         "upload.image" not in readme and "tests.image" not in readme and "jobPodSecurityContext" not in readme
     )
+
+
+def _commands(text: str) -> list[str]:
+    """Shell commands of the fenced bash blocks of ``text``, continuation lines joined."""
+    out = []
+    for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
+        joined = re.sub(r"\\\n\s*", " ", block)
+        out += [
+            line.strip() for line in joined.splitlines() if line.strip() and not line.strip().startswith("#")
+        ]
+    return out
+
+
+def test_readme_helm_install_and_upgrade_commands_wait_long_enough() -> None:
+    """The hooks' deadlines are 600 to 900 s and Helm waits 5 minutes by default."""
+    readme = (CHART / "README.md").read_text()
+    commands = [c for c in _commands(readme) if re.match(r"helm (install|upgrade)\b", c)]
+    assert len(commands) >= 8
+    for command in commands:
+        assert "--timeout 15m" in command, command
+    jobs = [d for d in _docs({"seaweedfs": {"enabled": True}}) if d["kind"] == "Job"]
+    hooks = [d["spec"]["activeDeadlineSeconds"] for d in jobs]
+    assert max(hooks) <= 15 * 60 and max(hooks) > 5 * 60
+    assert readme.count("5 minutes by default") == 1  # said once
+
+
+def test_readme_istio_guide_keeps_the_servers_out_of_the_mesh_from_the_first_install() -> None:
+    readme = (CHART / "README.md").read_text()
+    section = readme[readme.index("### Multi-user Kubeflow and Istio") : readme.index("### Upgrades")]
+    (block,) = re.findall(r"```yaml\n# istio-values.yaml.*?\n(.*?)```", section, flags=re.S)
+    istio = yaml.safe_load(block)
+    assert set(istio) == {"mlflow", "postgresql", "seaweedfs", "judge"}
+    install = [c for c in _commands(section) if c.startswith("helm upgrade --install")]
+    assert (
+        len(install) == 1
+        and "-f istio-values.yaml" in install[0]
+        and "upload.istioSidecar=true" in install[0]
+    )
+    # the file works with the chart: every server pod without a sidecar
+    values = {k: {**v, "enabled": True} if k in ("judge", "seaweedfs") else v for k, v in istio.items()}
+    docs = _docs(values)
+    for component, kind in SERVER_PODS.items():
+        meta = _pod_metadata(find(docs, kind, f"-{component}"))
+        assert meta["annotations"]["sidecar.istio.io/inject"] == "false", component
+    # an existing install: the one upgrade that adds them runs without the db-upgrade hook (it would be denied by
+    # the still-sidecar'd PostgreSQL), then the hook is turned on again
+    upgrades = [c for c in _commands(section) if c.startswith("helm upgrade rloo")]
+    assert "--set mlflow.dbUpgrade.enabled=false" in upgrades[0] and "-f istio-values.yaml" in upgrades[0]
+    assert "--set mlflow.dbUpgrade.enabled=true" in upgrades[1]
+    assert "podAnnotations.sidecar" not in section  # no --set-string after the install
+    assert "FIRST install" in section and "deadlock" in section
+
+
+def test_readme_images_snippet(tmp_path: Path) -> None:
+    """The build/images.json -> values snippet: each pushed image by repository, digest and the pushed tag (a
+    train-cpu record under its own name), and a message instead of an empty `images:` when nothing was pushed."""
+    readme = (CHART / "README.md").read_text()
+    (snippet,) = re.findall(r"python3 - > build/images-values.yaml <<'EOF'\n(.*?)\nEOF\n", readme, flags=re.S)
+    assert '--set images.registry="$RLOO_IMAGE_REGISTRY"' in readme
+    (tmp_path / "build").mkdir()
+    record = tmp_path / "build" / "images.json"
+    d1, d2 = "sha256:" + "1" * 64, "sha256:" + "2" * 64
+    env = {"PATH": "/usr/bin:/bin", "RLOO_IMAGE_TAG": "0.1.0-corp1"}
+
+    def run() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-c", snippet], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+        )
+
+    record.write_text(
+        json.dumps(
+            {
+                "slim": f"reg.corp/ml/rloo-slim@{d1}",
+                "train-cpu": f"reg.corp/ml/rloo-train-cpu@{d2}",
+                "eval": "reg.corp/ml/rloo-eval:0.1.0-corp1",  # built, not pushed
+            }
+        )
+    )
+    proc = run()
+    assert proc.returncode == 0, proc.stderr
+    values = yaml.safe_load(proc.stdout)
+    assert values == {
+        "images": {
+            "slim": {"repository": "reg.corp/ml/rloo-slim", "digest": d1, "tag": "0.1.0-corp1"},
+            "train": {"repository": "reg.corp/ml/rloo-train-cpu", "digest": d2, "tag": "0.1.0-corp1"},
+        }
+    }
+    values["images"] |= {"registry": "reg.corp/ml", "tag": "0.1.0-corp1"}  # the guide's --set
+    assert _platform(_docs(values))["images"] == {
+        "slim": f"reg.corp/ml/rloo-slim:0.1.0-corp1@{d1}",
+        "train": f"reg.corp/ml/rloo-train-cpu:0.1.0-corp1@{d2}",
+        "eval": "reg.corp/ml/rloo-eval:0.1.0-corp1",
+    }
+    record.write_text(json.dumps({"slim": "reg.corp/ml/rloo-slim:0.1.0-corp1"}))
+    proc = run()
+    assert proc.returncode != 0 and proc.stdout == "" and "run make push-images" in proc.stderr
+
+
+def test_docs_say_what_the_chart_does() -> None:
+    readme = (CHART / "README.md").read_text()
+    values_yaml = (CHART / "values.yaml").read_text()
+    for text in (readme, values_yaml):
+        # a repeated name is refused now, never kept or overridden
+        assert "keeps the chart's value" not in text and "repeated name overrides" not in text
+    assert "`images.<name>.tag` (not the shared `images.tag`)" in readme
+    upgrades = readme[readme.index("### Upgrades") : readme.index("### Backups")]
+    assert "`helm rollback` does not downgrade MLflow's schema" in upgrades
+    backups = readme[readme.index("### Backups") : readme.index("## Values")]
+    assert "lands on the machine running kubectl" in backups
+    proxies = readme[readme.index("### Proxies") : readme.index("### Multi-user")]
+    assert "only for clients that call IP addresses" in proxies and ".kubeflow" in proxies
+    assert "kubeflow/pipelines#9702" in proxies
+    description = yaml.safe_load((CHART / "Chart.yaml").read_text())["description"]
+    assert description.index("Kubeflow Trainer v2 (TrainJob)") < description.index("legacy Kubeflow")
 
 
 # The upload Job as the CLI runs it -------------------------------------------------------------------

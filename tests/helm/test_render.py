@@ -66,6 +66,13 @@ def test_ci_variants_cover_the_switches() -> None:
         all(m["jobs"][k] for k in ("podAnnotations", "podLabels", "nodeSelector", "tolerations", "affinity"))
         for m in merged
     )
+    # placement without forking: validated against the Kubernetes schemas like every other field
+    placement = ("priorityClassName", "topologySpreadConstraints", "extraVolumes", "extraVolumeMounts")
+    assert any(all(m["jobs"][k] for k in placement) for m in merged)
+    assert any(m["mlflow"]["priorityClassName"] and m["mlflow"]["topologySpreadConstraints"] for m in merged)
+    assert any(m["judge"]["enabled"] and m["judge"]["runtimeClassName"] for m in merged)
+    assert any(m["seaweedfs"]["enabled"] and m["seaweedfs"]["image"]["digest"] for m in merged)
+    assert any(m["mlflow"]["service"]["annotations"] and m["serviceAccount"]["annotations"] for m in merged)
 
 
 @pytest.mark.parametrize("variant_name", VARIANTS)
