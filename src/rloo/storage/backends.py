@@ -258,13 +258,18 @@ class S3Backend:
         subscribers = [ProgressCallbackInvoker(progress.update)]
         with s3_errors(action, self.loc, self.client):
             manager = create_transfer_manager(self.client, self.transfer_config)
+            futures: list[Any] = []
             try:
-                futures = [submit(manager, job, subscribers) for job in jobs]
+                futures += [submit(manager, job, subscribers) for job in jobs]
                 for future in futures:
                     future.result()
             except BaseException as e:
-                # Stop the other transfers: the caller publishes nothing after a failure.
-                manager.shutdown(cancel=True)
+                # Stop the other transfers: the caller publishes nothing after a failure. Each future is
+                # cancelled itself: s3transfer 0.19's shutdown(cancel=True) passes its arguments shifted
+                # (cancel_msg=True, exc_type=''), so a transfer still running made it raise TypeError.
+                for future in futures:
+                    future.cancel()
+                manager.shutdown()
                 if action == "downloading" and error_code(e) in ("404", "NoSuchKey", "NotFound"):
                     raise IncompleteArtifactError(
                         f"{self.loc.uri}: a file listed in the manifest is missing: the prefix was modified "
