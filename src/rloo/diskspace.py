@@ -45,7 +45,8 @@ def tensor_bytes(tensors: Iterable[Any]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors if hasattr(t, "element_size"))
 
 
-def _gib(n: int) -> str:
+def human_bytes(n: int) -> str:
+    """``n`` bytes for a message: GiB, or MiB below one GiB."""
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / _MIB:.1f} MiB"
 
 
@@ -82,9 +83,9 @@ def disk_full_as_one_line(path: Path, needed: int, what: str) -> Iterator[None]:
         if not is_disk_full(e, path, needed):
             raise
         free = free_bytes(path)
-        have = f", {_gib(free)} free now" if free is not None else ""
+        have = f", {human_bytes(free)} free now" if free is not None else ""
         raise DiskFullError(
-            f"no space left on the disk of {path} while writing {what}: it needs about {_gib(needed)}{have}; "
+            f"no space left on the disk of {path} while writing {what}: it needs about {human_bytes(needed)}{have}; "
             "nothing half-written was kept: free some space (or point the output elsewhere) and run the same "
             "command again."
         ) from None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -247,26 +248,26 @@ def test_invalid_values_fail_with_a_message(case: str, values: dict[str, Any], m
         assert any(message in e for e in report["errors"]), report["errors"]
 
 
+def _subschemas(node: Any, path: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
+    """Every object of the values schema with its path; a ``properties`` map is walked into but not yielded
+    (its keys are value names, not keywords)."""
+    if isinstance(node, dict):
+        yield path, node
+        for key, value in node.items():
+            children = value.items() if key == "properties" and isinstance(value, dict) else [(key, value)]
+            for name, child in children:
+                yield from _subschemas(child, f"{path}/{name}")
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from _subschemas(value, f"{path}/{i}")
+
+
 def test_schema_has_positive_rules_only() -> None:
     """A negated rule (not, if/then) fails as "at '': 'not' failed", naming neither the value nor the fix: such
     refusals are rloo-kfp.validate's, one line each."""
-
-    def walk(node: Any, path: str) -> None:
-        if isinstance(node, dict):
-            if "properties" in node:
-                props = node["properties"]
-                node = {k: v for k, v in node.items() if k != "properties"}
-                for key, value in props.items():
-                    walk(value, f"{path}/{key}")
-            for keyword in ("not", "if", "then", "else"):
-                assert keyword not in node, f"{path or '/'}: '{keyword}'"
-            for key, value in node.items():
-                walk(value, f"{path}/{key}")
-        elif isinstance(node, list):
-            for i, value in enumerate(node):
-                walk(value, f"{path}/{i}")
-
-    walk(SCHEMA, "")
+    for path, node in _subschemas(SCHEMA):
+        for keyword in ("not", "if", "then", "else"):
+            assert keyword not in node, f"{path or '/'}: '{keyword}'"
 
 
 def test_the_chart_and_the_policy_check_agree_on_credential_names() -> None:
@@ -278,21 +279,12 @@ def test_the_chart_and_the_policy_check_agree_on_credential_names() -> None:
 
 def test_schema_closes_every_object() -> None:
     """additionalProperties: false wherever the schema lists properties; free-form maps are typed."""
-
-    def walk(node: Any, path: str) -> None:
-        if isinstance(node, dict):
-            if "properties" in node:
-                assert node.get("additionalProperties") is False, path or "/"
-                assert node.get("type") == "object", path
-            if node.get("type") == "object" and "properties" not in node:
-                assert isinstance(node.get("additionalProperties"), dict), f"{path}: untyped map"
-            for key, value in node.items():
-                walk(value, f"{path}/{key}")
-        elif isinstance(node, list):
-            for i, value in enumerate(node):
-                walk(value, f"{path}/{i}")
-
-    walk(SCHEMA, "")
+    for path, node in _subschemas(SCHEMA):
+        if "properties" in node:
+            assert node.get("additionalProperties") is False, path or "/"
+            assert node.get("type") == "object", path
+        if node.get("type") == "object" and "properties" not in node:
+            assert isinstance(node.get("additionalProperties"), dict), f"{path}: untyped map"
 
 
 def _values_docs() -> dict[str, str | None]:

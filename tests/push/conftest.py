@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from rloo.demo.tiny import TinySetup
+from rloo.push import PushConfig
 from tests.fixtures.servers import MlflowServer, S3Server, use_s3
 
 TRAIN_CONFIG = {
@@ -41,6 +42,25 @@ def eval_results(
     if scores is not None:
         data["per_example"] = {"keys": [f"ex{i}" for i in range(len(scores))], "trained": scores}
     return data
+
+
+def s3_push_config(
+    s3: S3Server, trained: Path | str, ev: Path, out: Path, name: str, **kw: Any
+) -> PushConfig:
+    """A push of ``trained`` to the test bucket under ``push-tests/<name>``: storage and production there, the
+    registry and the Hub named ``name`` (``kw`` replaces any field, e.g. ``production_uri=""``)."""
+    base = f"s3://{s3.bucket}/push-tests/{name}"
+    fields: dict[str, Any] = dict(
+        model_path=str(trained),
+        eval_results=str(ev),
+        output_dir=str(out),
+        storage_uri=f"{base}/versions",
+        production_uri=f"{base}/production",
+        registered_model_name=name,
+        hub_repo_id=f"org/{name}",
+        mlflow_experiment=f"push-{name}",
+    )
+    return PushConfig(**{**fields, **kw})
 
 
 def write_eval(path: Path, **kw: Any) -> Path:

@@ -23,7 +23,7 @@ from rloo.push import PushConfig, run_push
 from rloo.storage import read_manifest
 from tests.fixtures.countproxy import CountingProxy
 from tests.fixtures.servers import MlflowServer, S3Server
-from tests.push.conftest import TRAIN_CONFIG, FakeHfApi, write_eval
+from tests.push.conftest import TRAIN_CONFIG, FakeHfApi, s3_push_config, write_eval
 
 MB = 1_000_000
 
@@ -33,16 +33,8 @@ def _name() -> str:
 
 
 def _cfg(s3: S3Server, model: Path, ev: Path, out: Path, name: str, **kw: object) -> PushConfig:
-    base = f"s3://{s3.bucket}/push-tests/{name}"
-    return PushConfig(
-        model_path=str(model),
-        eval_results=str(ev),
-        output_dir=str(out),
-        storage_uri=f"{base}/versions",
-        registered_model_name=name,
-        mlflow_experiment=f"push-{name}",
-        **kw,  # type: ignore[arg-type]
-    )
+    """A push to the test bucket that registers, with no production copy and no Hub."""
+    return s3_push_config(s3, model, ev, out, name, production_uri=None, hub_repo_id=None, **kw)
 
 
 @pytest.fixture(scope="module")

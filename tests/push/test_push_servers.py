@@ -16,22 +16,7 @@ from rloo.errors import UserError
 from rloo.push import PushConfig, run_push
 from rloo.storage import is_complete, read_manifest, upload_dir
 from tests.fixtures.servers import S3Server
-from tests.push.conftest import FakeHfApi, write_eval
-
-
-def _cfg(s3: S3Server, trained: Path | str, ev: Path, out: Path, name: str, **kw: object) -> PushConfig:
-    base = f"s3://{s3.bucket}/push-tests/{name}"
-    return PushConfig(
-        model_path=str(trained),
-        eval_results=str(ev),
-        output_dir=str(out),
-        storage_uri=f"{base}/versions",
-        production_uri=f"{base}/production",
-        registered_model_name=name,
-        hub_repo_id=f"org/{name}",
-        mlflow_experiment=f"push-{name}",
-        **kw,  # type: ignore[arg-type]
-    )
+from tests.push.conftest import FakeHfApi, s3_push_config, write_eval
 
 
 def _name() -> str:
@@ -41,7 +26,7 @@ def _name() -> str:
 def test_champion_end_to_end_and_idempotent(push_env: S3Server, trained_dir: Path, tmp_path: Path) -> None:
     name = _name()
     ev = write_eval(tmp_path / "eval_results.json", lo=0.04)
-    cfg = _cfg(push_env, trained_dir, ev, tmp_path / "out", name, run_id="kfp-run-1")
+    cfg = s3_push_config(push_env, trained_dir, ev, tmp_path / "out", name, run_id="kfp-run-1")
     hub = FakeHfApi()
     result = run_push(cfg, hub_api=hub).to_dict()
     client = MlflowClient()
@@ -94,7 +79,7 @@ def test_candidate_gets_alias_and_reason_not_production(
     ev = write_eval(tmp_path / "ev.json", lo=0.01)
     hub = FakeHfApi()
     result = run_push(
-        _cfg(push_env, trained_dir, ev, tmp_path, name, promotion_margin=0.02), hub_api=hub
+        s3_push_config(push_env, trained_dir, ev, tmp_path, name, promotion_margin=0.02), hub_api=hub
     ).to_dict()
     client = MlflowClient()
     assert result["decision"] == "candidate" and "not above the margin +0.020" in result["reason"]
@@ -110,7 +95,7 @@ def test_failure_part_way_promotes_nothing_and_rerun_completes(
 ) -> None:
     name = _name()
     ev = write_eval(tmp_path / "ev.json", lo=0.04)
-    cfg = _cfg(push_env, trained_dir, ev, tmp_path / "out", name, run_id="kfp-run-2")
+    cfg = s3_push_config(push_env, trained_dir, ev, tmp_path / "out", name, run_id="kfp-run-2")
     with pytest.raises(UserError, match="Hub upload to"):
         run_push(cfg, hub_api=FakeHfApi(fail_upload=True))
     client = MlflowClient()
@@ -168,7 +153,11 @@ def test_mlflow_refusal_is_one_line(push_env: S3Server, trained_dir: Path, tmp_p
     with pytest.raises(
         UserError, match="MLflow refused the push \\(Permission denied for user 'bot' more lines\\)"
     ):
-        run_push(_cfg(push_env, trained_dir, ev, tmp_path, name), hub_api=FakeHfApi(), mlflow_client=client)
+        run_push(
+            s3_push_config(push_env, trained_dir, ev, tmp_path, name),
+            hub_api=FakeHfApi(),
+            mlflow_client=client,
+        )
     exp = client.get_experiment_by_name(f"push-{name}")
     (run,) = client.search_runs([exp.experiment_id])
     assert run.info.status == "FAILED"
@@ -181,12 +170,13 @@ def test_rerun_with_a_new_decision_moves_the_alias(
     name = _name()
     ev = write_eval(tmp_path / "ev.json", lo=0.01)
     first = run_push(
-        _cfg(push_env, trained_dir, ev, tmp_path, name, run_id="r", promotion_margin=0.05),
+        s3_push_config(push_env, trained_dir, ev, tmp_path, name, run_id="r", promotion_margin=0.05),
         hub_api=FakeHfApi(),
     ).to_dict()
     assert first["mlflow"]["aliases"] == ["candidate"]
     second = run_push(
-        _cfg(push_env, trained_dir, ev, tmp_path, name, run_id="r", promotion_margin=0.0), hub_api=FakeHfApi()
+        s3_push_config(push_env, trained_dir, ev, tmp_path, name, run_id="r", promotion_margin=0.0),
+        hub_api=FakeHfApi(),
     ).to_dict()
     assert second["decision"] == "champion" and second["mlflow"]["version"] == first["mlflow"]["version"]
     assert second["mlflow"]["aliases"] == ["champion"]
@@ -276,7 +266,7 @@ def test_rerun_that_decides_candidate_gives_champion_back(
 
     def push(run: str, margin: float) -> dict:
         return run_push(
-            _cfg(
+            s3_push_config(
                 push_env, trained_dir, evals[run], tmp_path / run, name, run_id=run, promotion_margin=margin
             ),
             hub_api=FakeHfApi(),
@@ -329,13 +319,15 @@ def test_retrying_an_older_run_does_not_take_champion_back(
     late = client.create_run(exp_id, start_time=now, run_name="late").info.run_id
 
     newer = run_push(
-        _cfg(push_env, trained_dir, ev, tmp_path / "late", name, run_id="late", mlflow_parent_run_id=late),
+        s3_push_config(
+            push_env, trained_dir, ev, tmp_path / "late", name, run_id="late", mlflow_parent_run_id=late
+        ),
         hub_api=FakeHfApi(),
     ).to_dict()
     assert newer["decision"] == "champion"
     hub = FakeHfApi()
     older = run_push(
-        _cfg(
+        s3_push_config(
             push_env,
             trained_dir,
             ev_early,
@@ -368,7 +360,7 @@ def test_registered_version_loads_back(
 
     name = _name()
     ev = write_eval(tmp_path / "ev.json", lo=0.04)
-    run_push(_cfg(push_env, trained_dir, ev, tmp_path / "out", name), hub_api=FakeHfApi())
+    run_push(s3_push_config(push_env, trained_dir, ev, tmp_path / "out", name), hub_api=FakeHfApi())
     monkeypatch.setenv("MLFLOW_S3_ENDPOINT_URL", push_env.endpoint)
     uri = f"models:/{name}@champion"
     for d in ("tf", "pyfunc"):

@@ -210,13 +210,13 @@ def _read_platform(ns: argparse.Namespace) -> Any:
     return platform.read(ns.platform)
 
 
-def _apply_platform(path: Path, settings: Any) -> None:
+def _apply_platform(source: Path, dest: Path, settings: Any) -> None:
+    """Write ``source`` with ``settings`` applied to ``dest`` (which may be ``source``)."""
     from rloo.pipeline import platform
 
-    if settings is not None:
-        path.write_text(platform.apply(path.read_text(), settings))
-        for name, ref in sorted(settings.images.items()):
-            _note(f"{name} image (--platform): {ref}")
+    dest.write_text(platform.apply(source.read_text(), settings))
+    for name, ref in sorted(settings.images.items()):
+        _note(f"{name} image (--platform): {ref}")
 
 
 def _dispatch(ns: argparse.Namespace) -> int:
@@ -239,7 +239,8 @@ def _dispatch_action(ns: argparse.Namespace) -> int:
         from rloo.pipeline.compile import compile_pipeline
 
         for path in compile_pipeline(ns.output):
-            _apply_platform(Path(path), settings)
+            if settings is not None:
+                _apply_platform(Path(path), Path(path), settings)
             print(path)
         return 0
     if ns.action == "manifest":
@@ -292,8 +293,7 @@ def _dispatch_action(ns: argparse.Namespace) -> int:
             (package,) = compile_pipeline(Path(tmp) / "rloo_pipeline.yaml")
         if settings is not None:  # the package as the cluster runs it: its digest names the version
             applied = Path(tmp) / "rloo_pipeline.platform.yaml"
-            applied.write_text(Path(package).read_text())
-            _apply_platform(applied, settings)
+            _apply_platform(Path(package), applied, settings)
             package = applied
         with S.api_errors(ns.host):
             client = S.connect(ns.host, namespace=ns.namespace, ui_host=getattr(ns, "ui_host", None))

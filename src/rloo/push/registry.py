@@ -63,6 +63,7 @@ from typing import Any
 
 import yaml
 
+from rloo.diskspace import human_bytes
 from rloo.push.gate import CHAMPION, Decision
 
 log = logging.getLogger("rloo.push")
@@ -255,10 +256,6 @@ def write_reference_files(files: Path, uri: str) -> int:
     return sum(p.stat().st_size for p in paths)
 
 
-def _human(n: int) -> str:
-    return f"{n / 1e9:.1f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB" if n >= 1e5 else f"{n} bytes"
-
-
 def logged_model_name(name: str) -> str:
     """A logged model's name may not hold ``/ : . % " '`` (mlflow.utils.validation), a registered one may."""
     return re.sub(r"[/:.%\"']+", "-", name).strip("-") or "model"
@@ -416,7 +413,7 @@ class Registry:
                 name,
                 source,
                 sum(1 for p in ref.rglob("*") if p.is_file()) - 1,
-                _human(written),
+                human_bytes(written),
             )
         else:
             mdir = build_mlflow_model_dir(
@@ -433,7 +430,7 @@ class Registry:
                 "registering %s by uploading the model (%s) through the MLflow server: its published copy "
                 "is %s, not in object storage%s",
                 name,
-                _human(size),
+                human_bytes(size),
                 files.published_uri or "not configured (no --storage_uri)",
                 "; an s3:// --storage_uri registers it by reference instead" if size >= LARGE_UPLOAD else "",
             )
