@@ -1,6 +1,7 @@
 """The import-linter contracts of pyproject.toml hold: dependencies point one way (cli/components -> pipeline
--> eval/push/training -> shared -> algo), rloo.algo imports nothing from rloo, and no production module
-imports the demo fixtures. ``make lint`` runs the same check as ``lint-imports``."""
+-> stages -> k8s/eval/push/training -> shared -> algo), rloo.algo imports nothing from rloo, rloo.k8s nothing
+about RL, no package's modules import each other in a circle, and no production module imports the demo
+fixtures. ``make lint`` runs the same check as ``lint-imports``."""
 
 from __future__ import annotations
 

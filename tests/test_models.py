@@ -12,11 +12,13 @@ from rloo.demo.tiny import EOS_TOKEN, PAD_TOKEN, TinySetup, build_tokenizer
 from rloo.errors import UserError
 from rloo.models import (
     check_finite_weights,
+    check_model_source,
     check_safetensors_weights,
     disable_dropout,
     load_causal_lm,
     load_reward_model,
     load_tokenizer,
+    local_model_dir,
 )
 from tests.fixtures.weights import corrupt_copy
 
@@ -93,6 +95,33 @@ def test_missing_or_incomplete_model_dir(tmp_path: Path) -> None:
         load_tokenizer(str(tmp_path / "empty"))
     with pytest.raises(UserError, match=r"--reward_model_path .*no config.json"):
         load_reward_model(str(tmp_path / "empty"))
+
+
+def test_one_rule_for_a_local_model_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """local_model_dir decides for the loader and for push: a save_pretrained output, or a LoRA adapter
+    unless the caller needs a full model; every refusal one line naming the argument, with the caller's hint."""
+    monkeypatch.chdir(tmp_path)
+    full, adapter, empty = (tmp_path / n for n in ("full", "adapter", "empty"))
+    for d in (full, adapter, empty):
+        d.mkdir()
+    (full / "config.json").write_text("{}")
+    (adapter / "adapter_config.json").write_text("{}")
+    assert local_model_dir("model_path", "./full") == Path("full")
+    assert local_model_dir("model_path", f"file://{full}") == full
+    assert local_model_dir("model_path", str(adapter)) == adapter
+    with pytest.raises(UserError, match=r"^--m adapter: not a model directory \(no config\.json\); hint\.$"):
+        local_model_dir("m", "adapter", adapter=False, hint="hint")
+    with pytest.raises(UserError, match=r"^--m empty: not a model directory \(no config\.json or adapter"):
+        local_model_dir("m", "empty")
+    with pytest.raises(UserError, match=r"^--m gpt2: no such directory; hint\.$"):
+        local_model_dir("m", "gpt2", hint="hint")  # the caller wants a directory: a Hub id is none
+    with pytest.raises(UserError, match=r"^--m s3://b/p: an s3:// prefix, not a local directory"):
+        local_model_dir("m", "s3://b/p")
+    # the loader's check applies it to local paths only
+    check_model_source("model_name_or_path", str(adapter))
+    check_model_source("model_name_or_path", "gpt2")
+    with pytest.raises(UserError, match="not a model directory"):
+        check_model_source("model_name_or_path", str(empty))
 
 
 def test_garbage_config_is_a_user_error(tmp_path: Path, tiny_setup: TinySetup) -> None:

@@ -74,12 +74,13 @@ def test_datasets_follow_the_same_rule(tmp_path: Path, monkeypatch: pytest.Monke
 
 
 def test_pipeline_steps_take_a_bare_hub_id(tmp_path: Path) -> None:
-    from rloo.pipeline.steps import check_model_source, durable_model_name, fetch_model
+    from rloo.stages.fetch import durable_model_name, fetch_model
+    from rloo.stages.validate import check_pipeline_model
 
-    check_model_source("gpt2")  # old rule: "model 'gpt2': no such directory"
+    check_pipeline_model("gpt2")  # old rule: "model 'gpt2': no such directory"
     for local in ("./gpt2", str(tmp_path / "gpt2"), "a/b/c"):
         with pytest.raises(UserError, match="no such directory"):
-            check_model_source(local)
+            check_pipeline_model(local)
     assert durable_model_name({"source": "gpt2", "uri": "s3://b/run/sft"}) == "gpt2"
     assert durable_model_name({"source": "./gpt2", "uri": "s3://b/run/sft"}) == "s3://b/run/sft"
     assert durable_model_name({"source": "s3://b/sft", "uri": "s3://b/run/sft"}) == "s3://b/run/sft"
@@ -102,10 +103,10 @@ def test_pipeline_steps_take_a_bare_hub_id(tmp_path: Path) -> None:
 
 
 def test_push_routes_by_the_same_rule(tmp_path: Path) -> None:
-    from rloo.push.stage import check_model_source
+    from rloo.push.trained import check_trained_model
 
     # a push takes a training output: a Hub id is a missing directory there, as before; s3:// by its manifest
     with pytest.raises(UserError, match="--model_path gpt2: no such directory"):
-        check_model_source("gpt2")
+        check_trained_model("gpt2")
     with pytest.raises(UserError, match=r"invalid S3 bucket name 'bad_bucket'"):
-        check_model_source("S3://bad_bucket/x")
+        check_trained_model("S3://bad_bucket/x")

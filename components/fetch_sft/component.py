@@ -7,27 +7,20 @@ from rloo.pipeline.images import SLIM_IMAGE
 
 
 @dsl.component(base_image=SLIM_IMAGE, install_kfp_package=False)
-def fetch_sft(
-    model: str,
-    model_revision: str,
-    output_uri: str,
-    kfp_run_id: str,
-    sft_model: Output[Model],
-    summary: Output[Markdown],
-):
+def fetch_sft(plan: str, kfp_run_id: str, sft_model: Output[Model], summary: Output[Markdown]):
     import json
     import os
     import sys
 
     from rloo.errors import UserError
-    from rloo.pipeline.layout import RunLayout
     from rloo.pipeline.reports import fetch_markdown
-    from rloo.pipeline.steps import fetch_model
+    from rloo.stages import fetch
+    from rloo.stages.plan import StagePlan
 
     os.environ["KFP_RUN_ID"] = kfp_run_id
     try:
         # a Hub id is pinned to one commit (model_revision, else main's commit now), recorded in the metadata
-        meta = fetch_model(model, RunLayout(output_uri, kfp_run_id).sft, revision=model_revision or None)
+        meta = fetch.run(StagePlan.from_json(plan), kfp_run_id)
     except UserError as e:  # credentials, bucket, a bad model: one line, not a traceback
         print(f"fetching the SFT model failed: {e}", file=sys.stderr)
         raise SystemExit(2) from None

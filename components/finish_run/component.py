@@ -9,19 +9,12 @@ from rloo.pipeline.images import SLIM_IMAGE
 def finish_run(
     status: dsl.PipelineTaskFinalStatus, kfp_run_id: str, kfp_run_name: str, mlflow_experiment: str
 ) -> str:
-    import os
+    from rloo.stages import finish
 
-    os.environ["MLFLOW_EXPERIMENT_NAME"] = mlflow_experiment
-    if not os.environ.get("MLFLOW_TRACKING_URI"):
-        return "no tracking server"  # nothing was tracked, nothing to close
-    from rloo.tracking import finish_pipeline_run
-
-    state = "FINISHED" if status.state == "SUCCEEDED" else "FAILED"
-    finish_pipeline_run(
-        state,
-        pipeline_run_id=kfp_run_id,
-        pipeline_run_name=kfp_run_name,
+    return finish.run(
+        status.state,
+        run_id=kfp_run_id,
+        run_name=kfp_run_name,
         experiment=mlflow_experiment,
-        error=status.error_message if state == "FAILED" else None,
+        error=status.error_message,
     )
-    return state

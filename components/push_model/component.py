@@ -11,40 +11,25 @@ def push_model(
     trained_model_uri: str,
     sft_model: Input[Model],
     eval_results: str,
-    output_uri: str,
-    production_uri: str,
-    registered_model_name: str,
-    register_model: bool,
-    hub_repo_id: str,
-    promotion_margin: float,
-    compare_to_champion: bool,
+    plan: str,
     kfp_run_id: str,
     kfp_run_name: str,
-    mlflow_experiment: str,
     summary: Output[Markdown],
 ) -> str:
     import os
 
     from rloo.pipeline.reports import push_markdown, stage_run_link
-    from rloo.pipeline.steps import durable_model_name, push_stage
+    from rloo.stages import push
+    from rloo.stages.plan import StagePlan
 
-    os.environ.update(
-        KFP_RUN_ID=kfp_run_id, KFP_RUN_NAME=kfp_run_name, MLFLOW_EXPERIMENT_NAME=mlflow_experiment
-    )
-    result = push_stage(
+    stage_plan = StagePlan.from_json(plan)
+    os.environ.update(stage_plan.run_env(kfp_run_id, kfp_run_name))
+    result = push.run(
+        stage_plan,
+        kfp_run_id,
         trained_uri=trained_model_uri,
         eval_results_uri=eval_results,
-        output_uri=output_uri,
-        kfp_run_id=kfp_run_id,
-        base_model=durable_model_name(dict(sft_model.metadata)),
-        base_model_revision=str(sft_model.metadata.get("revision") or ""),
-        production_uri=production_uri or None,
-        registered_model_name=registered_model_name or None,
-        register_model=register_model,
-        hub_repo_id=hub_repo_id or None,
-        promotion_margin=promotion_margin,
-        compare_to_champion=compare_to_champion,
-        mlflow_experiment=mlflow_experiment,
+        sft=dict(sft_model.metadata),
     )
     with open(summary.path, "w") as f:
         f.write(push_markdown(result, stage_run_link("push", kfp_run_id)))

@@ -1,10 +1,12 @@
-"""First step: build every stage's config from the pipeline parameters, on a CPU pod, before any GPU.
+"""First step: the run's plan (every stage's part) from the pipeline parameters, on a CPU pod, before any GPU.
 
-It takes every pipeline parameter (a test keeps the two signatures equal): each one is checked here."""
+It takes every pipeline parameter (KFP runs this function's own source, so they are listed here; a test keeps
+them equal to the pipeline's): each one is checked here, and the later steps read the plan instead."""
 
 from typing import NamedTuple
 
 from kfp import dsl
+from kfp.dsl import Markdown, Output
 
 from rloo.pipeline.images import SLIM_IMAGE
 
@@ -58,22 +60,24 @@ def validate_params(
     mlflow_secret: str,
     hf_secret: str,
     judge_secret: str,
-) -> NamedTuple("Validated", [("train_config", str), ("gpu_limit", str)]):
-    """Returns the training config (a JSON mapping that ``rloo train --config`` reads) the validated parameters
-    give, and the training pod's GPU count as text: KFP's driver reads a pod-spec placeholder as a string
-    (``GetStringValue``), so an integer pipeline parameter there would resolve to nothing and the pod would get
-    no GPU."""
-    params = dict(locals())  # first statement: exactly the parameters, by their pipeline names
-    import json
+    summary: Output[Markdown],
+) -> NamedTuple("Validated", [("plan", str), ("gpu_limit", str)]):
+    """Returns the plan (:class:`rloo.stages.plan.StagePlan` as JSON) and the training pod's GPU count as
+    text: KFP's driver reads a pod-spec placeholder as a string (``GetStringValue``), so an integer pipeline
+    parameter there would resolve to nothing and the pod would get no GPU."""
+    params = {k: v for k, v in locals().items() if k != "summary"}  # first statement: the parameters
     import sys
 
     from rloo.errors import UserError
-    from rloo.pipeline.steps import check_pipeline_params
+    from rloo.pipeline.reports import plan_markdown
+    from rloo.stages import validate
 
     try:
         # the model is looked up here (directory, s3:// upload or Hub repo), before any GPU is requested
-        train_config = check_pipeline_params(params, check_hub=True)
+        plan = validate.run(params)
     except UserError as e:
         print(f"invalid pipeline parameters: {e}", file=sys.stderr)
         raise SystemExit(2) from None
-    return (json.dumps(train_config, sort_keys=True), str(gpu_count))  # in the annotation's order
+    with open(summary.path, "w") as f:
+        f.write(plan_markdown(plan))
+    return (plan.to_json(), str(gpu_count))  # in the annotation's order

@@ -180,7 +180,7 @@ the chart's own variables; rloo-kfp.validate refuses a name the chart sets itsel
 {{- end -}}
 
 {{/* The variables pointing at the CA bundle (OpenSSL and httpx, requests, boto3, curl), as a JSON list: the
-same as rloo.pipeline.platform.CA_ENV. */}}
+same as rloo.k8s.platform.CA_ENV. */}}
 {{- define "rloo-kfp.caEnvNames" -}}
 {{- list "SSL_CERT_FILE" "REQUESTS_CA_BUNDLE" "AWS_CA_BUNDLE" "CURL_CA_BUNDLE" | toJson -}}
 {{- end -}}

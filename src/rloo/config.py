@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rloo.errors import UserError
-from rloo.options import aliases_of, option
+from rloo.options import Exposed, aliases_of, option
 
 if TYPE_CHECKING:
+    from rloo.generation import GenerationSettings
     from rloo.storage.location import Location
 
 # Below an s3:// output_dir: where checkpoints are mirrored (the final model sits at the prefix itself).
@@ -48,7 +49,12 @@ class RLOOConfig:
         "SFT checkpoint the policy starts from and the frozen KL reference (default: model_name_or_path).",
     )
     reward_model_path: str | None = option(
-        None, "Sequence-classification reward model (Hub id or local dir); scored with its own tokenizer."
+        None,
+        "Sequence-classification reward model (Hub id or local dir); scored with its own tokenizer.",
+        pipeline=Exposed(
+            "reward_model_path",
+            help="Reward model (Hub id or directory); or give --reward_funcs in extra_train_args.",
+        ),
     )
     reward_funcs: list[str] = option(
         [], "Reward functions as import paths 'pkg.module:fn' (called with prompts, completions, ...)."
@@ -65,11 +71,20 @@ class RLOOConfig:
         None,
         "Hub dataset id, local directory laid out like one (data/<split>-*.parquet|jsonl) or s3:// upload "
         "of such a directory (made with rloo.storage.upload_dir: every file's SHA-256 is checked).",
+        pipeline=Exposed(
+            "dataset_name",
+            required=True,
+            help="Training prompts: Hub id (name or org/name), directory in the 'rloo train' layout, or "
+            "s3://bucket/prefix holding one uploaded with rloo.storage.upload_dir (its manifest's SHA-256s are "
+            "checked). Recorded as the train run's MLflow dataset.",
+        ),
     )
     dataset_config: str | None = option(
         None, "Dataset configuration (subset) name, for Hub datasets that have them."
     )
-    dataset_train_split: str = option("train", "Split used for training prompts.")
+    dataset_train_split: str = option(
+        "train", "Split used for training prompts.", pipeline="dataset_train_split"
+    )
     dataset_test_split: str = option(
         "test", "Split used for sample generations (falls back to train if absent)."
     )
@@ -97,19 +112,31 @@ class RLOOConfig:
     )
     exp_name: str = option("rloo", "Experiment name (metrics and run names).")
     run_name: str | None = option(None, "Run name (default: '<exp_name>__<seed>__<unix time>').")
-    seed: int = option(42, "Seed for data order, sampling and initialisation: a run is reproducible from it.")
+    seed: int = option(
+        42,
+        "Seed for data order, sampling and initialisation: a run is reproducible from it.",
+        pipeline="seed",
+    )
 
     # --- batch sizes (see batch arithmetic in BatchPlan) -----------------------------------------------
-    per_device_train_batch_size: int = option(8, "Completions per micro-batch (forward/backward) per device.")
+    per_device_train_batch_size: int = option(
+        8,
+        "Completions per micro-batch (forward/backward) per device.",
+        pipeline="per_device_train_batch_size",
+    )
     per_device_eval_batch_size: int = option(8, "Prompts per batch when generating samples for the log.")
-    gradient_accumulation_steps: int = option(1, "Micro-batches accumulated per optimizer step.")
+    gradient_accumulation_steps: int = option(
+        1, "Micro-batches accumulated per optimizer step.", pipeline="gradient_accumulation_steps"
+    )
     num_mini_batches: int = option(
         1,
         "Mini-batches (optimizer steps) per PPO epoch over one rollout batch.",
         aliases=("steps_per_generation",),
     )
     total_episodes: int | None = option(
-        None, "Total completions to train on (default: num_train_epochs x prompts x rloo_k)."
+        None,
+        "Total completions to train on (default: num_train_epochs x prompts x rloo_k).",
+        pipeline=Exposed("total_episodes", default=10000, help="Completions to train on in total."),
     )
     num_train_epochs: float = option(3.0, "Passes over the training prompts when total_episodes is not set.")
     max_steps: int = option(-1, "If > 0: number of RLOO updates to run (overrides total_episodes).")
@@ -122,11 +149,14 @@ class RLOOConfig:
         2,
         "Completions sampled per prompt (K); the baseline is the mean of the other K-1.",
         aliases=("num_generations",),
+        pipeline="rloo_k",
     )
     num_ppo_epochs: int = option(
         4, "Optimisation passes over each rollout batch.", aliases=("num_iterations",)
     )
-    kl_coef: float = option(0.05, "KL penalty coefficient against the reference policy.", aliases=("beta",))
+    kl_coef: float = option(
+        0.05, "KL penalty coefficient against the reference policy.", aliases=("beta",), pipeline="kl_coef"
+    )
     kl_estimator: str = option(
         "k1",
         "Per-token KL estimator: k1 (logp - ref_logp), k2 (0.5 (logp - ref_logp)^2) or k3 "
@@ -171,7 +201,10 @@ class RLOOConfig:
 
     # --- generation ---------------------------------------------------------------------------------
     response_length: int = option(
-        53, "New tokens sampled per completion.", aliases=("max_completion_length",)
+        53,
+        "New tokens sampled per completion.",
+        aliases=("max_completion_length",),
+        pipeline="response_length",
     )
     max_prompt_length: int | None = option(
         None,
@@ -235,7 +268,7 @@ class RLOOConfig:
     )
 
     # --- optimisation -------------------------------------------------------------------------------
-    learning_rate: float = option(3e-6, "AdamW learning rate.")
+    learning_rate: float = option(3e-6, "AdamW learning rate.", pipeline="learning_rate")
     lr_scheduler_type: str = option("linear", "Learning-rate schedule: " + ", ".join(LR_SCHEDULERS) + ".")
     warmup_steps: int = option(0, "Linear warm-up length in updates (overrides warmup_ratio).")
     warmup_ratio: float = option(0.0, "Linear warm-up length as a fraction of all updates.")
@@ -574,6 +607,25 @@ class RLOOConfig:
 
     def batch_plan(self, world_size: int, num_prompts: int | None = None) -> BatchPlan:
         return BatchPlan.from_config(self, world_size=world_size, num_prompts=num_prompts)
+
+    def generation_settings(self) -> GenerationSettings:
+        """What the rollout generator is built from (``rloo.training.vllm_backend.make_generator``)."""
+        from rloo.generation import GenerationSettings  # imports torch: not at config import (the CLI)
+
+        return GenerationSettings(
+            use_vllm=self.use_vllm,
+            cache_implementation=self.cache_implementation,
+            compile_generation=self.compile_generation,
+            ds3_gather_for_generation=self.ds3_gather_for_generation,
+            model_path=self.policy_path,
+            bf16=self.bf16,
+            fp16=self.fp16,
+            seed=self.seed,
+            trust_remote_code=self.trust_remote_code,
+            vllm_gpu_memory_utilization=self.vllm_gpu_memory_utilization,
+            vllm_enable_sleep_mode=self.vllm_enable_sleep_mode,
+            vllm_batch_invariant=self.vllm_batch_invariant,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -22,6 +22,6 @@ class ServiceUnavailable(UserError):
     """A service the run needs (a tracking server, object storage) could not be reached or answered 5xx:
     nothing about the request is wrong, and the same command may well work a minute later. Exits 75
     (``EX_TEMPFAIL`` of sysexits.h) instead of 2, so a retried pipeline step tries again
-    (rloo.pipeline.retry tells the two apart by the status)."""
+    (rloo.stages.retry tells the two apart by the status)."""
 
     exit_code = 75

@@ -94,6 +94,32 @@ class SamplingParams:
     greedy: bool = False
 
 
+@dataclass(frozen=True)
+class GenerationSettings:
+    """How a training run generates its rollouts: the training config's generation fields
+    (``RLOOConfig.generation_settings()``), given to the generator factories whole and typed so that each
+    default is declared once, on the config field. No field has a default here, for the same reason.
+
+    The factories: :meth:`TransformersGenerator.from_settings` and the vLLM engine's
+    ``rloo.training.vllm_backend.make_vllm_generator``, chosen by ``make_generator`` there.
+    """
+
+    use_vllm: bool  # a colocated vLLM engine; else the built-in TransformersGenerator
+    # -- the built-in generator
+    cache_implementation: str  # "dynamic" or "static" (see TransformersGenerator)
+    compile_generation: bool  # torch.compile the static decode step
+    ds3_gather_for_generation: bool  # ZeRO-3: gather the policy per rollout; else decode from the shards
+    # -- the vLLM engine
+    model_path: str  # the checkpoint the engine starts from (the policy's starting point)
+    bf16: bool  # the training precision, which the engine runs in too
+    fp16: bool
+    seed: int
+    trust_remote_code: bool
+    vllm_gpu_memory_utilization: float
+    vllm_enable_sleep_mode: bool
+    vllm_batch_invariant: bool
+
+
 class GenerationInterrupted(Exception):
     """Generation stopped early because ``should_stop`` said so (a pending preemption)."""
 
@@ -167,6 +193,28 @@ class TransformersGenerator:
         self.synced_steps = synced_steps
         # polled between decode steps: a pending SIGTERM stops a long generation within one step
         self.should_stop: Callable[[], bool] | None = None
+
+    @classmethod
+    def from_settings(
+        cls,
+        model: Any,
+        settings: GenerationSettings,
+        *,
+        batch_size: int,
+        autocast: Any = None,
+        synced_steps: bool = False,
+    ) -> TransformersGenerator:
+        """The rollout generator of a training run: ``model`` is the bare policy (unwrapped), ``synced_steps``
+        whether ranks must decode in lockstep (ZeRO-3 from shards; the trainer knows, see
+        ``rloo.training.deepspeed_utils.generation_needs_synced_steps``)."""
+        return cls(
+            model,
+            batch_size=batch_size,
+            autocast=autocast,
+            synced_steps=synced_steps,
+            cache_implementation=settings.cache_implementation,
+            compile_decode=settings.compile_generation,
+        )
 
     @torch.inference_mode()  # cheaper dispatch than no_grad; outputs are cloned out of it below
     def generate(

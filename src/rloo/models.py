@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -85,9 +85,38 @@ def check_safetensors_weights(model_dir: Path, *, flag: str, shown: str | None =
             ) from None
 
 
+def holds_model_config(names: Collection[str], *, adapter: bool = True) -> bool:
+    """Whether a directory whose top-level files are ``names`` holds a model: a ``save_pretrained`` output
+    (``config.json``) or, with ``adapter``, a LoRA adapter (``adapter_config.json``, what ``rloo train
+    --use_peft`` writes; :func:`load_causal_lm` loads the base model it names and merges it in). For a local
+    directory and for an upload's manifest alike."""
+    return "config.json" in names or (adapter and ADAPTER_CONFIG in names)
+
+
+def local_model_dir(
+    flag: str, value: str, *, adapter: bool = True, hint: str = "pass a model directory or a Hub id"
+) -> Path:
+    """The directory that the local model argument ``--flag value`` names, when it holds a model
+    (:func:`holds_model_config`); else one line naming the argument, ending with ``hint`` (what to pass
+    instead). The one rule of every stage for "is this local path a model". A Hub-shaped value is read as a
+    path here (the caller decided it wants a directory); an ``s3://`` one is refused by name."""
+    if source_kind(value) == "s3":
+        raise UserError(f"--{flag} {value}: an s3:// prefix, not a local directory; {hint}.")
+    path = local_source_path(value)
+    if not path.is_dir():
+        raise UserError(f"--{flag} {value}: no such directory; {hint}.")
+    present = [name for name in ("config.json", ADAPTER_CONFIG) if (path / name).is_file()]
+    if not holds_model_config(present, adapter=adapter):
+        what = f"config.json or {ADAPTER_CONFIG}" if adapter else "config.json"
+        raise UserError(f"--{flag} {value}: not a model directory (no {what}); {hint}.")
+    return path
+
+
 def check_model_source(flag: str, path: str) -> None:
-    """One line for a local model path that is missing or holds no model; a Hub id passes (the one rule of
-    :func:`rloo.storage.location.source_kind`: ``gpt2`` and ``org/name`` are Hub ids, ``./gpt2`` a path)."""
+    """The loader's check: one line for a model argument that cannot be loaded from where it points. A Hub id
+    passes (transformers resolves it), an ``s3://`` prefix is refused (it is not loaded directly), a local
+    path must be a model directory or LoRA adapter (:func:`local_model_dir`). Which of the three ``path`` is:
+    :func:`rloo.storage.location.source_kind` (``gpt2`` and ``org/name`` are Hub ids, ``./gpt2`` a path)."""
     kind = source_kind(path)
     if kind == "hub":
         return  # transformers resolves it (and reports its own failure, wrapped below)
@@ -96,13 +125,7 @@ def check_model_source(flag: str, path: str) -> None:
             f"--{flag} {path}: an s3:// model is not loaded directly; give a Hub id or a local directory "
             "(download the upload first, e.g. with rloo.storage.download_dir)."
         )
-    p = local_source_path(path)
-    if not p.is_dir():
-        raise UserError(f"--{flag} {path}: no such directory; pass a model directory or a Hub id.")
-    if not (p / "config.json").is_file() and not (p / ADAPTER_CONFIG).is_file():
-        raise UserError(
-            f"--{flag} {path}: not a model directory (no config.json); pass a save_pretrained output."
-        )
+    local_model_dir(flag, path)
 
 
 def check_model_files(flag: str, path: str, *, trust_remote_code: bool = False) -> None:

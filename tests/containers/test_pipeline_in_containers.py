@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from rloo.pipeline.images import is_pinned
+from rloo.k8s.images import is_pinned
 from tests.fixtures.servers import free_port
 
 pytestmark = pytest.mark.skipif(
@@ -266,7 +266,7 @@ def test_the_charts_upload_job_runs_in_the_slim_image(
     sidecar is told to exit."""
     import yaml
 
-    from rloo.pipeline import platform
+    from rloo.k8s import platform
     from tests.fixtures.kfp_api import kfp_api
     from tests.helm.helpers import documents, find, render
 

@@ -25,12 +25,14 @@ def _demo_run(work: Path, params: dict[str, Any], learning_rate: float) -> dict[
     from rloo.config import RLOOConfig
     from rloo.pipeline.local import check_names
     from rloo.pipeline.params import with_defaults
-    from rloo.pipeline.steps import check_pipeline_params, evaluate_stage
+    from rloo.stages.evaluate import evaluate
+    from rloo.stages.validate import build_plan
     from rloo.storage import upload_dir
     from rloo.training.trainer import train
 
     p = with_defaults(check_names({**params, "learning_rate": learning_rate}, required=True))
-    values = check_pipeline_params(p)  # the validate step: the config the train step runs `rloo train` on
+    plan = build_plan(p)  # the validate step: the config the train step runs `rloo train` on
+    values = plan.train
     model = work / f"model-{learning_rate:g}"
     cfg = RLOOConfig(
         model_name_or_path=p["model"], output_dir=str(model), report_to="none", disable_tqdm=True, **values
@@ -43,16 +45,11 @@ def _demo_run(work: Path, params: dict[str, Any], learning_rate: float) -> dict[
         upload_dir(p["model"], sft, progress=False)
     upload_dir(model, store / model.name, progress=False)
     results = work / f"eval-{learning_rate:g}"
-    evaluate_stage(
+    evaluate(
+        plan,
         trained_uri=str(store / model.name),
         sft_uri=str(sft),
         results_uri=str(results),
-        dataset_name=p["eval_dataset_name"],
-        dataset_split=p["eval_dataset_split"],
-        num_examples=p["eval_num_examples"],
-        judge_base_url=p["judge_base_url"],
-        judge_model=p["judge_model"],
-        max_new_tokens=p["eval_max_new_tokens"],
         work=str(work / f"eval-work-{learning_rate:g}"),
     )
     scores = [h["objective/scores"] for h in history]

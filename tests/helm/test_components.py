@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from rloo.pipeline.constants import HF_SECRET_KEYS, JUDGE_SECRET_KEYS, MLFLOW_SECRET_KEYS, PIPELINE_NAME
+from rloo.stages.constants import HF_SECRET_KEYS, JUDGE_SECRET_KEYS, MLFLOW_SECRET_KEYS, PIPELINE_NAME
 from tests.fixtures.kube_api import Call, FakeKubeAPI
 from tests.fixtures.servers import free_port, stop_process
 from tests.helm.helpers import CHART, NAMESPACE, documents, env_of, find, pod_spec, render, variant_values
@@ -140,7 +140,7 @@ def _api_calls_of_the_training_step(backend: str, runtime: str, monkeypatch: pyt
         "message": "",
         "lastTransitionTime": "2026-01-01T00:00:00Z",
     }
-    from rloo.pipeline.trainjob import OwnerPod
+    from rloo.k8s.builders import OwnerPod
 
     calls: set[Call] = set()
     for existing, owner in (([failed], None), (None, OwnerPod("launcher-2", "uid-2", NAMESPACE))):
@@ -155,8 +155,8 @@ def _calls_of_one_step(
     ``owner``: a running job of an earlier attempt's pod, adopted."""
     import kubernetes
 
-    from rloo.pipeline.jobs import run_multi_node
-    from rloo.pipeline.trainjob import OwnerPod, TrainJobSpec, build_job
+    from rloo.k8s.builders import OwnerPod, TrainJobSpec, build_job
+    from rloo.k8s.jobs import run_multi_node
 
     fake = FakeKubeAPI(outcome="Complete" if backend == "trainjob" else "Succeeded", existing=existing)
     monkeypatch.setattr(kubernetes.client, "CustomObjectsApi", lambda *a, **k: fake)
@@ -169,10 +169,7 @@ def _calls_of_one_step(
         name="rloo-train-r1",
         namespace=NAMESPACE,
         image="img",
-        train_config={},
-        sft_uri="s3://b/sft",
-        model_uri="s3://b/model",
-        checkpoint_uri="s3://b/ck",
+        command=["python", "-m", "node"],
         num_nodes=2,
         gpus_per_node=1,
         owner=owner,
@@ -623,7 +620,7 @@ def test_network_policies_admit_only_each_components_clients() -> None:
     _selects(mlflow, "mlflow")
     peers = _from(mlflow)
     assert {"namespaceSelector": {"matchLabels": pipeline_ns}, "podSelector": {"matchLabels": {}}} in peers
-    train = {"matchLabels": {"app.kubernetes.io/name": "rloo-train"}}  # rloo.pipeline.trainjob's pods
+    train = {"matchLabels": {"app.kubernetes.io/name": "rloo-train"}}  # rloo.k8s.builders' pods
     assert {"namespaceSelector": {"matchLabels": pipeline_ns}, "podSelector": train} in peers
     assert [_component(p) for p in peers if "namespaceSelector" not in p] == ["test"]
     assert mlflow["spec"]["ingress"][0]["ports"] == [{"port": "http", "protocol": "TCP"}]

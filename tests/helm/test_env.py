@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from rloo.errors import UserError
+from rloo.k8s.platform import CA_ENV, PLATFORM_ENV
 from rloo.pipeline import platform
 from tests.helm.helpers import (
     CHART,
@@ -294,7 +295,7 @@ def test_the_own_names_list_is_what_the_chart_sets() -> None:
         for e in ex["container"].get("env") or []
     }
     assert added == set(own["steps"])
-    assert set(platform.CA_ENV) | {platform.PLATFORM_ENV} == set(own["steps"])
+    assert set(CA_ENV) | {PLATFORM_ENV} == set(own["steps"])
 
 
 def _own_cases() -> list[tuple[str, str, str]]:
@@ -354,7 +355,7 @@ def test_every_name_the_chart_sets_is_refused_where_the_value_reaches() -> None:
         text = str(err.value)
         if value in ("extraEnv", "pipeline.extraEnv") and _credential(name):
             expected = f"{value}.{name} looks like a credential"
-        elif name in platform.CA_ENV:
+        elif name in CA_ENV:
             expected = (
                 f"{value}.{name} is set by the chart itself: caBundle.configMap points it at the CA bundle"
             )

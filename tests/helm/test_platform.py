@@ -903,7 +903,7 @@ def test_the_upload_job_runs_the_cli_on_what_the_chart_renders(variant: str, tmp
 
 
 def test_the_chart_mounts_the_ca_where_the_steps_do() -> None:
-    from rloo.pipeline import platform
+    from rloo.k8s import platform
 
     assert CA_VARIABLES == platform.CA_ENV
     docs = _docs({"caBundle": {"configMap": "corp-ca", "key": "bundle.pem"}})

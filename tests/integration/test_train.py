@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 
 from rloo.cli import main
 from rloo.demo.tiny import build_tiny_setup
+from rloo.generation import GenerationSettings
 from rloo.training.trainer import train
 
 pytestmark = pytest.mark.slow
@@ -335,8 +336,6 @@ def _stand_in_sampler(monkeypatch: pytest.MonkeyPatch, edit: Callable[[Any, Any]
     """Make the trainer sample with the built-in backend, then pass each result through ``edit(gen,
     params)``: a stand-in for a backend the test cannot run (vLLM needs CUDA) or for samples of a shape the
     tiny random policy does not produce."""
-    from types import SimpleNamespace
-
     from rloo.training import trainer as trainer_module
 
     real_make_generator = trainer_module.make_generator
@@ -354,8 +353,8 @@ def _stand_in_sampler(monkeypatch: pytest.MonkeyPatch, edit: Callable[[Any, Any]
         def __getattr__(self, name: str) -> Any:
             return getattr(self.inner, name)
 
-    def stand_in(cfg: Any, model: Any, **kwargs: Any) -> EditedSampler:
-        plain = SimpleNamespace(use_vllm=False, ds3_gather_for_generation=cfg.ds3_gather_for_generation)
+    def stand_in(settings: GenerationSettings, model: Any, **kwargs: Any) -> EditedSampler:
+        plain = dataclasses.replace(settings, use_vllm=False)
         return EditedSampler(real_make_generator(plain, model, **kwargs))
 
     monkeypatch.setattr(trainer_module, "make_generator", stand_in)

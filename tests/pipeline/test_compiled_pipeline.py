@@ -14,9 +14,9 @@ pytest.importorskip("kfp")
 pytest.importorskip("kfp.kubernetes")
 
 from rloo.cli.pipeline_cmd import main as pipeline_main
-from rloo.pipeline import constants as C
 from rloo.pipeline.compile import default_yaml, load_yaml
 from rloo.pipeline.images import DEFAULT_REGISTRY, DEFAULT_TAG
+from rloo.stages import constants as C
 
 COMMITTED = default_yaml()
 
@@ -49,6 +49,14 @@ def _tasks(spec: dict[str, Any], comp: str) -> dict[str, Any]:
     return spec["components"][comp]["dag"]["tasks"]
 
 
+# What the single-node train step's pod spec requests, also passed to the condition DAG it runs in (KFP's
+# compiler passes a DAG no value that only a pod-spec field uses)
+_POD_SPEC_INPUTS = {
+    f"pipelinechannel--{name}"
+    for name in ("gpu_resource", "gpu_node_selector", "train_cpu", "train_memory", "eval_cpu", "eval_memory")
+} | {f"pipelinechannel--{name}" for name in ("s3_secret", "mlflow_secret", "hf_secret", "judge_secret")}
+
+
 def test_dag_edges(docs: tuple[dict[str, Any], dict[str, Any]]) -> None:
     spec, _ = docs
     root = spec["root"]["dag"]["tasks"]
@@ -59,9 +67,27 @@ def test_dag_edges(docs: tuple[dict[str, Any], dict[str, Any]]) -> None:
     assert inner["fetch-sft"]["dependentTasks"] == ["validate-params"]  # nothing else runs before validation
     assert "validate-params" in inner["condition-branches-2"]["dependentTasks"]
     assert "fetch-sft" in inner["condition-branches-2"]["dependentTasks"]
-    assert set(inner["evaluate"]["dependentTasks"]) == {"condition-branches-2", "fetch-sft"}
+    # validate-params: every later step reads its part of the plan the validate step built
+    assert set(inner["evaluate"]["dependentTasks"]) == {
+        "condition-branches-2",
+        "fetch-sft",
+        "validate-params",
+    }
     # fetch-sft: the push names the base model by where it was fetched from (Hub id or store URI)
-    assert set(inner["push-model"]["dependentTasks"]) == {"condition-branches-2", "evaluate", "fetch-sft"}
+    push_after = {"condition-branches-2", "evaluate", "fetch-sft", "validate-params"}
+    assert set(inner["push-model"]["dependentTasks"]) == push_after
+    # no later step takes a raw pipeline parameter it could read from the plan: only the pod-spec values the
+    # single-node train step checks it got, and the exit handler's experiment (it runs when validation failed)
+    for name, task in inner.items():
+        raw = {
+            v["componentInputParameter"]
+            for v in task.get("inputs", {}).get("parameters", {}).values()
+            if "componentInputParameter" in v
+        }
+        assert name == "validate-params" or raw <= {"pipelinechannel--num_nodes"} | _POD_SPEC_INPUTS, (
+            name,
+            raw,
+        )
     branches = _tasks(spec, "comp-condition-branches-2")
     conditions = sorted(t["triggerPolicy"]["condition"] for t in branches.values())
     assert conditions == [
@@ -95,7 +121,7 @@ def test_every_executor_requests_and_limits_cpu_and_memory(
     docs: tuple[dict[str, Any], dict[str, Any]],
 ) -> None:
     """No pod of the pipeline runs without CPU/memory requests and limits: the GPU steps' come from pipeline
-    parameters (requests == limits), the CPU steps' are the constants of rloo.pipeline.constants."""
+    parameters (requests == limits), the CPU steps' are the constants of rloo.stages.constants."""
     spec, _ = docs
     execs = spec["deploymentSpec"]["executors"]
     keys = ("resourceCpuRequest", "resourceCpuLimit", "resourceMemoryRequest", "resourceMemoryLimit")
@@ -116,14 +142,9 @@ def test_every_executor_requests_and_limits_cpu_and_memory(
         res = execs[name]["container"]["resources"]
         got = [res[k] for k in keys]
         assert got == [fixed.cpu_request, fixed.cpu_limit, fixed.memory_request, fixed.memory_limit], name
-    # the multi-node job's pods get the training pod's settings from the launcher's inputs
+    # the multi-node job's pods get the training pod's settings from the plan the launcher reads
     multi = _tasks(spec, "comp-condition-4")["train-rloo-multinode"]["inputs"]["parameters"]
-    for arg, param in (
-        ("cpu", "train_cpu"),
-        ("memory", "train_memory"),
-        ("service_account", "train_service_account"),
-    ):
-        assert multi[arg]["componentInputParameter"] == f"pipelinechannel--{param}"
+    assert multi["plan"]["componentInputParameter"] == "pipelinechannel--validate-params-plan"
     params = spec["root"]["inputDefinitions"]["parameters"]
     for name in ("train_cpu", "train_memory", "eval_cpu", "eval_memory", "train_service_account"):
         assert params[name]["parameterType"] == "STRING", name
@@ -262,7 +283,7 @@ def test_scratch_size_is_set_at_compile_time(monkeypatch: pytest.MonkeyPatch) ->
 
 def test_the_launcher_knows_its_own_pod(docs: tuple[dict[str, Any], dict[str, Any]]) -> None:
     """The multi-node job's owner reference names the launcher pod: the downward API gives its name, uid and
-    namespace (rloo.pipeline.trainjob.owner_from_env reads them)."""
+    namespace (rloo.k8s.builders.owner_from_env reads them)."""
     _, execs = docs
     fields = {f["name"]: f["fieldPath"] for f in execs["exec-train-rloo-multinode"]["fieldPathAsEnv"]}
     assert fields == C.POD_FIELD_ENV

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -54,12 +53,19 @@ def components(tmp_path_factory: pytest.TempPathFactory) -> Any:
     return validate_params, fetch_sft
 
 
-def test_validate_returns_the_training_config(components: Any) -> None:
+def test_validate_returns_the_plan(components: Any) -> None:
+    from rloo.stages.plan import StagePlan
+
     validate_params, _ = components
     task = validate_params(**{**_good(), "gpu_count": 4})
-    config = json.loads(task.outputs["train_config"])
+    plan = StagePlan.from_json(task.outputs["plan"])
+    config = plan.train
     assert (config["rloo_k"], config["learning_rate"], config["bf16"]) == (4, 1e-5, True)
     assert config["dataset_name"] == "org/d" and "output_dir" not in config  # the pod sets its own
+    assert plan.eval["judge_model"] == "j" and plan.cluster.gpu_count == 4
+    # the KFP UI's summary of the step shows the plan
+    summary = Path(task.outputs["summary"].path).read_text()
+    assert "## Run plan" in summary and "`rloo_k` | 4" in summary and "`judge_model` | j" in summary
     # the accelerator limit of the train pod: text, as KFP's driver reads pod-spec placeholders
     assert task.outputs["gpu_limit"] == "4"
 
@@ -82,7 +88,8 @@ def test_validate_fails_with_the_reason(
 
 
 def test_fetch_publishes_the_model_with_its_digest(components: Any, tmp_path: Path) -> None:
-    from rloo.pipeline.steps import manifest_digest
+    from rloo.stages.fetch import manifest_digest
+    from rloo.stages.validate import build_plan
     from rloo.storage import read_manifest
 
     _, fetch_sft = components
@@ -90,9 +97,10 @@ def test_fetch_publishes_the_model_with_its_digest(components: Any, tmp_path: Pa
     src.mkdir()
     (src / "config.json").write_text("{}")
     (src / "model.safetensors").write_bytes(b"weights")
-    task = fetch_sft(
-        model=str(src), model_revision="", output_uri=str(tmp_path / "store"), kfp_run_id="run-1"
+    plan = build_plan(
+        {**_good(), "model": str(src), "output_uri": str(tmp_path / "store")}, check_paths=False
     )
+    task = fetch_sft(plan=plan.to_json(), kfp_run_id="run-1")
     meta = task.outputs["sft_model"].metadata
     dest = tmp_path / "store" / "run-1" / "sft"
     assert meta["uri"] == str(dest) and (dest / "model.safetensors").read_bytes() == b"weights"

@@ -139,13 +139,6 @@ def test_a_wrong_record_is_one_line(tmp_path: Path, content: object, says: str) 
     assert "\n" not in str(e.value)
 
 
-def test_pinned_means_a_sha256_digest() -> None:
-    from rloo.pipeline.images import is_pinned
-
-    assert is_pinned(f"reg/ml/rloo-slim@{DIGEST}") and is_pinned(f"reg/ml/rloo-slim:1@{DIGEST}")
-    assert not is_pinned("reg/ml/rloo-slim:1") and not is_pinned("reg/ml/rloo-slim@sha256:abc")
-
-
 def test_compile_with_a_record_names_its_images_everywhere(tmp_path: Path) -> None:
     """``rloo pipeline compile --images``: every step's image and the multi-node job's image are the record's
     (a fresh process, as make pipeline-for-images runs it: the components take their image on import)."""

@@ -129,69 +129,58 @@ def test_submit_refuses_bad_pod_settings(param: str, value: str, message: str) -
 
 
 def test_multinode_parameters_default_to_a_trainjob_on_torch_distributed() -> None:
-    from rloo.pipeline.trainjob import DEFAULT_BACKEND, DEFAULT_RUNTIME
+    from rloo.k8s.builders import DEFAULT_BACKEND, DEFAULT_RUNTIME
 
     defaults = {p.name: p.default for p in pipeline_params()}
     assert defaults["multinode_backend"] == DEFAULT_BACKEND == "trainjob"
     assert defaults["training_runtime"] == DEFAULT_RUNTIME == "torch-distributed"
 
 
-# A pipeline parameter that sets a stage config's field: (stage, field). The pipeline's name is the
-# field's, or eval_<field> for the evaluation stage's own settings.
-def _stage_fields() -> dict[str, tuple[str, Any]]:
-    from dataclasses import MISSING, fields
-
-    from rloo.config import RLOOConfig
-    from rloo.eval.config import EvalConfig
-    from rloo.push.config import PushConfig
-
-    out: dict[str, tuple[str, Any]] = {}
-    for stage, cls, prefix in (
-        ("train", RLOOConfig, ""),
-        ("eval", EvalConfig, "eval_"),
-        ("push", PushConfig, ""),
-    ):
-        for f in fields(cls):
-            default = f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
-            for name in {f.name, prefix + f.name}:
-                out.setdefault(name, (f"{stage}.{f.name}", default))
-    return out
-
-
 # Where the pipeline deliberately differs from the stage's default, and why.
 PIPELINE_OWN_DEFAULTS = {
     # the CLI's None means "one pass over the prompts"; a pipeline run gets a concrete, visible budget
     "total_episodes": 10000,
-    # `rloo push` falls back to MLFLOW_EXPERIMENT_NAME, then 'rloo'; pods of a pipeline run have no such
-    # variable, so the pipeline names the same final fallback outright
-    "mlflow_experiment": "rloo",
 }
-_UNSET = {"String": "", "Integer": 0}  # what a KFP parameter holds for "not set": KFP has no None
+_UNSET = {str: "", int: 0}  # what a KFP parameter holds for "not set": KFP has no None
+
+
+def _stage_fields() -> list[Any]:
+    """The pipeline parameters that set a field of a stage's own config (train, eval, push)."""
+    from rloo.stages.plan import pipeline_fields
+
+    return [p for p in pipeline_fields() if p.part in ("train", "eval", "push")]
+
+
+def _field(p: Any) -> Any:
+    from dataclasses import fields
+
+    from rloo.stages.plan import part_configs
+
+    return next(f for f in fields(part_configs()[p.part]) if f.name == p.field)
 
 
 def test_pipeline_defaults_are_the_stage_configs_defaults() -> None:
     """Each pipeline parameter that sets a config field defaults to that field's default (a config None is
     the KFP type's empty value), so the KFP UI shows what `rloo train/eval/push` would do."""
-    stage = _stage_fields()
     checked, wrong = [], []
-    for p in pipeline_params():
-        if p.name not in stage or p.required:
+    for p in _stage_fields():
+        if p.required:
             continue
-        where, default = stage[p.name]
+        default = _field(p).default
         checked.append(p.name)
         if p.name in PIPELINE_OWN_DEFAULTS:
             assert p.default == PIPELINE_OWN_DEFAULTS[p.name], p.name
             continue
         expected = _UNSET.get(p.type) if default is None else default
         if p.default != expected:
-            wrong.append(f"{p.name}: pipeline {p.default!r}, {where} {default!r}")
+            wrong.append(f"{p.name}: pipeline {p.default!r}, {p.part}.{p.field} {default!r}")
     assert not wrong, wrong
     # the parameters this covers, so that a renamed field cannot silently drop out of the check
     assert {"learning_rate", "kl_coef", "rloo_k", "response_length", "eval_max_new_tokens"} <= set(checked)
 
 
 # Where the pipeline's help deliberately differs from the stage config's, and why. Every other parameter that
-# sets a config field takes the field's help ({stage.field} in the pipeline's docstring).
+# sets a config field takes the field's help.
 PIPELINE_OWN_HELP = {
     "dataset_name": "names the 'rloo train' layout a directory must have, not the CLI's file pattern",
     "eval_dataset_name": "says what the rows must hold for judging, in pipeline terms",
@@ -199,7 +188,6 @@ PIPELINE_OWN_HELP = {
     "eval_num_examples": "0 means all rows: a KFP integer has no None",
     "reward_model_path": "points at extra_train_args for --reward_funcs",
     "total_episodes": "the pipeline has a concrete default; the CLI's help explains its None",
-    "mlflow_experiment": "names the pipeline's parent run and every stage run, not the push run alone",
     "production_uri": "states the pipeline's empty value",
     "registered_model_name": "states the pipeline's empty value",
     "register_model": "points at mlflow_secret, where the pipeline keeps the tracking URI",
@@ -210,43 +198,32 @@ PIPELINE_OWN_HELP = {
 def test_pipeline_help_is_the_stage_configs_help() -> None:
     """A parameter that sets a config field is documented once, in the config; the pipeline's own wording is
     the exception, listed with its reason."""
-    from rloo.pipeline.params import stage_configs
+    from rloo.options import PIPELINE
 
-    configs = stage_configs()
-    stage = _stage_fields()
-    mapped = {p.name: p for p in pipeline_params() if p.name in stage}
+    mapped = {p.name: p for p in _stage_fields()}
     assert set(PIPELINE_OWN_HELP) <= set(mapped), "an exception for a parameter that sets no config field"
     for name, p in mapped.items():
-        where = stage[name][0]
-        config, field = where.split(".")
-        field_help = " ".join(configs[config].__dataclass_fields__[field].metadata["help"].split())
-        if name in PIPELINE_OWN_HELP:
-            assert p.help != field_help, f"{name}: the same help as {where}; drop it from PIPELINE_OWN_HELP"
-        else:
-            assert p.help == field_help, f"{name}: write {{{where}}} in the pipeline's docstring"
+        own = _field(p).metadata[PIPELINE].help
+        assert (own is not None) == (name in PIPELINE_OWN_HELP), f"{name}: list its own help with a reason"
+        assert p.help == (own or _field(p).metadata["help"])
 
 
-def test_config_help_placeholders_name_real_fields() -> None:
-    from rloo.pipeline.params import config_help
+def test_the_compiled_pipeline_has_the_declared_parameters() -> None:
+    """The pipeline's signature is made of the declarations on the config fields: the compiled pipeline (what
+    KFP's UI shows) has exactly those parameters, types, defaults and help."""
+    from rloo.pipeline.compile import default_yaml, load_yaml
 
-    def f() -> None:
-        """Args:
-        a: {train.no_such_field}
-        """
-
-    with pytest.raises(KeyError, match="RLOOConfig has no field 'no_such_field'"):
-        config_help(f)
-
-
-def test_train_params_are_pipeline_parameters_and_train_flags() -> None:
-    """TRAIN_PARAMS names the pipeline parameters passed to `rloo train` under the same name (their defaults:
-    test_pipeline_defaults_are_the_stage_configs_defaults)."""
-    from rloo.config import RLOOConfig
-    from rloo.pipeline.steps import TRAIN_PARAMS
-
-    pipeline = {p.name for p in pipeline_params()}
-    assert set(TRAIN_PARAMS) <= pipeline
-    assert set(TRAIN_PARAMS) <= set(RLOOConfig.__dataclass_fields__)
+    spec = load_yaml(default_yaml())[0]["root"]["inputDefinitions"]["parameters"]
+    kfp_types = {"String": "STRING", "Integer": "NUMBER_INTEGER", "Float": "NUMBER_DOUBLE"}
+    kfp_types |= {"Boolean": "BOOLEAN", "Dict": "STRUCT"}
+    params = pipeline_params()
+    assert set(spec) == {p.name for p in params}
+    for p in params:
+        compiled = spec[p.name]
+        assert compiled["parameterType"] == kfp_types[p.type], p.name
+        assert compiled.get("isOptional", False) == (not p.required), p.name
+        assert compiled.get("defaultValue") == p.default, p.name
+        assert " ".join(compiled["description"].split()) == p.help, p.name
 
 
 def test_a_params_file_that_is_not_yaml_is_one_line(tmp_path: Path) -> None:
@@ -335,12 +312,12 @@ def test_every_pipeline_parameter_is_validated() -> None:
 
 @pytest.mark.parametrize("name", sorted(REFUSED))
 def test_a_bad_value_of_each_parameter_is_refused_by_name(name: str) -> None:
-    from rloo.pipeline.steps import check_pipeline_params
-    from tests.pipeline.test_node_and_steps import good
+    from rloo.stages.validate import build_plan
+    from tests.stages.test_validate import good
 
-    check_pipeline_params(good(), check_paths=False)
+    build_plan(good(), check_paths=False)
     with pytest.raises(UserError) as err:
-        check_pipeline_params(good(**{name: REFUSED[name]}), check_paths=False)
+        build_plan(good(**{name: REFUSED[name]}), check_paths=False)
     message = str(err.value)
     # the message names the parameter as the user gave it (extra_train_args: the offending flag)
     assert (name in message) if name != "extra_train_args" else ("--no_such_flag" in message), message
@@ -350,44 +327,44 @@ def test_a_bad_value_of_each_parameter_is_refused_by_name(name: str) -> None:
 def test_the_validate_step_takes_a_hub_id_without_organisation(model: str) -> None:
     """``gpt2`` is a Hub id to the validate step as to 'rloo train' (rloo.storage.location.source_kind), not a
     missing directory; ``./gpt2`` and ``a/b/c`` are directories."""
-    from rloo.pipeline.steps import check_pipeline_params
-    from tests.pipeline.test_node_and_steps import good
+    from rloo.stages.validate import build_plan
+    from tests.stages.test_validate import good
 
-    check_pipeline_params(good(model=model), check_paths=True)
-    check_pipeline_params(good(model=model, model_revision="v1"), check_paths=True)
+    build_plan(good(model=model), check_paths=True)
+    build_plan(good(model=model, model_revision="v1"), check_paths=True)
     for local in ("./gpt2", "a/b/c"):
-        with pytest.raises(UserError, match=f"model '{local}': no such directory"):
-            check_pipeline_params(good(model=local), check_paths=True)
+        with pytest.raises(UserError, match=f"^model {local}: no such directory"):
+            build_plan(good(model=local), check_paths=True)
 
 
 def test_the_validate_step_takes_s3_datasets() -> None:
     """An air-gapped cluster keeps its datasets in object storage: dataset_name and eval_dataset_name take
     s3://bucket/prefix (a malformed one is refused naming the parameter)."""
-    from rloo.pipeline.steps import check_pipeline_params
-    from tests.pipeline.test_node_and_steps import good
+    from rloo.stages.validate import build_plan
+    from tests.stages.test_validate import good
 
-    check_pipeline_params(
+    build_plan(
         good(dataset_name="s3://datasets/tldr", eval_dataset_name="s3://datasets/tldr-eval"),
         check_paths=False,
     )
     for name in ("dataset_name", "eval_dataset_name"):
         with pytest.raises(UserError, match=rf"^{name}: invalid S3 bucket name 'Data_Sets'"):
-            check_pipeline_params(good(**{name: "s3://Data_Sets/tldr"}), check_paths=False)
+            build_plan(good(**{name: "s3://Data_Sets/tldr"}), check_paths=False)
         with pytest.raises(
             UserError, match=rf"^{name} 'gs://b/tldr': only s3:// URIs and local paths are supported"
         ):
-            check_pipeline_params(good(**{name: "gs://b/tldr"}), check_paths=False)
+            build_plan(good(**{name: "gs://b/tldr"}), check_paths=False)
 
 
 def test_a_priority_without_a_queue_matters_only_for_a_multinode_trainjob() -> None:
     """One node creates no job: its priority_class has nothing to need a queue for (names are still checked)."""
-    from rloo.pipeline.steps import check_pipeline_params
-    from tests.pipeline.test_node_and_steps import good
+    from rloo.stages.validate import build_plan
+    from tests.stages.test_validate import good
 
-    check_pipeline_params(good(priority_class="high"), check_paths=False)
+    build_plan(good(priority_class="high"), check_paths=False)
     multi = {"num_nodes": 2, "output_uri": "s3://runs/o", "priority_class": "high"}
     with pytest.raises(UserError, match=r"^priority_class needs queue_name for a TrainJob"):
-        check_pipeline_params(good(**multi), check_paths=False)
-    check_pipeline_params(good(**multi, multinode_backend="pytorchjob"), check_paths=False)
+        build_plan(good(**multi), check_paths=False)
+    build_plan(good(**multi, multinode_backend="pytorchjob"), check_paths=False)
     with pytest.raises(UserError, match=r"^priority_class 'High!' is not a priority class name"):
-        check_pipeline_params(good(priority_class="High!"), check_paths=False)
+        build_plan(good(priority_class="High!"), check_paths=False)

@@ -1,6 +1,7 @@
-"""The platform's settings (images, pull secrets, environment, CA bundle) applied to the compiled pipeline and
-given to the multi-node job's pods: as kfp.kubernetes writes them, readable by the backend's protobuf schema,
-and no change at all when there is nothing to apply."""
+"""The platform's settings (images, pull secrets, environment, CA bundle) applied to the compiled pipeline: as
+kfp.kubernetes writes them, readable by the backend's protobuf schema, handed on to the multi-node launcher
+for its job's pods, and no change at all when there is nothing to apply. What the job's pods make of them:
+tests/k8s/test_platform.py."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -22,29 +24,17 @@ from kfp.kubernetes import kubernetes_executor_config_pb2
 from kfp.pipeline_spec import pipeline_spec_pb2
 
 from rloo.errors import UserError
+from rloo.k8s import platform as k8s_platform
+from rloo.k8s.builders import build_trainjob
+from rloo.k8s.platform import CA_DIR, CA_ENV, PLATFORM_ENV, Platform
 from rloo.pipeline import platform
 from rloo.pipeline.compile import default_yaml
-from rloo.pipeline.platform import CA_DIR, CA_ENV, EXECUTOR_IMAGES, PLATFORM_ENV, Platform
-from rloo.pipeline.steps import multinode_spec
-from rloo.pipeline.trainjob import build_pytorchjob, build_trainjob
-from tests.pipeline.test_trainjob import _trainjob_pod, _validate, _validate_trainjob
+from rloo.pipeline.images import IMAGE_EXTRAS
+from rloo.pipeline.platform import EXECUTOR_IMAGES
+from tests.k8s.test_builders import _trainjob_pod
+from tests.k8s.test_platform import SETTINGS, check_pod, job_spec
 
 REPO = Path(__file__).resolve().parents[2]
-DIGEST = "@sha256:" + "ab" * 32
-SETTINGS = {
-    "images": {
-        "slim": "registry.corp:5000/ml/rloo-slim:1.2" + DIGEST,
-        "train": "registry.corp:5000/ml/rloo-train@sha256:" + "cd" * 32,
-        "eval": "registry.corp:5000/ml/rloo-eval:1.2",
-    },
-    "imagePullSecrets": ["corp-registry", "mirror"],
-    "env": {
-        "HTTPS_PROXY": "http://proxy.corp:3128",
-        "NO_PROXY": ".svc,.cluster.local",
-        "NCCL_IB_HCA": "mlx5",
-    },
-    "caBundle": {"configMap": "corp-ca", "key": "bundle.pem"},
-}
 
 
 def _docs(text: str) -> list[dict[str, Any]]:
@@ -144,87 +134,32 @@ def test_nothing_to_apply_changes_nothing_and_applying_twice_is_once(committed: 
 
 
 @pytest.fixture
-def job_env(monkeypatch: pytest.MonkeyPatch, applied: list[dict[str, Any]]) -> dict[str, str]:
+def job_env(applied: list[dict[str, Any]]) -> dict[str, str]:
     """The launcher step's environment as the applied package gives it."""
     launcher = applied[0]["deploymentSpec"]["executors"]["exec-train-rloo-multinode"]["container"]
-    env = {e["name"]: e["value"] for e in launcher["env"]}
-    monkeypatch.setenv(PLATFORM_ENV, env[PLATFORM_ENV])
-    return env
+    return {e["name"]: e["value"] for e in launcher["env"]}
 
 
-def _job_spec() -> Any:
-    return multinode_spec(
-        run_id="abc",
-        run_name="r",
-        sft_uri="s3://b/run/sft",
-        train_config={"dataset_name": "d"},
-        output_uri="s3://b/out",
-        namespace="team-a",
-        image=SETTINGS["images"]["train"],
-        gpu_count=8,
-        num_nodes=2,
-        gpu_resource="nvidia.com/gpu",
-        node_selector={},
-        cpu="8",
-        memory="64Gi",
-        service_account="default",
-        s3_secret="s3",
-        mlflow_secret="m",
-        hf_secret="h",
-        mlflow_experiment="rloo",
-        scratch_size="100Gi",
-    )
+def test_the_launcher_gets_what_its_jobs_pods_need(job_env: dict[str, str]) -> None:
+    """RLOO_PLATFORM: the pull secrets, environment and CA bundle of platform.json, not its images (the
+    launcher's image input names the job's)."""
+    pod_platform = k8s_platform.from_env(job_env)
+    assert pod_platform == replace(platform.parse(SETTINGS, "t"), images={})
+    trainjob = build_trainjob(job_spec(pod_platform))
+    check_pod(_trainjob_pod(trainjob))
+    assert k8s_platform.from_env({k: v for k, v in job_env.items() if k != PLATFORM_ENV}) == Platform()
 
 
-def _check_pod(pod: dict[str, Any]) -> None:
-    spec = pod["spec"]
-    assert spec["imagePullSecrets"] == [{"name": "corp-registry"}, {"name": "mirror"}]
-    (ca,) = [v for v in spec["volumes"] if v["name"] == platform.CA_VOLUME]
-    assert ca["configMap"]["name"] == "corp-ca"
-    (container,) = [c for c in spec["containers"] if c["image"] == SETTINGS["images"]["train"]]
-    assert {"name": platform.CA_VOLUME, "mountPath": CA_DIR, "readOnly": True} in container["volumeMounts"]
-    env = {e["name"]: e.get("value") for e in container["env"]}
-    assert {k: env[k] for k in SETTINGS["env"]} == SETTINGS["env"]
-    assert env["AWS_CA_BUNDLE"] == f"{CA_DIR}/bundle.pem" and env["KFP_RUN_ID"]
-
-
-def test_the_training_jobs_pods_get_the_platform(job_env: dict[str, str]) -> None:
-    spec = _job_spec()
-    trainjob = build_trainjob(spec)
-    _validate_trainjob(trainjob)  # Trainer's CRD, strict, and the pod it gives against the Pod schema
-    _check_pod(_trainjob_pod(trainjob))
-    pytorchjob = build_pytorchjob(spec)
-    _validate(pytorchjob)
-    for replica in pytorchjob["spec"]["pytorchReplicaSpecs"].values():
-        _check_pod(replica["template"])
-
-
-def test_without_a_platform_the_job_is_as_before(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(PLATFORM_ENV, raising=False)
-    pod = build_pytorchjob(_job_spec())["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
-    assert "imagePullSecrets" not in pod and [v["name"] for v in pod["volumes"]] == ["dshm", "scratch"]
-
-
-@pytest.mark.parametrize(
-    ("data", "says"),
-    [
-        ([], "expected a JSON object"),
-        ({"image": {}}, "unknown key 'image'"),
-        ({"images": {"trainer": "a/b:1"}}, "unknown image 'trainer'"),
-        ({"images": {"train": "Not A Ref"}}, "is not an image reference"),
-        ({"imagePullSecrets": "corp"}, "imagePullSecrets must be a list"),
-        ({"imagePullSecrets": ["Corp_Registry"]}, "imagePullSecrets must be a list"),
-        ({"env": {"HTTPS PROXY": "x"}}, "is not NAME=string"),
-        ({"env": {"NCCL_DEBUG": 1}}, "is not NAME=string"),
-        ({"env": {"SSL_CERT_FILE": "/x"}}, "SSL_CERT_FILE is set from the other settings"),
-        ({"caBundle": {"key": "ca.crt"}}, "caBundle must be"),
-        ({"caBundle": {"configMap": "ca", "key": "a/b"}}, "not a ConfigMap name and key"),
-    ],
-)
-def test_bad_settings_are_one_line(data: Any, says: str) -> None:
-    with pytest.raises(UserError, match=says) as e:
-        platform.parse(data, "--platform p.json")
-    assert "\n" not in str(e.value) and str(e.value).startswith("--platform p.json")
+def test_platform_json_names_the_pipelines_images(tmp_path: Path) -> None:
+    """rloo.pipeline.platform reads platform.json with this pipeline's image kinds."""
+    assert set(platform.parse(SETTINGS, "t").images) == set(IMAGE_EXTRAS)
+    path = tmp_path / "platform.json"
+    path.write_text(json.dumps(SETTINGS))
+    assert platform.read(path) == platform.parse(SETTINGS, "t")
+    with pytest.raises(
+        UserError, match=r"^t: images: unknown image 'trainer'; the images are train, eval, slim\.$"
+    ):
+        platform.parse({"images": {"trainer": "a/b:1"}}, "t")
 
 
 def test_a_package_from_another_version_is_refused(committed: str) -> None:
@@ -297,18 +232,6 @@ def test_the_sidecar_is_stopped_even_when_the_upload_fails(
     assert code != 0 and _Sidecar.posts == ["/quitquitquit"]
     assert "asked the Istio sidecar to exit" in capsys.readouterr().err
     assert "nothing to stop" in submit.stop_istio_sidecar("http://127.0.0.1:9/quitquitquit")
-
-
-def test_manifest_shows_the_job_with_the_platform(tmp_path: Path) -> None:
-    settings = tmp_path / "platform.json"
-    settings.write_text(json.dumps(SETTINGS))
-    done = _cli(
-        "manifest", "--platform", str(settings), "--param", "num_nodes=2", "--param", "output_uri=s3://b/o"
-    )
-    assert done.returncode == 0, done.stderr
-    job = yaml.safe_load(done.stdout)
-    assert job["spec"]["trainer"]["image"] == SETTINGS["images"]["train"]
-    _check_pod(_trainjob_pod(job))
 
 
 def test_upload_applies_the_platform_through_the_real_kfp_client(

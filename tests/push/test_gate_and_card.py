@@ -26,12 +26,12 @@ from tests.push.conftest import TRAIN_CONFIG, eval_results
 def test_contract_parses_and_keeps_extra_keys() -> None:
     data = {**eval_results(), "per_prompt": [1, 2]}
     r = parse_eval_results(data)
-    assert (r.paired_difference.lo, r.paired_difference.estimate, r.paired_difference.hi) == (
+    assert (r.paired_difference.low, r.paired_difference.estimate, r.paired_difference.high) == (
         0.04,
         0.11,
         0.18,
     )
-    assert r.trained.estimate == 0.61 and r.baseline.hi == 0.56
+    assert r.trained.estimate == 0.61 and r.baseline.high == 0.56
     assert (r.judge_model, r.num_examples, r.invalid, r.ties) == ("judge-model-x", 200, 3, 12)
     assert r.extra == {"per_prompt": [1, 2]}
 
@@ -100,7 +100,7 @@ def test_a_challenger_must_beat_the_champion_on_the_same_examples() -> None:
     mine = parse_eval_results(eval_results(scores=[1.0] * 6 + [0.5] * 14))
     vs = compare_to_champion(mine, _champ([0.5] * 20))
     assert not isinstance(vs, str)
-    assert vs.estimate == pytest.approx(0.15) and vs.lo < vs.estimate < vs.hi
+    assert vs.estimate == pytest.approx(0.15) and vs.low < vs.estimate < vs.high
     better = decide(parse_eval_results(eval_results(scores=[1.0] * 20)), 0.0, _champ([0.5] * 20))
     assert better.promoted and "against the champion (version 1 (run old)) +0.500" in better.reason
     same = decide(parse_eval_results(eval_results(scores=[0.5] * 20)), 0.0, _champ([0.5] * 20))

@@ -9,7 +9,7 @@ import pytest
 
 from rloo.cli.push_cmd import main
 from rloo.push import PushConfig, run_push
-from rloo.push.stage import StoredCopy
+from rloo.push.results import StoredCopy
 from rloo.storage import MANIFEST_NAME, read_manifest
 from rloo.storage.transfer import read_published_file
 from tests.fixtures.weights import corrupt_copy
@@ -174,18 +174,15 @@ def test_cli_help_lists_the_flags(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_pipeline_push_records_the_pinned_base_model_revision(trained_dir: Path, tmp_path: Path) -> None:
-    from rloo.pipeline.steps import push_stage
+    from rloo.stages import push
+    from rloo.stages.validate import build_plan
+    from tests.stages.test_validate import good
 
     ev = write_eval(tmp_path / "eval_results.json", lo=0.04)
     commit = "c" * 40  # what the fetch step resolved and put in the SFT model's metadata
-    push_stage(
-        trained_uri=str(trained_dir),
-        eval_results_uri=str(ev),
-        output_uri=str(tmp_path / "runs"),
-        kfp_run_id="run-1",
-        base_model="org/sft",
-        base_model_revision=commit,
-    )
+    plan = build_plan(good(output_uri=str(tmp_path / "runs")), check_paths=False)
+    sft = {"source": "org/sft", "revision": commit, "uri": "s3://b/run-1/sft"}
+    push.run(plan, "run-1", trained_uri=str(trained_dir), eval_results_uri=str(ev), sft=sft)
     card = (tmp_path / "runs" / "published" / "run-1" / "README.md").read_text()
     assert f"base_model_revision: {commit}" in card and f"- base model revision: `{commit}`" in card
 
@@ -331,3 +328,23 @@ def test_a_damaged_champion_copy_is_not_read_as_if_whole(trained_dir: Path, tmp_
     b = _push(trained_dir, tmp_path, "b", write_eval(tmp_path / "b.json", lo=0.04, scores=[1.0] * 30))
     assert b["decision"] == "candidate" and "does not match its manifest" in b["reason"]
     assert "publish the champion's copy again" in b["reason"] and ".;" not in b["reason"]
+
+
+def test_trained_model_check_follows_the_one_local_model_rule(
+    trained_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """rloo.models.local_model_dir decides what is a model directory (a LoRA output, adapter only, is one);
+    push adds what only a finished training run has."""
+    import shutil
+
+    from rloo.errors import UserError
+    from rloo.push.trained import check_trained_model
+
+    adapter = tmp_path / "adapter"
+    shutil.copytree(trained_dir, adapter)
+    (adapter / "config.json").unlink()
+    with pytest.raises(UserError, match=r"not a model directory \(no config\.json or adapter_config\.json\)"):
+        check_trained_model(str(adapter))
+    (adapter / "adapter_config.json").write_text("{}")
+    monkeypatch.chdir(tmp_path)
+    assert check_trained_model("adapter") == adapter  # resolved: the card names the model by its directory

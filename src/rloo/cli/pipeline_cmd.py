@@ -10,8 +10,8 @@
   add a version (idempotent: an unchanged package uploads nothing), in a profile's namespace with
   ``--namespace``.
 - ``--platform FILE`` (compile, upload, submit, manifest): the cluster's images, image pull secrets,
-  environment (proxies) and CA bundle for every step and the multi-node job (``rloo.pipeline.platform``; the
-  chart renders the file); ``--stop-istio-sidecar`` (upload, submit): end the pod's Istio sidecar when done.
+  environment (proxies) and CA bundle for every step and the multi-node job (``rloo.k8s.platform``, applied
+  to the pipeline by ``rloo.pipeline.platform``; the chart renders the file); ``--stop-istio-sidecar`` (upload, submit): end the pod's Istio sidecar when done.
 - ``rloo pipeline submit --host URL --param NAME=VALUE ...``: upload as above, start a run, print its URL.
 - ``rloo pipeline manifest --backend trainjob|pytorchjob [--param NAME=VALUE ...]``: print, as YAML, the
   multi-node job the train step would create for these parameters (placeholders for what is not given), for
@@ -37,7 +37,7 @@ def _params_args(p: argparse.ArgumentParser) -> None:
 
 
 def _kfp_args(p: argparse.ArgumentParser) -> None:
-    from rloo.pipeline.constants import PIPELINE_NAME
+    from rloo.stages.constants import PIPELINE_NAME
 
     p.add_argument("--host", required=True, help="KFP API URL, e.g. http://localhost:8080 after port-forward")
     p.add_argument("--name", default=PIPELINE_NAME, help=f"pipeline name in KFP (default: {PIPELINE_NAME})")
@@ -191,7 +191,8 @@ def _use_images(ns: argparse.Namespace) -> None:
             "--images with the committed pipeline would pin it to your build: give --output PATH "
             "(make pipeline-for-images writes build/rloo_pipeline.yaml)."
         )
-    from rloo.pipeline.images import is_pinned, use_record
+    from rloo.k8s.images import is_pinned
+    from rloo.pipeline.images import use_record
 
     for name, ref in use_record(ns.images).items():
         _note(f"{name} image: {ref}{'' if is_pinned(ref) else ' (a tag: not pinned by digest)'}")

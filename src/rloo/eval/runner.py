@@ -15,7 +15,7 @@ from rloo.eval.data import load_eval_rows
 from rloo.eval.generation import GenerationEngine, make_engine
 from rloo.eval.judge import JudgeSettings, PairwiseJudge, api_key_from_env, usable_verdicts_problem
 from rloo.eval.report import flat_metrics, kfp_metrics, render_html
-from rloo.eval.stats import pair_score, paired_difference, summarize_scores
+from rloo.eval.stats import interval_record, pair_score, paired_difference, summarize_scores
 
 log = logging.getLogger(__name__)
 
@@ -148,12 +148,12 @@ def _evaluate(
         }
     diff = None
     if "baseline" in scores:
-        diff = paired_difference(scores["trained"], scores["baseline"]).as_dict()
+        diff = interval_record(paired_difference(scores["trained"], scores["baseline"]))
     results: dict[str, Any] = {
         "num_examples": n,
         "engine": engine.name,
         "models": summaries,
-        "paired_difference": None if diff is None else {**diff, "ci95": [diff["low"], diff["high"]]},
+        "paired_difference": diff,
         "judge": {
             "model": cfg.judge_model,
             "base_url": cfg.judge_base_url,

@@ -10,12 +10,14 @@ the push gate uses the same ones), re-exported here.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from rloo.algo.intervals import Interval, difference_interval, rate_interval
 
 __all__ = [
     "Interval",
     "difference_interval",
+    "interval_record",
     "pair_score",
     "paired_difference",
     "rate_interval",
@@ -40,9 +42,10 @@ def pair_score(verdict_ab: str | None, verdict_ba: str | None) -> float | None:
     return 0.5
 
 
-def paired_difference(a: Sequence[float | None], b: Sequence[float | None]) -> Interval:
+def paired_difference(a: Sequence[float | None], b: Sequence[float | None]) -> Interval | None:
     """Mean of ``a[i] - b[i]`` over examples where both scores exist, with :func:`difference_interval`:
-    pairing removes the between-prompt variance that two independent intervals would keep."""
+    pairing removes the between-prompt variance that two independent intervals would keep. None when no
+    example has both."""
     if len(a) != len(b):
         raise ValueError(f"paired scores must have equal lengths ({len(a)} != {len(b)})")
     return difference_interval([x - y for x, y in zip(a, b, strict=True) if x is not None and y is not None])
@@ -56,9 +59,10 @@ def summarize_scores(verdicts: Sequence[tuple[str | None, str | None]]) -> dict[
     ci = rate_interval(valid)
     ties = sum(1 for s in valid if s == 0.5)
     return {
-        "win_rate": ci.estimate,
-        "win_rate_ci_low": ci.low,
-        "win_rate_ci_high": ci.high,
+        # no valid pair, no rate: recorded as None (the report shows a dash, flat_metrics leaves it out)
+        "win_rate": None if ci is None else ci.estimate,
+        "win_rate_ci_low": None if ci is None else ci.low,
+        "win_rate_ci_high": None if ci is None else ci.high,
         "num_pairs": len(scores),
         "num_valid": len(valid),
         "num_wins": sum(1 for s in valid if s == 1.0),
@@ -68,3 +72,10 @@ def summarize_scores(verdicts: Sequence[tuple[str | None, str | None]]) -> dict[
         # fraction of fully judged pairs whose two orders agree: low agreement = a position-biased judge
         "order_agreement": (len(valid) - ties) / len(valid) if valid else None,
     }
+
+
+def interval_record(ci: Interval | None) -> dict[str, Any]:
+    """A paired difference as eval_results.json records it: ``estimate``, ``low``, ``high``, ``n`` and the
+    pair ``ci95`` that the push gate reads (rloo.push.gate); every value None and n = 0 without one."""
+    d = {"estimate": None, "low": None, "high": None, "n": 0} if ci is None else ci.as_dict()
+    return {**d, "ci95": [d["low"], d["high"]]}

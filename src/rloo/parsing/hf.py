@@ -18,6 +18,7 @@ This module adds what the ``rloo`` commands promise on top:
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import types
 import typing
@@ -29,7 +30,7 @@ import yaml
 from transformers import HfArgumentParser
 
 from rloo.errors import UserError
-from rloo.options import aliases_of
+from rloo.options import PIPELINE, aliases_of
 from rloo.parsing.base import OneLineErrors, did_you_mean, parse_bool
 from rloo.storage.location import require_local_path
 
@@ -146,6 +147,17 @@ class ConfigParser(OneLineErrors, HfArgumentParser):
         for action in self._actions:
             if action.dest in self.hints:
                 action.__class__ = _recording_action(type(action))
+
+    @staticmethod
+    def _parse_dataclass_field(parser: argparse.ArgumentParser, field: dataclasses.Field[Any]) -> None:
+        # HfArgumentParser hands a field's metadata to add_argument: the pipeline parameter it declares
+        # (rloo.options.Exposed) is no argparse keyword
+        if PIPELINE in field.metadata:
+            field = copy.copy(field)
+            field.metadata = types.MappingProxyType(
+                {k: v for k, v in field.metadata.items() if k != PIPELINE}
+            )
+        HfArgumentParser._parse_dataclass_field(parser, field)
 
     def _adapt(self, f: dataclasses.Field[Any]) -> None:
         """Our conversions, defaults and help on the actions HfArgumentParser made for field ``f``."""

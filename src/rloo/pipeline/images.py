@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 from pathlib import Path
+
+from rloo.k8s.images import is_reference
 
 DEFAULT_REGISTRY = "ghcr.io/rloo-kfp"
 DEFAULT_TAG = "0.1.0"
@@ -29,13 +30,6 @@ IMAGE_EXTRAS: dict[str, tuple[str, ...]] = {
 # (train-cpu: CPU torch with the train and eval extras, for a CPU cluster and the container tests)
 FLAVOURS: dict[str, tuple[str, ...]] = {"train-cpu": ("train", "eval")}
 
-_DIGEST = r"@sha256:[0-9a-f]{64}"
-# a reference as registries and Kubernetes take it: [host[:port]/]path[:tag][@sha256:digest], lowercase path
-_REFERENCE = re.compile(
-    r"(?:[a-zA-Z0-9.-]+(?::\d+)?/)?[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"
-    rf"(?::[\w][\w.-]{{0,127}})?(?:{_DIGEST})?"
-)
-
 
 def image(name: str) -> str:
     """Full reference of image ``name`` (``train``, ``eval`` or ``slim``), environment overrides applied."""
@@ -47,16 +41,6 @@ def image(name: str) -> str:
     registry = os.environ.get("RLOO_IMAGE_REGISTRY", DEFAULT_REGISTRY).rstrip("/")
     tag = os.environ.get("RLOO_IMAGE_TAG", DEFAULT_TAG)
     return f"{registry}/rloo-{name}:{tag}"
-
-
-def is_reference(reference: str) -> bool:
-    """Whether ``reference`` is an image reference as registries and Kubernetes take it."""
-    return bool(_REFERENCE.fullmatch(reference))
-
-
-def is_pinned(reference: str) -> bool:
-    """Whether ``reference`` names one image by its registry digest (``...@sha256:<64 hex>``)."""
-    return bool(re.search(f"{_DIGEST}$", reference))
 
 
 def read_record(path: str | os.PathLike[str]) -> dict[str, str]:

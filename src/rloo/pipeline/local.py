@@ -200,9 +200,9 @@ def run_pipeline_locally(
             # with no kfp.local workspace and no FAILED run in MLflow left behind
             if precheck:
                 from rloo.pipeline.params import with_defaults
-                from rloo.pipeline.steps import check_pipeline_params
+                from rloo.stages.validate import build_plan
 
-                check_pipeline_params(with_defaults(check_names(params, required=True)))
+                build_plan(with_defaults(check_names(params, required=True)))
         except BaseException:
             _remove_new(work, before)  # nor what `defaults` built for it (the demo's models and datasets)
             raise

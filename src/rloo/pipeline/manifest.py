@@ -14,21 +14,26 @@ from typing import TYPE_CHECKING, Any
 from rloo.errors import UserError
 
 if TYPE_CHECKING:
-    from rloo.pipeline.platform import Platform
+    from rloo.k8s.platform import Platform
 
-# What a required pipeline parameter becomes when it is not given: visibly a placeholder, yet a value every
-# check accepts (the job only carries output_uri and the training config).
+# What a required pipeline parameter becomes when it is not given: visibly a placeholder ("<name>"), yet a value
+# every check accepts (the job only carries output_uri and the training config); these two must parse.
 PLACEHOLDERS: dict[str, Any] = {
-    "model": "<model>",
-    "dataset_name": "<dataset_name>",
-    "eval_dataset_name": "<eval_dataset_name>",
     "judge_base_url": "http://judge.invalid/v1",
-    "judge_model": "<judge_model>",
     "output_uri": "s3://<bucket>/<prefix>",
 }
+
+
+def placeholders() -> dict[str, Any]:
+    """A placeholder for every required pipeline parameter."""
+    from rloo.pipeline.params import pipeline_params
+
+    return {p.name: PLACEHOLDERS.get(p.name, f"<{p.name}>") for p in pipeline_params() if p.required}
+
+
 # The namespace when the namespace parameter is empty: none in the manifest, so 'kubectl apply -n' decides.
 NO_NAMESPACE = ""
-# The train step's pod owns the job it launches (rloo.pipeline.trainjob.OwnerPod); only a run knows which.
+# The train step's pod owns the job it launches (rloo.k8s.builders.OwnerPod); only a run knows which.
 OWNER_PLACEHOLDER_NAME = "<launcher pod>"
 OWNER_PLACEHOLDER_UID = "<launcher pod uid>"
 OWNER_NOTE = (
@@ -42,50 +47,34 @@ def manifest(
     params: dict[str, Any], *, run_id: str = "manual", platform: Platform | None = None
 ) -> dict[str, Any]:
     """The job (TrainJob or PyTorchJob, by ``multinode_backend``) for ``params`` (pipeline parameters)."""
-    from dataclasses import replace
-
+    from rloo.k8s.builders import OwnerPod
     from rloo.pipeline.images import TRAIN_IMAGE
-    from rloo.pipeline.layout import RunLayout
     from rloo.pipeline.params import check_params, with_defaults
-    from rloo.pipeline.steps import check_pipeline_params, multinode_spec
-    from rloo.pipeline.trainjob import OwnerPod, build_job
+    from rloo.stages.layout import RunLayout
+    from rloo.stages.train import job_manifest, multinode_spec
+    from rloo.stages.validate import build_plan
 
     given = check_params(params, required=False)
-    p = with_defaults({k: v for k, v in PLACEHOLDERS.items() if k not in given} | given)
+    p = with_defaults({k: v for k, v in placeholders().items() if k not in given} | given)
     if not _has_reward_source(p):
         p["reward_model_path"] = "<reward_model_path>"  # a reward source is required; none was given
-    train_config = check_pipeline_params(p, check_paths=False)
-    if int(p["num_nodes"]) < 2:
+    plan = build_plan(p, check_paths=False)
+    if not plan.cluster.multinode:
         raise UserError(
             f"the multi-node job is for num_nodes >= 2 (got {p['num_nodes']}): pass --param num_nodes=N."
         )
     spec = multinode_spec(
+        plan,
         run_id=run_id,
         run_name=run_id,
-        sft_uri=RunLayout(str(p["output_uri"]), run_id).sft,  # where the fetch step publishes the SFT model
-        train_config=train_config,
-        output_uri=str(p["output_uri"]),
-        namespace=str(p["namespace"]) or NO_NAMESPACE,
+        sft_uri=RunLayout(plan.run.output_uri, run_id).sft,  # where the fetch step publishes the SFT model
+        namespace=plan.cluster.namespace or NO_NAMESPACE,
         image=(platform.images.get("train") if platform else None) or TRAIN_IMAGE,
-        gpu_count=int(p["gpu_count"]),
-        num_nodes=int(p["num_nodes"]),
-        gpu_resource=str(p["gpu_resource"]),
-        node_selector=dict(p["gpu_node_selector"]),
-        cpu=str(p["train_cpu"]),
-        memory=str(p["train_memory"]),
-        service_account=str(p["train_service_account"]),
-        s3_secret=str(p["s3_secret"]),
-        mlflow_secret=str(p["mlflow_secret"]),
-        hf_secret=str(p["hf_secret"]),
-        mlflow_experiment=str(p["mlflow_experiment"]),
-        queue_name=str(p["queue_name"]),
-        priority_class=str(p["priority_class"]),
-        istio_sidecar=bool(p["istio_sidecar"]),
+        # the owner as a run sets it, shown with placeholders (no namespace: the pod runs in the job's)
+        owner=OwnerPod(OWNER_PLACEHOLDER_NAME, OWNER_PLACEHOLDER_UID),
         pod_platform=platform,
     )
-    # the owner as a run sets it, shown with placeholders (no namespace: the pod runs in the job's)
-    spec = replace(spec, owner=OwnerPod(OWNER_PLACEHOLDER_NAME, OWNER_PLACEHOLDER_UID))
-    return build_job(spec, str(p["multinode_backend"]), str(p["training_runtime"]))
+    return job_manifest(plan, spec)
 
 
 # Plain scalars a YAML 1.2 reader (kubectl's Go YAML) takes for a number, a boolean or null, which PyYAML

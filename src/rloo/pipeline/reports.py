@@ -11,7 +11,10 @@ import logging
 import math
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rloo.stages.plan import StagePlan
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +130,35 @@ def stage_run_link(
         url = f"{shown.rstrip('/')}/#/experiments/{info.experiment_id}/runs/{info.run_id}"
         return f"MLflow run: [{info.run_id}]({url})"
     return f"MLflow run `{info.run_id}` (experiment {info.experiment_id}) in `{shown}`: `mlflow ui --backend-store-uri {shown}`"
+
+
+def plan_markdown(plan: StagePlan) -> str:
+    """The validate step's summary: what each later step will do, part by part (a training flag by its
+    'rloo train' name, as ``extra_train_args`` would set it)."""
+    import dataclasses
+
+    c = plan.cluster
+    if c.multinode:
+        where = f"{c.num_nodes} nodes x {c.gpu_count} {c.gpu_resource} ({c.multinode_backend})"
+    else:
+        where = f"1 node, {c.gpu_count} x {c.gpu_resource}"
+    parts = [
+        "## Run plan",
+        "",
+        f"SFT model `{plan.run.model}`{f' at `{plan.run.model_revision}`' if plan.run.model_revision else ''}; "
+        f"writes under `{plan.run.output_uri}`; MLflow experiment `{plan.run.mlflow_experiment}`; "
+        f"training on {where}.",
+    ]
+    sections = {
+        "Training (rloo train)": plan.train,
+        "Evaluation (rloo eval)": plan.eval,
+        "Push (rloo push)": plan.push,
+        "Pods": dataclasses.asdict(c),
+    }
+    for title, values in sections.items():
+        rows = [[f"`{k}`", "" if v is None else v] for k, v in sorted(values.items())]
+        parts += ["", f"### {title}", "", table(["setting", "value"], rows)]
+    return "\n".join(parts) + "\n"
 
 
 def fetch_markdown(meta: dict[str, Any]) -> str:

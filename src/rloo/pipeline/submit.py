@@ -190,11 +190,11 @@ def params_for_submit(params: dict[str, Any]) -> dict[str, Any]:
     """Check parameters against the pipeline (names, required ones, types, the validate step's checks)
     before anything is sent; returns them converted to the parameters' types."""
     from rloo.pipeline.params import check_params, with_defaults
-    from rloo.pipeline.steps import check_pipeline_params
+    from rloo.stages.validate import build_plan
 
     params = check_params(params, required=True)
     # check_paths=False: a local path names a path inside the cluster's pods
-    check_pipeline_params(with_defaults(params), check_paths=False)
+    build_plan(with_defaults(params), check_paths=False)
     return params
 
 
@@ -240,7 +240,7 @@ def check_training_runtime(params: dict[str, Any], custom_api: Any, namespace: s
     """For a multi-node TrainJob run: the (Cluster)TrainingRuntime named by ``training_runtime`` must exist.
     ``custom_api``: a ``kubernetes.client.CustomObjectsApi`` with the caller's credentials, or None when there
     are none (then nothing is checked). Returns what was checked, for the command's output."""
-    from rloo.pipeline.trainjob import DEFAULT_BACKEND, DEFAULT_RUNTIME, runtime_ref
+    from rloo.k8s.builders import DEFAULT_BACKEND, DEFAULT_RUNTIME, runtime_ref
 
     if int(params.get("num_nodes", 1)) < 2 or params.get("multinode_backend", DEFAULT_BACKEND) != "trainjob":
         return ""

@@ -122,10 +122,10 @@ def render_model_card(inp: CardInputs) -> str:
         lines += [
             "| | win rate | 95% interval |",
             "| --- | --- | --- |",
-            f"| trained (RLOO) | {_pct(e.trained.estimate)} | [{_pct(e.trained.lo)}, {_pct(e.trained.hi)}] |",
-            f"| baseline (SFT) | {_pct(e.baseline.estimate)} | [{_pct(e.baseline.lo)}, {_pct(e.baseline.hi)}] |",
+            f"| trained (RLOO) | {_pct(e.trained.estimate)} | [{_pct(e.trained.low)}, {_pct(e.trained.high)}] |",
+            f"| baseline (SFT) | {_pct(e.baseline.estimate)} | [{_pct(e.baseline.low)}, {_pct(e.baseline.high)}] |",
             f"| paired difference (trained - SFT) | {e.paired_difference.estimate:+.3f} | "
-            f"[{e.paired_difference.lo:+.3f}, {e.paired_difference.hi:+.3f}] |",
+            f"[{e.paired_difference.low:+.3f}, {e.paired_difference.high:+.3f}] |",
             "",
             f"Judge: `{e.judge_model}`{f' at {e.judge_base_url}' if e.judge_base_url else ''}; "
             f"{e.num_examples} examples, {e.ties} ties, {e.invalid} invalid judgements.",

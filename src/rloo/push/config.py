@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 
 from rloo.errors import UserError
-from rloo.options import option
+from rloo.options import Exposed, option
 
 HF_TOKEN_ENV = "HF_TOKEN"
 _HUB_REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]*/[A-Za-z0-9][A-Za-z0-9._\-]*$")
@@ -41,17 +41,27 @@ class PushConfig:
         None, "s3://bucket/prefix (or a directory): the model is published at <storage_uri>/<run_id>/."
     )
     production_uri: str | None = option(
-        None, "s3://bucket/prefix (or a directory) where a promoted model (champion) is copied."
+        None,
+        "s3://bucket/prefix (or a directory) where a promoted model (champion) is copied.",
+        pipeline=Exposed("production_uri", help="Where a promoted model is copied (empty: nowhere)."),
     )
     registered_model_name: str | None = option(
         None,
         "MLflow Model Registry name to register a version under (needs MLFLOW_TRACKING_URI; default: the MLflow "
         "experiment's name, e.g. 'rloo').",
+        pipeline=Exposed(
+            "registered_model_name",
+            help="MLflow Model Registry name (empty: named after mlflow_experiment).",
+        ),
     )
     register_model: bool = option(
         True,
         "Register a version in the MLflow Model Registry whenever MLFLOW_TRACKING_URI is set (false: log the "
         "push run only).",
+        pipeline=Exposed(
+            "register_model",
+            help="Register a version when the MLflow secret names a tracking server (False: do not).",
+        ),
     )
     mlflow_experiment: str | None = option(
         None, "MLflow experiment of the push run (default: MLFLOW_EXPERIMENT_NAME, else 'rloo')."
@@ -61,7 +71,12 @@ class PushConfig:
     )
     mlflow_train_run_id: str | None = option(None, "MLflow run id of the training stage, for the lineage.")
     hub_repo_id: str | None = option(
-        None, "Hugging Face Hub repo 'owner/name' to upload a promoted model to (token from HF_TOKEN)."
+        None,
+        "Hugging Face Hub repo 'owner/name' to upload a promoted model to (token from HF_TOKEN).",
+        pipeline=Exposed(
+            "hub_repo_id",
+            help="Hugging Face Hub repo 'owner/name' for a promoted model (empty: not uploaded).",
+        ),
     )
     hub_private: bool = option(True, "Create the Hub repo private (only applies when it does not exist yet).")
     hub_push_candidates: bool = option(
@@ -71,11 +86,13 @@ class PushConfig:
         0.0,
         "Promote only if the lower bound of the 95 percent interval of the paired win-rate difference (trained "
         "minus SFT, and challenger minus champion) is above this.",
+        pipeline="promotion_margin",
     )
     compare_to_champion: bool = option(
         True,
         "Promote only a model that also beats the current champion on the same examples and judge (false: the "
         "comparison with SFT alone decides).",
+        pipeline="compare_to_champion",
     )
     base_model: str | None = option(
         None,

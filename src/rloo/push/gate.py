@@ -12,7 +12,8 @@ Contract (written by the evaluation stage, read here)::
     }
 
 Required: every key above but ``per_example``. Extra keys are kept in ``extra`` and ignored by the gate. Numbers must be finite,
-win rates and interval bounds in [0, 1] (the difference in [-1, 1]) and ``lo <= estimate <= hi``.
+win rates and interval bounds in [0, 1] (the difference in [-1, 1]) and ``low <= estimate <= high``, with
+``ci95`` = [low, high]. Each is read into :class:`rloo.algo.intervals.Interval`, the evaluation's own type.
 
 ``per_example`` holds the trained model's score on each example (1 win, 0.5 tie, 0 loss against the
 reference, null when the judge gave no usable verdict), keyed by a digest of the example's prompt and
@@ -30,18 +31,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rloo.algo.intervals import difference_interval
+from rloo.algo.intervals import Interval, difference_interval
 from rloo.errors import UserError
 
 CHAMPION = "champion"
 CANDIDATE = "candidate"
-
-
-@dataclass(frozen=True)
-class Interval:
-    estimate: float
-    lo: float
-    hi: float
 
 
 @dataclass(frozen=True)
@@ -82,7 +76,7 @@ class Decision:
         d = self.against_champion
         if d is None:
             return None
-        return {"champion": self.champion, "estimate": d.estimate, "ci95": [d.lo, d.hi]}
+        return {"champion": self.champion, "estimate": d.estimate, "ci95": [d.low, d.high]}
 
     @property
     def promoted(self) -> bool:
@@ -112,16 +106,18 @@ def _number(value: Any, path: str, source: str, lo: float, hi: float) -> float:
 
 
 def _interval(data: dict[str, Any], key: str, est_key: str, source: str, lo: float) -> Interval:
+    """The mapping ``data[key]`` (``{est_key: estimate, "ci95": [low, high]}``) as an Interval; its count
+    stays unknown (None): the contract does not require one."""
     est = _number(_get(data, f"{key}.{est_key}", source), f"{key}.{est_key}", source, lo, 1.0)
     ci = _get(data, f"{key}.ci95", source)
     if not isinstance(ci, (list, tuple)) or len(ci) != 2:
-        raise UserError(f"{source}: '{key}.ci95' must be a pair [lo, hi] (got {ci!r}).")
-    a = _number(ci[0], f"{key}.ci95[0]", source, lo, 1.0)
-    b = _number(ci[1], f"{key}.ci95[1]", source, lo, 1.0)
+        raise UserError(f"{source}: '{key}.ci95' must be a pair [low, high] (got {ci!r}).")
+    low = _number(ci[0], f"{key}.ci95[0]", source, lo, 1.0)
+    high = _number(ci[1], f"{key}.ci95[1]", source, lo, 1.0)
     # A tiny tolerance: an interval and its point estimate may be computed separately (rounding).
-    if not a - 1e-9 <= est <= b + 1e-9:
-        raise UserError(f"{source}: '{key}' has estimate {est} outside its ci95 [{a}, {b}].")
-    return Interval(est, a, b)
+    if not low - 1e-9 <= est <= high + 1e-9:
+        raise UserError(f"{source}: '{key}' has estimate {est} outside its ci95 [{low}, {high}].")
+    return Interval(est, low, high)
 
 
 def _count(data: dict[str, Any], key: str, source: str) -> int:
@@ -196,9 +192,7 @@ def load_eval_results(path: str | Path) -> EvalResults:
 
 
 def _shown(d: Interval, against: str) -> str:
-    return (
-        f"paired win-rate difference against {against} {d.estimate:+.3f}, 95% CI [{d.lo:+.3f}, {d.hi:+.3f}]"
-    )
+    return f"paired win-rate difference against {against} {d.estimate:+.3f}, 95% CI [{d.low:+.3f}, {d.high:+.3f}]"
 
 
 def compare_to_champion(candidate: EvalResults, champion: Champion) -> Interval | str:
@@ -220,11 +214,8 @@ def compare_to_champion(candidate: EvalResults, champion: Champion) -> Interval 
     mine = [candidate.per_example[k] for k in keys]
     other = [theirs.per_example[k] for k in keys]
     diffs = [a - b for a, b in zip(mine, other, strict=True) if a is not None and b is not None]
-    if not diffs:
-        return "no example has a usable verdict for both models"
     d = difference_interval(diffs)
-    assert d.estimate is not None and d.low is not None and d.high is not None  # diffs is not empty
-    return Interval(d.estimate, d.low, d.high)
+    return "no example has a usable verdict for both models" if d is None else d
 
 
 def decide(results: EvalResults | None, margin: float, champion: Champion | None = None) -> Decision:
@@ -240,7 +231,7 @@ def decide(results: EvalResults | None, margin: float, champion: Champion | None
         return Decision(CANDIDATE, "the evaluation has 0 examples, so there is no evidence to promote on")
     d = results.paired_difference
     shown = _shown(d, "SFT")
-    if d.lo <= margin:
+    if d.low <= margin:
         return Decision(CANDIDATE, f"{shown}: lower bound not above the margin {margin:+.3f}")
     if champion is None:
         return Decision(CHAMPION, f"{shown}: lower bound above the margin {margin:+.3f}")
@@ -257,7 +248,7 @@ def decide(results: EvalResults | None, margin: float, champion: Champion | None
             CANDIDATE, f"{shown}, but it cannot be compared with the champion, {champion.label}: {vs}; {fix}"
         )
     against = _shown(vs, f"the champion ({champion.label})")
-    if vs.lo > margin:
+    if vs.low > margin:
         reason = f"{shown}; {against}: both lower bounds above the margin {margin:+.3f}"
         return Decision(CHAMPION, reason, vs, champion.label)
     reason = f"{shown}; {against}: lower bound not above the margin {margin:+.3f}, the champion stays"

@@ -19,7 +19,7 @@ class StorageError(UserError):
 class StorageUnavailable(StorageError):
     """The store could not be reached, or kept failing or throttling through every attempt: nothing about the
     request is wrong. Exits 75 (``EX_TEMPFAIL`` of sysexits.h) instead of 2, so a retried pipeline step tries
-    again later (rloo.pipeline.retry tells the two apart by the status)."""
+    again later (rloo.stages.retry tells the two apart by the status)."""
 
     exit_code = 75
 

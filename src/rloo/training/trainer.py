@@ -394,7 +394,7 @@ class RLOOTrainer:
         """The sampling backend: vLLM or the built-in transformers generator."""
         cfg = self.cfg
         self.generator = make_generator(
-            cfg,
+            cfg.generation_settings(),
             self.policy,
             accelerator=self.accelerator,
             batch_size=cfg.local_rollout_forward_batch_size,

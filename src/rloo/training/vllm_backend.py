@@ -40,7 +40,13 @@ from typing import Any
 
 import torch
 
-from rloo.generation import Generated, Generator, SamplingParams, TransformersGenerator
+from rloo.generation import (
+    Generated,
+    GenerationSettings,
+    Generator,
+    SamplingParams,
+    TransformersGenerator,
+)
 from rloo.training import deepspeed_utils
 from rloo.vllm_support import CPU, cpu_engine_kwargs, require_vllm_here
 
@@ -59,6 +65,7 @@ __all__ = [
     "engine_logprobs_usable",
     "extract_completion",
     "make_generator",
+    "make_vllm_generator",
     "named_weights",
     "push_weights",
     "require_vllm",
@@ -474,17 +481,73 @@ def _empty_cache() -> None:
         torch.cuda.empty_cache()
 
 
-def engine_dtype(cfg: Any) -> str:
+def engine_dtype(settings: GenerationSettings) -> str:
     """The engine's dtype: the precision the trainer's forwards run in (fp32 without bf16/fp16)."""
-    if getattr(cfg, "bf16", False):
+    if settings.bf16:
         return "bfloat16"
-    if getattr(cfg, "fp16", False):
+    if settings.fp16:
         return "float16"
     return "float32"
 
 
+def make_vllm_generator(
+    settings: GenerationSettings,
+    model: Any,
+    *,
+    accelerator: Any,
+    max_num_seqs: int,
+    max_model_len: int | None = None,
+) -> VLLMGenerator:
+    """This rank's colocated engine, started from ``settings.model_path``, behind a ``VLLMGenerator``.
+
+    ``model`` is the prepared policy, whose weights are pushed into the engine before each rollout.
+    ``max_num_seqs`` is the most completions one ``generate`` call asks for; ``max_model_len`` (longest
+    prompt + response_length) bounds the KV cache per sequence (without it vLLM reserves the model's full
+    context length; a CPU engine needs it). Raises UserError when vLLM cannot run here.
+    """
+    platform = require_vllm()
+    dtype = engine_dtype(settings)
+    fraction = settings.vllm_gpu_memory_utilization
+    platform_kwargs: dict[str, Any] = {}
+    engine_sleeps = settings.vllm_enable_sleep_mode
+    if platform == CPU:
+        if max_model_len is None:  # the trainer always knows it (longest prompt + response_length)
+            raise ValueError("a CPU engine is sized from max_model_len: pass it")
+        # vLLM's CPU build has no sleep mode (it refuses the flag, and its worker ignores sleep/wake_up
+        # calls), and reads the memory fraction as one of the total RAM: size the KV cache from the need.
+        if engine_sleeps:
+            log.info("--vllm_enable_sleep_mode: vLLM on CPU has no sleep mode; the engine keeps its memory")
+        engine_sleeps = False
+        platform_kwargs = cpu_engine_kwargs(
+            model_path=settings.model_path,
+            dtype=dtype,
+            max_model_len=max_model_len,
+            max_num_seqs=max_num_seqs,
+            fraction=fraction,
+            flag="--vllm_gpu_memory_utilization",
+            trust_remote_code=settings.trust_remote_code,
+        )
+    llm = create_colocated_llm(
+        accelerator,
+        model_path=settings.model_path,
+        gpu_memory_utilization=fraction,
+        enable_sleep_mode=engine_sleeps,
+        dtype=dtype,
+        seed=settings.seed,
+        max_model_len=max_model_len,
+        max_num_seqs=max_num_seqs,
+        trust_remote_code=settings.trust_remote_code,
+        batch_invariant=settings.vllm_batch_invariant,
+        platform_kwargs=platform_kwargs,
+    )
+    # the generator keeps its sleep/wake sequence on CPU too: vLLM's CPU worker accepts and ignores it
+    return VLLMGenerator(
+        llm, model, accelerator=accelerator, enable_sleep_mode=settings.vllm_enable_sleep_mode
+    )
+
+
 def make_generator(
-    cfg: Any,
+    settings: GenerationSettings,
     model: Any,
     *,
     accelerator: Any,
@@ -493,63 +556,28 @@ def make_generator(
     max_model_len: int | None = None,
     max_num_seqs: int | None = None,
 ) -> Generator:
-    """The generation backend ``cfg`` asks for: vLLM when ``cfg.use_vllm``, else transformers.
+    """The generation backend ``settings`` ask for: vLLM when ``settings.use_vllm``, else transformers.
 
-    ``model`` is the prepared policy. ``max_model_len`` (longest prompt + response_length) bounds the
-    engine's KV cache per sequence; without it vLLM reserves the model's full context length.
-    ``max_num_seqs`` is the most completions one ``generate`` call asks for (this rank's rollout size);
-    without it, ``batch_size``.
-    Raises UserError when ``use_vllm`` is set but vLLM cannot run here.
+    ``model`` is the prepared policy; ``batch_size`` the completions per sampling batch of the built-in
+    generator. ``max_model_len`` and ``max_num_seqs`` (default: ``batch_size``) size the vLLM engine, see
+    :func:`make_vllm_generator`. Raises UserError when ``use_vllm`` is set but vLLM cannot run here.
     """
-    if not getattr(cfg, "use_vllm", False):
-        from rloo.training.deepspeed_utils import generation_needs_synced_steps
-
-        return TransformersGenerator(
-            accelerator.unwrap_model(model),
-            batch_size=batch_size,
-            autocast=autocast,
-            synced_steps=generation_needs_synced_steps(
-                accelerator, gather=bool(getattr(cfg, "ds3_gather_for_generation", True))
-            ),
-            cache_implementation=str(getattr(cfg, "cache_implementation", "dynamic")),
-            compile_decode=bool(getattr(cfg, "compile_generation", False)),
-        )
-    platform = require_vllm()
-    enable_sleep_mode = bool(getattr(cfg, "vllm_enable_sleep_mode", False))
-    fraction = float(getattr(cfg, "vllm_gpu_memory_utilization", 0.3))
-    dtype = engine_dtype(cfg)
-    max_num_seqs = int(max_num_seqs or batch_size)
-    platform_kwargs: dict[str, Any] = {}
-    engine_sleeps = enable_sleep_mode
-    if platform == CPU:
-        if max_model_len is None:  # the trainer always knows it (longest prompt + response_length)
-            raise ValueError("a CPU engine is sized from max_model_len: pass it")
-        # vLLM's CPU build has no sleep mode (it refuses the flag, and its worker ignores sleep/wake_up
-        # calls), and reads the memory fraction as one of the total RAM: size the KV cache from the need.
-        if enable_sleep_mode:
-            log.info("--vllm_enable_sleep_mode: vLLM on CPU has no sleep mode; the engine keeps its memory")
-        engine_sleeps = False
-        platform_kwargs = cpu_engine_kwargs(
-            model_path=cfg.policy_path,
-            dtype=dtype,
+    if settings.use_vllm:
+        return make_vllm_generator(
+            settings,
+            model,
+            accelerator=accelerator,
+            max_num_seqs=max_num_seqs or batch_size,
             max_model_len=max_model_len,
-            max_num_seqs=max_num_seqs,
-            fraction=fraction,
-            flag="--vllm_gpu_memory_utilization",
-            trust_remote_code=bool(getattr(cfg, "trust_remote_code", False)),
         )
-    llm = create_colocated_llm(
-        accelerator,
-        model_path=cfg.policy_path,
-        gpu_memory_utilization=fraction,
-        enable_sleep_mode=engine_sleeps,
-        dtype=dtype,
-        seed=int(getattr(cfg, "seed", 0)),
-        max_model_len=max_model_len,
-        max_num_seqs=max_num_seqs,
-        trust_remote_code=bool(getattr(cfg, "trust_remote_code", False)),
-        batch_invariant=bool(getattr(cfg, "vllm_batch_invariant", False)),
-        platform_kwargs=platform_kwargs,
+    # decoding from ZeRO-3 shards makes every forward a collective: the ranks must decode in lockstep
+    synced = deepspeed_utils.generation_needs_synced_steps(
+        accelerator, gather=settings.ds3_gather_for_generation
     )
-    # the generator keeps its sleep/wake sequence on CPU too: vLLM's CPU worker accepts and ignores it
-    return VLLMGenerator(llm, model, accelerator=accelerator, enable_sleep_mode=enable_sleep_mode)
+    return TransformersGenerator.from_settings(
+        accelerator.unwrap_model(model),
+        settings,
+        batch_size=batch_size,
+        autocast=autocast,
+        synced_steps=synced,
+    )

@@ -1,5 +1,5 @@
-"""The multi-node job manifests (TrainJob and PyTorchJob) field by field and against the real CRDs, `rloo
-pipeline manifest`, and the train step against the Kubernetes API boundary."""
+"""The multi-node job manifests (TrainJob and PyTorchJob) field by field and against the real CRDs: the
+command is the caller's, everything else the pods need is the builders'."""
 
 from __future__ import annotations
 
@@ -15,10 +15,8 @@ import pytest
 import yaml
 
 from rloo.errors import UserError
-from rloo.pipeline import constants, trainjob
-from rloo.pipeline.jobs import run_multi_node
-from rloo.pipeline.steps import check_pod_params
-from rloo.pipeline.trainjob import (
+from rloo.k8s import builders
+from rloo.k8s.builders import (
     OwnerPod,
     SecretEnv,
     TrainJobSpec,
@@ -26,10 +24,14 @@ from rloo.pipeline.trainjob import (
     build_pytorchjob,
     build_trainjob,
     job_name,
+    nproc_per_node,
     owner_from_env,
 )
-from tests.fixtures.kube_api import FakeKubeAPI
 from tests.helm.helpers import policy_violations
+
+# What the caller runs on every node: the builders pass it through as it is.
+COMMAND = ["python", "-m", "some.node", "--nproc_per_node", "8", "--config", '{"lr": 3e-06}']
+GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 
 
 def _spec(**kw: object) -> TrainJobSpec:
@@ -37,10 +39,7 @@ def _spec(**kw: object) -> TrainJobSpec:
         name="rloo-train-abc",
         namespace="team-a",
         image="reg/rloo-train:1",
-        train_config={"dataset_name": "d", "rloo_k": 4},
-        sft_uri="s3://b/run/sft",
-        model_uri="s3://b/run/model",
-        checkpoint_uri="s3://b/run/checkpoints",
+        command=list(COMMAND),
         num_nodes=3,
         gpus_per_node=8,
         env={"KFP_RUN_ID": "abc", "A": "1"},
@@ -48,7 +47,7 @@ def _spec(**kw: object) -> TrainJobSpec:
             SecretEnv("AWS_ACCESS_KEY_ID", "s3", "AWS_ACCESS_KEY_ID"),
             SecretEnv("HF_TOKEN", "hf", "t", True),
         ],
-        tolerations=[dict(constants.GPU_TOLERATION)],
+        tolerations=[dict(GPU_TOLERATION)],
         node_selector={"nvidia.com/gpu.product": "H100"},
         active_deadline_seconds=3600,
     )
@@ -75,13 +74,7 @@ def test_manifest_fields() -> None:
         pod = r["template"]["spec"]
         (c,) = pod["containers"]
         assert c["name"] == "pytorch" and c["image"] == "reg/rloo-train:1"
-        cmd = c["command"]
-        assert cmd[:3] == ["python", "-m", "rloo.pipeline.node"]
-        assert json.loads(cmd[cmd.index("--train_config") + 1]) == {"dataset_name": "d", "rloo_k": 4}
-        assert cmd[cmd.index("--checkpoint_uri") + 1] == "s3://b/run/checkpoints"
-        assert cmd[cmd.index("--sft_uri") + 1] == "s3://b/run/sft"
-        assert cmd[cmd.index("--model_uri") + 1] == "s3://b/run/model"
-        assert cmd[cmd.index("--num_nodes") + 1] == "3" and cmd[cmd.index("--nproc_per_node") + 1] == "8"
+        assert c["command"] == COMMAND  # the caller's, as it is
         res = c["resources"]
         assert res["requests"] == res["limits"] == {"cpu": "8", "memory": "64Gi", "nvidia.com/gpu": "8"}
         assert c["env"][:2] == [{"name": "A", "value": "1"}, {"name": "KFP_RUN_ID", "value": "abc"}]
@@ -108,6 +101,7 @@ def test_no_secret_values_and_cpu_only_pods() -> None:
     c = m["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
     assert "nvidia.com/gpu" not in c["resources"]["limits"]
     assert m["spec"]["nprocPerNode"] == "1" and "activeDeadlineSeconds" not in m["spec"]["runPolicy"]
+    assert build_trainjob(_spec(gpus_per_node=0))["spec"]["trainer"]["numProcPerNode"] == 1
     # secrets are references only: no entry carries a literal value for a secret variable
     assert all("value" not in e for e in c["env"] if e["name"] in ("AWS_ACCESS_KEY_ID", "HF_TOKEN"))
 
@@ -117,14 +111,26 @@ def test_no_secret_values_and_cpu_only_pods() -> None:
     [
         ({"num_nodes": 1}, "num_nodes >= 2"),
         ({"gpus_per_node": -1}, "gpu_count must be >= 0"),
-        ({"checkpoint_uri": "/tmp/ck"}, "checkpoint_uri must be s3://"),
         ({"name": "Bad_Name"}, "not a valid Kubernetes name"),
-        ({"train_config": {"output_dir": "x"}}, "--output_dir is set by the job"),
     ],
 )
 def test_bad_specs(change: dict[str, object], message: str) -> None:
     with pytest.raises(UserError, match=message):
         build_pytorchjob(_spec(**change))
+
+
+def test_processes_per_node_are_one_per_gpu_and_one_without() -> None:
+    """What a caller that runs torchrun passes it: the number the job declares."""
+    assert [nproc_per_node(n) for n in (0, 1, 8)] == [1, 1, 8]
+    m = build_trainjob(_spec(gpus_per_node=4))
+    assert m["spec"]["trainer"]["numProcPerNode"] == nproc_per_node(4) == 4
+    assert build_pytorchjob(_spec(gpus_per_node=4))["spec"]["nprocPerNode"] == "4"
+
+
+def test_the_spec_knows_nothing_of_what_the_command_does() -> None:
+    """A command that writes to a pod-local path, or takes any flag, is the caller's to check."""
+    cmd = ["rloo", "train", "--output_dir", "/tmp/out", "--checkpoint_uri", "/tmp/ck"]
+    assert build_job(_spec(command=cmd))["spec"]["trainer"]["command"] == cmd
 
 
 def test_job_name_is_valid_and_deterministic() -> None:
@@ -278,7 +284,7 @@ def _trainjob_pod(manifest: dict[str, Any]) -> dict[str, Any]:
     (rjob,) = runtime["spec"]["template"]["spec"]["replicatedJobs"]
     template = json.loads(json.dumps(rjob["template"]["spec"]["template"]))
     pod = template["spec"]
-    (container,) = [c for c in pod["containers"] if c["name"] == trainjob.TRAINJOB_NODE]
+    (container,) = [c for c in pod["containers"] if c["name"] == builders.TRAINJOB_NODE]
     t = manifest["spec"]["trainer"]
     container.update(image=t["image"], command=t["command"], env=t["env"], resources=t["resourcesPerNode"])
     (patch,) = manifest["spec"]["runtimePatches"]
@@ -347,8 +353,8 @@ def test_trainjob_fields() -> None:
     (c,) = pod["containers"]
     assert c["name"] == "node" and c["securityContext"] == pc["securityContext"]
     assert {"name": "dshm", "mountPath": "/dev/shm"} in c["volumeMounts"]
-    # no API token in the training container: its path is taken by an empty mount (see trainjob's docstring)
-    assert {"name": "no-api-token", "mountPath": trainjob.SA_TOKEN_PATH, "readOnly": True} in c[
+    # no API token in the training container: its path is taken by an empty mount (see builders' docstring)
+    assert {"name": "no-api-token", "mountPath": builders.SA_TOKEN_PATH, "readOnly": True} in c[
         "volumeMounts"
     ]
 
@@ -362,7 +368,7 @@ def test_trainjob_pods_are_restricted() -> None:
     problems = [p for p in policy_violations(as_pod) if not any(a in p for a in allowed)]
     assert problems == []
     (c,) = pod["spec"]["containers"]
-    assert trainjob.SA_TOKEN_PATH in {m["mountPath"] for m in c["volumeMounts"]}
+    assert builders.SA_TOKEN_PATH in {m["mountPath"] for m in c["volumeMounts"]}
 
 
 @pytest.mark.parametrize(
@@ -443,8 +449,6 @@ def test_vendored_trainjob_schema_and_runtime_are_trainers() -> None:
 def test_bad_backend_or_runtime(backend: str, runtime: str, message: str) -> None:
     with pytest.raises(UserError, match=message):
         build_job(_spec(), backend, runtime)
-    with pytest.raises(UserError, match=message):
-        check_pod_params({"multinode_backend": backend, "training_runtime": runtime})
 
 
 def test_refused_runtimes_say_it_in_one_line() -> None:
@@ -457,137 +461,6 @@ def test_refused_runtimes_say_it_in_one_line() -> None:
 def test_build_job_picks_the_backend() -> None:
     assert build_job(_spec())["kind"] == "TrainJob"
     assert build_job(_spec(), "pytorchjob")["kind"] == "PyTorchJob"
-
-
-# rloo pipeline manifest ------------------------------------------------------------------------------------
-
-
-def test_manifest_command_names_the_placeholders_left(capsys: pytest.CaptureFixture[str]) -> None:
-    """The job is YAML on stdout (for a pipe into kubectl); what it still holds as placeholders is said on
-    stderr, and nothing once every value the job carries is given."""
-    from rloo.cli.pipeline_cmd import main
-
-    args = ["manifest", "--param", "num_nodes=2", "--param", "gpu_count=4"]
-    assert main(args) == 0
-    out, err = capsys.readouterr()
-    assert yaml.safe_load(out)["kind"] == "TrainJob" and "rloo pipeline: note" not in out
-    assert err == (
-        "rloo pipeline: note: output_uri, dataset_name, reward_model_path are placeholders in this job: pass "
-        "--param NAME=VALUE for each before applying it.\n"
-    )
-    given = ["--param", "output_uri=s3://bkt/p", "--param", "dataset_name=org/d"]
-    assert main([*args, *given, "--param", "extra_train_args=--reward_funcs pkg.mod:fn"]) == 0
-    assert capsys.readouterr().err == ""
-
-
-def test_manifest_command_prints_the_job_for_either_backend(capsys: pytest.CaptureFixture[str]) -> None:
-    from rloo.cli.pipeline_cmd import main
-
-    args = ["manifest", "--param", "num_nodes=2", "--param", "gpu_count=4", "--param", "learning_rate=3e-6"]
-    assert main([*args, "--param", "namespace=team-a"]) == 0
-    out = capsys.readouterr().out
-    job = yaml.safe_load(out)
-    _validate_trainjob(job)
-    assert job["metadata"]["namespace"] == "team-a" and job["spec"]["trainer"]["numNodes"] == 2
-    cmd = job["spec"]["trainer"]["command"]
-    config = json.loads(cmd[cmd.index("--train_config") + 1])  # the validated config, as the pods read it
-    assert config["learning_rate"] == 3e-6 and isinstance(config["learning_rate"], float)
-    assert config["dataset_name"] == "<dataset_name>"  # placeholders for what is not given
-    assert main([*args, "--backend", "pytorchjob", "--run_id", "r1"]) == 0
-    job = yaml.safe_load(capsys.readouterr().out)
-    _validate(job)
-    assert job["metadata"]["name"] == "rloo-train-r1" and "namespace" not in job["metadata"]
-
-
-@pytest.mark.parametrize(
-    ("args", "message"),
-    [
-        ([], r"^rloo pipeline: error: the multi-node job is for num_nodes >= 2 \(got 1\)"),
-        (["--param", "num_nodes=2", "--param", "multinode_backend=mpi"], "multinode_backend must be one of"),
-        (["--param", "num_node=2"], r"unknown pipeline parameter\(s\) num_node \(did you mean num_nodes\?\)"),
-    ],
-)
-def test_manifest_command_refuses_in_one_line(
-    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
-) -> None:
-    from rloo.cli.pipeline_cmd import main
-
-    assert main(["manifest", *args]) != 0
-    err = capsys.readouterr().err
-    assert re.search(message, err) and err.count("\n") == 1, err
-
-
-# The step against the Kubernetes API boundary (the real Kubeflow SDK above it) -----------------------------
-
-
-@pytest.fixture
-def kube(monkeypatch: pytest.MonkeyPatch) -> Any:
-    """Install a FakeKubeAPI (made by the returned function) in place of the Kubernetes client's APIs."""
-    import kubernetes
-
-    def install(**kw: Any) -> FakeKubeAPI:
-        fake = FakeKubeAPI(**kw)
-        monkeypatch.setattr(kubernetes.client, "CustomObjectsApi", lambda *a, **k: fake)
-        monkeypatch.setattr(kubernetes.client, "CoreV1Api", lambda *a, **k: fake)
-        monkeypatch.setattr(kubernetes.config, "load_incluster_config", lambda *a, **k: None)
-        monkeypatch.setattr(kubernetes.config, "load_kube_config", lambda *a, **k: None)
-        return fake
-
-    return install
-
-
-def test_trainjob_step_creates_follows_and_returns(kube: Any, capsys: pytest.CaptureFixture[str]) -> None:
-    fake = kube()
-    m = build_trainjob(_spec())
-    run_multi_node(m, poll_seconds=0.05, timeout_s=60)
-    assert fake.created == [m]
-    out = capsys.readouterr().out
-    assert "[rloo] created TrainJob team-a/rloo-train-abc" in out
-    assert "[node-0] step 1 loss 0.5\n[node-0] done\n" in out  # node 0's log, streamed through the SDK
-
-
-def test_trainjob_step_fails_with_the_controllers_reason(kube: Any) -> None:
-    kube(outcome="Failed", reason="DeadlineExceeded", message="TrainJob exceeded\n its deadline")
-    with pytest.raises(
-        RuntimeError,
-        match=r"^TrainJob team-a/rloo-train-abc failed: DeadlineExceeded: TrainJob exceeded its deadline$",
-    ):
-        run_multi_node(build_trainjob(_spec()), poll_seconds=0.05, timeout_s=60)
-
-
-def _condition(kind: str, reason: str) -> dict[str, str]:
-    return {
-        "type": kind,
-        "status": "True",
-        "reason": reason,
-        "message": "",
-        "lastTransitionTime": "2025-12-31T23:00:00Z",
-    }
-
-
-@pytest.mark.parametrize("kind", ["trainjob", "pytorchjob"])
-def test_retried_step_replaces_a_failed_job_and_adopts_a_running_one(
-    kind: str, kube: Any, capsys: pytest.CaptureFixture[str]
-) -> None:
-    m = build_job(_spec(), kind)
-    ok = "Complete" if kind == "trainjob" else "Succeeded"
-    fake = kube(outcome=ok, existing=[_condition("Failed", "BackoffLimitExceeded")])
-    run_multi_node(m, poll_seconds=0.05, timeout_s=60)
-    assert fake.deleted == ["rloo-train-abc"] and fake.created == [m]
-    assert "failed before this retry: replacing it" in capsys.readouterr().out
-    fake = kube(outcome=ok, existing=[] if kind == "trainjob" else [_condition("Created", "Created")])
-    run_multi_node(m, poll_seconds=0.05, timeout_s=60)
-    assert fake.deleted == [] and fake.created == []
-    assert "adopting" in capsys.readouterr().out
-
-
-def test_pytorchjob_step_follows_the_master(kube: Any, capsys: pytest.CaptureFixture[str]) -> None:
-    kube(outcome="Failed", reason="PyTorchJobFailed", message="Worker exited 137")
-    with pytest.raises(
-        RuntimeError, match=r"^PyTorchJob team-a/rloo-train-abc failed: PyTorchJobFailed: Worker exited 137$"
-    ):
-        run_multi_node(build_pytorchjob(_spec()), poll_seconds=0.05)
-    assert "[master] step 1 loss 0.5\n" in capsys.readouterr().out
 
 
 # Owner, Kueue, Istio ---------------------------------------------------------------------------------------
@@ -697,203 +570,3 @@ def test_bad_scheduling_settings(change: dict[str, object], kind: str, message: 
     with pytest.raises(UserError, match=message) as info:
         build_job(_spec(**change), kind)
     assert "\n" not in str(info.value)
-
-
-@pytest.mark.parametrize("backend", ["trainjob", "pytorchjob"])
-def test_manifest_command_shows_the_owner_as_placeholders(
-    backend: str, capsys: pytest.CaptureFixture[str]
-) -> None:
-    from rloo.cli.pipeline_cmd import main
-
-    assert (
-        main(["manifest", "--backend", backend, "--param", "num_nodes=2", "--param", "namespace=team-a"]) == 0
-    )
-    out = capsys.readouterr().out
-    job = yaml.safe_load(out)
-    (ref,) = job["metadata"]["ownerReferences"]
-    assert ref == {**OWNER_REF, "name": "<launcher pod>", "uid": "<launcher pod uid>"}
-    # said next to the job, in YAML comments: applying it as it is would get it garbage-collected at once
-    assert out.startswith("# metadata.ownerReferences: the train step's pod")
-    assert "remove ownerReferences before\n# applying this job by hand" in out
-
-
-# The step's job does not outlive it: every way out but success deletes it ------------------------------------
-
-KINDS = ["trainjob", "pytorchjob"]
-DONE = {"trainjob": "Complete", "pytorchjob": "Succeeded"}
-PLURAL = {"trainjob": "trainjobs", "pytorchjob": "pytorchjobs"}
-WHAT = {"trainjob": "TrainJob team-a/rloo-train-abc", "pytorchjob": "PyTorchJob team-a/rloo-train-abc"}
-
-
-def _api_error(status: int, message: str = "") -> Exception:
-    from kubernetes.client.rest import ApiException
-
-    error = ApiException(
-        status=status, reason={403: "Forbidden", 500: "Internal Server Error"}.get(status, "")
-    )
-    error.body = json.dumps({"kind": "Status", "message": message}) if message else None
-    return error
-
-
-@pytest.fixture
-def fast_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
-    from rloo.pipeline import jobs
-
-    monkeypatch.setattr(
-        jobs, "API_BACKOFF_S", 0.01, raising=False
-    )  # (raising: the tests also run on old code)
-
-
-@pytest.mark.parametrize("kind", KINDS)
-def test_sigterm_deletes_the_job_and_exits_143(
-    kind: str, kube: Any, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """KFP terminating the run sends the step's pod SIGTERM: the job goes with it, not 48 hours later."""
-    import signal
-    import threading
-
-    fake = kube(outcome=None)  # a job that would run on
-
-    class Previous(Exception):
-        pass
-
-    def previous(signum: int, frame: Any) -> None:
-        raise Previous()
-
-    before = signal.signal(signal.SIGTERM, previous)
-    timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM))
-    try:
-        timer.start()
-        with pytest.raises(SystemExit) as info:
-            run_multi_node(
-                build_job(_spec(owner=owner_from_env(POD_ENV)), kind), poll_seconds=0.05, timeout_s=60
-            )
-        assert info.value.code == 143
-        assert signal.getsignal(signal.SIGTERM) is previous  # the step's handler is gone again
-    finally:
-        timer.cancel()
-        signal.signal(signal.SIGTERM, before)
-    assert fake.deleted == ["rloo-train-abc"] and fake.objects == {}
-    assert fake.delete_policies == ["Foreground"]  # the pods go first
-    assert fake.created[0]["metadata"]["ownerReferences"] == [OWNER_REF]
-    assert f"the train step was terminated: deleting {WHAT[kind]}" in capsys.readouterr().out
-
-
-@pytest.mark.parametrize("kind", KINDS)
-def test_transient_api_errors_are_retried_and_the_job_kept(
-    kind: str, kube: Any, fast_backoff: None, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """A 503 on create and an API server answering 500 for a while: the step gets through, the job completes
-    and stays (a finished job holds nothing, and a retried step finds it and returns)."""
-    faults = {"create": [_api_error(503)], "get": [_api_error(500), _api_error(500), _api_error(500)]}
-    fake = kube(outcome=DONE[kind], faults=faults)
-    m = build_job(_spec(), kind)
-    run_multi_node(m, poll_seconds=0.05, timeout_s=60)
-    assert fake.faults == {"create": [], "get": []}  # every fault was met
-    assert fake.created == [m] and fake.deleted == []
-    (job,) = fake.objects.values()
-    assert job["status"]["conditions"][-1]["type"] == DONE[kind]
-    out = capsys.readouterr().out
-    assert f"[rloo] create {WHAT[kind]}: 503; retrying in 0.01s (1/7)" in out
-    assert f"[rloo] {WHAT[kind]} succeeded" in out
-
-
-@pytest.mark.parametrize("kind", KINDS)
-def test_a_refused_call_fails_at_once_and_the_job_is_deleted(
-    kind: str, kube: Any, fast_backoff: None, capsys: pytest.CaptureFixture[str]
-) -> None:
-    denied = _api_error(403, f'{PLURAL[kind]} "rloo-train-abc" is forbidden: User cannot get')
-    # every read refused (a Role without "get"): the SDK's reads for the log thread meet it too
-    fake = kube(outcome=None, faults={"get": [denied] * 100})
-    with pytest.raises(RuntimeError) as info:
-        run_multi_node(build_job(_spec(), kind), poll_seconds=0.05, timeout_s=10)
-    assert str(info.value) == (
-        f'could not read {WHAT[kind]}: 403 Forbidden: {PLURAL[kind]} "rloo-train-abc" is forbidden: User cannot '
-        "get (the pipeline's service account needs the Role the Helm chart installs)"
-    )
-    assert "retrying" not in capsys.readouterr().out
-    assert fake.deleted == ["rloo-train-abc"] and fake.objects == {}
-
-
-def test_retries_are_bounded(kube: Any, fast_backoff: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    from rloo.pipeline import jobs
-
-    monkeypatch.setattr(jobs, "API_ATTEMPTS", 3, raising=False)
-    fake = kube(outcome=None, faults={"get": [_api_error(500)] * 100})
-    with pytest.raises(
-        RuntimeError, match=r"^could not read TrainJob team-a/rloo-train-abc: 500 .*\(after 3 attempts\)$"
-    ):
-        run_multi_node(build_trainjob(_spec()), poll_seconds=0.05, timeout_s=60)
-    assert fake.deleted == ["rloo-train-abc"]
-
-
-@pytest.mark.parametrize("kind", KINDS)
-def test_the_steps_timeout_deletes_the_job(kind: str, kube: Any) -> None:
-    import threading
-
-    fake = kube(outcome=None)
-    # (before this change a PyTorchJob step had no timeout: the job finishing late keeps such a run from hanging)
-    late = threading.Timer(8.0, lambda: (setattr(fake, "outcome", DONE[kind]), fake._finish()))
-    late.start()
-    try:
-        with pytest.raises(TimeoutError, match=f"^{WHAT[kind]} did not finish within the step's 2 s$"):
-            run_multi_node(build_job(_spec(), kind), poll_seconds=0.05, timeout_s=2)
-    finally:
-        late.cancel()
-    assert fake.deleted == ["rloo-train-abc"] and fake.objects == {}
-
-
-@pytest.mark.parametrize("kind", KINDS)
-def test_a_failed_job_is_deleted_and_its_reason_raised(kind: str, kube: Any) -> None:
-    fake = kube(outcome="Failed", reason="BackoffLimitExceeded", message="node-0 exited with 137")
-    with pytest.raises(
-        RuntimeError, match=f"^{WHAT[kind]} failed: BackoffLimitExceeded: node-0 exited with 137$"
-    ):
-        run_multi_node(build_job(_spec(owner=owner_from_env(POD_ENV)), kind), poll_seconds=0.05, timeout_s=60)
-    assert fake.created[0]["metadata"]["ownerReferences"] == [OWNER_REF]
-    assert fake.deleted == ["rloo-train-abc"] and fake.objects == {}
-    assert fake.delete_policies == ["Foreground"]
-
-
-@pytest.mark.parametrize("kind", KINDS)
-def test_a_retried_step_adopts_the_running_job_and_owns_it_too(kind: str, kube: Any) -> None:
-    """The first attempt's pod may be deleted while the retry waits: the job must not go with it."""
-    fake = kube(outcome=DONE[kind])
-    first = build_job(_spec(owner=OwnerPod("attempt-1", "uid-1", "team-a")), kind)
-    fake.put(PLURAL[kind], first, resourceVersion="7")
-    run_multi_node(build_job(_spec(owner=owner_from_env(POD_ENV)), kind), poll_seconds=0.05, timeout_s=60)
-    assert fake.created == [] and fake.deleted == []
-    (job,) = fake.objects.values()
-    assert [r["uid"] for r in job["metadata"]["ownerReferences"]] == ["uid-1", "1f0c-uid"]
-
-
-@pytest.mark.parametrize("kind", KINDS)
-def test_a_job_being_deleted_is_replaced_not_adopted(kind: str, kube: Any) -> None:
-    """An earlier attempt's clean-up is still deleting the job (Foreground waits for its pods)."""
-    fake = kube(outcome=DONE[kind])
-    old = build_job(_spec(), kind)
-    fake.put(PLURAL[kind], old, deletionTimestamp="2026-01-01T00:00:00Z")
-    m = build_job(_spec(), kind)
-    run_multi_node(m, poll_seconds=0.05, timeout_s=60)
-    assert fake.deleted == ["rloo-train-abc"] and fake.created == [m]
-
-
-def test_transient_errors_are_told_from_refusals() -> None:
-    import urllib3
-
-    from rloo.pipeline.jobs import is_transient
-
-    def sdk_wrapped(error: Exception) -> RuntimeError:  # how the Kubeflow SDK raises every failure
-        try:
-            raise RuntimeError("Failed to get TrainJob: team-a/x") from error
-        except RuntimeError as e:
-            return e
-
-    for status in (429, 500, 502, 503, 504):
-        assert is_transient(_api_error(status)) and is_transient(sdk_wrapped(_api_error(status)))
-    for status in (400, 401, 403, 404, 409, 422):
-        assert not is_transient(_api_error(status)) and not is_transient(sdk_wrapped(_api_error(status)))
-    reset = urllib3.exceptions.ProtocolError("Connection aborted.", ConnectionResetError(104, "reset"))
-    assert is_transient(reset) and is_transient(sdk_wrapped(reset))
-    assert is_transient(sdk_wrapped(TimeoutError("Timeout to get TrainJob")))
-    assert not is_transient(ValueError("bad")) and not is_transient(RuntimeError("TrainJob x is Failed"))

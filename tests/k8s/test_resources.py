@@ -1,11 +1,11 @@
-"""What a GPU step checks about its own pod before it trains."""
+"""What a pod checks about itself before it trains: the GPUs it asked for are the ones it sees."""
 
 from __future__ import annotations
 
 import pytest
 
 from rloo.errors import UserError
-from rloo.pipeline.resources import gpus_granted
+from rloo.k8s.resources import gpus_granted
 
 
 def test_a_pod_that_got_its_gpus_trains_on_them() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from rloo.pipeline.layout import EVAL_RESULTS_FILE, PUSH_RESULT_FILE, RunLayout
+from rloo.stages.layout import EVAL_RESULTS_FILE, PUSH_RESULT_FILE, RunLayout
 
 ROOT = Path(__file__).resolve().parents[2]
 

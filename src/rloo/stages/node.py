@@ -1,6 +1,6 @@
 """One training node: download the SFT model, launch ``rloo train`` on this pod's GPUs, publish the result.
 
-``python -m rloo.pipeline.node --sft_uri S --model_uri M --checkpoint_uri C --nproc_per_node N
+``python -m rloo.stages.node --sft_uri S --model_uri M --checkpoint_uri C --nproc_per_node N
 --num_nodes K --train_config JSON [-- <more rloo train flags>]``: the JSON mapping is the validate step's
 training config, which ``rloo train --config`` reads; the node adds the pod-local locations
 (:data:`POD_LOCAL_FIELDS`) on the command line. Used by the single-node train step (``accelerate launch``) and by
@@ -86,7 +86,7 @@ def node_rank() -> int:
 def main(argv: list[str] | None = None) -> int:  # pragma: no cover - runs in the training pods
     from rloo.parsing import OneLineParser
 
-    parser = OneLineParser(prog="python -m rloo.pipeline.node")
+    parser = OneLineParser(prog="python -m rloo.stages.node")
     for name in ("sft_uri", "model_uri", "checkpoint_uri"):
         parser.add_argument(f"--{name}", required=True)
     parser.add_argument("--nproc_per_node", type=int, default=1)

@@ -1,7 +1,10 @@
-"""CPU and memory quantities of the pipeline's pods, checked in one line before any pod is created.
+"""What a pod asks for and is given: CPU and memory quantities, service account, secret, resource, label and
+namespace names, Kueue scheduling, and the GPUs a pod actually sees, each checked in one line before any pod is
+created.
 
-A bad quantity in a pipeline parameter is otherwise refused only by the KFP driver or the API server when the
-step's pod is created: for ``eval_memory`` that is after hours of training.
+A bad value is otherwise refused only by the KFP driver or the API server when the pod is created, which for
+a pipeline's late step (its evaluation's memory, say) is after hours of training. ``name`` in every check is
+what the user set the value as (a pipeline parameter), so that the error names it.
 """
 
 from __future__ import annotations

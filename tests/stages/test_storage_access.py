@@ -11,9 +11,9 @@ import pytest
 
 from rloo.errors import UserError
 from rloo.pipeline.compile import repo_root
-from rloo.pipeline.steps import check_pipeline_params
+from rloo.stages.validate import build_plan
 from tests.fixtures.servers import S3Server, use_s3
-from tests.pipeline.test_node_and_steps import good
+from tests.stages.test_validate import good
 
 local = pytest.importorskip("kfp.local")
 pytestmark = pytest.mark.filterwarnings("ignore:You may be attemping:RuntimeWarning")
@@ -58,7 +58,7 @@ def test_validate_checks_the_output_bucket_in_seconds(
         monkeypatch.setenv("S3_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")
     start = time.monotonic()
     with pytest.raises(UserError) as err:
-        check_pipeline_params(good(output_uri=f"s3://{bucket}/runs"))
+        build_plan(good(output_uri=f"s3://{bucket}/runs"))
     took = time.monotonic() - start
     message = str(err.value)
     assert took < 10, took
@@ -70,8 +70,8 @@ def test_validate_checks_the_output_bucket_in_seconds(
 
 def test_validate_passes_a_reachable_bucket(aws: S3Server) -> None:
     params = good(output_uri=f"s3://{aws.bucket}/runs")
-    checked = check_pipeline_params(params)  # nothing written there
-    assert checked == check_pipeline_params(params, check_paths=False)
+    checked = build_plan(params)  # nothing written there
+    assert checked == build_plan(params, check_paths=False)
 
 
 def test_fetch_step_fails_in_one_line_without_a_traceback(
@@ -87,7 +87,8 @@ def test_fetch_step_fails_in_one_line_without_a_traceback(
     (src / "config.json").write_text("{}")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong")
     with pytest.raises(RuntimeError, match="FAILURE"):
-        fetch_sft(model=str(src), model_revision="", output_uri=f"s3://{aws.bucket}/runs", kfp_run_id="run-1")
+        plan = build_plan(good(model=str(src), output_uri=f"s3://{aws.bucket}/runs"), check_paths=False)
+        fetch_sft(plan=plan.to_json(), kfp_run_id="run-1")
     out = capfd.readouterr().out
     assert "fetching the SFT model failed: accessing s3://" in out and "rejected the credentials" in out
     assert "Traceback" not in out
@@ -106,8 +107,8 @@ def test_the_validate_step_refuses_an_s3_dataset_that_is_not_a_complete_upload(
     uploaded = f"s3://{aws.bucket}/validate-datasets/{tmp_path.name}/ok"
     upload_dir(tmp_path / "prompts", uploaded, progress=False)
     output = f"s3://{aws.bucket}/validate-datasets/{tmp_path.name}/out"
-    check_pipeline_params(good(output_uri=output, dataset_name=uploaded, eval_dataset_name=uploaded))
+    build_plan(good(output_uri=output, dataset_name=uploaded, eval_dataset_name=uploaded))
     bare = f"s3://{aws.bucket}/validate-datasets/{tmp_path.name}/bare"
     for name in ("dataset_name", "eval_dataset_name"):
         with pytest.raises(UserError, match=rf"^{name} {bare}: no _MANIFEST.json at this prefix"):
-            check_pipeline_params(good(output_uri=output, **{name: bare}))
+            build_plan(good(output_uri=output, **{name: bare}))

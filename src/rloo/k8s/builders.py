@@ -7,7 +7,11 @@ installs (default ``torch-distributed``, which Trainer installs with itself): ``
 command, environment, node count and per-node resources, and a ``runtimePatches`` entry the rest of what the
 pods need (``/dev/shm``, node selector, tolerations, service account, security contexts, labels). Both
 operators set ``PET_NNODES``/``PET_NODE_RANK``/``PET_MASTER_ADDR``/... on every pod, which ``torchrun`` reads,
-so the command (:mod:`rloo.pipeline.node`) is the same on every node and on both backends.
+so one command runs on every node and on both backends.
+
+The command is the caller's (:attr:`TrainJobSpec.command`): this module knows how to run a container on
+``num_nodes`` nodes with ``gpus_per_node`` GPUs each, not what the container does. A caller that starts
+``torchrun`` itself gives it :func:`nproc_per_node` processes per node, the number the job declares.
 
 The pods run restricted: as the images' non-root uid, no privilege escalation, no capabilities, the runtime's
 seccomp profile, and no service-account token (they talk to object storage and MLflow, never to the
@@ -17,14 +21,12 @@ container mounts an empty directory at the token's path instead: the ServiceAcco
 mounts the token into no container that already has a mount there.
 
 A preempted pod is restarted (the ``PyTorchJob``'s ``restartPolicy: OnFailure``; a ``TrainJob``'s Job
-template comes from its runtime, whose Kubernetes Job retries the pod) and ``rloo train`` resumes from the
-newest complete checkpoint under ``--checkpoint_uri``, which therefore must be object storage, not a pod-local
-path.
+template comes from its runtime, whose Kubernetes Job retries the pod) with the same command: resuming from
+where it was is the command's business, from storage that outlives the pod (the pods' disk is an emptyDir).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from collections.abc import Mapping
@@ -32,8 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rloo.errors import UserError
-from rloo.pipeline.node import POD_LOCAL_FIELDS
-from rloo.pipeline.resources import check_pod_memory, check_scheduling, check_service_account, cpu_millis
+from rloo.k8s.resources import check_pod_memory, check_scheduling, check_service_account, cpu_millis
 
 API_VERSION = "kubeflow.org/v1"
 KIND = "PyTorchJob"
@@ -51,9 +52,9 @@ DEFAULT_BACKEND = "trainjob"
 # Where the ServiceAccount admission controller mounts the API token (see the module docstring).
 SA_TOKEN_PATH = "/var/run/secrets/kubernetes.io/serviceaccount"
 _DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-# Scratch space of the training pods, on the node's disk: /tmp, where the SFT model, the output and the newest
-# local checkpoint are staged (the node's work dir, /tmp/rloo), is an emptyDir instead of the container's
-# writable layer. The pipeline's own steps mount the same (rloo.pipeline.constants).
+# Scratch space of the training pods, on the node's disk: /tmp, where the command stages what it downloads and
+# writes (models, the newest local checkpoint: far more than a container's writable layer should hold), is an
+# emptyDir instead of that layer. The pipeline's own steps mount the same.
 SCRATCH_VOLUME = "scratch"
 SCRATCH_PATH = "/tmp"
 # Kueue's labels: the LocalQueue a job is submitted to, and its WorkloadPriorityClass.
@@ -115,10 +116,7 @@ class TrainJobSpec:
     name: str
     namespace: str
     image: str
-    train_config: dict[str, Any]  # 'rloo train' config values (rloo.pipeline.steps.check_pipeline_params)
-    sft_uri: str
-    model_uri: str
-    checkpoint_uri: str
+    command: list[str]  # the training container's, the same on every node (the caller builds it)
     num_nodes: int
     gpus_per_node: int
     gpu_resource: str = "nvidia.com/gpu"
@@ -136,7 +134,7 @@ class TrainJobSpec:
     run_as_user: int = 1000  # the project's images (images/*/Dockerfile: USER 1000)
     run_as_group: int = 1000
     owner: OwnerPod | None = None  # the launcher step's pod (see OwnerPod)
-    scratch_size: str = "500Gi"  # the emptyDir at SCRATCH_PATH (rloo.pipeline.constants.DEFAULT_SCRATCH)
+    scratch_size: str = "500Gi"  # the emptyDir at SCRATCH_PATH
     # Kueue: the LocalQueue to submit to (the job is created suspended; Kueue starts it once admitted)
     queue_name: str = ""
     # a TrainJob: a Kueue WorkloadPriorityClass (needs queue_name); a PyTorchJob: a Kubernetes PriorityClass
@@ -144,7 +142,7 @@ class TrainJobSpec:
     # Kubeflow profiles inject Istio sidecars, which break the nodes' rendezvous and keep a finished pod's Job
     # from completing (the sidecar never exits): off unless asked for
     istio_sidecar: bool = False
-    # the platform's (rloo.pipeline.platform): pull secrets of a private registry, extra volumes (a CA bundle)
+    # the platform's (rloo.k8s.platform): pull secrets of a private registry, extra volumes (a CA bundle)
     # and where the training container mounts them
     image_pull_secrets: tuple[str, ...] = ()
     extra_volumes: list[dict[str, Any]] = field(default_factory=list)
@@ -161,46 +159,20 @@ class TrainJobSpec:
             )
         if self.gpus_per_node < 0:
             raise UserError(f"gpu_count must be >= 0 (got {self.gpus_per_node}).")
-        if not self.checkpoint_uri.startswith("s3://"):
-            raise UserError(
-                f"checkpoint_uri must be s3://... for multi-node training (got {self.checkpoint_uri!r}): restarted "
-                "pods resume from it."
-            )
         cpu_millis("train_cpu", self.cpu)
         check_pod_memory("train_memory", self.memory, self.shm_size)
         check_service_account("train_service_account", self.service_account)
         if self.run_as_user < 1:
             raise UserError(f"the training pods must not run as root (run_as_user={self.run_as_user}).")
-        for name in sorted(POD_LOCAL_FIELDS & self.train_config.keys()):
-            raise UserError(f"--{name} is set by the job itself; remove it from the training configuration.")
         check_scheduling(self.queue_name, self.priority_class)
         if self.owner is not None and not (self.owner.name and self.owner.uid):
             raise UserError("the job's owner pod needs a name and a uid.")
 
 
-def _command(spec: TrainJobSpec) -> list[str]:
-    # rloo.pipeline.node: download the SFT model, torchrun 'rloo train', upload the result from node 0
-    return [
-        "python",
-        "-m",
-        "rloo.pipeline.node",
-        "--sft_uri",
-        spec.sft_uri,
-        "--model_uri",
-        spec.model_uri,
-        "--checkpoint_uri",
-        spec.checkpoint_uri,
-        "--nproc_per_node",
-        str(_nproc(spec)),
-        "--num_nodes",
-        str(spec.num_nodes),
-        "--train_config",
-        json.dumps(spec.train_config, sort_keys=True),
-    ]
-
-
-def _nproc(spec: TrainJobSpec) -> int:
-    return max(spec.gpus_per_node, 1)  # 1 process on a CPU-only pod
+def nproc_per_node(gpus_per_node: int) -> int:
+    """The processes per node the job declares (``nprocPerNode``, ``numProcPerNode``): one per GPU, and one on
+    a CPU-only pod. A command that starts ``torchrun`` itself passes the same number."""
+    return max(gpus_per_node, 1)
 
 
 def _env(spec: TrainJobSpec) -> list[dict[str, Any]]:
@@ -304,7 +276,7 @@ def build_pytorchjob(spec: TrainJobSpec) -> dict[str, Any]:
     container = {
         "name": CONTAINER_NAME,
         "image": spec.image,
-        "command": _command(spec),
+        "command": list(spec.command),
         "env": _env(spec),
         "resources": _resources(spec),
         "volumeMounts": [
@@ -348,7 +320,7 @@ def build_pytorchjob(spec: TrainJobSpec) -> dict[str, Any]:
         "kind": KIND,
         "metadata": _metadata(spec, _labels(spec)),
         "spec": {
-            "nprocPerNode": str(_nproc(spec)),
+            "nprocPerNode": str(nproc_per_node(spec.gpus_per_node)),
             "runPolicy": run_policy,
             "pytorchReplicaSpecs": {"Master": replica(1), "Worker": replica(spec.num_nodes - 1)},
         },
@@ -433,10 +405,10 @@ def build_trainjob(spec: TrainJobSpec, runtime: str = DEFAULT_RUNTIME) -> dict[s
         "runtimeRef": runtime_ref(runtime),
         "trainer": {
             "image": spec.image,
-            "command": _command(spec),
+            "command": list(spec.command),
             "env": _env(spec),
             "numNodes": spec.num_nodes,
-            "numProcPerNode": _nproc(spec),
+            "numProcPerNode": nproc_per_node(spec.gpus_per_node),
             "resourcesPerNode": _resources(spec),
         },
         "runtimePatches": [

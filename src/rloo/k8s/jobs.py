@@ -1,13 +1,13 @@
 """The train step's multi-node job on the cluster: create it (or adopt it when a retried step finds it), stream
 its rank-0 log, and return or raise with the operator's reason.
 
-The job's manifest comes from :mod:`rloo.pipeline.trainjob`; this module only talks to the Kubernetes API.
+The job's manifest comes from :mod:`rloo.k8s.builders`; this module only talks to the Kubernetes API.
 
 The job must not outlive the step that waits for it: it holds every GPU of ``num_nodes`` nodes until its own
 ``activeDeadlineSeconds`` (48 h) otherwise. So the step deletes it (Foreground: its pods go first) on every way
 out but success: the job failed, the step's own deadline passed, an API error it could not get past, and
 SIGTERM (KFP terminating the run, the pod evicted). What the step cannot see, its pod killed without notice,
-is left to the job's owner reference to that pod (:class:`rloo.pipeline.trainjob.OwnerPod`). A job that
+is left to the job's owner reference to that pod (:class:`rloo.k8s.builders.OwnerPod`). A job that
 succeeded is kept: its pods are done and hold nothing, its status and log stay readable, and a retried step
 that finds it returns at once instead of training again.
 
@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-from rloo.pipeline.trainjob import OwnerPod, owner_from_env
+from rloo.k8s.builders import TRAINJOB_KIND, OwnerPod, owner_from_env
 
 __all__ = [
     "JOB_NAME_LABEL",
@@ -266,19 +266,17 @@ class _Job:
             print(f"[rloo] {e}: the job is deleted if the first attempt's pod is", flush=True)
 
 
-def run_multi_node(
-    manifest: dict[str, Any], *, poll_seconds: float = 30.0, timeout_s: int | None = None
-) -> None:
+def run_multi_node(manifest: dict[str, Any], *, timeout_s: float, poll_seconds: float = 30.0) -> None:
     """Create the multi-node job (or adopt it when a retried step finds it; replace it when it had failed or
     is being deleted), stream its rank-0 node's log into this step's log, and return when it succeeds; raise
     with the operator's reason when it fails.
 
     Whenever the step does not end in success, the job is deleted first (see the module docstring): its
-    failure, ``timeout_s`` (the step's deadline, default the train timeout), an API error, and SIGTERM, which
+    failure, ``timeout_s`` (the step's deadline, in seconds), an API error, and SIGTERM, which
     raises :class:`StepTerminated` (exit status 143) while this runs in the main thread; the previous SIGTERM
     handler is back afterwards.
 
-    Thin on purpose: the job comes from :func:`rloo.pipeline.trainjob.build_job`, decisions from
+    Thin on purpose: the job comes from :func:`rloo.k8s.builders.build_job`, decisions from
     :func:`job_outcome` and :func:`on_existing_job`. A ``TrainJob``'s log is followed with the Kubeflow SDK,
     a ``PyTorchJob``'s (which that SDK does not handle) with the Kubernetes client; both are created, read and
     deleted as custom objects: the SDK can neither create *this* manifest (``TrainerClient.train`` assembles
@@ -286,11 +284,7 @@ def run_multi_node(
     created) nor wait through a transient API error (``wait_for_job_status`` gives up on the first failed
     read), nor say the controller's reason for a failure.
     """
-    from rloo.pipeline.constants import TRAIN_TIMEOUT_S
-    from rloo.pipeline.trainjob import TRAINJOB_KIND
-
-    timeout = timeout_s or TRAIN_TIMEOUT_S
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + timeout_s
     with _sigterm_raises() as hold_sigterm:
         follow: Callable[[threading.Event], None]
         if manifest["kind"] == TRAINJOB_KIND:
@@ -314,7 +308,7 @@ def run_multi_node(
         try:
             _start(job, deadline, poll_seconds)
             threading.Thread(target=follow, args=(done,), daemon=True, name="job-log").start()
-            _wait(job, deadline, timeout, poll_seconds)
+            _wait(job, deadline, timeout_s, poll_seconds)
         except BaseException as error:
             hold_sigterm()  # a second SIGTERM must not cut the clean-up short
             _delete_after_failure(job, error)

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import os
 
-from rloo.pipeline.resources import StepResources, memory_bytes
-from rloo.pipeline.trainjob import (
+from rloo.k8s.builders import (
     POD_NAME_ENV,
     POD_NAMESPACE_ENV,
     POD_UID_ENV,
@@ -13,6 +12,7 @@ from rloo.pipeline.trainjob import (
     SCRATCH_VOLUME,  # noqa: F401 - re-exported
     SecretEnv,
 )
+from rloo.k8s.resources import StepResources, memory_bytes
 
 PIPELINE_NAME = "rloo-rlhf"
 
@@ -64,13 +64,13 @@ IO_BACKOFF_MAX = "600s"
 # The GPU steps and the multi-node launcher: a retried train step resumes from the run's checkpoints, a
 # retried launcher adopts its still-running job, a retried evaluation starts over. Fewer tries, longer waits:
 # each one holds GPUs. A failure that no retry heals (exit 2: a bad value, a full disk, a non-finite loss) is
-# recorded and every later attempt stops at once (rloo.pipeline.retry).
+# recorded and every later attempt stops at once (rloo.stages.retry).
 GPU_RETRIES = 2
 GPU_BACKOFF = "120s"
 GPU_BACKOFF_FACTOR = 2.0
 GPU_BACKOFF_MAX = "900s"
 
-# The launcher pod, from the downward API: the multi-node job's owner (rloo.pipeline.trainjob.OwnerPod).
+# The launcher pod, from the downward API: the multi-node job's owner (rloo.k8s.builders.OwnerPod).
 POD_FIELD_ENV = {
     POD_NAME_ENV: "metadata.name",
     POD_UID_ENV: "metadata.uid",
@@ -85,7 +85,7 @@ POD_FIELD_ENV = {
 # placeholder would crash it) and the SDK has no ephemeral-storage request. Override one with
 # RLOO_SCRATCH_<STEP>=<quantity> when compiling (e.g. RLOO_SCRATCH_TRAIN=1Ti rloo pipeline compile); "train"
 # sizes the multi-node job's pods' too.
-# SCRATCH_VOLUME and SCRATCH_PATH (rloo.pipeline.trainjob): the same in the multi-node job's pods.
+# SCRATCH_VOLUME and SCRATCH_PATH (rloo.k8s.builders): the same in the multi-node job's pods.
 # train: the SFT model, the trained model and the newest local checkpoint (optimizer state: ~3x the weights);
 # eval: the trained and the SFT model; fetch and push: one model.
 DEFAULT_SCRATCH = {"fetch": "200Gi", "train": "500Gi", "eval": "300Gi", "push": "200Gi"}

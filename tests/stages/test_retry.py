@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from rloo.errors import UserError
-from rloo.pipeline.node import FAILURE_FILE_ENV, launch_command, launcher_status
-from rloo.pipeline.retry import PERMANENT_EXIT, give_up_on_user_errors, recorded_failure
+from rloo.stages.node import FAILURE_FILE_ENV, launch_command, launcher_status
+from rloo.stages.retry import PERMANENT_EXIT, give_up_on_user_errors, recorded_failure
 from rloo.storage import StorageError, StorageUnavailable
 from tests.fixtures.servers import S3Server, use_s3
 

@@ -1,0 +1,126 @@
+"""The fetch step: the SFT model (a Hub id pinned to one commit, an ``s3://`` upload or a local directory)
+copied to the run's object storage as a verified upload, whose record the later steps read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from rloo.errors import UserError
+from rloo.stages.layout import RunLayout
+from rloo.stages.plan import StagePlan
+
+
+def manifest_digest(manifest: Any) -> str:
+    """One digest for a published directory: SHA-256 over its files' paths, sizes and SHA-256s (not the
+    manifest's timestamp, so the same files always give the same digest)."""
+    h = hashlib.sha256()
+    for f in sorted(manifest.files, key=lambda f: f.path):
+        h.update(f"{f.path}\0{f.size}\0{f.sha256}\n".encode())
+    return "sha256:" + h.hexdigest()
+
+
+def fetch_model(
+    source: str,
+    dest_uri: str,
+    *,
+    work: str | None = None,
+    revision: str | None = None,
+    hub_api: Any = None,
+) -> dict[str, Any]:
+    """Copy an SFT model (Hub id, s3:// prefix or local directory) to ``dest_uri`` as a verified upload.
+
+    A Hub id is pinned: ``revision`` (a branch, tag or commit; default the repo's main) is resolved to its
+    commit once, and exactly that commit is downloaded and recorded, so a re-run or a later reader knows which
+    weights were trained even if the repo moves on. ``hub_api``: an ``HfApi`` (tests pass a stand-in).
+
+    Returns the metadata of the KFP ``Model`` artifact: source, revision (the Hub commit, None for other
+    sources), uri, manifest digest, file count, bytes.
+    """
+    from rloo.models import holds_model_config
+    from rloo.storage import download_dir, upload_dir, verify_prefix
+    from rloo.storage.location import source_kind
+
+    commit: str | None = None
+    with tempfile.TemporaryDirectory(dir=work) as tmp:
+        kind = source_kind(source)
+        if kind == "s3":
+            local = Path(tmp) / "model"
+            download_dir(source, local, progress=False)  # verifies every SHA-256 against the manifest
+        elif kind == "local":
+            from rloo.stages.validate import local_sft_model
+
+            local = local_sft_model(source)
+        else:
+            commit = resolve_hub_commit(source, revision, hub_api)
+            api = hub_api or _hf_api()
+            from rloo.storage.progress import quiet_library_bars
+
+            quiet_library_bars()  # a step's log is no terminal: no bars redrawn into one huge line
+            local = Path(api.snapshot_download(source, revision=commit, local_dir=Path(tmp) / "model"))
+        if revision and commit is None:
+            raise UserError(
+                f"--model_revision {revision!r} only applies to a Hugging Face Hub id, and {source!r} is not one."
+            )
+        if not holds_model_config([p.name for p in local.iterdir()], adapter=False):
+            raise UserError(f"model {source!r} has no config.json: not a transformers model directory.")
+        upload_dir(local, dest_uri, progress=False, exclude=[".cache", ".cache/*"])
+    manifest = verify_prefix(dest_uri)  # what readers will see, not what we meant to write
+    return {
+        "source": source,
+        "revision": commit,
+        "uri": dest_uri,
+        "manifest_digest": manifest_digest(manifest),
+        "num_files": len(manifest.files),
+        "total_bytes": manifest.total_bytes,
+    }
+
+
+def _hf_api() -> Any:
+    from huggingface_hub import HfApi
+
+    return HfApi()
+
+
+def resolve_hub_commit(repo_id: str, revision: str | None, hub_api: Any = None) -> str:
+    """The commit SHA that ``revision`` (default: main) of Hub model ``repo_id`` points at now."""
+    from huggingface_hub.errors import RepositoryNotFoundError, RevisionNotFoundError
+
+    try:
+        info = (hub_api or _hf_api()).model_info(repo_id, revision=revision or None)
+    except RevisionNotFoundError:
+        raise UserError(
+            f"model {repo_id}: the Hugging Face Hub has no revision {revision!r} of it; give a commit, branch or "
+            "tag that exists."
+        ) from None
+    except RepositoryNotFoundError:
+        raise UserError(
+            f"model {repo_id}: not found on the Hugging Face Hub (a private repo needs HF_TOKEN); check the id."
+        ) from None
+    sha = getattr(info, "sha", None)
+    if not sha:
+        raise UserError(
+            f"model {repo_id}: the Hugging Face Hub did not say which commit {revision or 'main'} is."
+        )
+    return str(sha)
+
+
+def durable_model_name(fetched: dict[str, Any]) -> str:
+    """How to name a fetched SFT model in cards and reports: its Hub id, else the store URI it was copied to
+    (a path on the machine that ran the fetch step means nothing later)."""
+    from rloo.storage.location import source_kind
+
+    source = str(fetched.get("source") or "")
+    if source and source_kind(source) == "hub":
+        return source
+    return str(fetched.get("uri") or source)
+
+
+def run(plan: StagePlan, run_id: str) -> dict[str, Any]:
+    """Fetch the plan's SFT model to the run's ``sft/`` prefix; returns its record (:func:`fetch_model`), the
+    metadata of the step's ``Model`` artifact."""
+    layout = RunLayout(plan.run.output_uri, run_id)
+    return fetch_model(plan.run.model, layout.sft, revision=plan.run.model_revision or None)

@@ -1,0 +1,242 @@
+"""The validate step: the pipeline parameters checked once and turned into the run's :class:`StagePlan`, on a
+CPU pod, before any GPU is requested. A bad value fails here in one line that names the pipeline parameter.
+
+``rloo pipeline submit``, ``rloo pipeline run --local`` and ``rloo pipeline manifest`` call :func:`build_plan`
+too (without looking at storage or the Hub), so a run is refused for the same reasons everywhere.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+from rloo.errors import UserError
+from rloo.stages.plan import (
+    ClusterConfig,
+    RunConfig,
+    StagePlan,
+    config_values,
+    parameter_names,
+    pipeline_fields,
+)
+
+log = logging.getLogger(__name__)
+
+# What stands for the models and directories only a step knows, while a stage config is checked here
+_PLACEHOLDER_MODEL = "placeholder-model"
+
+
+def build_plan(params: dict[str, Any], *, check_paths: bool = True, check_hub: bool = False) -> StagePlan:
+    """The plan of a run with pipeline parameters ``params`` (all of them, by name: see
+    :func:`rloo.pipeline.params.with_defaults`), every part built through its config's own checks; a one-line
+    UserError naming the first bad parameter. ``check_paths``: the SFT model, the output bucket and s3://
+    datasets must be there (``check_hub``: a Hub model too)."""
+    from rloo.eval.config import EvalConfig
+    from rloo.push.config import PushConfig
+
+    for p in pipeline_fields():
+        if p.required and params[p.name] in ("", None):
+            raise UserError(f"{p.name} is required: {p.help}")
+    run = _part(RunConfig, "run", params)
+    cluster = _part(ClusterConfig, "cluster", params)
+    if cluster.multinode and not run.output_uri.startswith("s3://"):
+        raise UserError(f"multi-node training needs an s3:// output_uri (got {run.output_uri!r}).")
+    if check_paths:
+        check_pipeline_model(run.model, hub=check_hub, revision=run.model_revision or None)
+        check_storage_access(run.output_uri, what="output_uri")
+        _check_datasets(params)
+    train = train_values(params, run.extra_train_args)
+    eval_values = config_values("eval", params)
+    _part(
+        EvalConfig,
+        "eval",
+        params,
+        model_name_or_path=_PLACEHOLDER_MODEL,
+        baseline_model=_PLACEHOLDER_MODEL,
+        report_to="none",
+    )
+    push_values = config_values("push", params)
+    _part(PushConfig, "push", params, model_path=_PLACEHOLDER_MODEL)
+    return StagePlan(run=run, cluster=cluster, train=train, eval=eval_values, push=push_values)
+
+
+def _part(cls: type, part: str, params: dict[str, Any], **fixed: Any) -> Any:
+    """``cls`` built from the values of ``part`` and ``fixed`` fields; its one-line error names the pipeline
+    parameter (``--dataset_split`` -> ``eval_dataset_split``)."""
+    try:
+        return cls(**fixed, **config_values(part, params))
+    except UserError as e:
+        raise UserError(_as_parameters(str(e), parameter_names(part))) from None
+
+
+def _as_parameters(message: str, names: dict[str, str]) -> str:
+    """``message`` with each ``--field`` of ``names`` (``{field: pipeline parameter}``) named as the
+    parameter that sets it; other flags stay flags (of ``extra_train_args``)."""
+    return re.sub(r"--(\w+)\b", lambda m: names.get(m[1], m[0]), message)
+
+
+def train_values(params: dict[str, Any], extra_train_args: str) -> dict[str, Any]:
+    """The training config values: the training parameters, with ``extra_train_args`` through the parser of
+    'rloo train' itself (its flags win over the parameters, as later flags do on a command line), checked by
+    building the config (exactly the checks the command applies). Unset optional fields are left out."""
+    from rloo.config import RLOOConfig
+    from rloo.parsing import parse_values
+    from rloo.stages.node import POD_LOCAL_FIELDS
+
+    values = {k: v for k, v in config_values("train", params).items() if v is not None}
+    try:
+        extra = parse_values(RLOOConfig, shlex.split(extra_train_args), prog="rloo train")
+        for name in sorted(POD_LOCAL_FIELDS & extra.keys()):
+            raise UserError(f"--{name} is set by the pipeline itself; remove it from extra_train_args.")
+        _refuse_conflicts(params, extra)
+        values |= extra
+        RLOOConfig(**({"model_name_or_path": _PLACEHOLDER_MODEL, "output_dir": "validate"} | values))
+    except UserError as e:
+        has_reward_model = bool(params.get("reward_model_path"))
+        raise UserError(_in_pipeline_terms(str(e), has_reward_model=has_reward_model)) from None
+    except ValueError as e:  # shlex: an unclosed quote
+        raise UserError(f"extra_train_args: {e}; quote each flag's value once.") from None
+    return values
+
+
+def _refuse_conflicts(params: dict[str, Any], extra: dict[str, Any]) -> None:
+    """A training setting given twice, as a pipeline parameter changed from its default and in
+    ``extra_train_args`` (maybe under an alias: ``--beta`` is ``kl_coef``) with another value, is refused:
+    either one silently winning would train something the run's record does not show."""
+    for p in pipeline_fields():
+        if p.part != "train" or p.field not in extra or p.name not in params:
+            continue
+        given, other = params[p.name], extra[p.field]
+        if given != p.default and p.field_value(given) != other:
+            raise UserError(
+                f"{p.name} {given!r} and extra_train_args both set {p.field}, to different values "
+                f"({other!r}): set it in one place."
+            )
+
+
+def _in_pipeline_terms(message: str, *, has_reward_model: bool) -> str:
+    """A message of 'rloo train' in the pipeline's terms: its flags that are pipeline parameters named as the
+    parameters (``--rloo_k`` -> ``rloo_k``); the others are flags of ``extra_train_args``."""
+    if message.startswith("no reward source") and not has_reward_model:
+        return (
+            "no reward source: set the pipeline parameter reward_model_path (a reward model) and/or put "
+            "--reward_funcs pkg.module:fn in extra_train_args."
+        )
+    if message.startswith(("unknown flag", "unexpected argument")):  # only extra_train_args has free flags
+        return f"extra_train_args: {message}"
+    return _as_parameters(message, parameter_names("train"))
+
+
+def _check_datasets(params: dict[str, Any]) -> None:
+    """An s3:// dataset must be a complete upload (its manifest there) before any GPU is requested; Hub ids and
+    directories are read by the stages themselves (a directory names a path inside the pods)."""
+    from rloo.data import check_dataset_source
+    from rloo.storage.location import source_kind
+
+    for name in ("dataset_name", "eval_dataset_name"):
+        if source_kind(str(params[name])) == "s3":
+            check_dataset_source(str(params[name]), flag=name)
+
+
+def check_pipeline_model(
+    model: str, *, hub: bool = False, hub_api: Any = None, revision: str | None = None
+) -> None:
+    """Fail in one line when the SFT model cannot be fetched: a local path that is no model directory
+    (:func:`rloo.models.local_model_dir`, the rule of every stage), an ``s3://`` prefix without a complete
+    upload, or (``hub``) a Hub id the Hub does not know or will not serve. A Hub that cannot be reached is only
+    logged: the fetch step retries, and it may be a mirror. Which of the three ``model`` is:
+    :func:`rloo.storage.location.source_kind` (``gpt2`` is a Hub id)."""
+    from rloo.storage.location import source_kind
+
+    kind = source_kind(model)
+    if kind == "s3":
+        from rloo.storage import read_manifest
+
+        try:
+            read_manifest(model)
+        except UserError as e:
+            raise UserError(f"model {model}: {e}") from None
+        return
+    if kind == "local":
+        local_sft_model(model)
+        return
+    if not hub:
+        return
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
+
+    try:
+        (hub_api or HfApi()).model_info(model, revision=revision)
+    except GatedRepoError:
+        raise UserError(
+            f"model {model}: gated on the Hugging Face Hub; accept its terms and put a token in the hf_secret."
+        ) from None
+    except RevisionNotFoundError:
+        raise UserError(
+            f"model {model}: the Hugging Face Hub has no revision {revision!r} of it; give a commit, branch or "
+            "tag that exists (or no model_revision for the current main)."
+        ) from None
+    except RepositoryNotFoundError:
+        raise UserError(
+            f"model {model}: not found on the Hugging Face Hub (a private repo needs HF_TOKEN in the hf_secret); "
+            "check the id, or give an s3:// prefix or a directory."
+        ) from None
+    except Exception as e:  # unreachable Hub, proxy, mirror quirks: the fetch step will tell
+        log.warning("could not check %s on the Hub (%s); the fetch step will try", model, type(e).__name__)
+
+
+# What a local SFT model must be: a full model. A LoRA adapter alone names its base model by a path or an
+# unpinned Hub id that the pods would have to reach on their own, and vLLM cannot load it.
+SFT_MODEL_HINT = (
+    "give a Hub id, an s3:// prefix or a model directory (a LoRA adapter's merged model: 'rloo train "
+    "--use_peft --merge_adapter' writes it to <output_dir>/merged)"
+)
+
+
+def local_sft_model(model: str) -> Path:
+    """The directory the local SFT model ``model`` names, when it holds a full model
+    (:func:`rloo.models.local_model_dir`, the rule of every stage); one line naming the parameter otherwise."""
+    from rloo.models import local_model_dir
+
+    try:
+        return local_model_dir("model", model, adapter=False, hint=SFT_MODEL_HINT)
+    except UserError as e:
+        raise UserError(_as_parameters(str(e), {"model": "model"})) from None
+
+
+# The validate step asks the bucket once, quickly: wrong credentials, a missing bucket or an unreachable
+# endpoint then fail in seconds there, instead of in the fetch step after minutes of KFP retries.
+ACCESS_CHECK_ATTEMPTS = 2
+ACCESS_CHECK_TIMEOUT_S = 5.0
+
+
+def check_storage_access(uri: str, *, what: str, client: Any = None) -> None:
+    """For an ``s3://`` location: one HeadBucket with a short timeout (credentials, bucket, endpoint), a
+    one-line UserError naming ``what``, the bucket and the AWS variables to set. Local paths pass."""
+    from rloo.storage import Location, StorageError
+    from rloo.storage.backends import S3Backend
+    from rloo.storage.s3 import s3_client
+
+    try:
+        loc = Location.parse(uri)
+    except UserError as e:
+        raise UserError(f"{what}: {e}") from None
+    if not loc.is_s3:
+        return
+    try:
+        client = client or s3_client(
+            max_attempts=ACCESS_CHECK_ATTEMPTS,
+            connect_timeout=ACCESS_CHECK_TIMEOUT_S,
+            read_timeout=ACCESS_CHECK_TIMEOUT_S,
+        )
+        S3Backend(loc, client).check_access(create=False)
+    except StorageError as e:
+        raise UserError(f"{what}: {e}") from None
+
+
+def run(params: dict[str, Any]) -> StagePlan:
+    """The validate step: :func:`build_plan` with every check (the Hub included)."""
+    return build_plan(params, check_paths=True, check_hub=True)

@@ -1,0 +1,184 @@
+"""The validate step: every pipeline parameter checked once, the plan built from them."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+
+from rloo.errors import UserError
+from rloo.stages.fetch import fetch_model
+from rloo.stages.validate import build_plan, check_pipeline_model
+from tests.fixtures.servers import S3Server, use_s3
+
+
+def test_the_validated_config_is_what_rloo_train_reads(tmp_path: Path) -> None:
+    """validate emits the training config once (canonical names, typed, aliases resolved, defaults left out);
+    the train step writes it as it is and 'rloo train --config' reads it: the same config as the flags give."""
+    from rloo.config import RLOOConfig
+    from rloo.parsing import parse_config
+
+    params = good(
+        rloo_k=4,
+        learning_rate=1e-5,
+        kl_coef=0.1,  # the same value under its alias in extra_train_args is accepted, once
+        extra_train_args="--bf16 --beta 0.1 --reward_funcs rloo.demo.toy:letter_reward --reward_weights 1 -0.5",
+    )
+    with pytest.raises(UserError, match=r"^kl_coef 0.2 and extra_train_args both set kl_coef, to different"):
+        build_plan({**params, "kl_coef": 0.2})
+    assert build_plan({**params, "kl_coef": 0.05}).train["kl_coef"] == 0.1  # the default gives way
+    config = build_plan(params).train
+    assert config["kl_coef"] == 0.1 and "beta" not in config  # the alias resolved, once
+    assert (config["rloo_k"], config["bf16"], config["reward_weights"]) == (4, True, [1.0, -0.5])
+    assert isinstance(config["learning_rate"], float) and isinstance(config["rloo_k"], int)
+    assert "num_ppo_epochs" not in config  # a default stays the image's own
+    # what the node does with it (rloo.stages.node): JSON to a file, then --config
+    path = tmp_path / "train_config.yaml"
+    path.write_text(json.dumps(json.loads(json.dumps(config, sort_keys=True)), indent=2))
+    pod = ["--model_name_or_path", "m", "--output_dir", "o"]
+    from_file = parse_config(RLOOConfig, [*pod, "--config", str(path)], prog="t")
+    # the same run as 'rloo train' flags: each training parameter under its field's name, then the extras
+    from rloo.stages.plan import pipeline_fields
+
+    flags = []
+    for p in pipeline_fields():
+        if p.part == "train" and p.field_value(params[p.name]) is not None:
+            flags += [f"--{p.field}", str(params[p.name])]
+    flags += shlex.split(str(params["extra_train_args"]))
+    from_flags = parse_config(RLOOConfig, [*pod, *flags], prog="t")
+    assert from_file == from_flags
+    assert (from_file.kl_coef, from_file.learning_rate, from_file.reward_weights) == (0.1, 1e-5, [1.0, -0.5])
+
+
+@pytest.mark.parametrize("flag", ["--output_dir x", "--model_name_or_path m", "--checkpoint_uri s3://bk/c"])
+def test_pod_locations_are_not_the_users_to_give(flag: str) -> None:
+    with pytest.raises(UserError, match=f"^{flag.split()[0]} is set by the pipeline itself"):
+        build_plan(good(extra_train_args=flag))
+
+
+GIVEN = dict(
+    model="org/sft",
+    dataset_name="org/data",
+    reward_model_path="org/rm",
+    eval_dataset_name="org/eval",
+    judge_base_url="http://judge:8000/v1",
+    judge_model="j",
+    output_uri="/tmp/rloo-validate-out",  # s3:// ones are asked for access: tests/pipeline/test_storage_access.py
+)
+
+
+def good(**change: object) -> dict[str, object]:
+    """Every pipeline parameter (the defaults filled in), with ``change``."""
+    from rloo.pipeline.params import with_defaults
+
+    return with_defaults({**GIVEN, **change})
+
+
+def test_good_parameters_pass() -> None:
+    build_plan(good())
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"model": "/no/such/model"}, "no such directory"),
+        ({"rloo_k": 1}, "rloo_k"),
+        ({"gpu_count": -1}, "gpu_count must be >= 0"),
+        ({"judge_base_url": ""}, "judge_base_url is required"),
+        ({"judge_model": ""}, "judge_model is required"),
+        ({"reward_model_path": ""}, "no reward source"),
+        ({"num_nodes": 0}, "num_nodes must be >= 1"),
+        ({"num_nodes": 2, "output_uri": "/local"}, "s3:// output_uri"),
+        ({"extra_train_args": "--nope 1"}, "unknown flag"),
+        ({"promotion_margin": 2.0}, "promotion_margin"),
+    ],
+)
+def test_bad_parameters_fail_in_one_line(change: dict[str, object], message: str) -> None:
+    with pytest.raises(UserError, match=message) as err:
+        build_plan(good(**change))
+    assert "\n" not in str(err.value)
+
+
+class FakeHub:
+    """Stands in for HfApi.model_info (the Hub cannot be reached from tests)."""
+
+    def __init__(self, error: Exception | None) -> None:
+        self.error, self.asked = error, []
+
+    def model_info(self, repo_id: str, revision: str | None = None) -> object:
+        self.asked.append(repo_id)
+        if self.error:
+            raise self.error
+        return object()
+
+
+class PinnedHub:
+    """Stands in for HfApi's model_info and snapshot_download: a repo whose branches move between calls."""
+
+    def __init__(self, refs: dict[str, str]) -> None:
+        self.refs, self.downloads = refs, []  # branch/tag -> commit
+
+    def model_info(self, repo_id: str, revision: str | None = None) -> object:
+        from types import SimpleNamespace
+
+        ref = revision or "main"
+        if ref not in self.refs and ref not in self.refs.values():
+            raise _hub_error("RevisionNotFoundError")
+        return SimpleNamespace(id=repo_id, sha=self.refs.get(ref, ref))
+
+    def snapshot_download(self, repo_id: str, *, revision: str | None = None, local_dir: Path) -> str:
+        self.downloads.append((repo_id, revision))
+        local_dir.mkdir(parents=True)
+        (local_dir / "config.json").write_text(json.dumps({"commit": revision}))
+        return str(local_dir)
+
+
+def test_model_revision_parameter_is_checked(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(UserError, match="model_revision 'v1' only applies to a Hugging Face Hub id"):
+        build_plan(good(model=str(tmp_path), model_revision="v1"))
+    build_plan(good(model_revision="v1"))
+    with pytest.raises(UserError, match="no revision 'nope'"):
+        check_pipeline_model("org/sft", hub=True, hub_api=PinnedHub({"main": "a" * 40}), revision="nope")
+
+
+def _hub_error(kind: str) -> Exception:
+    import httpx2 as httpx  # the HTTP client huggingface_hub builds its errors on
+    from huggingface_hub import errors
+
+    response = httpx.Response(404, request=httpx.Request("GET", "https://huggingface.co/api/models/x"))
+    return getattr(errors, kind)("nope", response=response)
+
+
+def test_model_source_checks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(UserError, match="no such directory"):
+        check_pipeline_model(str(tmp_path / "missing"))
+    with pytest.raises(UserError, match=r"^model .*: not a model directory \(no config\.json"):
+        check_pipeline_model(str(tmp_path))
+    (tmp_path / "config.json").write_text("{}")
+    check_pipeline_model(str(tmp_path))
+    check_pipeline_model("org/model")  # Hub ids are left to the fetch step unless asked
+    ok = FakeHub(None)
+    check_pipeline_model("org/model", hub=True, hub_api=ok)
+    assert ok.asked == ["org/model"]
+    with pytest.raises(UserError, match="not found on the Hugging Face Hub"):
+        check_pipeline_model("org/typo", hub=True, hub_api=FakeHub(_hub_error("RepositoryNotFoundError")))
+    with pytest.raises(UserError, match="gated"):
+        check_pipeline_model("org/gated", hub=True, hub_api=FakeHub(_hub_error("GatedRepoError")))
+    check_pipeline_model("org/model", hub=True, hub_api=FakeHub(ConnectionError("no route")))  # logged only
+
+
+def test_model_source_s3_needs_a_complete_upload(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, s3_server: S3Server
+) -> None:
+    server = use_s3(s3_server, monkeypatch)
+    src = tmp_path / "sft"
+    src.mkdir()
+    (src / "config.json").write_text("{}")
+    target = f"s3://{server.bucket}/{tmp_path.name}/sft"
+    with pytest.raises(UserError, match=r"has no _MANIFEST\.json"):
+        check_pipeline_model(target)
+    fetch_model(str(src), target)
+    check_pipeline_model(target)
