@@ -22,6 +22,7 @@ from components.train_rloo.component import train_rloo, train_rloo_multinode
 from components.validate.component import validate_params
 from rloo.k8s.resources import StepResources
 from rloo.pipeline import images
+from rloo.pipeline.compile import PIPELINE_NAME
 from rloo.pipeline.params import pipeline_signature
 from rloo.stages import constants as C
 
@@ -94,7 +95,7 @@ def _gpu_step(
     kubernetes.set_timeout(task, timeout_s)
 
 
-@dsl.pipeline(name=C.PIPELINE_NAME, description="RLHF with RLOO: fetch SFT, train, judge, push.")
+@dsl.pipeline(name=PIPELINE_NAME, description="RLHF with RLOO: fetch SFT, train, judge, push.")
 @pipeline_signature  # the parameters: every config field declared with option(..., pipeline=...)
 def rloo_pipeline(p: dict[str, Any]) -> None:
     """RLHF with RLOO: fetch the SFT model, train it, judge it against the SFT model, push it."""

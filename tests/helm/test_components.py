@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from rloo.stages.constants import HF_SECRET_KEYS, JUDGE_SECRET_KEYS, MLFLOW_SECRET_KEYS, PIPELINE_NAME
+from rloo.pipeline.compile import PIPELINE_NAME
+from rloo.stages.constants import HF_SECRET_KEYS, JUDGE_SECRET_KEYS, MLFLOW_SECRET_KEYS
 from tests.fixtures.kube_api import Call, FakeKubeAPI
 from tests.fixtures.servers import free_port, stop_process
 from tests.helm.helpers import CHART, NAMESPACE, documents, env_of, find, pod_spec, render, variant_values

@@ -37,7 +37,7 @@ def _params_args(p: argparse.ArgumentParser) -> None:
 
 
 def _kfp_args(p: argparse.ArgumentParser) -> None:
-    from rloo.stages.constants import PIPELINE_NAME
+    from rloo.pipeline.compile import PIPELINE_NAME
 
     p.add_argument("--host", required=True, help="KFP API URL, e.g. http://localhost:8080 after port-forward")
     p.add_argument("--name", default=PIPELINE_NAME, help=f"pipeline name in KFP (default: {PIPELINE_NAME})")

@@ -14,6 +14,8 @@ from typing import Any
 
 from rloo.errors import UserError
 
+# The pipeline's name in KFP (what upload and submit look it up by)
+PIPELINE_NAME = "rloo-rlhf"
 PIPELINE_MODULE = "pipelines.rloo_pipeline"
 PIPELINE_FUNC = "rloo_pipeline"
 

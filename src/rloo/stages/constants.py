@@ -14,8 +14,6 @@ from rloo.k8s.builders import (
 )
 from rloo.k8s.resources import StepResources, memory_bytes
 
-PIPELINE_NAME = "rloo-rlhf"
-
 # Keys each Kubernetes secret must hold, and the environment variable each becomes.
 S3_SECRET_KEYS = {
     "AWS_ACCESS_KEY_ID": "AWS_ACCESS_KEY_ID",
