@@ -15,6 +15,7 @@ values, not configs: the pod-local fields (model directories, output directories
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import typing
 from dataclasses import dataclass
@@ -238,7 +239,8 @@ def _base_type(hint: Any) -> tuple[type, bool]:
     return typing.get_origin(base) or base, optional
 
 
-def pipeline_fields() -> list[PipelineField]:
+@functools.cache  # the declarations are fixed; the validate step reads them part by part
+def pipeline_fields() -> tuple[PipelineField, ...]:
     """Every pipeline parameter, from the config fields that declare one: required ones first, then by part
     and field order."""
     out = []
@@ -267,7 +269,7 @@ def pipeline_fields() -> list[PipelineField]:
                     optional=optional,
                 )
             )
-    return sorted(out, key=lambda p: not p.required)  # stable: part and field order within each group
+    return tuple(sorted(out, key=lambda p: not p.required))  # stable: part and field order within each group
 
 
 def config_values(part: str, params: dict[str, Any]) -> dict[str, Any]:
