@@ -69,10 +69,18 @@ def test_eval_and_push_markdown() -> None:
     assert "| trained | 0.75 | [0.600, 0.900] | 32 |" in md
     assert "| SFT | 0.5 | [nan, nan] |" in md  # a missing interval shows as such, not as a number
     assert "Trained minus SFT: +0.250 (95% CI [+0.100, +0.400])" in md
+    mlflow = {"run_id": "r" * 32, "model_name": "rloo", "version": "3", "model_uri": "models:/" + "m" * 200}
     push = R.push_markdown(
-        {"decision": "champion", "reason": "lower bound above margin", "storage": {"uri": "u"}}, "l"
+        {
+            "decision": "champion",
+            "reason": "lower bound above margin",
+            "storage": {"uri": "u"},
+            "mlflow": mlflow,
+        },
+        "l",
     )
-    assert "Decision: **champion**" in push and '| storage | {"uri": "u"} |' in push
+    assert "Decision: **champion**" in push and "- **storage**: uri: u" in push
+    assert "version: 3" in push and "m" * 200 in push  # the record in full, not cut mid-way
     vs = {"champion": "version 2 (run r)", "estimate": 0.125, "ci95": [0.0625, 0.25]}
     challenger = R.push_markdown({"decision": "champion", "against_champion": vs}, "l")
     assert "Against the champion, version 2 (run r): +0.125 (95% CI [+0.062, +0.250])" in challenger

@@ -373,3 +373,13 @@ def test_the_runtime_is_not_asked_for_when_it_does_not_matter() -> None:
         _multinode(), None, "ns"
     )
     assert "not checked (HTTP 403)" in S.check_training_runtime(_multinode(), Forbidden(), "ns")
+
+
+def test_a_cluster_run_needs_an_s3_output_uri() -> None:
+    """Each step of a cluster run is a pod of its own: a local output_uri is not shared between them."""
+    from rloo.pipeline.compile import parse_params, repo_root
+    from rloo.pipeline.submit import params_for_submit
+
+    params = parse_params([], str(repo_root() / "pipelines" / "params.example.yaml"))
+    with pytest.raises(UserError, match=r"^output_uri '/tmp/runs': a cluster run needs s3://bucket/prefix"):
+        params_for_submit({**params, "output_uri": "/tmp/runs"})

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
@@ -169,6 +170,38 @@ def prepare_tracking(workdir: Path, experiment: str) -> str:
     return uri
 
 
+def _precheck(params: dict[str, Any], *, own_model: bool) -> None:
+    """The validate step's checks, plus what only this machine can tell: a local run has one node, and the GPUs
+    it asks for must be here. ``own_model``: the user's model replaced the embedded defaults."""
+    from rloo.pipeline.params import with_defaults
+    from rloo.stages.validate import build_plan
+
+    try:
+        checked = check_names(params, required=True)
+    except UserError as e:
+        if own_model and str(e).startswith("missing"):
+            raise UserError(
+                f"{str(e).removesuffix('.')}; with a model of your own, the demo's embedded datasets and reward "
+                "model are not used."
+            ) from None
+        raise
+    full = with_defaults(checked)
+    if full["num_nodes"] > 1:
+        raise UserError(
+            f"num_nodes {full['num_nodes']}: a local run trains on this machine alone; pass --param num_nodes=1 "
+            "(multi-node jobs run on a cluster: rloo pipeline submit)."
+        )
+    build_plan(full)
+    import torch
+
+    found = torch.cuda.device_count()
+    if full["gpu_count"] > found:
+        raise UserError(
+            f"gpu_count {full['gpu_count']}: this machine has {found} CUDA GPU(s); pass --param "
+            f"gpu_count={found}{' (0 trains on the CPU)' if found == 0 else ''}."
+        )
+
+
 def run_pipeline_locally(
     workdir: str | os.PathLike[str],
     user_params: dict[str, Any],
@@ -191,18 +224,28 @@ def run_pipeline_locally(
     work.mkdir(parents=True, exist_ok=True)
     with ExitStack() as stack:
         try:
-            params: dict[str, Any] = {} if "model" in user_params or defaults is None else defaults(work)
+            own_model = "model" in user_params
+            embedded: dict[str, Any] = {} if own_model or defaults is None else defaults(work)
+            params = dict(embedded)
             params.setdefault("output_uri", str(work / STORE_DIR))
             params.update(user_params)
+            if embedded.get("extra_train_args") and "extra_train_args" in user_params:
+                # the user's flags add to the embedded recipe's (its reward function, epochs, ...) and win
+                # where they set the same one: replacing them would silently train on another reward
+                params["extra_train_args"] = (
+                    f"{embedded['extra_train_args']} {user_params['extra_train_args']}"
+                )
             if not params.get("judge_base_url") and judge is not None:
                 params.update(stack.enter_context(judge()))
+                if own_model:
+                    print(
+                        "[rloo] judging with the demo's toy judge; pass judge_base_url and judge_model for a real one",
+                        file=sys.stderr,
+                    )
             # the validate step's own checks, before anything starts: a bad value fails here in one line,
             # with no kfp.local workspace and no FAILED run in MLflow left behind
             if precheck:
-                from rloo.pipeline.params import with_defaults
-                from rloo.stages.validate import build_plan
-
-                build_plan(with_defaults(check_names(params, required=True)))
+                _precheck(params, own_model=own_model and defaults is not None)
         except BaseException:
             _remove_new(work, before)  # nor what `defaults` built for it (the demo's models and datasets)
             raise

@@ -156,7 +156,7 @@ def plan_markdown(plan: StagePlan) -> str:
         "Pods": dataclasses.asdict(c),
     }
     for title, values in sections.items():
-        rows = [[f"`{k}`", "" if v is None else v] for k, v in sorted(values.items())]
+        rows = [[f"`{k}`", "(unset)" if v is None else v] for k, v in sorted(values.items())]
         parts += ["", f"### {title}", "", table(["setting", "value"], rows)]
     return "\n".join(parts) + "\n"
 
@@ -217,11 +217,15 @@ def push_markdown(result: dict[str, Any], link: str) -> str:
             f"Against the champion, {_cell(str(vs['champion']), 200)}: {vs['estimate']:+.3f} "
             f"(95% CI [{lo:+.3f}, {hi:+.3f}])",
         ]
-    rows = []
+    # one line per target, in full: a table cell is cut at 200 characters, mid-way through an MLflow record
+    lines = []
     for target in ("storage", "production", "mlflow", "hub"):
         value = result.get(target)
         if value:
-            rows.append([target, json.dumps(value, sort_keys=True) if isinstance(value, dict) else value])
-    if rows:
-        parts += ["", table(["target", "result"], rows)]
+            text = (
+                "; ".join(f"{k}: {v}" for k, v in sorted(value.items())) if isinstance(value, dict) else value
+            )
+            lines.append(f"- **{target}**: {_cell(text, 2000)}")
+    if lines:
+        parts += ["", *lines]
     return "\n".join(parts) + "\n"

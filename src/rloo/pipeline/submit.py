@@ -194,7 +194,12 @@ def params_for_submit(params: dict[str, Any]) -> dict[str, Any]:
 
     params = check_params(params, required=True)
     # check_paths=False: a local path names a path inside the cluster's pods
-    build_plan(with_defaults(params), check_paths=False)
+    plan = build_plan(with_defaults(params), check_paths=False)
+    if not plan.run.output_uri.startswith("s3://"):
+        raise UserError(
+            f"output_uri {plan.run.output_uri!r}: a cluster run needs s3://bucket/prefix (each step runs in a "
+            "pod of its own, which a local path is not shared with)."
+        )
     return params
 
 

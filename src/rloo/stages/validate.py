@@ -86,19 +86,21 @@ def train_values(params: dict[str, Any], extra_train_args: str) -> dict[str, Any
     from rloo.parsing import parse_values
     from rloo.stages.node import POD_LOCAL_FIELDS
 
-    values = {k: v for k, v in config_values("train", params).items() if v is not None}
+    has_reward_model = bool(params.get("reward_model_path"))
     try:
         extra = parse_values(RLOOConfig, shlex.split(extra_train_args), prog="rloo train")
         for name in sorted(POD_LOCAL_FIELDS & extra.keys()):
             raise UserError(f"--{name} is set by the pipeline itself; remove it from extra_train_args.")
-        _refuse_conflicts(params, extra)
-        values |= extra
-        RLOOConfig(**({"model_name_or_path": _PLACEHOLDER_MODEL, "output_dir": "validate"} | values))
     except UserError as e:
-        has_reward_model = bool(params.get("reward_model_path"))
         raise UserError(_in_pipeline_terms(str(e), has_reward_model=has_reward_model)) from None
     except ValueError as e:  # shlex: an unclosed quote
         raise UserError(f"extra_train_args: {e}; quote each flag's value once.") from None
+    _refuse_conflicts(params, extra)  # its message names the flags as such
+    values = {k: v for k, v in config_values("train", params).items() if v is not None} | extra
+    try:
+        RLOOConfig(**({"model_name_or_path": _PLACEHOLDER_MODEL, "output_dir": "validate"} | values))
+    except UserError as e:
+        raise UserError(_in_pipeline_terms(str(e), has_reward_model=has_reward_model)) from None
     return values
 
 
@@ -106,14 +108,19 @@ def _refuse_conflicts(params: dict[str, Any], extra: dict[str, Any]) -> None:
     """A training setting given twice, as a pipeline parameter changed from its default and in
     ``extra_train_args`` (maybe under an alias: ``--beta`` is ``kl_coef``) with another value, is refused:
     either one silently winning would train something the run's record does not show."""
+    from rloo.config import RLOOConfig
+    from rloo.options import aliases_of
+
+    aliases = aliases_of(RLOOConfig)
     for p in pipeline_fields():
         if p.part != "train" or p.field not in extra or p.name not in params:
             continue
         given, other = params[p.name], extra[p.field]
         if given != p.default and p.field_value(given) != other:
+            flags = ", ".join(f"--{n}" for n in [p.field, *(a for a, f in aliases.items() if f == p.field)])
             raise UserError(
-                f"{p.name} {given!r} and extra_train_args both set {p.field}, to different values "
-                f"({other!r}): set it in one place."
+                f"{p.name} {given!r} and extra_train_args ({other!r}, given as one of {flags}) both set "
+                f"{p.field}, to different values: set it in one place."
             )
 
 

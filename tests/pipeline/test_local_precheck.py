@@ -1,0 +1,64 @@
+"""What 'rloo pipeline run --local' refuses before kfp.local starts, beyond the validate step's checks: what
+only this machine can tell, and what the embedded defaults would otherwise do behind the user's back."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rloo.errors import UserError
+from rloo.pipeline.local import run_pipeline_locally
+
+
+def _embedded(work: Path) -> dict[str, Any]:
+    """Stands in for the demo's embedded defaults (rloo.demo.pipeline.embedded_params), without building models."""
+    return {
+        "model": "org/sft",
+        "dataset_name": "org/prompts",
+        "eval_dataset_name": "org/eval",
+        "reward_model_path": "org/rm",
+        "judge_base_url": "http://judge.invalid/v1",
+        "judge_model": "j",
+        "gpu_count": 0,
+        "extra_train_args": "--kl_coef 0.1 --num_ppo_epochs 2",
+    }
+
+
+def _refused(work: Path, params: dict[str, Any]) -> str:
+    with pytest.raises(UserError) as err:
+        run_pipeline_locally(work, params, defaults=_embedded)
+    assert not work.exists() or not any(work.iterdir()), "a refused run leaves nothing behind"
+    assert "\n" not in str(err.value)
+    return str(err.value)
+
+
+def test_the_users_extra_train_args_add_to_the_embedded_recipe(tmp_path: Path) -> None:
+    """The demo's own flags (its reward function, epochs) stay; the user's come after them. Shown by a clash:
+    --beta is kl_coef, which the embedded flags set to 0.1."""
+    message = _refused(tmp_path / "w", {"extra_train_args": "--beta 0.3"})
+    assert "both set kl_coef" in message and "--beta 0.3" in message
+
+
+def test_a_local_run_is_one_node_on_the_gpus_this_machine_has(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    message = _refused(tmp_path / "w", {"num_nodes": 2})
+    assert message.startswith(
+        "num_nodes 2: a local run trains on this machine alone; pass --param num_nodes=1"
+    )
+    message = _refused(tmp_path / "w", {"gpu_count": 1})
+    assert (
+        message
+        == "gpu_count 1: this machine has 0 CUDA GPU(s); pass --param gpu_count=0 (0 trains on the CPU)."
+    )
+
+
+def test_an_own_model_says_the_embedded_data_is_not_used(tmp_path: Path) -> None:
+    message = _refused(tmp_path / "w", {"model": "org/mine"})
+    assert message.startswith("missing pipeline parameter(s) dataset_name, eval_dataset_name")
+    assert "with a model of your own, the demo's embedded datasets and reward model are not used" in message
