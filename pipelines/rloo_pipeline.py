@@ -161,6 +161,8 @@ def rloo_pipeline(p: dict[str, Any]) -> None:
             ).set_display_name("train (RLOO, multi-node)")
             # the launcher holds no GPU; the job's own pods get the GPU settings from the plan
             multi.set_caching_options(enable_caching=False)
+            # the run's store: where a failure for good is recorded, and read first by a retried launcher
+            _secrets(multi, p["s3_secret"], C.S3_SECRET_KEYS)
             _fixed_resources(multi, C.LAUNCHER_RESOURCES)
             kubernetes.set_timeout(multi, C.TRAIN_TIMEOUT_S)
             _retried(multi)

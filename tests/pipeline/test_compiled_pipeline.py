@@ -165,7 +165,7 @@ def test_caching_retries_and_run_ids(docs: tuple[dict[str, Any], dict[str, Any]]
             "maxRetryCount": C.IO_RETRIES,
         }
     # a retried train step resumes from the run's checkpoints, a retried launcher adopts its job, a retried
-    # evaluation starts over; each try holds GPUs: fewer, later (rloo.pipeline.retry stops those that cannot heal)
+    # evaluation starts over; each try holds GPUs: fewer, later (rloo.stages.retry stops those that cannot heal)
     for task in (single, multi, inner["evaluate"]):
         assert task["retryPolicy"] == {
             "backoffDuration": C.GPU_BACKOFF,
@@ -212,6 +212,8 @@ def test_platform_spec(docs: tuple[dict[str, Any], dict[str, Any]]) -> None:
             if s["secretNameParameter"]["componentInputParameter"].endswith("mlflow_secret"):
                 assert s["optional"], e
     assert "pipelinechannel--judge_secret" not in _secret_names(execs["exec-train-rloo"])  # least privilege
+    # the multi-node launcher reads and records the run's failure for good in the store before its job starts
+    assert _secret_names(execs["exec-train-rloo-multinode"]) == {"pipelinechannel--s3_secret": s3}
     assert _secret_names(execs["exec-finish-run"]) == {"mlflow_secret": set(C.MLFLOW_SECRET_KEYS.values())}
     for gpu in ("exec-train-rloo", "exec-evaluate"):
         e = execs[gpu]

@@ -22,7 +22,8 @@ def _embedded(work: Path) -> dict[str, Any]:
         "judge_base_url": "http://judge.invalid/v1",
         "judge_model": "j",
         "gpu_count": 0,
-        "extra_train_args": "--kl_coef 0.1 --num_ppo_epochs 2",
+        "learning_rate": 5e-3,  # the demo's own value of a parameter
+        "extra_train_args": "--num_sample_generations 3 --num_ppo_epochs 2",
     }
 
 
@@ -35,10 +36,33 @@ def _refused(work: Path, params: dict[str, Any]) -> str:
 
 
 def test_the_users_extra_train_args_add_to_the_embedded_recipe(tmp_path: Path) -> None:
-    """The demo's own flags (its reward function, epochs) stay; the user's come after them. Shown by a clash:
-    --beta is kl_coef, which the embedded flags set to 0.1."""
-    message = _refused(tmp_path / "w", {"extra_train_args": "--beta 0.3"})
-    assert "both set kl_coef" in message and "--beta 0.3" in message
+    """The demo's own flags stay and the user's come after them: shown by the one clash the parser refuses,
+    two spellings of one setting (--num_ppo_epochs, which the embedded flags set, and its alias)."""
+    from rloo.config import RLOOConfig
+    from rloo.options import aliases_of
+
+    alias = next(a for a, f in aliases_of(RLOOConfig).items() if f == "num_ppo_epochs")
+    message = _refused(tmp_path / "w", {"extra_train_args": f"--{alias} 3"})
+    assert "--num_ppo_epochs 2" in message and f"--{alias} 3" in message, message
+
+
+def test_the_users_flag_wins_over_the_demos_parameter(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A flag in extra_train_args for a setting the demo passed as a parameter (learning_rate) is the user's
+    choice: it wins, where a parameter the user gave would clash."""
+    import rloo.pipeline.local as local
+
+    seen: dict[str, Any] = {}
+
+    def stop(params: dict[str, Any], *, own_model: bool) -> None:
+        seen.update(params)
+        raise UserError("stop here")
+
+    monkeypatch.setattr(local, "_precheck", stop)
+    _refused(tmp_path / "w", {"extra_train_args": "--learning_rate 1e-3"})
+    assert "learning_rate" not in seen and seen["extra_train_args"].endswith("--learning_rate 1e-3")
+    assert seen["extra_train_args"].startswith("--num_sample_generations 3 --num_ppo_epochs 2")
 
 
 def test_a_local_run_is_one_node_on_the_gpus_this_machine_has(

@@ -170,6 +170,22 @@ def prepare_tracking(workdir: Path, experiment: str) -> str:
     return uri
 
 
+def _parameters_set_by(extra_train_args: str) -> set[str]:
+    """The training parameters that flags in ``extra_train_args`` also set (none when they do not parse: the
+    validate step's checks say why)."""
+    import shlex
+
+    from rloo.config import RLOOConfig
+    from rloo.parsing import parse_values
+    from rloo.stages.plan import pipeline_fields
+
+    try:
+        fields = parse_values(RLOOConfig, shlex.split(extra_train_args), prog="rloo train").keys()
+    except (UserError, ValueError):
+        return set()
+    return {p.name for p in pipeline_fields() if p.part == "train" and p.field in fields}
+
+
 def _precheck(params: dict[str, Any], *, own_model: bool) -> None:
     """The validate step's checks, plus what only this machine can tell: a local run has one node, and the GPUs
     it asks for must be here. ``own_model``: the user's model replaced the embedded defaults."""
@@ -229,12 +245,14 @@ def run_pipeline_locally(
             params = dict(embedded)
             params.setdefault("output_uri", str(work / STORE_DIR))
             params.update(user_params)
-            if embedded.get("extra_train_args") and "extra_train_args" in user_params:
+            if embedded and "extra_train_args" in user_params:
                 # the user's flags add to the embedded recipe's (its reward function, epochs, ...) and win
                 # where they set the same one: replacing them would silently train on another reward
-                params["extra_train_args"] = (
-                    f"{embedded['extra_train_args']} {user_params['extra_train_args']}"
-                )
+                extra = str(user_params["extra_train_args"])
+                params["extra_train_args"] = f"{embedded.get('extra_train_args', '')} {extra}".strip()
+                for name in _parameters_set_by(extra):
+                    if name not in user_params:  # the demo's value, not the user's: the user's flag wins
+                        params.pop(name, None)
             if not params.get("judge_base_url") and judge is not None:
                 params.update(stack.enter_context(judge()))
                 if own_model:

@@ -1,8 +1,9 @@
 """The validate step: the pipeline parameters checked once and turned into the run's :class:`StagePlan`, on a
 CPU pod, before any GPU is requested. A bad value fails here in one line that names the pipeline parameter.
 
-``rloo pipeline submit``, ``rloo pipeline run --local`` and ``rloo pipeline manifest`` call :func:`build_plan`
-too (without looking at storage or the Hub), so a run is refused for the same reasons everywhere.
+``rloo pipeline submit`` and ``rloo pipeline manifest`` call :func:`build_plan` too (without looking at
+storage or the Hub: their paths are the cluster's), and ``rloo pipeline run --local`` with the path checks,
+so a run is refused for the same reasons everywhere.
 """
 
 from __future__ import annotations
