@@ -87,19 +87,9 @@ def _hf_api() -> Any:
 
 def resolve_hub_commit(repo_id: str, revision: str | None, hub_api: Any = None) -> str:
     """The commit SHA that ``revision`` (default: main) of Hub model ``repo_id`` points at now."""
-    from huggingface_hub.errors import RepositoryNotFoundError, RevisionNotFoundError
+    from rloo.stages.validate import hub_model_info
 
-    try:
-        info = (hub_api or _hf_api()).model_info(repo_id, revision=revision or None)
-    except RevisionNotFoundError:
-        raise UserError(
-            f"model {repo_id}: the Hugging Face Hub has no revision {revision!r} of it; give a commit, branch or "
-            "tag that exists."
-        ) from None
-    except RepositoryNotFoundError:
-        raise UserError(
-            f"model {repo_id}: not found on the Hugging Face Hub (a private repo needs HF_TOKEN); check the id."
-        ) from None
+    info = hub_model_info(repo_id, revision, hub_api or _hf_api())
     sha = getattr(info, "sha", None)
     if not sha:
         raise UserError(

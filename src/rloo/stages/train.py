@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rloo.errors import UserError
+from rloo.k8s.builders import SA_TOKEN_PATH
 from rloo.stages import constants
 from rloo.stages.layout import RunLayout
 from rloo.stages.node import POD_LOCAL_FIELDS
@@ -25,8 +26,9 @@ if TYPE_CHECKING:
     from rloo.k8s.builders import OwnerPod, TrainJobSpec
     from rloo.k8s.platform import Platform
 
-# The namespace of the pod this runs in (the multi-node job goes there unless the plan names another)
-SA_NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+# The namespace of the pod this runs in (the multi-node job goes there unless the plan names another), next to
+# the service-account token Kubernetes mounts
+SA_NAMESPACE_FILE = f"{SA_TOKEN_PATH}/namespace"
 
 
 def node_args(

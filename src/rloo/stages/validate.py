@@ -41,8 +41,8 @@ def build_plan(params: dict[str, Any], *, check_paths: bool = True, check_hub: b
     for p in pipeline_fields():
         if p.required and params[p.name] in ("", None):
             raise UserError(f"{p.name} is required: {p.help}")
-    run = _part(RunConfig, "run", params)
-    cluster = _part(ClusterConfig, "cluster", params)
+    run = _part(RunConfig, "run", config_values("run", params))
+    cluster = _part(ClusterConfig, "cluster", config_values("cluster", params))
     if cluster.multinode and not run.output_uri.startswith("s3://"):
         raise UserError(f"multi-node training needs an s3:// output_uri (got {run.output_uri!r}).")
     if check_paths:
@@ -51,24 +51,18 @@ def build_plan(params: dict[str, Any], *, check_paths: bool = True, check_hub: b
         _check_datasets(params)
     train = train_values(params, run.extra_train_args)
     eval_values = config_values("eval", params)
-    _part(
-        EvalConfig,
-        "eval",
-        params,
-        model_name_or_path=_PLACEHOLDER_MODEL,
-        baseline_model=_PLACEHOLDER_MODEL,
-        report_to="none",
-    )
+    placeholders = {"model_name_or_path": _PLACEHOLDER_MODEL, "baseline_model": _PLACEHOLDER_MODEL}
+    _part(EvalConfig, "eval", eval_values, **placeholders, report_to="none")
     push_values = config_values("push", params)
-    _part(PushConfig, "push", params, model_path=_PLACEHOLDER_MODEL)
+    _part(PushConfig, "push", push_values, model_path=_PLACEHOLDER_MODEL)
     return StagePlan(run=run, cluster=cluster, train=train, eval=eval_values, push=push_values)
 
 
-def _part(cls: type, part: str, params: dict[str, Any], **fixed: Any) -> Any:
-    """``cls`` built from the values of ``part`` and ``fixed`` fields; its one-line error names the pipeline
-    parameter (``--dataset_split`` -> ``eval_dataset_split``)."""
+def _part(cls: type, part: str, values: dict[str, Any], **fixed: Any) -> Any:
+    """``cls`` built from the field ``values`` of ``part`` and ``fixed`` fields; its one-line error names the
+    pipeline parameter (``--dataset_split`` -> ``eval_dataset_split``)."""
     try:
-        return cls(**fixed, **config_values(part, params))
+        return cls(**fixed, **values)
     except UserError as e:
         raise UserError(_as_parameters(str(e), parameter_names(part))) from None
 
@@ -173,11 +167,23 @@ def check_pipeline_model(
         return
     if not hub:
         return
+    try:
+        hub_model_info(model, revision, hub_api)
+    except UserError:
+        raise
+    except Exception as e:  # unreachable Hub, proxy, mirror quirks: the fetch step will tell
+        log.warning("could not check %s on the Hub (%s); the fetch step will try", model, type(e).__name__)
+
+
+def hub_model_info(model: str, revision: str | None, hub_api: Any = None) -> Any:
+    """The Hub's ``model_info`` of ``revision`` (default: main) of ``model``; a one-line UserError for a repo
+    or revision the Hub does not know or will not serve (the validate step's check and the fetch step's pin
+    both ask here). ``hub_api``: an ``HfApi`` (tests pass a stand-in)."""
     from huggingface_hub import HfApi
     from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
 
     try:
-        (hub_api or HfApi()).model_info(model, revision=revision)
+        return (hub_api or HfApi()).model_info(model, revision=revision or None)
     except GatedRepoError:
         raise UserError(
             f"model {model}: gated on the Hugging Face Hub; accept its terms and put a token in the hf_secret."
@@ -192,8 +198,6 @@ def check_pipeline_model(
             f"model {model}: not found on the Hugging Face Hub (a private repo needs HF_TOKEN in the hf_secret); "
             "check the id, or give an s3:// prefix or a directory."
         ) from None
-    except Exception as e:  # unreachable Hub, proxy, mirror quirks: the fetch step will tell
-        log.warning("could not check %s on the Hub (%s); the fetch step will try", model, type(e).__name__)
 
 
 # What a local SFT model must be: a full model. A LoRA adapter alone names its base model by a path or an
