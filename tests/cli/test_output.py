@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import logging
+from pathlib import Path
 
 import pytest
 
@@ -42,3 +43,27 @@ def test_version_and_a_bare_pipeline_command(capsys: pytest.CaptureFixture[str])
     parser = build_parser()
     (sub,) = [a for a in parser._actions if a.dest == "action"]
     assert tuple(sub.choices or ()) == ACTIONS
+
+
+def test_an_error_line_reaches_stderr_in_one_write(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Every rank of a torchrun job writes to one stderr: a line written apart from its newline ran into the
+    next rank's line (seen in CI: '...another --output_dir.rloo train: error: ...')."""
+
+    class Writes(io.StringIO):
+        def __init__(self) -> None:
+            super().__init__()
+            self.calls: list[str] = []
+
+        def write(self, s: str) -> int:
+            self.calls.append(s)
+            return super().write(s)
+
+    from rloo.cli import main
+
+    err = Writes()
+    monkeypatch.setattr("sys.stderr", err)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    # a missing config file: a UserError raised inside the command, printed by main
+    assert main(["train", "--config", str(tmp_path / "missing.yaml")]) != 0
+    errors = [c for c in err.calls if "rloo train: error:" in c]
+    assert len(errors) == 1 and errors[0].endswith("\n"), err.calls

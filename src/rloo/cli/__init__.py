@@ -122,6 +122,13 @@ def _tell_the_launcher(e: UserError) -> None:
         pass  # the error itself is on stderr already
 
 
+def _say(line: str) -> None:
+    """One line to stderr in one write: under torchrun every rank shares the stream, and ``print`` writes
+    the text and its newline apart, so two ranks' lines could run into one."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
@@ -143,13 +150,13 @@ def main(argv: list[str] | None = None) -> int:
         refuse_credentials_in_uri(os.environ.get("MLFLOW_TRACKING_URI"))
         return COMMANDS[command](rest)
     except UserError as e:
-        print(f"rloo {command}: error: {e}", file=sys.stderr)
+        _say(f"rloo {command}: error: {e}")
         _tell_the_launcher(e)
         return e.exit_code
     except SystemExit as e:  # argparse exits after printing --help: return its status, don't raise
         return e.code if isinstance(e.code, int) else 0 if e.code is None else 2
     except KeyboardInterrupt:
-        print(f"rloo {command}: interrupted.", file=sys.stderr)
+        _say(f"rloo {command}: interrupted.")
         return 130
 
 
