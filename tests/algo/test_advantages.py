@@ -3,7 +3,14 @@ import math
 import pytest
 import torch
 
-from rloo.algo import group_reward_stats, leave_one_out_advantages, leave_one_out_baseline
+from rloo.algo import (
+    SCALE_REWARDS_MODES,
+    group_reward_stats,
+    informative_groups,
+    leave_one_out_advantages,
+    leave_one_out_baseline,
+    scale_advantages,
+)
 
 NAN = math.nan
 
@@ -129,3 +136,85 @@ def test_group_reward_stats_matches_torch_std():
     std, frac_zero = group_reward_stats(rewards)
     torch.testing.assert_close(std, rewards.std(dim=1).mean())
     assert frac_zero.item() == pytest.approx(0.1)
+
+
+def test_scale_advantages_group_hand_values():
+    rewards = torch.tensor([[1.0, 3.0, NAN], [2.0, 2.0, 2.0], [5.0, NAN, NAN]])
+    valid = ~rewards.isnan()
+    adv = leave_one_out_advantages(rewards, valid)
+    # group 0 over [1, 3]: LOO [-2, 2], std sqrt((1 + 1) / 1) = sqrt(2) -> +-2 / (sqrt(2) + 1e-4)
+    # group 1: std 0, LOO 0 -> 0 / 1e-4 = 0; group 2: one valid member, no std -> 0
+    a = 2 / (math.sqrt(2) + 1e-4)
+    expected = torch.tensor([[-a, a, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    torch.testing.assert_close(scale_advantages(adv, rewards, valid, "group"), expected)
+
+
+def test_scale_advantages_group_zeroes_groups_without_a_std():
+    # advantages that are not LOO's: the single-member group 1 would get 7 / 1e-4 = 70000, and the
+    # invalid entry holds NaN; both must come out as exactly 0
+    rewards = torch.tensor([[0.0, 4.0], [1.0, NAN]])
+    valid = ~rewards.isnan()
+    adv = torch.tensor([[-1.0, 1.0], [7.0, NAN]])
+    out = scale_advantages(adv, rewards, valid, "group", eps=0.5)
+    # group 0: std of [0, 4] = sqrt((4 + 4) / 1) = sqrt(8) -> +-1 / (sqrt(8) + 0.5)
+    s = 1 / (math.sqrt(8) + 0.5)
+    torch.testing.assert_close(out, torch.tensor([[-s, s], [0.0, 0.0]]))
+
+
+def test_scale_advantages_batch_hand_values():
+    rewards = torch.tensor([[1.0, 3.0, NAN], [5.0, 7.0, 100.0]])
+    valid = torch.tensor([[True, True, False], [True, True, False]])
+    adv = torch.tensor([[-2.0, 2.0, NAN], [-2.0, 2.0, 9.0]])
+    # valid rewards [1, 3, 5, 7] (100 is invalid): mean 4, squared deviations 9 + 1 + 1 + 9 = 20,
+    # unbiased std sqrt(20 / 3) = 2.58199 -> +-2 / (2.58199 + 1e-4); invalid -> 0
+    a = 2 / (math.sqrt(20 / 3) + 1e-4)
+    expected = torch.tensor([[-a, a, 0.0], [-a, a, 0.0]])
+    torch.testing.assert_close(scale_advantages(adv, rewards, valid, "batch"), expected)
+    # the group std differs: group 0 [1, 3] and group 1 [5, 7] both have sqrt(2), not sqrt(20/3)
+    g = 2 / (math.sqrt(2) + 1e-4)
+    torch.testing.assert_close(
+        scale_advantages(adv, rewards, valid, "group"), torch.tensor([[-g, g, 0.0], [-g, g, 0.0]])
+    )
+
+
+def test_scale_advantages_none_is_the_identity():
+    adv = torch.tensor([[-1.0, 1.0]])
+    assert scale_advantages(adv, torch.tensor([[0.0, 2.0]]), None, "none") is adv
+    assert SCALE_REWARDS_MODES == ("none", "group", "batch")
+
+
+def test_scale_advantages_errors():
+    x = torch.zeros(2, 3)
+    with pytest.raises(ValueError, match="mode"):
+        scale_advantages(x, x, None, "std")
+    with pytest.raises(ValueError, match="eps"):
+        scale_advantages(x, x, None, "group", eps=0.0)
+    with pytest.raises(ValueError, match="advantages shape"):
+        scale_advantages(torch.zeros(6), x, None, "batch")
+    with pytest.raises(ValueError, match="valid"):
+        scale_advantages(x, x, torch.ones(2, 3), "group")
+
+
+def test_informative_groups_hand_values():
+    rewards = torch.tensor(
+        [[1.0, 3.0, NAN], [2.0, 2.0, 2.0], [5.0, NAN, NAN], [1.0, 1.0 + 1e-12, 1.0], [0.0, 0.0, 1.0]],
+        dtype=torch.float64,
+    )
+    valid = ~rewards.isnan()
+    # [1, 3]: std sqrt(2) -> True; constant -> False; one valid member -> False;
+    # a 1e-12 spread: std ~5.8e-13, isclose to 0 (atol 1e-8) -> False; [0, 0, 1]: std 0.577 -> True
+    out = informative_groups(rewards, valid)
+    torch.testing.assert_close(out, torch.tensor([True, False, False, False, True]))
+    # the complement of frac_reward_zero_std's groups: 3 of 5 are zero-std
+    _, frac_zero = group_reward_stats(rewards, valid)
+    assert frac_zero.item() == pytest.approx(3 / 5)
+    assert frac_zero.item() == pytest.approx(1 - out.double().mean().item())
+
+
+def test_informative_groups_default_valid_and_errors():
+    # all valid: [0, 1] has spread, [4, 4] has none
+    torch.testing.assert_close(
+        informative_groups(torch.tensor([[0.0, 1.0], [4.0, 4.0]])), torch.tensor([True, False])
+    )
+    with pytest.raises(ValueError, match=r"\(P, K\)"):
+        informative_groups(torch.ones(4))

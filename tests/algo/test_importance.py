@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from rloo.algo import truncated_importance_weights
+from rloo.algo import IS_MODES, truncated_importance_weights
 
 NAN, INF = math.nan, math.inf
 
@@ -20,6 +20,7 @@ def test_token_weights_hand_values():
     assert stats.logp_diff_abs_mean.item() == pytest.approx(0.625)
     # one of 4 tokens capped
     assert stats.capped_frac.item() == pytest.approx(0.25)
+    assert stats.masked_frac.item() == 0.0
 
 
 def test_sequence_weights_hand_values():
@@ -47,6 +48,30 @@ def test_huge_ratio_is_capped_not_inf():
     assert w.item() == 1.5
 
 
+def test_mask_mode_token_hand_values():
+    train = torch.tensor([[-1.0, -2.0, -0.5], [-1.0, NAN, 3.0]])
+    sampler = torch.tensor([[-1.5, -1.0, -0.5], [-2.0, -INF, INF]])
+    mask = torch.tensor([[True, True, True], [True, False, False]])
+    w, stats = truncated_importance_weights(train, sampler, mask, 2.0, mode="mask")
+    # raw ratios [1.64872, 0.36788, 1] and [2.71828]: the one above the cap 2 becomes 0, the rest stay raw
+    expected = torch.tensor([[math.exp(0.5), math.exp(-1.0), 1.0], [0.0, 1.0, 1.0]])
+    torch.testing.assert_close(w, expected)
+    assert stats.masked_frac.item() == pytest.approx(0.25)  # 1 of 4 tokens dropped
+    assert stats.capped_frac.item() == 0.0  # nothing truncated to the cap
+    assert stats.logp_diff_abs_mean.item() == pytest.approx(0.625)
+
+
+def test_mask_mode_sequence_hand_values():
+    train = torch.tensor([[-1.0, -2.0], [-1.0, 0.0], [1000.0, 0.0]])
+    sampler = torch.tensor([[-1.5, -1.0], [-2.0, NAN], [0.0, 0.0]])
+    mask = torch.tensor([[True, True], [True, False], [True, True]])
+    w, stats = truncated_importance_weights(train, sampler, mask, 2.0, per_sequence=True, mode="mask")
+    # row 0: e^-0.5 = 0.60653 kept; row 1: e^1 = 2.718 > 2 -> 0; row 2: e^1000 = inf > 2 -> 0 (not NaN)
+    torch.testing.assert_close(w, torch.tensor([math.exp(-0.5), 0.0, 0.0]))
+    assert stats.masked_frac.item() == pytest.approx(2 / 3)
+    assert stats.capped_frac.item() == 0.0
+
+
 def test_errors():
     x = torch.zeros(1, 2)
     mask = torch.ones(1, 2, dtype=torch.bool)
@@ -56,3 +81,6 @@ def test_errors():
         truncated_importance_weights(x, torch.zeros(2, 2), mask, 2.0)
     with pytest.raises(ValueError, match="mask"):
         truncated_importance_weights(x, x, mask.float(), 2.0)
+    with pytest.raises(ValueError, match="mode"):
+        truncated_importance_weights(x, x, mask, 2.0, mode="drop")
+    assert IS_MODES == ("truncate", "mask")

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from rloo.algo import (
+    IMPORTANCE_SAMPLING_LEVELS,
     LOSS_AGG_MODES,
     PolicyLossStats,
     agg_loss,
@@ -355,6 +356,196 @@ def test_every_mode_ignores_garbage_at_padding(mode):
     old = torch.tensor([[-1.0, -0.5, NAN], [-0.3, INF, -INF]])
     new = torch.tensor([[-0.9, -0.6, INF], [-0.2, NAN, 1e30]], requires_grad=True)
     loss, stats = policy_loss(new, old, torch.tensor([0.5, -1.0]), mask, 0.2, loss_agg_mode=mode)
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(new.grad).all() and new.grad[~mask].eq(0).all()
+    assert all(torch.isfinite(v) for v in vars(stats).values())
+
+
+def test_token_level_forced_with_sequence_advantages():
+    # one sequence, per-token log-ratios [0, ln 2], A = 1, cliprange 0.2
+    new = torch.tensor([[0.0, math.log(2.0)]], requires_grad=True)
+    old = torch.zeros(1, 2)
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    adv = torch.tensor([1.0])
+    # auto: one summed ratio e^(0 + ln 2) = 2 > 1.2 -> max(-2, -1.2) = -1.2
+    auto, _ = policy_loss(new, old, adv, mask, 0.2)
+    assert auto.item() == pytest.approx(-1.2)
+    # token: ratios [1, 2] -> token losses [-1, max(-2, -1.2) = -1.2], summed -2.2
+    loss, stats = policy_loss(new, old, adv, mask, 0.2, importance_sampling_level="token")
+    assert loss.item() == pytest.approx(-2.2)
+    assert stats.ratio_mean.item() == pytest.approx(1.5)  # over the 2 tokens
+    assert stats.clipfrac.item() == pytest.approx(0.5)
+    loss.backward()
+    # token 0: d(-r)/dnew = -1; token 1 clipped -> 0
+    torch.testing.assert_close(new.grad, torch.tensor([[-1.0, 0.0]]))
+
+
+def test_gspo_sequence_ratio_hand_values():
+    new = torch.tensor([[0.2, 0.0, NAN], [0.5, INF, 0.0]], requires_grad=True)
+    old = torch.zeros(2, 3)
+    mask = torch.tensor([[True, True, False], [True, False, False]])
+    adv = torch.tensor([1.0, 2.0])
+    # row 0: mean log-ratio (0.2 + 0) / 2 = 0.1 -> s0 = e^0.1 = 1.10517, inside [0.8, 1.2] -> -1.10517
+    #        per token, 2 tokens; row 1: s1 = e^0.5 = 1.64872 > 1.2, A = 2 -> max(-3.297, -2.4) = -2.4
+    s0, s1 = math.exp(0.1), math.exp(0.5)
+    loss, stats = policy_loss(new, old, adv, mask, 0.2, importance_sampling_level="sequence")
+    # seq-mean-token-sum: sums [-2 * s0, -2.4], mean over 2 sequences
+    assert loss.item() == pytest.approx((-2 * s0 - 2.4) / 2)
+    # the summed ratio would differ: row 0 e^0.2 = 1.2214 > 1.2 -> clipped
+    auto, _ = policy_loss(new, old, adv, mask, 0.2)
+    assert auto.item() == pytest.approx((-1.2 - 2.4) / 2)
+    # stats over the 2 sequences
+    assert stats.ratio_mean.item() == pytest.approx((s0 + s1) / 2)
+    assert stats.approxkl.item() == pytest.approx(0.5 * (0.1**2 + 0.5**2) / 2)
+    assert stats.clipfrac.item() == pytest.approx(0.5)
+    assert stats.clip_high_frac.item() == pytest.approx(0.5)
+    assert stats.ratio_min.item() == pytest.approx(s0) and stats.ratio_max.item() == pytest.approx(s1)
+    loss.backward()
+    # row 0 loss -2 * s0 with s0 = exp((new_00 + new_01) / 2): d/dnew_0t = -2 * s0 / 2 = -s0, / 2 sequences
+    # row 1 is clipped -> 0; padding (NaN, INF) -> 0
+    torch.testing.assert_close(new.grad, torch.tensor([[-s0 / 2, -s0 / 2, 0.0], [0.0, 0.0, 0.0]]))
+    # token-mean over the 3 tokens: (-2 * s0 - 2.4) / 3
+    loss, _ = policy_loss(
+        new, old, adv, mask, 0.2, importance_sampling_level="sequence", loss_agg_mode="token-mean"
+    )
+    assert loss.item() == pytest.approx((-2 * s0 - 2.4) / 3)
+
+
+def test_gspo_with_token_advantages_hand_values():
+    # one sequence, both log-ratios 0.5: s = e^0.5 = 1.64872 for both tokens
+    new = torch.tensor([[0.5, 0.5]])
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    adv = torch.tensor([[1.0, -2.0]])
+    loss, stats = policy_loss(new, torch.zeros(1, 2), adv, mask, 0.2, importance_sampling_level="sequence")
+    # token 0, A = 1: max(-1.64872, -1.2) = -1.2 (clipped high); token 1, A = -2: max(3.29744, 2.4) = 3.29744
+    s = math.exp(0.5)
+    assert loss.item() == pytest.approx(-1.2 + 2 * s)
+    # clip fractions: the sequence's share of clipped tokens (1 of 2), averaged over the 1 sequence
+    assert stats.clipfrac.item() == pytest.approx(0.5)
+    assert stats.clip_high_frac.item() == pytest.approx(0.5)
+    assert stats.clip_low_frac.item() == 0.0
+    assert stats.ratio_mean.item() == pytest.approx(s)
+
+
+def test_gspo_gradient_equals_sequence_level_at_ratio_one():
+    g = torch.Generator().manual_seed(6)
+    b, t = 5, 7
+    old = -torch.rand(b, t, generator=g, dtype=torch.float64)
+    mask = torch.arange(t) < torch.randint(1, t + 1, (b, 1), generator=g)
+    adv = torch.randn(b, generator=g, dtype=torch.float64)
+    new = old.clone().requires_grad_()
+    loss, _ = policy_loss(new, old, adv, mask, 0.2, importance_sampling_level="sequence")
+    loss.backward()
+    # row loss -A * n_b * s_b, ds_b/dnew = s_b / n_b = 1 / n_b at s_b = 1: -A_b per token, / B sequences
+    expected = torch.where(mask, -adv.unsqueeze(1) / b, torch.zeros_like(old))
+    torch.testing.assert_close(new.grad, expected)
+
+
+def test_gspo_is_weights_per_sequence_and_per_token():
+    new = torch.zeros(2, 2)
+    old = torch.zeros(2, 2)
+    mask = torch.tensor([[True, True], [True, False]])
+    adv = torch.tensor([1.0, 1.0])
+    # s = 1 everywhere: token losses [[-1, -1], [-1]]
+    # (B,) weights [2, 0.5]: sums [-4, -0.5], mean -2.25
+    loss, _ = policy_loss(
+        new, old, adv, mask, 0.2, importance_sampling_level="sequence", is_weights=torch.tensor([2.0, 0.5])
+    )
+    assert loss.item() == pytest.approx(-2.25)
+    # (B, T) weights [[2, 0.5], [1, NaN at padding]]: sums [-2.5, -1], mean -1.75
+    w = torch.tensor([[2.0, 0.5], [1.0, NAN]])
+    loss, _ = policy_loss(new, old, adv, mask, 0.2, importance_sampling_level="sequence", is_weights=w)
+    assert loss.item() == pytest.approx(-1.75)
+
+
+def _three_cases():
+    # per-sequence ratios [5, 2, 5] with A = [-1, -1, 1], one token each
+    new = torch.tensor([[math.log(5.0)], [math.log(2.0)], [math.log(5.0)]], requires_grad=True)
+    return new, torch.zeros(3, 1), torch.tensor([-1.0, -1.0, 1.0]), torch.ones(3, 1, dtype=torch.bool)
+
+
+@pytest.mark.parametrize("level", ["auto", "token", "sequence"])
+def test_dual_clip_hand_values(level):
+    new, old, adv, mask = _three_cases()
+    # plain PPO: A=-1, r=5: max(5, 0.8) = 5; A=-1, r=2: 2; A=1, r=5: max(-5, -1.2) = -1.2
+    plain, stats = policy_loss(new, old, adv, mask, 0.2, importance_sampling_level=level)
+    assert plain.item() == pytest.approx((5 + 2 - 1.2) / 3)
+    assert stats.dual_clip_frac.item() == 0.0
+    # dual clip c = 3: A < 0 entries bounded by -A * 3 = 3: [min(5, 3), min(2, 3), -1.2] = [3, 2, -1.2]
+    loss, stats = policy_loss(new, old, adv, mask, 0.2, importance_sampling_level=level, clip_ratio_c=3.0)
+    assert loss.item() == pytest.approx((3 + 2 - 1.2) / 3)
+    assert stats.dual_clip_frac.item() == pytest.approx(1 / 3)
+    loss.backward()
+    # row 0 at the constant bound and row 2 clipped: no gradient; row 1: d(-A r)/dnew = r = 2, / 3
+    torch.testing.assert_close(new.grad, torch.tensor([[0.0], [2 / 3], [0.0]]))
+
+
+@pytest.mark.parametrize("level", ["auto", "token", "sequence"])
+def test_delta_caps_the_unclipped_ratio(level):
+    new, old, adv, mask = _three_cases()
+    loss, stats = policy_loss(new, old, adv, mask, 0.2, importance_sampling_level=level, delta=3.0)
+    # A=-1, r=5: max(-A * min(5, 3), -A * clip(5)) = max(3, 1.2) = 3; A=-1, r=2: max(2, 1.2) = 2;
+    # A=1, r=5: max(-3, -1.2) = -1.2
+    assert loss.item() == pytest.approx((3 + 2 - 1.2) / 3)
+    # the clipped side is active only for row 2 (-1.2 > -3)
+    assert stats.clipfrac.item() == pytest.approx(1 / 3)
+    assert stats.dual_clip_frac.item() == 0.0
+    loss.backward()
+    # row 0: the capped ratio is constant -> 0; row 1: r = 2 -> 2 / 3; row 2 clipped -> 0
+    torch.testing.assert_close(new.grad, torch.tensor([[0.0], [2 / 3], [0.0]]))
+
+
+def test_delta_with_a_wide_clip_higher():
+    # cliprange 0.2, cliprange_high 3.0 (so delta must exceed 4), delta 4.5; A = -1, r = e^1.6 = 4.953
+    # unclipped: -A * min(4.953, 4.5) = 4.5; clipped: -A * clamp(4.953, 0.8, 4.0) = 4.0 -> 4.5
+    new = torch.tensor([[1.6]])
+    loss, _ = policy_loss(
+        new,
+        torch.zeros(1, 1),
+        torch.tensor([-1.0]),
+        torch.ones(1, 1, dtype=torch.bool),
+        0.2,
+        cliprange_high=3.0,
+        delta=4.5,
+    )
+    assert loss.item() == pytest.approx(4.5)
+
+
+def test_new_options_errors():
+    x = torch.zeros(2, 3)
+    mask = torch.ones(2, 3, dtype=torch.bool)
+    adv = torch.zeros(2)
+    with pytest.raises(ValueError, match="importance_sampling_level"):
+        policy_loss(x, x, adv, mask, 0.2, importance_sampling_level="seq")
+    with pytest.raises(ValueError, match="clip_ratio_c"):
+        policy_loss(x, x, adv, mask, 0.2, clip_ratio_c=1.0)
+    with pytest.raises(ValueError, match="clip_ratio_c"):
+        policy_loss(x, x, adv, mask, 0.2, clip_ratio_c=math.inf)
+    # delta must exceed 1 + cliprange_high = 1.28
+    with pytest.raises(ValueError, match="delta"):
+        policy_loss(x, x, adv, mask, 0.2, cliprange_high=0.28, delta=1.28)
+    with pytest.raises(ValueError, match="delta"):
+        policy_loss(x, x, adv, mask, 0.2, delta=math.nan)
+    # per-token weights are fine with the sequence level, not with the summed ratio
+    policy_loss(x, x, adv, mask, 0.2, importance_sampling_level="sequence", is_weights=torch.ones(2, 3))
+    with pytest.raises(ValueError, match="is_weights"):
+        policy_loss(x, x, adv, mask, 0.2, is_weights=torch.ones(2, 3))
+    assert IMPORTANCE_SAMPLING_LEVELS == ("auto", "token", "sequence")
+
+
+@pytest.mark.parametrize("level", IMPORTANCE_SAMPLING_LEVELS)
+@pytest.mark.parametrize("adv_dim", [1, 2])
+def test_every_level_ignores_garbage_at_padding_with_all_options(level, adv_dim):
+    mask = torch.tensor([[True, True, False], [True, False, False], [False, False, False]])
+    old = torch.tensor([[-1.0, -0.5, NAN], [-0.3, INF, -INF], [NAN, NAN, NAN]])
+    new = torch.tensor([[0.9, -0.6, INF], [-0.2, NAN, 1e30], [INF, NAN, -INF]], requires_grad=True)
+    adv = torch.tensor([0.5, -1.0, 2.0])
+    if adv_dim == 2:
+        adv = torch.tensor([[0.5, -0.4, NAN], [-1.0, INF, NAN], [NAN, NAN, NAN]])
+    w = torch.tensor([1.0, 2.0, 3.0]) if adv_dim == 1 else None
+    loss, stats = policy_loss(
+        new, old, adv, mask, 0.2, importance_sampling_level=level, clip_ratio_c=3.0, delta=2.0, is_weights=w
+    )
     loss.backward()
     assert torch.isfinite(loss) and torch.isfinite(new.grad).all() and new.grad[~mask].eq(0).all()
     assert all(torch.isfinite(v) for v in vars(stats).values())

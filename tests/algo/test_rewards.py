@@ -10,6 +10,7 @@ from rloo.algo import (
     normalize_advantages,
     normalize_and_clip_scores,
     sequence_level_rewards,
+    soft_overlong_penalty,
     token_level_advantages,
 )
 
@@ -189,3 +190,30 @@ def test_normalize_advantages_matches_reference_and_handles_empty():
     assert empty.eq(0).all()
     with pytest.raises(ValueError, match="mask"):
         normalize_advantages(torch.zeros(2, 3), torch.ones(2, dtype=torch.bool))
+
+
+def test_soft_overlong_penalty_hand_values():
+    # max 100, buffer 20: the ramp starts after 100 - 20 = 80
+    lengths = torch.tensor([50, 80, 81, 90, 100, 120])
+    # 50, 80: no penalty; 81: (80 - 81) / 20 = -0.05; 90: (80 - 90) / 20 = -0.5 (TRL's docstring example);
+    # 100: (80 - 100) / 20 = -1; 120: beyond max -> -1
+    expected = torch.tensor([0.0, 0.0, -0.05, -0.5, -1.0, -1.0])
+    out = soft_overlong_penalty(lengths, 100, 20)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, expected)
+    # factor 0.5 scales everything: -0.025, -0.25, -0.5, -0.5
+    torch.testing.assert_close(soft_overlong_penalty(lengths, 100, 20, factor=0.5), expected * 0.5)
+    # floating lengths keep their dtype
+    assert soft_overlong_penalty(lengths.double(), 100, 20).dtype == torch.float64
+
+
+def test_soft_overlong_penalty_no_buffer_and_errors():
+    torch.testing.assert_close(soft_overlong_penalty(torch.tensor([10, 100]), 100, 0), torch.zeros(2))
+    # a buffer as long as max_length ramps from length 0: 50 -> -50 / 100 = -0.5
+    torch.testing.assert_close(
+        soft_overlong_penalty(torch.tensor([0, 50]), 100, 100), torch.tensor([0.0, -0.5])
+    )
+    with pytest.raises(ValueError, match="buffer_length"):
+        soft_overlong_penalty(torch.tensor([1]), 100, -1)
+    with pytest.raises(ValueError, match="buffer_length"):
+        soft_overlong_penalty(torch.tensor([1]), 100, 101)

@@ -26,6 +26,7 @@ def _policy(ratio: float, low: float, high: float) -> PolicyLossStats:
         clip_high_frac=t(high),
         ratio_min=t(ratio),
         ratio_max=t(ratio),
+        dual_clip_frac=t(0.0),
     )
 
 

@@ -4,11 +4,31 @@ Conventions: B completions, T response length, P prompts, K completions per prom
 prompt-major (flat index ``p * K + k``). Masks are bool tensors. Invalid arguments raise ``ValueError``.
 """
 
-from .advantages import group_reward_stats, leave_one_out_advantages, leave_one_out_baseline
-from .importance import SamplingMismatchStats, truncated_importance_weights
+from .advantages import (
+    SCALE_REWARDS_MODES,
+    group_reward_stats,
+    informative_groups,
+    leave_one_out_advantages,
+    leave_one_out_baseline,
+    scale_advantages,
+)
+from .importance import IS_MODES, SamplingMismatchStats, truncated_importance_weights
 from .kl import KL_ESTIMATORS, per_token_kl, sequence_kl
-from .logprobs import entropy_from_logits, selective_log_softmax
-from .losses import LOSS_AGG_MODES, PolicyLossStats, agg_loss, kl_loss, policy_loss
+from .logprobs import (
+    entropy_from_logits,
+    entropy_quantile_threshold,
+    entropy_with_grad,
+    selective_log_softmax,
+    top_entropy_mask,
+)
+from .losses import (
+    IMPORTANCE_SAMPLING_LEVELS,
+    LOSS_AGG_MODES,
+    PolicyLossStats,
+    agg_loss,
+    kl_loss,
+    policy_loss,
+)
 from .masking import (
     completion_mask,
     first_true_index,
@@ -19,18 +39,23 @@ from .masking import (
     truncate_after_stop,
     truncated_completions,
 )
+from .monitors import pearson_correlation
 from .rewards import (
     apply_missing_eos_penalty,
     combine_reward_sources,
     normalize_advantages,
     normalize_and_clip_scores,
     sequence_level_rewards,
+    soft_overlong_penalty,
     token_level_advantages,
 )
 
 __all__ = [
+    "IMPORTANCE_SAMPLING_LEVELS",
+    "IS_MODES",
     "KL_ESTIMATORS",
     "LOSS_AGG_MODES",
+    "SCALE_REWARDS_MODES",
     "PolicyLossStats",
     "SamplingMismatchStats",
     "agg_loss",
@@ -38,8 +63,11 @@ __all__ = [
     "combine_reward_sources",
     "completion_mask",
     "entropy_from_logits",
+    "entropy_quantile_threshold",
+    "entropy_with_grad",
     "first_true_index",
     "group_reward_stats",
+    "informative_groups",
     "kl_loss",
     "leave_one_out_advantages",
     "leave_one_out_baseline",
@@ -49,12 +77,16 @@ __all__ = [
     "masked_whiten",
     "normalize_advantages",
     "normalize_and_clip_scores",
+    "pearson_correlation",
     "per_token_kl",
     "policy_loss",
+    "scale_advantages",
     "selective_log_softmax",
     "sequence_kl",
     "sequence_level_rewards",
+    "soft_overlong_penalty",
     "token_level_advantages",
+    "top_entropy_mask",
     "truncate_after_stop",
     "truncated_completions",
     "truncated_importance_weights",

@@ -4,7 +4,8 @@ A rollout sampled by an inference engine comes from the engine's numerics, not e
 trainer computes: kernels, precision and batch composition differ. The policy-gradient estimate is
 corrected by weighting each surrogate with ``pi_train / pi_sampler``, truncated from above at ``cap`` to
 bound its variance (Yao et al., "Your efficient RL framework secretly brings you off-policy RL training",
-2025; TRL's ``vllm_importance_sampling_correction``).
+2025; TRL's ``vllm_importance_sampling_correction``). Instead of truncating, ``mode="mask"`` drops the
+samples whose ratio exceeds the cap (TRL's ``token_mask`` / ``sequence_mask``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ from torch import Tensor
 
 from .masking import masked_mean, masked_sum
 
-__all__ = ["SamplingMismatchStats", "truncated_importance_weights"]
+__all__ = ["IS_MODES", "SamplingMismatchStats", "truncated_importance_weights"]
+
+IS_MODES: tuple[str, ...] = ("truncate", "mask")
 
 
 @dataclass
@@ -25,11 +28,15 @@ class SamplingMismatchStats:
 
     Attributes:
         logp_diff_abs_mean: mean over completion tokens of ``|train_logp - sampler_logp|``.
-        capped_frac: fraction of the weights (tokens or sequences) that the cap truncated.
+        capped_frac: fraction of the weights (tokens or sequences) that the cap truncated (0 with
+            ``mode="mask"``).
+        masked_frac: fraction of the weights (tokens or sequences) set to 0 for exceeding the cap (0 with
+            ``mode="truncate"``).
     """
 
     logp_diff_abs_mean: Tensor
     capped_frac: Tensor
+    masked_frac: Tensor
 
 
 def truncated_importance_weights(
@@ -39,12 +46,14 @@ def truncated_importance_weights(
     cap: float,
     *,
     per_sequence: bool = False,
+    mode: str = "truncate",
 ) -> tuple[Tensor, SamplingMismatchStats]:
     """Weights ``min(pi_train / pi_sampler, cap)`` of the sampled tokens, as constants (no gradient).
 
     Per token: ``w_t = min(exp(train_t - sampler_t), cap)``. Per sequence (for the sequence-level ratio
     of the classic loss, where tokens have no surrogate of their own): ``w = min(exp(sum_t (train_t -
-    sampler_t)), cap)``.
+    sampler_t)), cap)``. With ``mode="mask"`` a ratio above ``cap`` gives weight 0 instead of ``cap``
+    (the sample is dropped) and the others keep their raw ratio.
 
     Args:
         train_logprobs: (B, T) log-probs of the sampled tokens under the trainer's forward of the policy
@@ -53,14 +62,18 @@ def truncated_importance_weights(
         mask: (B, T) bool completion mask.
         cap: truncation bound, > 0 (TRL's default 2.0).
         per_sequence: one weight per sequence instead of one per token.
+        mode: one of ``IS_MODES``: ``truncate`` (TRL's ``token_truncate`` / ``sequence_truncate``) or
+            ``mask`` (``token_mask`` / ``sequence_mask``).
 
     Returns:
         ``(weights, stats)``: (B, T) weights, 1 where ``mask`` is False, or (B,) with ``per_sequence``;
-        :class:`SamplingMismatchStats` (``capped_frac`` over tokens, or over sequences with
-        ``per_sequence``).
+        :class:`SamplingMismatchStats` (``capped_frac`` and ``masked_frac`` over tokens, or over
+        sequences with ``per_sequence``).
     """
     if not cap > 0:
         raise ValueError(f"cap must be > 0 (got {cap}); use e.g. 2.0")
+    if mode not in IS_MODES:
+        raise ValueError(f"mode must be one of {IS_MODES} (got {mode!r}); pick one")
     if (
         train_logprobs.dim() != 2
         or sampling_logprobs.shape != train_logprobs.shape
@@ -78,11 +91,18 @@ def truncated_importance_weights(
         diff = torch.where(mask, train_logprobs - sampling_logprobs, zero)  # (B, T)
         logp_diff_abs_mean = masked_mean(diff.abs(), mask)
         log_w = masked_sum(diff, mask, dim=1) if per_sequence else diff  # (B,) or (B, T)
-        raw = torch.exp(log_w)  # (B,) or (B, T); may overflow to inf, which the cap turns into cap
+        raw = torch.exp(log_w)  # (B,) or (B, T); may overflow to inf, which the cap turns into cap (or 0)
         capped = raw > cap
-        weights = raw.clamp(max=cap)
         entries = torch.ones_like(capped) if per_sequence else mask
+        over_frac = masked_mean(capped.to(diff.dtype), entries)
+        if mode == "truncate":
+            weights = raw.clamp(max=cap)
+            capped_frac, masked_frac = over_frac, torch.zeros_like(over_frac)
+        else:
+            weights = torch.where(capped, torch.zeros_like(raw), raw)
+            capped_frac, masked_frac = torch.zeros_like(over_frac), over_frac
         return weights, SamplingMismatchStats(
             logp_diff_abs_mean=logp_diff_abs_mean,
-            capped_frac=masked_mean(capped.to(diff.dtype), entries),
+            capped_frac=capped_frac,
+            masked_frac=masked_frac,
         )

@@ -1,16 +1,27 @@
-"""Log-probabilities and entropies from logits, without a full (B, T, V) temporary where avoidable."""
+"""Log-probabilities and entropies from logits, without a full (B, T, V) temporary where avoidable.
+
+Also the high-entropy token selection of "Beyond the 80/20 rule" (Wang et al. 2025, TRL's
+``top_entropy_quantile``): train only on the "forking" tokens whose entropy is in the top quantile.
+"""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 from torch import Tensor
 
-__all__ = ["entropy_from_logits", "selective_log_softmax"]
+__all__ = [
+    "entropy_from_logits",
+    "entropy_quantile_threshold",
+    "entropy_with_grad",
+    "selective_log_softmax",
+    "top_entropy_mask",
+]
 
-# Rows of the flattened (N, V) logits processed at once by entropy_from_logits: bounds the float32
-# temporaries to ~_ENTROPY_CHUNK * V elements.
+# Rows of the flattened (N, V) logits processed at once by entropy_from_logits and entropy_with_grad's
+# backward: bounds the float32 temporaries to ~_ENTROPY_CHUNK * V elements.
 _ENTROPY_CHUNK = 128
 
 _FULL_PRECISION = (torch.float32, torch.float64)
@@ -107,3 +118,131 @@ def entropy_from_logits(logits: Tensor) -> Tensor:
         dtype = logits.dtype if logits.dtype in _FULL_PRECISION else torch.float32
         return logits.new_zeros(lead, dtype=dtype)
     return torch.cat(out).reshape(lead)  # (...)
+
+
+class _EntropyWithGrad(torch.autograd.Function):
+    """:func:`entropy_from_logits` with a chunked backward that saves only the logits.
+
+    Autograd through the plain formula would keep softmax and log-softmax, two full (B, T, V) float32
+    tensors, alive until backward. Here backward recomputes them one chunk of rows at a time:
+    ``dH/dz_j = -p_j * (log p_j + H)``.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, logits: Tensor) -> Tensor:
+        ctx.save_for_backward(logits)
+        return entropy_from_logits(logits)
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: Tensor) -> Tensor:
+        (logits,) = ctx.saved_tensors
+        v = logits.shape[-1]
+        flat = logits.reshape(-1, v)  # (N, V)
+        grad_rows = grad_out.reshape(-1)  # (N,)
+        grad = torch.empty_like(flat)  # (N, V), dtype of logits
+        for start in range(0, flat.shape[0], _ENTROPY_CHUNK):
+            chunk = flat[start : start + _ENTROPY_CHUNK]
+            c = chunk if chunk.dtype in _FULL_PRECISION else chunk.float()  # (n, V)
+            # Clamped -inf (as in entropy_from_logits): log p stays finite, so p * (log p + H) = 0 * finite
+            # = 0 for masked vocabulary entries instead of 0 * -inf = NaN.
+            finite = c.clamp(min=torch.finfo(c.dtype).min)  # (n, V)
+            log_p = finite - torch.logsumexp(c, dim=-1, keepdim=True)  # (n, V)
+            p = torch.softmax(c, dim=-1)  # (n, V)
+            h = -(p * log_p).sum(-1, keepdim=True)  # (n, 1)
+            g = grad_rows[start : start + _ENTROPY_CHUNK].unsqueeze(-1).to(c.dtype)  # (n, 1)
+            grad[start : start + _ENTROPY_CHUNK] = (-p * (log_p + h) * g).to(grad.dtype)
+        return grad.reshape(logits.shape)
+
+
+def entropy_with_grad(logits: Tensor) -> Tensor:
+    """Entropy of ``softmax(logits)`` over the last dimension, differentiable w.r.t. ``logits``.
+
+    The values are :func:`entropy_from_logits`'s (row chunks, float32 for half-precision input, ``-inf``
+    logits contribute 0). Backward saves only ``logits`` and recomputes the softmax one chunk of rows at
+    a time, so an entropy bonus costs no (B, T, V) activation beyond the logits themselves.
+
+    Args:
+        logits: (..., V), e.g. (B, T, V).
+
+    Returns:
+        (...) entropies in nats, e.g. (B, T); dtype of ``logits`` for float32/float64, float32 for half
+        precision. The gradient reaching ``logits`` has their dtype.
+    """
+    if logits.dim() < 1:
+        raise ValueError("logits must have at least one dimension (the vocabulary); pass a (..., V) tensor")
+    out: Tensor = _EntropyWithGrad.apply(logits)  # (...)
+    return out
+
+
+def entropy_quantile_threshold(values_1d: Tensor, quantile: float) -> Tensor:
+    """The entropy at or above which a token is among the top ``quantile`` fraction of ``values_1d``.
+
+    The ``1 - quantile`` quantile with ``torch.quantile``'s linear interpolation (as TRL's
+    ``get_high_entropy_mask``), computed by sorting, so it has no ``torch.quantile`` input-size limit
+    (2**24 elements). For a threshold shared by every rank, pass all ranks' unmasked entropies.
+
+    Args:
+        values_1d: (N,) entropies of the unmasked tokens.
+        quantile: fraction of tokens to keep, in (0, 1]; 0.2 keeps the top 20%.
+
+    Returns:
+        0-dim threshold, float32 (float64 for float64 input); ``-inf`` (keep everything) when
+        ``quantile`` is 1 or ``values_1d`` is empty.
+    """
+    if not 0 < quantile <= 1:
+        raise ValueError(f"quantile must be in (0, 1] (got {quantile}); 0.2 keeps the top 20% of tokens")
+    if values_1d.dim() != 1:
+        raise ValueError(
+            f"values_1d must be 1-D (got shape {tuple(values_1d.shape)}); pass entropy[mask] (gathered)"
+        )
+    v = values_1d.detach()
+    v = v if v.dtype in _FULL_PRECISION else v.float()  # (N,)
+    if quantile == 1 or v.numel() == 0:
+        return torch.full((), -math.inf, dtype=v.dtype, device=v.device)
+    ordered = v.sort().values  # (N,)
+    # torch.quantile's own steps: rank = q * (N - 1) in the input dtype, then lerp between neighbours.
+    rank = torch.tensor(1 - quantile, dtype=v.dtype, device=v.device) * (v.numel() - 1)
+    below = rank.long()
+    above = rank.ceil().long()
+    return torch.lerp(ordered[below], ordered[above], rank - below.to(v.dtype))
+
+
+def top_entropy_mask(
+    entropy: Tensor, mask: Tensor, quantile: float, threshold: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """Keep only the tokens of ``mask`` whose entropy is in the top ``quantile`` (``entropy >= threshold``).
+
+    Pass the result as the loss's mask to train on high-entropy tokens only (TRL's
+    ``top_entropy_quantile``; TRL takes the threshold over every rank's tokens).
+
+    Args:
+        entropy: (B, T) per-token entropies (their gradient is not used).
+        mask: (B, T) bool completion mask.
+        quantile: fraction of tokens to keep, in (0, 1]; 1 keeps every token of ``mask``.
+        threshold: 0-dim threshold, e.g. :func:`entropy_quantile_threshold` of every rank's gathered
+            ``entropy[mask]``; default this call's own, from ``entropy[mask]``.
+
+    Returns:
+        ``(kept, threshold)``: (B, T) bool ``mask & (entropy >= threshold)`` and the 0-dim threshold used.
+        With ``quantile`` 1 they are ``mask`` itself and ``-inf``; a ``mask`` with no True entry is
+        returned unchanged in value (with threshold ``-inf`` when computed here).
+    """
+    if not 0 < quantile <= 1:
+        raise ValueError(f"quantile must be in (0, 1] (got {quantile}); 0.2 keeps the top 20% of tokens")
+    if mask.dtype != torch.bool:
+        raise ValueError(f"mask must be a bool tensor (got {mask.dtype}); pass mask.bool()")
+    if mask.shape != entropy.shape:
+        raise ValueError(
+            f"mask shape {tuple(mask.shape)} must equal entropy shape {tuple(entropy.shape)}; align them"
+        )
+    if threshold is not None and threshold.dim() != 0:
+        raise ValueError(f"threshold must be 0-dim (got shape {tuple(threshold.shape)}); pass one value")
+    e = entropy.detach()
+    e = e if e.dtype in _FULL_PRECISION else e.float()  # (B, T)
+    if quantile == 1:
+        return mask, torch.full((), -math.inf, dtype=e.dtype, device=e.device)
+    if threshold is None:
+        # No masked-in token gives -inf, and mask & True is mask: nothing to special-case.
+        threshold = entropy_quantile_threshold(e[mask], quantile)
+    threshold = threshold.detach().to(device=e.device, dtype=e.dtype)
+    return mask & (e >= threshold), threshold  # (B, T)

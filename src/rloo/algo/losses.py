@@ -1,7 +1,9 @@
 """The RLOO policy loss: PPO-clipped REINFORCE with a sequence-level (or per-token) importance ratio.
 
 Loss aggregation follows verl's ``loss_agg_mode`` names (see :func:`agg_loss`); the default,
-``seq-mean-token-sum``, is the classic RLOO loss.
+``seq-mean-token-sum``, is the classic RLOO loss. Optional variants: GSPO's length-normalised sequence
+ratio (``importance_sampling_level="sequence"``), dual-clip PPO (``clip_ratio_c``) and TRL's two-sided
+GRPO cap (``delta``).
 """
 
 from __future__ import annotations
@@ -15,7 +17,14 @@ from torch import Tensor
 from .kl import per_token_kl
 from .masking import masked_mean, masked_sum, masked_var
 
-__all__ = ["LOSS_AGG_MODES", "PolicyLossStats", "agg_loss", "kl_loss", "policy_loss"]
+__all__ = [
+    "IMPORTANCE_SAMPLING_LEVELS",
+    "LOSS_AGG_MODES",
+    "PolicyLossStats",
+    "agg_loss",
+    "kl_loss",
+    "policy_loss",
+]
 
 LOSS_AGG_MODES: tuple[str, ...] = (
     "seq-mean-token-sum",
@@ -23,6 +32,8 @@ LOSS_AGG_MODES: tuple[str, ...] = (
     "seq-mean-token-mean",
     "seq-mean-token-sum-norm",
 )
+
+IMPORTANCE_SAMPLING_LEVELS: tuple[str, ...] = ("auto", "token", "sequence")
 
 
 def agg_loss(
@@ -109,7 +120,8 @@ def kl_loss(
 class PolicyLossStats:
     """Diagnostics of one :func:`policy_loss` call; every field is a detached 0-dim tensor.
 
-    Computed over sequences (sequence-level advantages) or over unmasked tokens (token-level).
+    Computed over sequences (the summed or length-normalised sequence ratio) or over unmasked tokens
+    (per-token ratios); see :func:`policy_loss`.
 
     Attributes:
         clipfrac: fraction where the clipped surrogate was the active (larger) loss.
@@ -120,6 +132,8 @@ class PolicyLossStats:
         clip_high_frac: fraction with ``ratio > 1 + cliprange`` and ``A > 0`` (clipped at the high bound).
         ratio_min: smallest ratio (1 when there is no entry).
         ratio_max: largest ratio (1 when there is no entry).
+        dual_clip_frac: fraction with ``A < 0`` where the dual-clip bound ``-A * clip_ratio_c`` was the
+            active loss (0 without ``clip_ratio_c``).
     """
 
     clipfrac: Tensor
@@ -130,15 +144,31 @@ class PolicyLossStats:
     clip_high_frac: Tensor
     ratio_min: Tensor
     ratio_max: Tensor
+    dual_clip_frac: Tensor
 
 
 def _clipped_surrogate(
-    ratio: Tensor, advantages: Tensor, c_low: float, c_high: float
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Return ``(loss, clipped, unclipped)`` elementwise: ``max(-A*r, -A*clip(r))`` and its two parts."""
-    unclipped = -advantages * ratio
+    ratio: Tensor,
+    advantages: Tensor,
+    c_low: float,
+    c_high: float,
+    delta: float | None = None,
+    clip_ratio_c: float | None = None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    """Elementwise ``max(-A*r, -A*clip(r))``: return ``(loss, clipped, unclipped, dual_clipped)``.
+
+    ``delta`` caps ``r`` in the unclipped part only (TRL clips the raw ratio for the clipped part).
+    ``dual_clipped`` is None without ``clip_ratio_c``, else where the bound ``-A*c`` replaced the loss.
+    """
+    unclipped = -advantages * (ratio if delta is None else torch.clamp(ratio, max=delta))
     clipped = -advantages * torch.clamp(ratio, 1.0 - c_low, 1.0 + c_high)
-    return torch.maximum(unclipped, clipped), clipped, unclipped
+    loss = torch.maximum(unclipped, clipped)
+    if clip_ratio_c is None:
+        return loss, clipped, unclipped, None
+    bound = -advantages * clip_ratio_c
+    # Only A < 0 is bounded: there a huge ratio would make the loss (and the step) arbitrarily large.
+    dual_clipped = (advantages < 0) & (loss > bound)
+    return torch.where(dual_clipped, bound, loss), clipped, unclipped, dual_clipped
 
 
 def _stats(
@@ -147,28 +177,48 @@ def _stats(
     advantages: Tensor,
     clipped: Tensor,
     unclipped: Tensor,
+    dual_clipped: Tensor | None,
     mask: Tensor,
     c_low: float,
     c_high: float,
+    token_mask: Tensor | None = None,
 ) -> PolicyLossStats:
-    """Stats over the True entries of ``mask`` (sequences or tokens); all inputs share its shape."""
+    """Stats over the True entries of ``mask`` (sequences or tokens).
+
+    ``logratio``, ``ratio`` share the shape of ``mask``. The other tensors do too, unless ``token_mask``
+    (B, T) is given with a (B,) ``mask`` of sequences (one ratio per sequence, per-token surrogates): then
+    they are (B, T), and each fraction is first taken over a sequence's tokens, then over the sequences.
+    """
     with torch.no_grad():
         one = torch.ones((), dtype=ratio.dtype, device=ratio.device)
         inf = torch.full((), math.inf, dtype=ratio.dtype, device=ratio.device)
         any_entry = mask.any()
         ratio_min = torch.where(mask, ratio, inf).min() if mask.numel() else inf
         ratio_max = torch.where(mask, ratio, -inf).max() if mask.numel() else -inf
-        low = (ratio < 1.0 - c_low) & (advantages < 0)
-        high = (ratio > 1.0 + c_high) & (advantages > 0)
+        flag_ratio = ratio if token_mask is None else ratio.unsqueeze(1)  # broadcasts to the flags' shape
+        low = (flag_ratio < 1.0 - c_low) & (advantages < 0)
+        high = (flag_ratio > 1.0 + c_high) & (advantages > 0)
+
+        def frac(flags: Tensor) -> Tensor:
+            f = flags.to(ratio.dtype)
+            if token_mask is not None:
+                f = masked_mean(f, token_mask, dim=1)  # (B,) share of each sequence's tokens
+            return masked_mean(f, mask)
+
         return PolicyLossStats(
-            clipfrac=masked_mean((clipped > unclipped).to(ratio.dtype), mask),
+            clipfrac=frac(clipped > unclipped),
             approxkl=masked_mean(0.5 * logratio**2, mask),
             ratio_mean=masked_mean(ratio, mask),
             ratio_var=masked_var(ratio, mask, unbiased=True),
-            clip_low_frac=masked_mean(low.to(ratio.dtype), mask),
-            clip_high_frac=masked_mean(high.to(ratio.dtype), mask),
+            clip_low_frac=frac(low),
+            clip_high_frac=frac(high),
             ratio_min=torch.where(any_entry, ratio_min, one),
             ratio_max=torch.where(any_entry, ratio_max, one),
+            dual_clip_frac=(
+                torch.zeros((), dtype=ratio.dtype, device=ratio.device)
+                if dual_clipped is None
+                else frac(dual_clipped)
+            ),
         )
 
 
@@ -184,6 +234,9 @@ def policy_loss(
     max_response_length: int | None = None,
     num_tokens: float | Tensor | None = None,
     is_weights: Tensor | None = None,
+    importance_sampling_level: str = "auto",
+    clip_ratio_c: float | None = None,
+    delta: float | None = None,
 ) -> tuple[Tensor, PolicyLossStats]:
     """PPO-clipped RLOO policy loss.
 
@@ -196,6 +249,18 @@ def policy_loss(
     any other ``loss_agg_mode``): per-token ratio ``exp(new_t - old_t)`` and clipped surrogate, reduced by
     :func:`agg_loss`. With ``seq-mean-token-sum`` (summed over each sequence's tokens, averaged over
     sequences) its gradient at ratio 1 with a constant per-token advantage equals the sequence-level one.
+
+    ``importance_sampling_level`` picks the ratio: ``auto`` is the rule above; ``token`` always takes
+    per-token ratios (a (B,) advantage broadcast to the tokens, even with ``seq-mean-token-sum``);
+    ``sequence`` is GSPO's length-normalised ratio ``s_b = exp(sum_t (new_t - old_t) / max(1, n_b))``
+    over the ``n_b`` completion tokens (TRL's ``importance_sampling_level="sequence"``), shared by every
+    token of the sequence: per-token surrogates ``max(-A_t*s_b, -A_t*clip(s_b))`` with ``A_t`` the
+    sequence's advantage or the token's own, reduced by :func:`agg_loss`.
+
+    Dual clip (``clip_ratio_c``, Ye et al. 2020, verl's ``clip_ratio_c``): where ``A < 0`` the loss is
+    also bounded above by ``-A * clip_ratio_c``, so a huge ratio on a bad sample cannot dominate the step.
+    ``delta`` (TRL's two-sided GRPO, INTELLECT-2) caps the ratio at ``delta`` in the unclipped surrogate
+    only: ``max(-A*min(r, delta), -A*clip(r))``. Both apply to whichever ratio the level picks.
 
     Positions where ``mask`` is False never influence the loss, its gradient or the stats, whatever
     ``logprobs`` / ``old_logprobs`` / ``advantages`` hold there.
@@ -212,11 +277,17 @@ def policy_loss(
         num_tokens: the denominator of ``token-mean``; default this call's unmasked tokens (see :func:`agg_loss`).
         is_weights: constant importance weights multiplying each surrogate (truncated importance sampling
             against the sampler's log-probs, see :func:`truncated_importance_weights`): (B,) per sequence,
-            or (B, T) per token on the token-level path; default none.
+            or (B, T) per token on every path but the summed sequence ratio; default none.
+        importance_sampling_level: one of ``IMPORTANCE_SAMPLING_LEVELS``.
+        clip_ratio_c: dual-clip bound, > 1 (verl's default 3.0); default none.
+        delta: cap of the unclipped ratio, > ``1 + cliprange_high`` (TRL suggests 1 + 2 * epsilon
+            upwards); default none.
 
     Returns:
-        ``(loss, stats)``: 0-dim loss and :class:`PolicyLossStats` (over sequences with tokens for
-        sequence-level, over unmasked tokens for token-level). The stats ignore ``is_weights``.
+        ``(loss, stats)``: 0-dim loss and :class:`PolicyLossStats`: over sequences with tokens for the
+        summed and the ``sequence`` ratios (with per-token advantages, a clip fraction is each sequence's
+        share of clipped tokens, averaged over sequences), over unmasked tokens for per-token ratios. The
+        stats ignore ``is_weights``.
     """
     c_high = cliprange if cliprange_high is None else cliprange_high
     for name, c in (("cliprange", cliprange), ("cliprange_high", c_high)):
@@ -224,6 +295,20 @@ def policy_loss(
             raise ValueError(f"{name} must be a finite number >= 0 (got {c}); use e.g. 0.2")
     if loss_agg_mode not in LOSS_AGG_MODES:
         raise ValueError(f"loss_agg_mode must be one of {LOSS_AGG_MODES} (got {loss_agg_mode!r}); pick one")
+    if importance_sampling_level not in IMPORTANCE_SAMPLING_LEVELS:
+        raise ValueError(
+            f"importance_sampling_level must be one of {IMPORTANCE_SAMPLING_LEVELS} "
+            f"(got {importance_sampling_level!r}); pick one"
+        )
+    if clip_ratio_c is not None and not (clip_ratio_c > 1 and math.isfinite(clip_ratio_c)):
+        raise ValueError(
+            f"clip_ratio_c must be a finite number > 1 (got {clip_ratio_c}); use e.g. 3.0, or None to disable"
+        )
+    if delta is not None and not (delta > 1.0 + c_high and math.isfinite(delta)):
+        raise ValueError(
+            f"delta must be a finite number > 1 + cliprange_high = {1.0 + c_high} (got {delta}); "
+            "raise it or pass None to disable"
+        )
     if logprobs.dim() != 2 or old_logprobs.shape != logprobs.shape or mask.shape != logprobs.shape:
         raise ValueError(
             f"logprobs {tuple(logprobs.shape)}, old_logprobs {tuple(old_logprobs.shape)} and mask "
@@ -236,7 +321,11 @@ def policy_loss(
             f"advantages must have shape (B,) = {tuple(logprobs.shape[:1])} or (B, T) = "
             f"{tuple(logprobs.shape)} (got {tuple(advantages.shape)}); pass sequence- or token-level advantages"
         )
-    sequence_ratio = advantages.dim() == 1 and loss_agg_mode == "seq-mean-token-sum"
+    sequence_ratio = (
+        importance_sampling_level == "auto"
+        and advantages.dim() == 1
+        and loss_agg_mode == "seq-mean-token-sum"
+    )
     if is_weights is not None and is_weights.shape not in (
         logprobs.shape[:1],
         logprobs.shape[:1] if sequence_ratio else logprobs.shape,
@@ -255,13 +344,15 @@ def policy_loss(
         # Sequence-level: one ratio per completion, as in the reference trainer.
         logratio = masked_sum(logprobs, mask, dim=1) - masked_sum(old_logprobs, mask, dim=1)  # (B,)
         ratio = torch.exp(logratio)  # (B,)
-        losses, clipped, unclipped = _clipped_surrogate(ratio, advantages, cliprange, c_high)  # (B,) each
+        losses, clipped, unclipped, dual = _clipped_surrogate(
+            ratio, advantages, cliprange, c_high, delta, clip_ratio_c
+        )  # (B,) each
         has_tokens = mask.any(dim=1)  # (B,) e.g. False for a masked truncated completion
         losses = torch.where(has_tokens, losses, zero)  # (B,)
         if w is not None:
             losses = losses * w
         loss = losses.mean()
-        stats = _stats(logratio, ratio, advantages, clipped, unclipped, has_tokens, cliprange, c_high)
+        stats = _stats(logratio, ratio, advantages, clipped, unclipped, dual, has_tokens, cliprange, c_high)
         return loss, stats
 
     if advantages.dim() == 1:
@@ -269,10 +360,33 @@ def policy_loss(
     advantages = torch.where(mask, advantages.detach().to(logprobs.dtype), zero)  # (B, T)
     # where() before exp(): garbage at padding must yield neither inf values nor NaN gradients.
     logratio = torch.where(mask, logprobs - old_logprobs, zero)  # (B, T)
-    ratio = torch.exp(logratio)  # (B, T)
-    losses, clipped, unclipped = _clipped_surrogate(ratio, advantages, cliprange, c_high)  # (B, T) each
+    if importance_sampling_level == "sequence":
+        n_tokens = mask.sum(dim=1).clamp(min=1).to(logprobs.dtype)  # (B,)
+        seq_logratio = logratio.sum(dim=1) / n_tokens  # (B,) mean log-ratio: comparable across lengths
+        seq_ratio = torch.exp(seq_logratio)  # (B,)
+        ratio = seq_ratio.unsqueeze(1).expand_as(logprobs)  # (B, T): one ratio for all of b's tokens
+    else:
+        ratio = torch.exp(logratio)  # (B, T)
+    losses, clipped, unclipped, dual = _clipped_surrogate(
+        ratio, advantages, cliprange, c_high, delta, clip_ratio_c
+    )  # (B, T) each
     if w is not None:
         losses = losses * (w.unsqueeze(1) if w.dim() == 1 else w)  # (B, T)
     loss = agg_loss(losses, mask, loss_agg_mode, max_response_length, num_tokens)
-    stats = _stats(logratio, ratio, advantages, clipped, unclipped, mask, cliprange, c_high)
+    if importance_sampling_level == "sequence":
+        has_tokens = mask.any(dim=1)  # (B,)
+        stats = _stats(
+            seq_logratio,
+            seq_ratio,
+            advantages,
+            clipped,
+            unclipped,
+            dual,
+            has_tokens,
+            cliprange,
+            c_high,
+            token_mask=mask,
+        )
+    else:
+        stats = _stats(logratio, ratio, advantages, clipped, unclipped, dual, mask, cliprange, c_high)
     return loss, stats

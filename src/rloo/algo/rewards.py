@@ -14,6 +14,7 @@ __all__ = [
     "normalize_advantages",
     "normalize_and_clip_scores",
     "sequence_level_rewards",
+    "soft_overlong_penalty",
     "token_level_advantages",
 ]
 
@@ -199,3 +200,36 @@ def normalize_advantages(advantages: Tensor, mask: Tensor | None = None, eps: fl
             "pass a (B,) mask for sequence-level or a (B, T) mask for token-level advantages"
         )
     return _standardize(advantages, mask, eps)
+
+
+def soft_overlong_penalty(
+    lengths: Tensor, max_length: int, buffer_length: int, factor: float = 1.0
+) -> Tensor:
+    """DAPO's soft overlong punishment (eq. 13; TRL's ``get_soft_overlong_punishment``) times ``factor``.
+
+    With ``start = max_length - buffer_length``: 0 for ``length <= start``; the linear ramp
+    ``(start - length) / buffer_length * factor`` for ``start < length <= max_length`` (reaching
+    ``-factor`` at ``max_length``); ``-factor`` beyond. ``buffer_length`` 0 gives no penalty at all (TRL
+    would give -1 to a length over ``max_length``, which a generation capped at ``max_length`` never has).
+
+    Args:
+        lengths: (B,) completion lengths in tokens (integer or floating).
+        max_length: the generation's maximum completion length, ``L_max``.
+        buffer_length: the punishment interval ``L_cache``, ``0 <= buffer_length <= max_length``.
+        factor: the penalty at and beyond ``max_length`` is ``-factor``.
+
+    Returns:
+        (B,) penalties, to add to the rewards: dtype of ``lengths`` if floating, else the default float.
+    """
+    if not 0 <= buffer_length <= max_length:
+        raise ValueError(
+            f"buffer_length must be in [0, max_length = {max_length}] (got {buffer_length}); "
+            "pass the tokens before max_length where the penalty ramps up"
+        )
+    dtype = lengths.dtype if lengths.is_floating_point() else torch.get_default_dtype()
+    length = lengths.to(dtype)  # (B,)
+    if buffer_length == 0:
+        return torch.zeros_like(length)
+    start = max_length - buffer_length
+    # (start - length) / buffer is >= 0 before the buffer, in [-1, 0) inside it, < -1 past max_length.
+    return ((start - length) / buffer_length).clamp(min=-1.0, max=0.0) * factor  # (B,)
