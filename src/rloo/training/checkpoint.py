@@ -1,12 +1,13 @@
 """Resumable checkpoints, written so that a half-written one is never picked up.
 
 A checkpoint is a directory ``checkpoint-<update>`` holding the policy and tokenizer (``save_pretrained``),
-the optimizer and scheduler states, every RNG state and ``trainer_state.json`` (update, episode, data
-order position, ...). It is assembled in a hidden temporary directory, sealed with the same manifest as
-every upload (:mod:`rloo.storage.manifest`: every file with its size and SHA-256) written last, then renamed
-into place: a reader sees a complete checkpoint or none. A checkpoint whose files do not match its manifest
-(a truncated copy, a disk that filled up) is skipped with a warning in favour of the next newest; the resume
-check reads back the small state files' hashes and the weights' sizes.
+the optimizer and scheduler states, every RNG state, ``trainer_state.json`` (update, episode, data order
+position, ...) and, in a run whose reference model moves (--sync_ref_model), the reference's weights
+(``reference/model.safetensors``). It is assembled in a hidden temporary directory, sealed with the same
+manifest as every upload (:mod:`rloo.storage.manifest`: every file with its size and SHA-256) written last,
+then renamed into place: a reader sees a complete checkpoint or none. A checkpoint whose files do not match
+its manifest (a truncated copy, a disk that filled up) is skipped with a warning in favour of the next
+newest; the resume check reads back the small state files' hashes and the weights' sizes.
 """
 
 from __future__ import annotations
@@ -87,8 +88,12 @@ def save_checkpoint(
     config: dict[str, Any],
     total_limit: int | None = None,
     extra_files: list[Path] | None = None,
+    reference_state: dict[str, torch.Tensor] | None = None,
 ) -> Path:
-    """Write ``output_dir/checkpoint-<update>`` atomically and return its path."""
+    """Write ``output_dir/checkpoint-<update>`` atomically and return its path.
+
+    ``reference_state``: the reference model's weights (a run with --sync_ref_model, whose reference moves),
+    written to ``reference/model.safetensors`` (:mod:`rloo.training.ref_sync`); None writes no such file."""
     final = output_dir / f"{PREFIX}{update}"
     tmp = output_dir / f".{PREFIX}{update}.tmp"
     if tmp.exists():
@@ -99,6 +104,7 @@ def save_checkpoint(
     needed = (
         tensor_bytes(model.state_dict().values())
         + tensor_bytes(t for s in optimizer_state.get("state", {}).values() for t in s.values())
+        + (tensor_bytes(reference_state.values()) if reference_state is not None else 0)
         + 2**20
     )
     try:
@@ -113,6 +119,10 @@ def save_checkpoint(
             for extra in extra_files or []:
                 if extra.is_file():
                     shutil.copy2(extra, tmp / extra.name)
+            if reference_state is not None:
+                from rloo.training.ref_sync import REFERENCE_FILE, save_reference_state
+
+                save_reference_state(reference_state, tmp / REFERENCE_FILE)
             honour_umask(tmp)
             for path in tmp.rglob("*"):
                 if path.is_file():

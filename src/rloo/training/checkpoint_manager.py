@@ -19,7 +19,7 @@ from typing import Any
 from rloo.diskspace import disk_full_as_one_line, honour_umask, tensor_bytes, write_bytes_atomic
 from rloo.errors import UserError
 from rloo.models import MERGED_SUBDIR, describe_value, find_bad_tensor
-from rloo.training import lora
+from rloo.training import lora, ref_sync
 from rloo.training.checkpoint import (
     PREFIX,
     checkpoint_problem,
@@ -46,7 +46,9 @@ class CheckpointManager:
     """Saves and restores one run's policy, optimizer, scheduler and trainer state.
 
     ``trainer_state(update)`` gives the trainer's own position (episode, tokens, data order...) to store
-    beside the weights; :meth:`resume` hands it back.
+    beside the weights; :meth:`resume` hands it back. ``reference``: the reference model of a run that moves
+    it (--sync_ref_model), saved with every checkpoint and restored on resume; None (a frozen reference, the
+    default) saves nothing of it.
     """
 
     def __init__(
@@ -64,6 +66,7 @@ class CheckpointManager:
         remote: Any = None,
         deepspeed: bool = False,
         comm: Collectives | None = None,
+        reference: Any = None,
     ) -> None:
         self.accelerator = accelerator
         self.cfg = cfg
@@ -78,6 +81,7 @@ class CheckpointManager:
         self.deepspeed = deepspeed
         self.comm = comm or Collectives(accelerator)
         self.world = self.comm.world
+        self.reference = reference
 
     def check_weights(self, update: int, state_dict: dict[str, Any] | None = None) -> None:
         """Never write a model holding NaN/inf (or overflowing) weights: a reader would take it as trained."""
@@ -99,6 +103,14 @@ class CheckpointManager:
         """checkpoint-<update> in out_dir (written by the main process, mirrored when a mirror is set)."""
         path = out_dir / f"{PREFIX}{update}"
         self.check_weights(update)
+        # under ZeRO-3 every rank helps assemble the reference's weights (the main process gets them)
+        reference_state = (
+            ref_sync.reference_state_dict(
+                self.reference, accelerator=self.accelerator, deepspeed=self.deepspeed
+            )
+            if self.reference is not None
+            else None
+        )
 
         def write() -> None:
             save_checkpoint(
@@ -113,6 +125,7 @@ class CheckpointManager:
                 total_limit=self.cfg.save_total_limit,
                 # the metrics so far travel with the checkpoint, so a fresh machine resumes them too
                 extra_files=[out_dir / METRICS_FILE],
+                reference_state=reference_state,
             )
             if self.mirror is not None:
                 self.mirror.submit(path)
@@ -246,6 +259,16 @@ class CheckpointManager:
                     f"--resume_from_checkpoint {choice}: {problem}; pass a complete checkpoint-N directory, "
                     "'latest' or 'none'."
                 )
+        reference_file = path / ref_sync.REFERENCE_FILE
+        if self.reference is not None and not reference_file.is_file():
+            raise UserError(
+                f"cannot resume from {path}: it was written without --sync_ref_model (it holds no reference "
+                "model); start a new --output_dir, or resume without --sync_ref_model."
+            )
+        if self.reference is None and reference_file.is_file():
+            log.warning(
+                "%s was written with --sync_ref_model: this run keeps the original reference model", path
+            )
         try:
             st = load_checkpoint(
                 path,
@@ -253,6 +276,10 @@ class CheckpointManager:
                 optimizer=self.optimizer,
                 scheduler=self.scheduler,
             )
+            if self.reference is not None:
+                ref_sync.load_reference(
+                    self.reference, reference_file, accelerator=self.accelerator, deepspeed=self.deepspeed
+                )
         except (ValueError, RuntimeError) as e:
             raise UserError(
                 f"cannot resume from {path}: {str(e).splitlines()[0]}; pass --resume_from_checkpoint none to start over."

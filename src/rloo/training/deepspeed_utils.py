@@ -66,15 +66,20 @@ def generation_needs_synced_steps(accelerator: Any, *, gather: bool) -> bool:
 
 
 @contextlib.contextmanager
-def gathered(params: Iterable[Any], accelerator: Any, *, enabled: bool = True) -> Iterator[None]:
-    """Materialise full copies of ZeRO-3 sharded ``params`` on every rank (read-only); a no-op otherwise."""
+def gathered(
+    params: Iterable[Any], accelerator: Any, *, enabled: bool = True, modifier_rank: int | None = None
+) -> Iterator[None]:
+    """Materialise full copies of ZeRO-3 sharded ``params`` on every rank; a no-op otherwise.
+
+    Read-only by default (``modifier_rank=None``: nothing is broadcast back into the shards on exit). With
+    ``modifier_rank=0`` what rank 0 wrote into the full copies is broadcast and re-partitioned on exit.
+    """
     if not (enabled and is_zero3(accelerator)):
         yield
         return
     import deepspeed
 
-    # modifier_rank=None: read-only, nothing is broadcast back into the shards on exit.
-    with deepspeed.zero.GatheredParameters(list(params), modifier_rank=None):
+    with deepspeed.zero.GatheredParameters(list(params), modifier_rank=modifier_rank):
         yield
 
 
