@@ -187,6 +187,9 @@ def rloo_pipeline(p: dict[str, Any]) -> None:
         _secrets(judge, p["s3_secret"], C.S3_SECRET_KEYS)
         _secrets(judge, p["mlflow_secret"], C.MLFLOW_SECRET_KEYS, optional=True)
         _secrets(judge, p["judge_secret"], C.JUDGE_SECRET_KEYS)
+        # the training reward model scores the judged pairs (the judge/reward-model agreement): a private or
+        # gated Hub id needs the token training read it with
+        _secrets(judge, p["hf_secret"], C.HF_SECRET_KEYS, optional=True)
 
         push = push_model(
             trained_model_uri=trained, sft_model=sft, eval_results=judge.outputs["Output"], plan=plan, **run

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -128,11 +129,14 @@ def check_model_source(flag: str, path: str) -> None:
     local_model_dir(flag, path)
 
 
-def check_model_files(flag: str, path: str, *, trust_remote_code: bool = False) -> None:
+def check_model_files(
+    flag: str, path: str, *, trust_remote_code: bool = False, reward_model: bool = False
+) -> None:
     """Seconds-cheap checks that a local model is loadable, without reading its weights: a model directory
     (:func:`check_model_source`), a ``config.json`` that parses, weights files whose safetensors header
-    reads and matches their size, and the tokenizer loads. For stages that contact other services before
-    they load the model: a corrupt model must be reported as one, not as the failure of something else."""
+    reads and matches their size, and the tokenizer loads (``reward_model``: as :func:`load_reward_model`
+    loads it, no EOS token required). For stages that contact other services before they load the model: a
+    corrupt model must be reported as one, not as the failure of something else."""
     import json
 
     check_model_source(flag, path)
@@ -157,7 +161,10 @@ def check_model_files(flag: str, path: str, *, trust_remote_code: bool = False) 
             raise UserError(
                 f"--{flag} {path}: {f.name} is not readable safetensors ({e}); re-save or re-download it."
             ) from None
-    load_tokenizer(path, flag=flag, trust_remote_code=trust_remote_code)
+    if reward_model:
+        load_reward_tokenizer(path, flag=flag, trust_remote_code=trust_remote_code)
+    else:
+        load_tokenizer(path, flag=flag, trust_remote_code=trust_remote_code)
 
 
 def _wrap_load(flag: str, path: str, fn: Any) -> Any:
@@ -260,8 +267,9 @@ def _load_adapter(path: str, *, flag: str, trust_remote_code: bool, dtype: torch
 def load_reward_model(
     path: str, *, trust_remote_code: bool = False, dtype: torch.dtype = torch.float32
 ) -> tuple[Any, Any]:
-    """A sequence-classification model with one output and its *own* tokenizer (right padding)."""
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    """A sequence-classification model with one output and its *own* tokenizer
+    (:func:`load_reward_tokenizer`), frozen, for :func:`reward_model_scores`."""
+    from transformers import AutoModelForSequenceClassification
 
     flag = "reward_model_path"
     model = _wrap_load(
@@ -272,6 +280,20 @@ def load_reward_model(
         ),
     )
     check_finite_weights(model, flag=flag, path=path)
+    tok = load_reward_tokenizer(path, flag=flag, trust_remote_code=trust_remote_code)
+    model.config.pad_token_id = tok.pad_token_id
+    model.eval().requires_grad_(False)
+    return model, tok
+
+
+def load_reward_tokenizer(
+    path: str, *, flag: str = "reward_model_path", trust_remote_code: bool = False
+) -> Any:
+    """A reward model's tokenizer: right padding (:func:`last_token_scores` reads each row's last real
+    token), pad = eos when it has no pad token, and long inputs cut on the left: the completion, which is
+    what is being scored, sits at the end."""
+    from transformers import AutoTokenizer
+
     tok = _wrap_load(
         flag,
         path,
@@ -281,9 +303,62 @@ def load_reward_model(
     )
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
-    model.config.pad_token_id = tok.pad_token_id
-    model.eval().requires_grad_(False)
-    return model, tok
+    tok.truncation_side = "left"
+    return tok
+
+
+@torch.no_grad()
+def reward_model_scores(
+    model: Any,
+    tokenizer: Any,
+    texts: list[str],
+    *,
+    batch_size: int,
+    device: torch.device,
+    autocast: Callable[[], Any] = contextlib.nullcontext,
+) -> torch.Tensor:
+    """(B,) float32 scalar reward of each text, read at its last token, ``batch_size`` texts per forward.
+
+    The texts are read through the reward model's *own* tokenizer (never the policy's ids: the two
+    vocabularies may differ) without adding special tokens (the text already holds those the policy
+    produced); a text longer than the tokenizer's ``model_max_length`` is cut as the tokenizer's
+    ``truncation_side`` says (left, from :func:`load_reward_tokenizer`). Training's reward source and the
+    evaluation's judge/reward-model agreement both score through here.
+    """
+    max_len = tokenizer.model_max_length
+    max_len = max_len if isinstance(max_len, int) and max_len < 1_000_000 else None
+    out = []
+    for i in range(0, len(texts), batch_size):
+        enc = tokenizer(
+            texts[i : i + batch_size],
+            padding=True,
+            truncation=max_len is not None,
+            max_length=max_len,
+            return_tensors="pt",
+            add_special_tokens=False,  # the text already holds the special tokens the policy produced
+        ).to(device)
+        with autocast():
+            out.append(last_token_scores(model, enc["input_ids"], enc["attention_mask"]).float().cpu())
+    return torch.cat(out) if out else torch.zeros(0)
+
+
+def last_token_scores(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Score at each row's last real token of a right-padded batch: (B, L) -> (B,).
+
+    Runs the backbone and applies the head to one hidden state per row only, rather than trusting the
+    model's own pooling (which locates the last token through pad ids and is wrong when pad == eos).
+    """
+    last = attention_mask.sum(1) - 1  # (B,)
+    rows = torch.arange(input_ids.size(0), device=input_ids.device)
+    backbone = getattr(model, model.base_model_prefix, None)
+    head = getattr(model, "score", None)
+    if backbone is not None and isinstance(head, torch.nn.Module):
+        hidden = backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # (B, L, H)
+        return head(hidden[rows, last]).squeeze(-1)  # (B,)
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits  # (B, 1) or (B, L, 1)
+    if logits.dim() == 3:
+        return logits[rows, last, 0]
+    return logits[:, 0]
 
 
 # transformers' "no limit" for tokenizers saved without one (VERY_LARGE_INTEGER is ~1e30)

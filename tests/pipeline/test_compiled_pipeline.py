@@ -197,6 +197,8 @@ def test_platform_spec(docs: tuple[dict[str, Any], dict[str, Any]]) -> None:
         "pipelinechannel--s3_secret": s3,
         "pipelinechannel--mlflow_secret": set(C.MLFLOW_SECRET_KEYS.values()),
         "pipelinechannel--judge_secret": {"OPENAI_API_KEY"},
+        # the training reward model, which scores the judged pairs, may be a private Hub repo
+        "pipelinechannel--hf_secret": {"HF_TOKEN"},
     }
     # validation looks the model up (s3:// upload, Hub repo); optional, so a missing secret fails as a message
     assert _secret_names(execs["exec-validate-params"]) == {

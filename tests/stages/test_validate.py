@@ -185,3 +185,35 @@ def test_model_source_s3_needs_a_complete_upload(
         check_pipeline_model(target)
     fetch_model(str(src), target)
     check_pipeline_model(target)
+
+
+def test_evaluation_scores_with_the_training_reward_model() -> None:
+    """The judge/reward-model agreement uses the reward model training optimised: the parameter, or
+    --reward_model_path in extra_train_args; no reward model in training, none in evaluation."""
+    from rloo.eval.config import EvalConfig
+    from rloo.stages.plan import StagePlan, pipeline_fields
+
+    assert build_plan(good()).eval["reward_model_path"] == "org/rm"
+    plan = build_plan(good(reward_model_path="", extra_train_args="--reward_model_path org/other-rm"))
+    assert plan.eval["reward_model_path"] == "org/other-rm" == plan.train["reward_model_path"]
+    funcs = build_plan(
+        good(reward_model_path="", extra_train_args="--reward_funcs rloo.demo.toy:letter_reward")
+    )
+    assert "reward_model_path" not in funcs.eval
+    # what the evaluate step builds from the plan it reads back
+    again = StagePlan.from_json(plan.to_json())
+    cfg = EvalConfig(**again.eval, model_name_or_path="m", baseline_model="b", output_dir="o")
+    assert cfg.reward_model_path == "org/other-rm"
+    # derived, not a second pipeline parameter
+    assert not [p for p in pipeline_fields() if p.part == "eval" and p.field == "reward_model_path"]
+
+
+def test_a_reward_model_directory_this_step_cannot_see_is_left_out_of_the_evaluation(tmp_path: Path) -> None:
+    """A directory only the training image holds would fail the evaluation after training: the monitor is
+    left out instead; a directory every step sees (the local run's) is kept."""
+    gone = build_plan(good(reward_model_path="/models/only-in-the-train-image"))
+    assert gone.train["reward_model_path"] == "/models/only-in-the-train-image"
+    assert "reward_model_path" not in gone.eval
+    here = tmp_path / "rm"
+    here.mkdir()
+    assert build_plan(good(reward_model_path=str(here))).eval["reward_model_path"] == str(here)

@@ -16,13 +16,12 @@ import torch
 from rloo.demo import toy
 from rloo.demo.tiny import EOS_TOKEN, TinySetup
 from rloo.errors import UserError
-from rloo.models import load_reward_model
+from rloo.models import last_token_scores, load_reward_model
 from rloo.training.rewards import (
     RewardBatch,
     RewardFunctionSource,
     RewardModelSource,
     TrainerState,
-    last_token_scores,
     load_reward_function,
     score_all,
 )

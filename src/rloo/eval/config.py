@@ -48,6 +48,12 @@ class EvalConfig:
         "Evaluate the first N rows of the split (default: all).",
         pipeline=Exposed("eval_num_examples", help="Judge the first N rows only (0 = all rows)."),
     )
+    reward_model_path: str | None = option(
+        None,
+        "Sequence-classification reward model (Hub id or local dir, as 'rloo train --reward_model_path'): scores "
+        "both sides of every judged pair (in batches of --generation_batch_size) and reports how often it "
+        "agrees with the judge (judge_rm_agreement), a reward-hacking monitor. The pipeline uses training's.",
+    )
     output_dir: str = option("eval_output", "Where eval_results.json, judgements.jsonl and the report go.")
     trust_remote_code: bool = option(False, "Allow custom model code from the checkpoints.")
     seed: int = option(42, "Seed for sampling (when temperature > 0).")
@@ -121,7 +127,7 @@ class EvalConfig:
         from rloo.storage.location import require_local_or_s3, require_local_path
 
         fetch = "give a Hub id or a local directory (download an s3:// upload first, e.g. 'aws s3 sync')."
-        for name in ("model_name_or_path", "baseline_model"):
+        for name in ("model_name_or_path", "baseline_model", "reward_model_path"):
             require_local_path(f"--{name}", getattr(self, name), fetch)
         require_local_or_s3(
             "--dataset_name", self.dataset_name, "give a Hub id, a local directory or s3://bucket/prefix."

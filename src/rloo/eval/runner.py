@@ -10,12 +10,22 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from rloo.eval.config import EvalConfig
 from rloo.eval.data import load_eval_rows
 from rloo.eval.generation import GenerationEngine, make_engine
 from rloo.eval.judge import JudgeSettings, PairwiseJudge, api_key_from_env, usable_verdicts_problem
 from rloo.eval.report import flat_metrics, kfp_metrics, render_html
-from rloo.eval.stats import interval_record, pair_score, paired_difference, summarize_scores
+from rloo.eval.reward_model import REFERENCE, score_pairs
+from rloo.eval.stats import (
+    interval_record,
+    pair_score,
+    paired_difference,
+    rm_agreement_record,
+    summarize_reward_model,
+    summarize_scores,
+)
 
 log = logging.getLogger(__name__)
 
@@ -61,9 +71,15 @@ def run_eval(
     for flag, path in (
         ("model_name_or_path", cfg.model_name_or_path),
         ("baseline_model", cfg.baseline_model),
+        ("reward_model_path", cfg.reward_model_path),
     ):
         if path:
-            check_model_files(flag, path, trust_remote_code=cfg.trust_remote_code)
+            check_model_files(
+                flag,
+                path,
+                trust_remote_code=cfg.trust_remote_code,
+                reward_model=flag == "reward_model_path",
+            )
     sinks = _sinks(cfg)  # an unreachable tracking server fails now too, not after generation
     judge = make_judge(cfg)
     # seconds, before minutes of generation: a wrong URL/key/model, or a context too short for the largest
@@ -122,6 +138,12 @@ def _evaluate(
     for label, path in models.items():
         log.info("generating %d completions with %s (%s engine)", len(rows), path, engine.name)
         outputs[label] = engine.generate(path, list(rows.prompts))
+    rm_scores = None
+    if cfg.reward_model_path:  # before the judge: a reward model that fails to load costs no judge requests
+        device = getattr(engine, "device", None) or torch.device(
+            "cuda" if torch.cuda.is_available() else "cpu"
+        )
+        rm_scores = score_pairs(cfg, list(rows.prompts), list(rows.references), outputs, device)
 
     labels = list(models)
     log.info("judging %d pairs in both orders with %s", len(rows) * len(labels), cfg.judge_model)
@@ -145,6 +167,18 @@ def _evaluate(
         summaries[label] = {
             "path": (sources or {}).get(label, models[label]),
             **summarize_scores(verdicts),
+        }
+    agreement = None
+    if rm_scores is not None:
+        for label in labels:
+            summaries[label].update(
+                summarize_reward_model(scores[label], rm_scores[label], rm_scores[REFERENCE])
+            )
+        agreement = {
+            "reward_model": cfg.reward_model_path,
+            **rm_agreement_record(
+                {label: (scores[label], rm_scores[label]) for label in labels}, rm_scores[REFERENCE]
+            ),
         }
     diff = None
     if "baseline" in scores:
@@ -174,6 +208,9 @@ def _evaluate(
             "trained": scores["trained"],
         },
     }
+    if agreement is not None:
+        # how often the reward model prefers the side the judge picked: the reward-hacking monitor
+        results["judge_rm_agreement"] = agreement
     examples = [
         {
             "index": i,
@@ -182,6 +219,8 @@ def _evaluate(
             "outputs": {label: outputs[label][i] for label in labels},
             "scores": {label: scores[label][i] for label in labels},
             "judgements": {label: [j.as_dict() for j in judged[label][i]] for label in labels},
+            # the reward model's score of each side: the reference and each model's output
+            **({"rm_scores": {side: v[i] for side, v in rm_scores.items()}} if rm_scores else {}),
         }
         for i in range(n)
     ]

@@ -1,4 +1,5 @@
-"""Pure statistics of pairwise judging: both-order scores, confidence intervals, paired differences.
+"""Pure statistics of pairwise judging: both-order scores, confidence intervals, paired differences, and the
+agreement of a reward model with the judge on the same pairs.
 
 Verdicts are told from the model's side: ``"model"`` (the model's output was preferred), ``"reference"``,
 or ``None`` (no usable answer: unparseable, failed, or not asked because the budget ran out).
@@ -21,6 +22,9 @@ __all__ = [
     "pair_score",
     "paired_difference",
     "rate_interval",
+    "rm_agreement",
+    "rm_agreement_record",
+    "summarize_reward_model",
     "summarize_scores",
 ]
 
@@ -79,3 +83,69 @@ def interval_record(ci: Interval | None) -> dict[str, Any]:
     pair ``ci95`` that the push gate reads (rloo.push.gate); every value None and n = 0 without one."""
     d = {"estimate": None, "low": None, "high": None, "n": 0} if ci is None else ci.as_dict()
     return {**d, "ci95": [d["low"], d["high"]]}
+
+
+def _rm_preference(model_score: float, reference_score: float) -> float:
+    """1 when the reward model scores the model's output above the reference, 0 below, 0.5 equal."""
+    return 1.0 if model_score > reference_score else 0.0 if model_score < reference_score else 0.5
+
+
+def rm_agreement(pair: float | None, model_score: float, reference_score: float) -> float | None:
+    """Whether a reward model agrees with the judge on one pair (a model output against its reference).
+
+    ``pair``: the judge's :func:`pair_score`. Only a *decided* pair counts: both orders picked the same side
+    (1 or 0); a tie (the orders disagree, 0.5) or an invalid pair (None) gives None, since the judge then
+    picked nothing to agree with. Then 1 when the side the reward model scores higher is the judge's pick, 0
+    when it is the other side, 0.5 when the two scores are equal (no side is higher: half, as a tie counts
+    in a win rate)."""
+    if pair not in (0.0, 1.0):
+        return None
+    rm = _rm_preference(model_score, reference_score)
+    return rm if rm == 0.5 else float(rm == pair)
+
+
+def summarize_reward_model(
+    pairs: Sequence[float | None], model_scores: Sequence[float], reference_scores: Sequence[float]
+) -> dict[str, Any]:
+    """One model's pairs seen by the reward model: the judge/reward-model agreement over its decided pairs
+    (:func:`rm_agreement`) with its Wilson interval (:func:`rate_interval`) and count, the reward model's own
+    win rate against the references (ties half) and its mean score of the model's outputs. ``pairs``: the
+    judge's :func:`pair_score` of each example; the scores: the reward model's, example by example."""
+    if not len(pairs) == len(model_scores) == len(reference_scores):
+        raise ValueError(
+            f"pairs and scores must have equal lengths ({len(pairs)}, {len(model_scores)}, {len(reference_scores)})"
+        )
+    agree = [rm_agreement(p, m, r) for p, m, r in zip(pairs, model_scores, reference_scores, strict=True)]
+    decided = [a for a in agree if a is not None]
+    ci = rate_interval(decided)
+    wins = rate_interval([_rm_preference(m, r) for m, r in zip(model_scores, reference_scores, strict=True)])
+    return {
+        "judge_rm_agreement": None if ci is None else ci.estimate,
+        "judge_rm_agreement_ci_low": None if ci is None else ci.low,
+        "judge_rm_agreement_ci_high": None if ci is None else ci.high,
+        "judge_rm_agreement_n": len(decided),
+        "rm_win_rate": None if wins is None else wins.estimate,
+        "rm_score_mean": sum(model_scores) / len(model_scores) if model_scores else None,
+    }
+
+
+def rm_agreement_record(
+    by_label: dict[str, tuple[Sequence[float | None], Sequence[float]]], reference_scores: Sequence[float]
+) -> dict[str, Any]:
+    """The judge/reward-model agreement over the decided pairs of every model together (``by_label``: each
+    model's judge :func:`pair_score` and reward-model scores, example by example, against the same
+    references), as :func:`interval_record` writes it, with ``num_skipped`` (the pairs the judge did not
+    decide: ties and invalid pairs) and the references' mean score."""
+    agree = [
+        rm_agreement(p, m, r)
+        for pairs, scores in by_label.values()
+        for p, m, r in zip(pairs, scores, reference_scores, strict=True)
+    ]
+    decided = [a for a in agree if a is not None]
+    return {
+        **interval_record(rate_interval(decided)),
+        "num_skipped": len(agree) - len(decided),
+        "reference_rm_score_mean": sum(reference_scores) / len(reference_scores)
+        if reference_scores
+        else None,
+    }

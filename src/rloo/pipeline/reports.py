@@ -201,6 +201,25 @@ def eval_markdown(values: dict[str, float], results_uri: str, link: str) -> str:
             values.get("diff_trained_minus_baseline_high", math.nan),
         )
         parts += ["", f"Trained minus SFT: {d:+.3f} (95% CI [{lo:+.3f}, {hi:+.3f}])"]
+    if "judge_rm_agreement_estimate" in values:  # the evaluation scored the pairs with the reward model
+        a = values["judge_rm_agreement_estimate"]
+        lo, hi = (
+            values.get("judge_rm_agreement_low", math.nan),
+            values.get("judge_rm_agreement_high", math.nan),
+        )
+        n, skipped = values.get("judge_rm_agreement_n", 0), values.get("judge_rm_agreement_num_skipped", 0)
+        means = ", ".join(
+            f"{label} {values[f'{who}_rm_score_mean']:.4g}"
+            for who, label in (("trained", "trained"), ("baseline", "SFT"))
+            if f"{who}_rm_score_mean" in values
+        )
+        parts += [
+            "",
+            f"Judge/reward-model agreement: {a:.3f} (95% CI [{lo:.3f}, {hi:.3f}]) of {int(n)} pairs the judge "
+            f"decided ({int(skipped)} ties or invalid pairs left out); mean reward-model score: {means}. A low "
+            "agreement while the reward model scores the trained model above the SFT model is the "
+            "reward-hacking signal.",
+        ]
     return "\n".join(parts) + "\n"
 
 

@@ -51,11 +51,26 @@ def build_plan(params: dict[str, Any], *, check_paths: bool = True, check_hub: b
         _check_datasets(params)
     train = train_values(params, run.extra_train_args)
     eval_values = config_values("eval", params)
+    if _reachable_from_every_step(train.get("reward_model_path")):
+        # the evaluation scores the judged pairs with the reward model training optimised (the parameter or
+        # extra_train_args' --reward_model_path): its agreement with the judge is the reward-hacking monitor
+        eval_values["reward_model_path"] = train["reward_model_path"]
     placeholders = {"model_name_or_path": _PLACEHOLDER_MODEL, "baseline_model": _PLACEHOLDER_MODEL}
     _part(EvalConfig, "eval", eval_values, **placeholders, report_to="none")
     push_values = config_values("push", params)
     _part(PushConfig, "push", push_values, model_path=_PLACEHOLDER_MODEL)
     return StagePlan(run=run, cluster=cluster, train=train, eval=eval_values, push=push_values)
+
+
+def _reachable_from_every_step(model: str | None) -> bool:
+    """A Hub id, or a directory this step sees too. A directory baked into the training image only (not in
+    this step's) would fail the evaluation after training: the monitor is left out rather than risk that."""
+    from rloo.storage.location import local_source_path, source_kind
+
+    if not model:
+        return False
+    kind = source_kind(model)
+    return kind == "hub" or (kind == "local" and local_source_path(model).is_dir())
 
 
 def _part(cls: type, part: str, values: dict[str, Any], **fixed: Any) -> Any:

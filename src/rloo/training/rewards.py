@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from rloo.errors import UserError
+from rloo.models import reward_model_scores
 
 
 @dataclass
@@ -159,26 +160,16 @@ class RewardModelSource:
         self.device = device
         self.autocast = autocast
 
-    @torch.no_grad()
     def score_texts(self, texts: list[str]) -> torch.Tensor:
-        """(B,) scalar reward of each text, read at its last token."""
-        max_len = self.tokenizer.model_max_length
-        max_len = max_len if isinstance(max_len, int) and max_len < 1_000_000 else None
-        out = []
-        for i in range(0, len(texts), self.batch_size):
-            enc = self.tokenizer(
-                texts[i : i + self.batch_size],
-                padding=True,
-                truncation=max_len is not None,
-                max_length=max_len,
-                return_tensors="pt",
-                add_special_tokens=False,  # the text already holds the special tokens the policy produced
-            ).to(self.device)
-            with self.autocast():
-                out.append(
-                    last_token_scores(self.model, enc["input_ids"], enc["attention_mask"]).float().cpu()
-                )
-        return torch.cat(out)
+        """(B,) scalar reward of each text, read at its last token (:func:`rloo.models.reward_model_scores`)."""
+        return reward_model_scores(
+            self.model,
+            self.tokenizer,
+            texts,
+            batch_size=self.batch_size,
+            device=self.device,
+            autocast=self.autocast,
+        )
 
     def __call__(self, batch: RewardBatch) -> torch.Tensor:
         scores = self.score_texts(batch.scoring_texts)
@@ -189,25 +180,6 @@ class RewardModelSource:
                 "(try float32 instead of --fp16/--bf16)."
             )
         return scores
-
-
-def last_token_scores(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """Score at each row's last real token of a right-padded batch: (B, L) -> (B,).
-
-    Runs the backbone and applies the head to one hidden state per row only, rather than trusting the
-    model's own pooling (which locates the last token through pad ids and is wrong when pad == eos).
-    """
-    last = attention_mask.sum(1) - 1  # (B,)
-    rows = torch.arange(input_ids.size(0), device=input_ids.device)
-    backbone = getattr(model, model.base_model_prefix, None)
-    head = getattr(model, "score", None)
-    if backbone is not None and isinstance(head, torch.nn.Module):
-        hidden = backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # (B, L, H)
-        return head(hidden[rows, last]).squeeze(-1)  # (B,)
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits  # (B, 1) or (B, L, 1)
-    if logits.dim() == 3:
-        return logits[rows, last, 0]
-    return logits[:, 0]
 
 
 def score_all(sources: list[Any], batch: RewardBatch) -> torch.Tensor:
