@@ -34,6 +34,10 @@ KL_ESTIMATORS = ("k1", "k2", "k3")
 # verl's names; the first is the classic RLOO loss (one sequence-level ratio, summed log-probs)
 LOSS_AGG_MODES = ("seq-mean-token-sum", "token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 CACHE_IMPLEMENTATIONS = ("dynamic", "static")
+# the same tuples as rloo.algo's (a test keeps them equal): the config is parsed where torch is not installed
+SCALE_REWARDS_MODES = ("none", "group", "batch")
+IMPORTANCE_SAMPLING_LEVELS = ("auto", "token", "sequence")
+VLLM_IS_MODES = ("auto", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 
 
 @dataclass
@@ -198,6 +202,74 @@ class RLOOConfig:
     normalize_advantage: bool = option(
         False, "Standardise advantages over the batch.", aliases=("normalize_advantages",)
     )
+    scale_rewards: str = option(
+        "none",
+        "Divide the leave-one-out advantages by the standard deviation of the scores of their prompt's group "
+        "('group', GRPO) or of the whole batch ('batch'), or not ('none', the RLOO and Dr. GRPO choice: the "
+        "group's std weighs easy and hard prompts unequally).",
+    )
+    filter_groups: bool = option(
+        False,
+        "Leave prompt groups whose task scores are all equal (no spread: every advantage is 0) out of the "
+        "loss, so they do not dilute it (DAPO dynamic sampling); filter_groups/* metrics say how many.",
+    )
+    max_num_gen_batches: int = option(
+        1,
+        "With --filter_groups: rollouts sampled per update at most; each one after the first replaces the "
+        "groups without spread by groups of fresh prompts (1 = filter only, no resampling).",
+    )
+    importance_sampling_level: str = option(
+        "auto",
+        "Importance ratio: 'token' (one per token), 'sequence' (GSPO: exp of the mean per-token log-ratio of "
+        "the completion, for all its tokens) or 'auto' (the classic summed sequence ratio with "
+        "--loss_agg_mode seq-mean-token-sum, per token otherwise).",
+    )
+    clip_ratio_c: float | None = option(
+        None,
+        "Dual-clip PPO: the loss of a negative-advantage surrogate is bounded by -A x clip_ratio_c (> 1; "
+        "verl's default is 3.0), so a very large ratio cannot blow up the update. Default off.",
+    )
+    delta: float | None = option(
+        None,
+        "Two-sided clipping (TRL, INTELLECT-2): the unclipped ratio is capped at delta (> 1 + cliprange_high) "
+        "for negative advantages too. Default off.",
+    )
+    entropy_coef: float = option(
+        0.0,
+        "Entropy bonus: subtract entropy_coef x the policy's entropy (over the trained tokens, aggregated like "
+        "the loss) from the loss, against entropy collapse. Default off.",
+        aliases=("entropy_coeff",),
+    )
+    top_entropy_quantile: float = option(
+        1.0,
+        "Train only on the tokens whose entropy is in the top quantile of the batch's ('Beyond the 80/20 "
+        "rule': 0.2); 1.0 trains on every token. Needs a per-token loss (not the default summed sequence "
+        "ratio): set --loss_agg_mode or --importance_sampling_level.",
+    )
+    overlong_buffer_len: int = option(
+        0,
+        "DAPO's soft overlong penalty: completions longer than response_length - overlong_buffer_len lose up "
+        "to overlong_penalty_factor from their score, linearly over the buffer. 0 = off.",
+        aliases=("soft_punish_cache",),
+    )
+    overlong_penalty_factor: float = option(
+        1.0, "The soft overlong penalty at response_length (see --overlong_buffer_len)."
+    )
+    sync_ref_model: bool = option(
+        False,
+        "Move the reference model toward the policy every ref_model_sync_steps updates (TR-DPO): ref = "
+        "alpha x policy + (1 - alpha) x ref. Not with --use_peft (the reference is the adapter-free base).",
+    )
+    ref_model_mixup_alpha: float = option(0.6, "With --sync_ref_model: the policy's share alpha in the mix.")
+    ref_model_sync_steps: int = option(512, "With --sync_ref_model: updates between two syncs.")
+    length_corr_warn_threshold: float = option(
+        0.8,
+        "Reward-hacking monitor: warn when the correlation of score and completion length "
+        "(monitor/score_length_corr) stays above this for length_corr_warn_updates updates in a row.",
+    )
+    length_corr_warn_updates: int = option(
+        5, "Updates in a row above --length_corr_warn_threshold before the warning (0 = never warn)."
+    )
 
     # --- generation ---------------------------------------------------------------------------------
     response_length: int = option(
@@ -248,8 +320,15 @@ class RLOOConfig:
         "With --use_vllm: weight the loss by min(pi_train / pi_vllm, cap) (truncated importance sampling) to "
         "correct the mismatch between vLLM's sampling and the trainer's forward.",
     )
+    vllm_importance_sampling_mode: str = option(
+        "auto",
+        "With --vllm_importance_sampling_correction: token_truncate / sequence_truncate cap the weight of each "
+        "token / completion at the cap; token_mask / sequence_mask drop (weight 0) those whose pi_train / "
+        "pi_vllm passes the cap (logged as objective/vllm_is_masked_frac); 'auto': sequence_truncate with "
+        "the classic summed sequence ratio, token_truncate otherwise.",
+    )
     vllm_importance_sampling_cap: float = option(
-        2.0, "Upper bound of the truncated importance sampling weight (> 1)."
+        2.0, "Upper bound of the importance sampling weight (> 1): truncated at it, or masked above it."
     )
     cache_implementation: str = option(
         "dynamic",
@@ -343,6 +422,7 @@ class RLOOConfig:
         self._validate_batches()
         self._validate_optimization()
         self._validate_loss_options()
+        self._validate_round_two()
         self._validate_generation()
         self._validate_lora()
         self._validate_run()
@@ -529,6 +609,103 @@ class RLOOConfig:
             raise UserError(
                 "--vllm_importance_sampling_correction needs --top_k 0 and --top_p 1.0: vLLM's log-probs are "
                 "renormalised after top-k/top-p and would not compare with the trainer's."
+            )
+
+    @property
+    def classic_sequence_ratio(self) -> bool:
+        """The loss uses the classic summed sequence-level ratio, where tokens have no surrogate of their own."""
+        return (
+            self.loss_agg_mode == "seq-mean-token-sum"
+            and not self.token_level_kl
+            and self.importance_sampling_level == "auto"
+        )
+
+    def _validate_round_two(self) -> None:
+        """Group filtering, reward scaling, GSPO, clipping variants, entropy, overlong penalty, reference sync,
+        the monitors (issue 32)."""
+        choices = {
+            "scale_rewards": SCALE_REWARDS_MODES,
+            "importance_sampling_level": IMPORTANCE_SAMPLING_LEVELS,
+            "vllm_importance_sampling_mode": VLLM_IS_MODES,
+        }
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise UserError(
+                    f"--{name} must be one of {', '.join(allowed)} (got {getattr(self, name)!r})."
+                )
+        if self.max_num_gen_batches < 1:
+            raise UserError(f"--max_num_gen_batches must be >= 1 (got {self.max_num_gen_batches}).")
+        if self.max_num_gen_batches > 1 and not self.filter_groups:
+            raise UserError(
+                "--max_num_gen_batches resamples the groups --filter_groups leaves out: add --filter_groups, or "
+                "drop --max_num_gen_batches."
+            )
+        if self.clip_ratio_c is not None and not (math.isfinite(self.clip_ratio_c) and self.clip_ratio_c > 1):
+            raise UserError(
+                f"--clip_ratio_c must be a finite number > 1 (got {self.clip_ratio_c}); verl uses 3.0."
+            )
+        c_high = self.cliprange if self.cliprange_high is None else self.cliprange_high
+        if self.delta is not None and not (math.isfinite(self.delta) and self.delta > 1 + c_high):
+            raise UserError(
+                f"--delta must be a finite number > 1 + cliprange_high ({1 + c_high:g}) (got {self.delta}); "
+                "INTELLECT-2 uses 4."
+            )
+        if not (math.isfinite(self.entropy_coef) and self.entropy_coef >= 0):
+            raise UserError(
+                f"--entropy_coef must be a finite number >= 0 (got {self.entropy_coef}); 0 is off."
+            )
+        if not 0 < self.top_entropy_quantile <= 1:
+            raise UserError(
+                f"--top_entropy_quantile must be in (0, 1] (got {self.top_entropy_quantile}); 1.0 is off, the "
+                "paper uses 0.2."
+            )
+        if self.top_entropy_quantile < 1 and self.classic_sequence_ratio:
+            raise UserError(
+                "--top_entropy_quantile trains on some tokens of a completion, which needs a per-token loss: add "
+                "--loss_agg_mode token-mean (or another mode) or --importance_sampling_level token|sequence."
+            )
+        if self.vllm_importance_sampling_mode.startswith("token_") and self.classic_sequence_ratio:
+            raise UserError(
+                f"--vllm_importance_sampling_mode {self.vllm_importance_sampling_mode} weighs each token, which "
+                "needs a per-token loss: choose sequence_truncate or sequence_mask, or set --loss_agg_mode or "
+                "--importance_sampling_level."
+            )
+        if self.vllm_importance_sampling_mode != "auto" and not self.vllm_importance_sampling_correction:
+            raise UserError(
+                "--vllm_importance_sampling_mode applies to --vllm_importance_sampling_correction: add it, or "
+                "drop the mode."
+            )
+        if not 0 <= self.overlong_buffer_len <= self.response_length:
+            raise UserError(
+                f"--overlong_buffer_len must be in [0, response_length={self.response_length}] (got "
+                f"{self.overlong_buffer_len}); DAPO uses a quarter of the response length."
+            )
+        if not (math.isfinite(self.overlong_penalty_factor) and self.overlong_penalty_factor >= 0):
+            raise UserError(
+                f"--overlong_penalty_factor must be a finite number >= 0 (got {self.overlong_penalty_factor})."
+            )
+        if self.sync_ref_model and self.use_peft:
+            raise UserError(
+                "--sync_ref_model cannot move the reference with --use_peft: the reference is the base model "
+                "with the adapters off, and moving it would change the policy too. Drop one of them (or train "
+                "without LoRA)."
+            )
+        if not 0 < self.ref_model_mixup_alpha <= 1:
+            raise UserError(
+                f"--ref_model_mixup_alpha must be in (0, 1] (got {self.ref_model_mixup_alpha}); TRL uses 0.6."
+            )
+        if self.ref_model_sync_steps < 1:
+            raise UserError(f"--ref_model_sync_steps must be >= 1 (got {self.ref_model_sync_steps}).")
+        if (
+            not math.isfinite(self.length_corr_warn_threshold)
+            or not -1 <= self.length_corr_warn_threshold <= 1
+        ):
+            raise UserError(
+                f"--length_corr_warn_threshold must be a correlation in [-1, 1] (got {self.length_corr_warn_threshold})."
+            )
+        if self.length_corr_warn_updates < 0:
+            raise UserError(
+                f"--length_corr_warn_updates must be >= 0 (got {self.length_corr_warn_updates}); 0 never warns."
             )
 
     def _validate_locations(self) -> None:

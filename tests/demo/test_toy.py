@@ -8,7 +8,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from rloo.demo.toy import letter_reward, sometimes_none_reward, target_letter_reward, write_toy_dataset
+from rloo.demo.toy import (
+    letter_reward,
+    sometimes_none_reward,
+    target_letter_reward,
+    vowel_majority_reward,
+    write_toy_dataset,
+)
 
 TRAIN = "data/train-00000-of-00001.parquet"
 TEST = "data/test-00000-of-00001.parquet"
@@ -88,6 +94,8 @@ def test_letter_reward_values() -> None:
         "é 1",  # non-space é,1 ; é is not in aeiou -> 0/2 = 0.0
     ]
     assert letter_reward(completions) == [0.5, 1.0, 0.0, 0.0, 0.0, 0.8, 0.0]
+    # pass/fail at more than half: exactly half (0.5) fails
+    assert vowel_majority_reward(completions) == [0.0, 1.0, 0.0, 0.0, 0.0, 1.0, 0.0]
 
 
 def test_letter_reward_trl_signature_and_messages() -> None:

@@ -432,3 +432,136 @@ def test_token_mean_does_not_depend_on_the_micro_batch_size(
     apart = float(torch.cat([(w1[k] - w2[k]).flatten() for k in w1]).norm())
     moved = float(torch.cat([(w1[k] - init[k]).flatten() for k in w1]).norm())
     assert apart < 1e-3 * moved, (apart, moved)
+
+
+# -- issue 32: algorithm options, round two ------------------------------------------------------------------
+ROUND_TWO_RUNS: dict[str, dict[str, Any]] = {
+    "filter_groups": dict(filter_groups=True, max_num_gen_batches=3),
+    "scale_rewards_group": dict(scale_rewards="group"),
+    "scale_rewards_batch_token_kl": dict(scale_rewards="batch", token_level_kl=True),
+    "gspo": dict(importance_sampling_level="sequence"),
+    "token_ratio": dict(importance_sampling_level="token"),
+    "dual_clip_and_delta": dict(clip_ratio_c=3.0, delta=1.5, num_ppo_epochs=2),
+    "entropy_bonus": dict(entropy_coef=0.01),
+    "top_entropy": dict(top_entropy_quantile=0.2, loss_agg_mode="token-mean"),
+    "overlong": dict(overlong_buffer_len=3),
+    "sync_ref_model": dict(sync_ref_model=True, ref_model_sync_steps=1),
+}
+
+
+@pytest.mark.parametrize("options", ROUND_TWO_RUNS.values(), ids=list(ROUND_TWO_RUNS))
+def test_each_round_two_option_trains(make_config, options: dict[str, Any]) -> None:
+    history = train(make_config(reward_funcs=["rloo.demo.toy:vowel_majority_reward"], **options)).history
+    assert len(history) == 2
+    for m in history:
+        bad = {k: v for k, v in m.items() if isinstance(v, float) and not math.isfinite(v)}
+        assert not bad, bad
+    last = history[-1]
+    if "top_entropy_quantile" in options:
+        # 20% of the trained tokens, up to ties at the threshold
+        assert 0.15 <= last["policy/top_entropy_kept_frac"] <= 0.3, last["policy/top_entropy_kept_frac"]
+    if "entropy_coef" in options:
+        assert last["loss/entropy_bonus_avg"] > 0
+    if "clip_ratio_c" in options:
+        assert 0.0 <= last["clip_ratio/dual_clip_frac"] <= 1.0
+    if "overlong_buffer_len" in options:
+        # the tiny policy never stops early: every completion is at the limit and loses the whole factor
+        assert last["monitor/at_response_length_frac"] == 1.0
+        assert last["objective/scores"] == pytest.approx(last["reward"]) and last["objective/scores"] < 0
+
+
+def test_sync_ref_model_moves_the_reference_toward_the_policy(make_config) -> None:
+    # KL to a reference that follows the policy (alpha 1: the reference becomes the policy after each
+    # update) stays 0 at the start of every update; against the SFT model it grows
+    synced = train(
+        make_config(sync_ref_model=True, ref_model_mixup_alpha=1.0, ref_model_sync_steps=1, max_steps=3)
+    )
+    fixed = train(make_config(max_steps=3, output_dir=str(Path(synced.output_dir).parent / "fixed")))
+    assert [m["objective/kl"] for m in synced.history[1:]] == pytest.approx([0.0, 0.0], abs=1e-6)
+    assert fixed.history[-1]["objective/kl"] > 1e-3
+
+
+def test_filter_groups_leaves_flat_groups_out_and_resamples(make_config) -> None:
+    # the pass/fail reward on a random policy: most groups all fail (no spread)
+    plain = train(make_config(reward_funcs=["rloo.demo.toy:vowel_majority_reward"], filter_groups=True))
+    (m1, _) = plain.history
+    assert m1["filter_groups/rounds"] == 1 and m1["filter_groups/replaced"] == 0
+    assert m1["filter_groups/kept_frac"] == pytest.approx(1 - m1["frac_reward_zero_std"])
+    resampled = train(
+        make_config(
+            reward_funcs=["rloo.demo.toy:vowel_majority_reward"],
+            filter_groups=True,
+            max_num_gen_batches=4,
+            output_dir=str(Path(plain.output_dir).parent / "resampled"),
+        )
+    )
+    (r1, _) = resampled.history
+    # the first round is the plain run's; later rounds put informative groups in flat places
+    assert r1["filter_groups/first_round_zero_std_frac"] == pytest.approx(m1["frac_reward_zero_std"])
+    assert r1["filter_groups/replaced"] > 0 and 1 < r1["filter_groups/rounds"] <= 4
+    assert r1["filter_groups/kept_frac"] > m1["filter_groups/kept_frac"]
+    assert r1["filter_groups/kept_frac"] == pytest.approx(1 - r1["frac_reward_zero_std"])
+
+
+@pytest.mark.parametrize(
+    ("loss_agg_mode", "is_mode", "masked"),
+    [
+        # per token: train - sampler = 0.5, ratio e^0.5 = 1.65 > cap 1.5: every token dropped
+        ("token-mean", "token_mask", 1.0),
+        # per completion: e^(0.5 x 6 tokens) = 20 > 2: every completion dropped
+        ("seq-mean-token-sum", "sequence_mask", 1.0),
+        # truncation drops nothing
+        ("token-mean", "token_truncate", 0.0),
+    ],
+)
+def test_vllm_mismatch_masking_with_a_stand_in_sampler(
+    make_config, monkeypatch: pytest.MonkeyPatch, loss_agg_mode: str, is_mode: str, masked: float
+) -> None:
+    _stand_in_sampler(monkeypatch, lambda gen, params: dataclasses.replace(gen, logprobs=gen.logprobs - 0.5))
+    cfg = make_config(
+        use_vllm=True,
+        vllm_importance_sampling_correction=True,
+        vllm_importance_sampling_mode=is_mode,
+        vllm_importance_sampling_cap=1.5 if is_mode.startswith("token") else 2.0,
+        loss_agg_mode=loss_agg_mode,
+        num_ppo_epochs=2,
+        max_steps=1,
+    )
+    (h,) = train(cfg).history
+    assert h["objective/vllm_is_masked_frac"] == masked
+    assert h["objective/vllm_is_capped_frac"] == (1.0 if is_mode == "token_truncate" else 0.0)
+    if masked == 1.0:  # every surrogate weighed 0: nothing to learn from but the (absent) KL term
+        assert h["loss/policy_avg"] == 0.0
+
+
+def test_round_two_options_with_lora(make_config) -> None:
+    pytest.importorskip("peft")
+    cfg = make_config(
+        use_peft=True,
+        lora_r=4,
+        reward_funcs=["rloo.demo.toy:vowel_majority_reward"],
+        filter_groups=True,
+        max_num_gen_batches=2,
+        importance_sampling_level="sequence",
+        clip_ratio_c=3.0,
+        entropy_coef=0.01,
+        top_entropy_quantile=0.5,
+        scale_rewards="group",
+        overlong_buffer_len=2,
+    )
+    history = train(cfg).history
+    assert len(history) == 2 and all(math.isfinite(m["loss/policy_avg"]) for m in history)
+
+
+def test_a_lasting_score_length_correlation_warns_once(make_config, caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    # a threshold of -1 is passed at every update (a constant length gives a correlation of 0 > -1)
+    cfg = make_config(length_corr_warn_threshold=-1.0, length_corr_warn_updates=2, max_steps=4)
+    with caplog.at_level(logging.WARNING):
+        history = train(cfg).history
+    assert all("monitor/score_length_corr" in m for m in history)
+    warnings = [
+        r.getMessage() for r in caplog.records if "correlated with completion length" in r.getMessage()
+    ]
+    assert len(warnings) == 1 and warnings[0].startswith("update 2:"), warnings

@@ -131,6 +131,33 @@ def test_resume_pushes_the_checkpointed_weights(
     assert "resum" in (proc.stdout + proc.stderr).lower()
 
 
+def test_round_two_options_with_the_engine(
+    qwen: TinySetup, prompts: Path, vllm_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Issue 32's options with a real engine: --filter_groups resamples through vLLM (extra generate calls
+    between two pushes, from the same weights), sequence_mask drops completions whose vLLM ratio passes the
+    cap, and the moved reference needs no push (the engine holds the policy only)."""
+    out = tmp_path / "out"
+    flags = [
+        "--filter_groups", "--max_num_gen_batches", "3",
+        "--importance_sampling_level", "sequence", "--loss_agg_mode", "seq-mean-token-mean",
+        "--vllm_importance_sampling_mode", "sequence_mask",
+        "--clip_ratio_c", "3", "--entropy_coef", "0.01", "--top_entropy_quantile", "0.5",
+        "--overlong_buffer_len", "2", "--scale_rewards", "batch",
+        "--sync_ref_model", "--ref_model_sync_steps", "2",
+    ]  # fmt: skip
+    args = train_args(qwen, prompts, out, *flags)
+    args[args.index("--reward_funcs") + 1] = "rloo.demo.toy:vowel_majority_reward"  # flat groups occur
+    _ok(rloo(args, vllm_env))
+    rows = metrics(out)
+    gaps = _gaps(out)
+    # every round of every update sampled from the current weights: the rollout's gap stays rounding
+    assert len(gaps) == 5 and max(gaps) < TOLERANCE, gaps
+    assert all(r["objective/vllm_is_masked_frac"] == 0.0 for r in rows)  # nothing near the cap
+    assert max(r["filter_groups/rounds"] for r in rows) > 1  # the pass/fail reward left flat groups
+    assert all(0.0 <= r["filter_groups/kept_frac"] <= 1.0 for r in rows)
+
+
 def test_a_model_the_cpu_kernels_cannot_run_is_one_line(
     tiny_setup: TinySetup, prompts: Path, vllm_env: dict[str, str], tmp_path: Path
 ) -> None:

@@ -224,6 +224,13 @@ def letter_reward(completions: list[Any], **kwargs: Any) -> list[float | None]:
     return [_fraction(_text(c), VOWELS) for c in completions]
 
 
+def vowel_majority_reward(completions: list[Any], **kwargs: Any) -> list[float | None]:
+    """1.0 when more than half of a completion's non-space characters are vowels (:func:`letter_reward` >
+    0.5), else 0.0: a pass/fail reward, like a verifier's. A random policy seldom passes, so many of its
+    prompt groups score all 0 (no spread: nothing to learn), which is what ``--filter_groups`` is for."""
+    return [float(r is not None and r > 0.5) for r in letter_reward(completions)]
+
+
 def target_letter_reward(completions: list[Any], target: list[str], **kwargs: Any) -> list[float | None]:
     """Reward each completion with the fraction of its non-space characters equal to its row's ``target``.
 

@@ -30,6 +30,12 @@ class LossStats:
     grad_norm: list[torch.Tensor] = field(default_factory=list)  # per optimizer step; none under DeepSpeed
     vllm_logp_diff_abs: list[torch.Tensor] = field(default_factory=list)
     vllm_is_capped: list[torch.Tensor] = field(default_factory=list)
+    vllm_is_masked: list[torch.Tensor] = field(default_factory=list)
+    entropy_bonus: list[torch.Tensor] = field(
+        default_factory=list
+    )  # --entropy_coef: the term before the coef
+    top_entropy_threshold: list[torch.Tensor] = field(default_factory=list)  # --top_entropy_quantile < 1
+    top_entropy_kept: list[torch.Tensor] = field(default_factory=list)  # the share of tokens trained on
     policy: dict[str, list[torch.Tensor]] = field(
         default_factory=lambda: {name: [] for name in _POLICY_FIELDS}
     )
@@ -41,9 +47,13 @@ class LossStats:
             value = getattr(st, name)
             self.policy[name].append(value if trained else torch.full_like(value, math.nan))
 
-    def metrics(self, comm: Collectives, device: torch.device, *, skip_nan: bool) -> dict[str, float]:
+    def metrics(
+        self, comm: Collectives, device: torch.device, *, skip_nan: bool, dual_clip: bool = False
+    ) -> dict[str, float]:
         """Means over every rank's micro-batches, named as the classic trainer logs them. ``skip_nan``
-        (--mask_truncated_completions): means over the micro-batches that trained on something, 0 if none."""
+        (an option that can leave a micro-batch nothing to train on, e.g. --mask_truncated_completions): means
+        over the micro-batches that trained on something, 0 if none. ``dual_clip`` (--clip_ratio_c): report
+        how often its bound was active."""
 
         def avg(values: list[torch.Tensor]) -> float:
             stacked = torch.stack(values).float()
@@ -84,4 +94,12 @@ class LossStats:
         if self.vllm_logp_diff_abs:  # --vllm_importance_sampling_correction
             out["objective/vllm_logp_diff_abs_mean"] = avg(self.vllm_logp_diff_abs)
             out["objective/vllm_is_capped_frac"] = avg(self.vllm_is_capped)
+            out["objective/vllm_is_masked_frac"] = avg(self.vllm_is_masked)
+        if self.entropy_bonus:
+            out["loss/entropy_bonus_avg"] = avg(self.entropy_bonus)
+        if self.top_entropy_threshold:
+            out["policy/top_entropy_threshold"] = avg(self.top_entropy_threshold)
+            out["policy/top_entropy_kept_frac"] = avg(self.top_entropy_kept)
+        if dual_clip:
+            out["clip_ratio/dual_clip_frac"] = avg(self.policy["dual_clip_frac"])
         return out

@@ -40,6 +40,8 @@ class Rollout(Sampled):
     ref_logprobs: torch.Tensor  # (B, T)
     advantages: torch.Tensor  # (B,) or (B, T) with token-level KL
     metrics: dict[str, float]
+    # --filter_groups: the batch's sequences / the kept ones, so a mean over sequences is over the kept ones
+    loss_scale: float = 1.0
 
     @classmethod
     def of(
@@ -50,6 +52,7 @@ class Rollout(Sampled):
         ref_logprobs: torch.Tensor,
         advantages: torch.Tensor,
         metrics: dict[str, float],
+        loss_scale: float = 1.0,
     ) -> Rollout:
         # field by field, not dataclasses.asdict, which would deep-copy every tensor
         own = {f.name: getattr(sampled, f.name) for f in fields(Sampled)}
@@ -59,6 +62,7 @@ class Rollout(Sampled):
             ref_logprobs=ref_logprobs,
             advantages=advantages,
             metrics=metrics,
+            loss_scale=loss_scale,
         )
 
 
@@ -90,10 +94,16 @@ class RolloutStats:
 
 
 def rollout_metrics(
-    stats: RolloutStats, per_source: torch.Tensor, source_names: list[str], k: int
+    stats: RolloutStats,
+    per_source: torch.Tensor,
+    source_names: list[str],
+    k: int,
+    *,
+    response_length: int | None = None,
 ) -> dict[str, float]:
     """The rollout's metrics over the batch given (the global one): stats of B = P*K sequences in prompt
-    order, per_source (B, S) the raw score of each reward source (NaN where it gave none)."""
+    order, per_source (B, S) the raw score of each reward source (NaN where it gave none). With
+    ``response_length``, the reward-hacking monitors too (``monitor/*``)."""
     valid, contains_eos, lengths = stats.valid.bool(), stats.contains_eos.bool(), stats.length
     m: dict[str, float] = {}
     m["objective/kl"] = float(stats.kl.mean())
@@ -121,6 +131,11 @@ def rollout_metrics(
     m["completions/min_terminated_length"] = float(term.min()) if term.numel() else 0.0
     m["completions/max_terminated_length"] = float(term.max()) if term.numel() else 0.0
     m["completions/clipped_ratio"] = float((~contains_eos).float().mean())
+    if response_length is not None:
+        # a policy that learns "longer scores more" rather than the task: the score-length correlation
+        # climbs and completions pile up at the length limit
+        m["monitor/score_length_corr"] = float(algo.pearson_correlation(stats.scores, lengths.float(), valid))
+        m["monitor/at_response_length_frac"] = float((lengths >= response_length).float().mean())
     m["tokens/completion"] = float(lengths.sum())
     m["tokens/prompt"] = float(stats.prompt_length.sum())
     return m

@@ -56,7 +56,7 @@ from rloo.models import (
     position_limit,
 )
 from rloo.tracking.base import Status
-from rloo.training import deepspeed_utils, lora
+from rloo.training import deepspeed_utils, group_filter, lora, ref_sync
 from rloo.training.checkpoint_manager import CheckpointManager
 from rloo.training.collectives import Collectives
 from rloo.training.loss_stats import LossStats
@@ -421,12 +421,17 @@ class RLOOTrainer:
             remote=self.remote,
             deepspeed=self.deepspeed,
             comm=self.comm,
+            # a moving reference is part of the run's state: a resume must not measure KL to the SFT model
+            reference=self.ref_policy if cfg.sync_ref_model else None,
         )
         self.state = TrainerState(max_steps=self.num_updates)
+        # Options that can leave a micro-batch with no token to train on: its ratio stats are left out.
+        self.masks_loss = cfg.mask_truncated_completions or cfg.filter_groups or cfg.top_entropy_quantile < 1
         # One optimizer step per rollout: the policy is never updated between sampling and its loss.
         self.on_policy = cfg.num_ppo_epochs * cfg.num_mini_batches == 1
         self.sampler = PromptSampler(len(self.train_ds), cfg.seed)
         self._num_tokens = 0.0
+        self._length_corr_streak = 0
         self.sample_freq = (
             max(1, self.num_updates // cfg.num_sample_generations) if cfg.num_sample_generations > 0 else 0
         )
@@ -487,8 +492,10 @@ class RLOOTrainer:
         idx: torch.Tensor,
         *,
         entropy: bool = False,
+        entropy_grad: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Log-probs (b, T) of completions ``idx`` at the sampling temperature, optionally entropies."""
+        """Log-probs (b, T) of completions ``idx`` at the sampling temperature, optionally entropies (with
+        their gradient for the entropy bonus)."""
         # Activation checkpointing and a KV cache do not mix in transformers: fall back to full rows.
         share = False if model is self.policy and self.cfg.gradient_checkpointing else None  # None: by cost
         logits = response_logits(
@@ -503,7 +510,9 @@ class RLOOTrainer:
         logits = scale_logits(logits.float(), self.cfg.temperature)  # (b, T, V)
         logprobs = algo.selective_log_softmax(logits, ro.responses[idx])  # (b, T)
         ent = None
-        if entropy:
+        if entropy and entropy_grad:
+            ent = algo.entropy_with_grad(logits)  # (b, T)
+        elif entropy:
             with torch.no_grad():
                 ent = algo.entropy_from_logits(logits.detach())  # (b, T)
         return logprobs, ent
@@ -554,22 +563,30 @@ class RLOOTrainer:
         )
 
     def rollout(self, update: int, timer: _Timer) -> Rollout:
-        """One update's experience: sample K completions of this rank's prompts, take the policy's and the
-        reference's log-probs of them, score them and turn the scores into advantages."""
+        """One update's experience: sample K completions of this rank's prompts and score them (again for
+        fresh prompts with --filter_groups), take the policy's and the reference's log-probs of them, and
+        turn the scores into advantages."""
         cfg, dev = self.cfg, self.device
         k = cfg.rloo_k
-        # every rank draws the same global list and keeps its slice: the data order, and so the run,
-        # does not depend on the number of processes
-        ppr = self.plan.prompts_per_rank
-        index = self.sampler.next(ppr * self.world)[self.rank * ppr : (self.rank + 1) * ppr]
-        with timer("generation"):
-            sampled, gen_logprobs = self._sample(update, index)
+        first = self._sample_and_score(update, timer, 0)
+        got, rounds, replaced = first, 1, 0
+        while cfg.filter_groups and rounds < cfg.max_num_gen_batches:
+            # every rank samples as many rounds: generation's collectives (ZeRO-3, vLLM) stay in step
+            if not self.comm.any(bool((~got.informative(k)).any()), dev):
+                break
+            fresh = self._sample_and_score(update, timer, rounds)
+            got, n = group_filter.replace_groups(got, fresh, k, self.train_ids, self.tokenizer.pad_token_id)
+            rounds, replaced = rounds + 1, replaced + n
+        sampled, index = got.sampled, got.index
         mask = sampled.mask  # (B, T)
+        kept = got.informative(k).repeat_interleave(k) if cfg.filter_groups else None  # (B,)
+        if kept is not None:
+            sampled.loss_mask = sampled.loss_mask & kept[:, None]  # (B, T)
         with timer("logprobs"):
-            old_logprobs, ref_logprobs = self._logprobs(update, sampled, gen_logprobs)
+            old_logprobs, ref_logprobs = self._logprobs(update, sampled, got.gen_logprobs)
 
         with timer("scoring"):
-            per_source, scores, valid, contains_eos = self._score(index, sampled)  # (B, S), (B,) x 3
+            scores, valid = got.scores, got.valid
             raw_scores = scores.clone()
             if cfg.normalize_reward:  # statistics over the global batch, whatever the process count
                 g_scores = algo.normalize_and_clip_scores(
@@ -588,26 +605,53 @@ class RLOOTrainer:
             neg_logprob=-algo.masked_sum(old_logprobs, mask, dim=1),
             non_score_reward=non_score,
             rlhf_reward=rlhf_reward,
-            contains_eos=contains_eos,
+            contains_eos=got.contains_eos,
             length=mask.sum(1),
             prompt_length=sampled.prompt_mask.sum(1).repeat_interleave(k),
         )
         # one gather for all of them; the metrics are over the global batch whatever the process count
         metrics = rollout_metrics(
             RolloutStats.unstack(self.comm.gather(stats.stack())),
-            self.comm.gather(per_source),
+            self.comm.gather(got.per_source),
             [src.name for src in self.sources],
             k,
+            response_length=cfg.response_length,
         )
         num_cut = torch.tensor([float(sum(i in self.truncated_prompts for i in index))], device=dev)
         metrics["prompts/num_truncated"] = float(self.comm.gather(num_cut).sum())  # global batch
+        loss_scale = 1.0
+        if kept is not None:
+            g_kept = self.comm.gather(kept)
+            loss_scale = group_filter.loss_scale(g_kept, cfg.loss_agg_mode)
+            counts = self.comm.sum(
+                torch.tensor([float((~first.informative(k)).sum()), float(replaced)], device=dev)
+            )
+            n_groups = g_kept.numel() // k
+            metrics["filter_groups/kept_frac"] = float(g_kept.float().mean())
+            metrics["filter_groups/first_round_zero_std_frac"] = float(counts[0]) / n_groups
+            metrics["filter_groups/replaced"] = float(counts[1])
+            metrics["filter_groups/rounds"] = float(rounds)
         return Rollout.of(
             sampled,
             old_logprobs=old_logprobs,
             ref_logprobs=ref_logprobs,
             advantages=advantages,
             metrics=metrics,
+            loss_scale=loss_scale,
         )
+
+    def _sample_and_score(self, update: int, timer: _Timer, round_: int) -> group_filter.Scored:
+        """This rank's slice of the next prompts of the global order, sampled and scored. ``round_`` > 0
+        (--max_num_gen_batches) draws other seeds, so a prompt met again samples anew."""
+        # every rank draws the same global list and keeps its slice: the data order, and so the run,
+        # does not depend on the number of processes
+        ppr = self.plan.prompts_per_rank
+        index = self.sampler.next(ppr * self.world)[self.rank * ppr : (self.rank + 1) * ppr]
+        with timer("generation"):
+            sampled, gen_logprobs = self._sample(update, index, round_)
+        with timer("scoring"):
+            per_source, scores, valid, contains_eos = self._score(index, sampled)  # (B, S), (B,) x 3
+        return group_filter.Scored(index, sampled, gen_logprobs, per_source, scores, valid, contains_eos)
 
     def _score(
         self, index: list[int], sampled: Sampled
@@ -621,6 +665,11 @@ class RLOOTrainer:
         scores, valid = algo.combine_reward_sources(per_source, self.reward_weights.to(dev))  # (B,), (B,)
         contains_eos = ((responses == self.tokenizer.eos_token_id) & mask).any(1)  # (B,)
         scores = algo.apply_missing_eos_penalty(scores, contains_eos, cfg.missing_eos_penalty)
+        if cfg.overlong_buffer_len:
+            lengths = sampled.mask.sum(1)  # (B,)
+            scores = scores + algo.soft_overlong_penalty(
+                lengths, cfg.response_length, cfg.overlong_buffer_len, cfg.overlong_penalty_factor
+            ).to(scores.dtype)
         return per_source, scores, valid, contains_eos
 
     def _advantages(
@@ -647,6 +696,10 @@ class RLOOTrainer:
             rlhf_reward, non_score = algo.sequence_level_rewards(scores, kl, mask, cfg.kl_coef)  # (B,), (B,)
             advantages = algo.leave_one_out_advantages(rlhf_reward.view(p, k), valid.view(p, k)).view(-1)
             adv_mask = valid
+        if cfg.scale_rewards != "none":
+            # the std of each completion's RLHF reward (its score, plus its summed KL penalty when the KL
+            # is in the reward): a group whose advantages are not all 0 has a std above 0
+            advantages = self._scale_advantages(advantages, rlhf_reward, valid)
         if cfg.normalize_advantage:  # statistics over the global batch, whatever the process count
             width = advantages.size(-1) if advantages.dim() == 2 else None
             g_adv = algo.normalize_advantages(self.comm.gather(advantages), self.comm.gather(adv_mask))
@@ -655,7 +708,30 @@ class RLOOTrainer:
                 advantages = advantages[:, :width]
         return advantages, rlhf_reward, non_score
 
-    def _sample(self, update: int, index: list[int]) -> tuple[Sampled, torch.Tensor | None]:
+    def _scale_advantages(
+        self, advantages: torch.Tensor, rewards: torch.Tensor, valid: torch.Tensor
+    ) -> torch.Tensor:
+        """--scale_rewards: advantages (B,) or (B, T) divided by the std of their group's or of the global
+        batch's rewards (B,)."""
+        k, mode = self.cfg.rloo_k, self.cfg.scale_rewards
+        if mode == "batch":  # statistics over the global batch, whatever the process count
+            rewards, valid = self.comm.gather(rewards), self.comm.gather(valid)
+        r, v = rewards.view(-1, k), valid.view(-1, k)  # (P, K)
+        # each completion's factor, found on ones. Where the rewards have no spread (the group's, or the
+        # batch's) the advantages stay: 0 if sequence-level, and per token they hold the KL penalty,
+        # which 1 / eps would blow up
+        factor = algo.scale_advantages(torch.ones_like(r), r, v, mode)  # (P, K)
+        spread = (
+            algo.informative_groups(r, v)
+            if mode == "group"
+            else algo.informative_groups(r.reshape(1, -1), v.reshape(1, -1))
+        )
+        factor = torch.where(spread[:, None], factor, 1.0).view(-1)  # (B,)
+        if mode == "batch":
+            factor = self.comm.local(factor)
+        return advantages * (factor[:, None] if advantages.dim() == 2 else factor)  # (B,) or (B, T)
+
+    def _sample(self, update: int, index: list[int], round_: int = 0) -> tuple[Sampled, torch.Tensor | None]:
         """K completions of each prompt of ``index``, masked after the stop token, and the sampler's own
         log-probs of them (B, T) when it returned them (else None)."""
         cfg, tok, dev = self.cfg, self.tokenizer, self.device
@@ -672,7 +748,7 @@ class RLOOTrainer:
             pad_token_id=tok.pad_token_id,
         )
         self.policy.eval()
-        seeds = row_seeds(cfg.seed, update, torch.tensor(index), k)
+        seeds = row_seeds(cfg.seed + round_ * 1_000_003, update, torch.tensor(index), k)
         with deepspeed_utils.gather_for_generation(self.policy, self.accelerator, self.gather_for_generation):
             gen = self.generator.generate(
                 prompt_ids,
@@ -787,7 +863,9 @@ class RLOOTrainer:
                         self.accelerator.backward(loss)  # divided by gradient_accumulation_steps
                     loss_bad |= ~torch.isfinite(loss.detach())  # on device: no sync per micro-batch
                 self._optimizer_step(update, loss_bad, stats)
-        return stats.metrics(self.comm, self.device, skip_nan=cfg.mask_truncated_completions)
+        return stats.metrics(
+            self.comm, self.device, skip_nan=self.masks_loss, dual_clip=cfg.clip_ratio_c is not None
+        )
 
     def _micro_batch_loss(
         self,
@@ -798,43 +876,63 @@ class RLOOTrainer:
     ) -> torch.Tensor:
         """The loss of completions ``idx`` (a forward with gradients), its diagnostics appended to ``stats``."""
         cfg = self.cfg
-        logprobs, ent = self.forward_logprobs(self.policy, ro, idx, entropy=True)  # (B, T)
+        bonus = cfg.entropy_coef > 0
+        logprobs, ent = self.forward_logprobs(
+            self.policy, ro, idx, entropy=True, entropy_grad=bonus
+        )  # (b, T)
         assert ent is not None  # entropy=True
         # On-policy the weights that sampled the rollout are the ones in this forward, so its own detached
         # log-probs are the exact "old" ones: ratio 1, no extra forward.
         old = logprobs.detach() if self.on_policy else ro.old_logprobs[idx]
+        loss_mask = ro.loss_mask[idx]  # (b, T)
         is_weights = None
         if ro.sampling_logprobs is not None:
             # pi_train / pi_vllm of the sampled tokens: per sequence for the classic sequence ratio, whose
-            # tokens have no surrogate of their own; per token otherwise
-            sequence_ratio = ro.advantages.dim() == 1 and cfg.loss_agg_mode == "seq-mean-token-sum"
+            # tokens have no surrogate of their own; per token otherwise, unless the mode says
+            mode = cfg.vllm_importance_sampling_mode
+            per_sequence = cfg.classic_sequence_ratio if mode == "auto" else mode.startswith("sequence_")
             is_weights, mismatch = algo.truncated_importance_weights(
                 old,
                 ro.sampling_logprobs[idx],
                 ro.mask[idx],
                 cfg.vllm_importance_sampling_cap,
-                per_sequence=sequence_ratio,
+                per_sequence=per_sequence,
+                mode="mask" if mode.endswith("_mask") else "truncate",
             )
             stats.vllm_logp_diff_abs.append(mismatch.logp_diff_abs_mean)
             stats.vllm_is_capped.append(mismatch.capped_frac)
+            stats.vllm_is_masked.append(mismatch.masked_frac)
+        policy_mask = loss_mask
+        if cfg.top_entropy_quantile < 1:
+            # the threshold over every rank's tokens of this micro-batch, as TRL does
+            gathered = self.comm.gather(torch.where(loss_mask, ent.detach(), math.nan))  # (world * b, T)
+            threshold = algo.entropy_quantile_threshold(gathered[~gathered.isnan()], cfg.top_entropy_quantile)
+            policy_mask, threshold = algo.top_entropy_mask(
+                ent.detach(), loss_mask, cfg.top_entropy_quantile, threshold
+            )
+            stats.top_entropy_threshold.append(threshold.float())
+            stats.top_entropy_kept.append(policy_mask.sum().float() / loss_mask.sum().clamp(min=1).float())
         loss, st = algo.policy_loss(
             logprobs,
             old,
             ro.advantages[idx],
-            ro.loss_mask[idx],
+            policy_mask,
             cfg.cliprange,
             cliprange_high=cfg.cliprange_high,
             loss_agg_mode=cfg.loss_agg_mode,
             max_response_length=cfg.response_length,
             num_tokens=num_tokens,
             is_weights=is_weights,
+            importance_sampling_level=cfg.importance_sampling_level,
+            clip_ratio_c=cfg.clip_ratio_c,
+            delta=cfg.delta,
         )
         stats.policy_loss.append(loss.detach())
         if cfg.kl_in_loss:
             kl_term = algo.kl_loss(
                 logprobs,
                 ro.ref_logprobs[idx],
-                ro.loss_mask[idx],
+                loss_mask,
                 cfg.kl_estimator,
                 cfg.loss_agg_mode,
                 cfg.response_length,
@@ -842,9 +940,14 @@ class RLOOTrainer:
             )
             stats.kl_loss.append(kl_term.detach())
             loss = loss + cfg.kl_coef * kl_term
-        stats.entropy.append(algo.masked_mean(ent, ro.mask[idx]))
-        stats.add_policy(st, trained=not cfg.mask_truncated_completions or bool(ro.loss_mask[idx].any()))
-        return loss
+        if bonus:
+            ent_term = algo.agg_loss(ent, loss_mask, cfg.loss_agg_mode, cfg.response_length, num_tokens)
+            stats.entropy_bonus.append(ent_term.detach())
+            loss = loss - cfg.entropy_coef * ent_term
+        stats.entropy.append(algo.masked_mean(ent.detach(), ro.mask[idx]))
+        stats.add_policy(st, trained=not self.masks_loss or bool(policy_mask.any()))
+        # --filter_groups: a mean over the kept sequences, not over all (1.0 otherwise)
+        return loss * ro.loss_scale if ro.loss_scale != 1.0 else loss
 
     def _optimizer_step(self, update: int, loss_bad: torch.Tensor, stats: LossStats) -> None:
         """Average and clip the gradients, stop on a non-finite loss or norm, step."""
@@ -1018,6 +1121,21 @@ class RLOOTrainer:
             raise _Preempted from None
         with timer("optimization"):
             opt_metrics = self.optimize(ro, update)
+        if cfg.sync_ref_model and ref_sync.should_sync(update, cfg.ref_model_sync_steps):
+            with timer("ref_sync"):
+                ref_sync.sync_reference(
+                    self.ref_policy,
+                    self.policy,
+                    cfg.ref_model_mixup_alpha,
+                    accelerator=self.accelerator,
+                    deepspeed=self.deepspeed,
+                )
+            log.info(
+                "update %d: the reference model moved toward the policy (alpha %g)",
+                update + 1,
+                cfg.ref_model_mixup_alpha,
+            )
+        self._watch_length_correlation(update, ro.metrics["monitor/score_length_corr"])
         lr = self.scheduler.get_last_lr()[0]
         self.scheduler.step()
         self.state.episode += self.plan.batch_size
@@ -1048,6 +1166,25 @@ class RLOOTrainer:
             else None
         )
         return metrics, samples
+
+    def _watch_length_correlation(self, update: int, corr: float) -> None:
+        """One warning when the score-length correlation has stayed above the threshold for
+        --length_corr_warn_updates updates in a row (the count survives a resume)."""
+        cfg = self.cfg
+        self._length_corr_streak = (
+            self._length_corr_streak + 1 if corr > cfg.length_corr_warn_threshold else 0
+        )
+        warn = cfg.length_corr_warn_updates and self._length_corr_streak == cfg.length_corr_warn_updates
+        if warn and self.accelerator.is_main_process:
+            log.warning(
+                "update %d: the score has correlated with completion length above %g for %d updates in a "
+                "row (monitor/score_length_corr %.2f): the policy may be gaining reward by length, not by "
+                "the task. Look at the samples; --overlong_buffer_len or a length-aware reward counter it.",
+                update + 1,
+                cfg.length_corr_warn_threshold,
+                self._length_corr_streak,
+                corr,
+            )
 
     def _report(
         self,
@@ -1120,6 +1257,7 @@ class RLOOTrainer:
             "num_updates": self.num_updates,
             "episode": self.state.episode,
             "num_tokens": self._num_tokens,
+            "length_corr_streak": self._length_corr_streak,
             **self.sampler.state_dict(),
             "world_size": self.world,
             "seed": self.cfg.seed,
@@ -1133,6 +1271,7 @@ class RLOOTrainer:
             return None
         self.state.episode = int(st["episode"])
         self._num_tokens = float(st["num_tokens"])
+        self._length_corr_streak = int(st.get("length_corr_streak", 0))  # older checkpoints: none
         self.sampler.load_state_dict(st)
         return int(st["update"])
 

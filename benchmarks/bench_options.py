@@ -1,0 +1,153 @@
+"""How each algorithm option changes learning on the toy task (issue 32's table), against the defaults
+measured in the same invocation.
+
+Every run is ``rloo demo``'s: the tiny random-initialised policy, the toy prompts, the vowel-fraction reward,
+the same updates and seeds; only the option differs. For each option it prints the mean score over the first
+3 and the last 5 updates (averaged over seeds), the last KL and entropy, its seconds, and whether the
+defaults' run reproduced a run with the option's "off" value spelled out (it must, bit for bit).
+
+    .venv/bin/python benchmarks/bench_options.py                    # every option, seeds 0 and 1
+    .venv/bin/python benchmarks/bench_options.py --only filter_groups --seeds 0 --updates 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+# every option of issue 32 with a value that turns it on (and what it needs beside it)
+OPTIONS: dict[str, dict[str, Any]] = {
+    "defaults": {},
+    "filter_groups": {"filter_groups": True},
+    "filter_groups+resample": {"filter_groups": True, "max_num_gen_batches": 3},
+    "scale_rewards=group": {"scale_rewards": "group"},
+    "scale_rewards=batch": {"scale_rewards": "batch"},
+    "importance_sampling_level=token": {"importance_sampling_level": "token"},
+    "importance_sampling_level=sequence (GSPO)": {"importance_sampling_level": "sequence"},
+    "clip_ratio_c=3 (dual-clip)": {"clip_ratio_c": 3.0},
+    "delta=1.5": {"delta": 1.5},
+    "entropy_coef=0.01": {"entropy_coef": 0.01},
+    "top_entropy_quantile=0.2 (token-mean)": {"top_entropy_quantile": 0.2, "loss_agg_mode": "token-mean"},
+    "token-mean alone": {"loss_agg_mode": "token-mean"},
+    "overlong_buffer_len=4": {"overlong_buffer_len": 4},
+    "sync_ref_model (every 5)": {"sync_ref_model": True, "ref_model_sync_steps": 5},
+}
+# the defaults spelled out: must give the defaults' metrics exactly
+EXPLICIT_OFF: dict[str, Any] = {
+    "filter_groups": False,
+    "max_num_gen_batches": 1,
+    "scale_rewards": "none",
+    "importance_sampling_level": "auto",
+    "clip_ratio_c": None,
+    "delta": None,
+    "entropy_coef": 0.0,
+    "top_entropy_quantile": 1.0,
+    "overlong_buffer_len": 0,
+    "sync_ref_model": False,
+}
+# the demo's graded reward (a vowel fraction: groups nearly always have spread), or a pass/fail one (many
+# groups without spread at the start: what --filter_groups and --scale_rewards act on)
+TASKS: dict[str, dict[str, Any]] = {
+    "vowels": {},
+    "majority": {"reward_funcs": ["rloo.demo.toy:vowel_majority_reward"]},
+}
+DETERMINISTIC_KEYS_SKIP = ("time/", "memory/", "throughput/", "eps", "timestamp")
+
+
+def run_one(
+    workdir: Path, name: str, overrides: dict[str, Any], seed: int, updates: int, task: str
+) -> dict[str, Any]:
+    from rloo.demo.cli import build_config
+    from rloo.training.trainer import train
+
+    out = workdir / f"{name.split(' ')[0].replace('=', '-')}-{seed}"
+    cfg = build_config(out, updates=updates, arch="gpt_neox", seed=seed)
+    cfg = dataclasses.replace(
+        cfg, report_to="none", disable_tqdm=True, num_sample_generations=0, **TASKS[task], **overrides
+    )
+    t0 = time.perf_counter()
+    history = train(cfg).history
+    return {"seconds": time.perf_counter() - t0, "history": history}
+
+
+def _same(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> bool:
+    keep = lambda m: {k: v for k, v in m.items() if not k.startswith(DETERMINISTIC_KEYS_SKIP)}  # noqa: E731
+    return [keep(m) for m in a] == [keep(m) for m in b]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--updates", type=int, default=30)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("--only", nargs="*", help="option names (prefixes) to run beside the defaults")
+    parser.add_argument("--json", type=Path, help="write the summary here")
+    parser.add_argument("--task", choices=sorted(TASKS), default="vowels", help="the reward (see TASKS)")
+    args = parser.parse_args(argv)
+    names = [
+        n for n in OPTIONS if n == "defaults" or not args.only or any(n.startswith(o) for o in args.only)
+    ]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        base = {s: run_one(work, "defaults", {}, s, args.updates, args.task) for s in args.seeds}
+        off = run_one(work, "explicit-off", EXPLICIT_OFF, args.seeds[0], args.updates, args.task)
+        reproduced = _same(base[args.seeds[0]]["history"], off["history"])
+        for name in names:
+            runs = (
+                base
+                if name == "defaults"
+                else {s: run_one(work, name, OPTIONS[name], s, args.updates, args.task) for s in args.seeds}
+            )
+            first = statistics.mean(
+                statistics.mean(m["objective/scores"] for m in r["history"][:3]) for r in runs.values()
+            )
+            last = statistics.mean(
+                statistics.mean(m["objective/scores"] for m in r["history"][-5:]) for r in runs.values()
+            )
+            rows.append(
+                {
+                    "option": name,
+                    "score_first3": first,
+                    "score_last5": last,
+                    "kl_last": statistics.mean(r["history"][-1]["objective/kl"] for r in runs.values()),
+                    "entropy_last": statistics.mean(
+                        r["history"][-1]["policy/entropy_avg"] for r in runs.values()
+                    ),
+                    "seconds": statistics.mean(r["seconds"] for r in runs.values()),
+                    "extra": {
+                        k: statistics.mean(r["history"][-1][k] for r in runs.values())
+                        for k in runs[args.seeds[0]]["history"][-1]
+                        if k.startswith(
+                            ("filter_groups/", "clip_ratio/dual", "policy/top_entropy", "loss/entropy")
+                        )
+                    },
+                }
+            )
+    base_last = rows[0]["score_last5"]
+    print(
+        f"toy task ({args.task}), {args.updates} updates, seeds {args.seeds}; defaults == options spelled 'off': {reproduced}"
+    )
+    print("| option | score, first 3 | score, last 5 | vs defaults | KL, last | entropy, last | s/run |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        print(
+            f"| {r['option']} | {r['score_first3']:.3f} | {r['score_last5']:.3f} | "
+            f"{r['score_last5'] - base_last:+.3f} | {r['kl_last']:.3f} | {r['entropy_last']:.3f} | {r['seconds']:.1f} |"
+        )
+    for r in rows:
+        if r["extra"]:
+            print(f"{r['option']}: " + ", ".join(f"{k} {v:.3g}" for k, v in r["extra"].items()))
+    if args.json:
+        args.json.write_text(json.dumps({"reproduced": reproduced, "rows": rows}, indent=2))
+    return 0 if reproduced else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
