@@ -238,7 +238,7 @@ class RLOOConfig:
         0.0,
         "Entropy bonus: subtract entropy_coef x the policy's entropy (over the trained tokens, aggregated like "
         "the loss) from the loss, against entropy collapse. Default off.",
-        aliases=("entropy_coeff",),
+        aliases=("entropy_coeff", "entropy_loss_coef"),
     )
     top_entropy_quantile: float = option(
         1.0,

@@ -451,8 +451,12 @@ ROUND_TWO_RUNS: dict[str, dict[str, Any]] = {
 
 @pytest.mark.parametrize("options", ROUND_TWO_RUNS.values(), ids=list(ROUND_TWO_RUNS))
 def test_each_round_two_option_trains(make_config, options: dict[str, Any]) -> None:
-    history = train(make_config(reward_funcs=["rloo.demo.toy:vowel_majority_reward"], **options)).history
+    result = train(make_config(reward_funcs=["rloo.demo.toy:vowel_majority_reward"], **options))
+    history = result.history
     assert len(history) == 2
+    # recorded with the run's parameters
+    recorded = json.loads((Path(result.output_dir) / "rloo_config.json").read_text())
+    assert {k: recorded[k] for k in options} == options
     for m in history:
         bad = {k: v for k, v in m.items() if isinstance(v, float) and not math.isfinite(v)}
         assert not bad, bad
