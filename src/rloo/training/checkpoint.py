@@ -8,6 +8,14 @@ manifest as every upload (:mod:`rloo.storage.manifest`: every file with its size
 then renamed into place: a reader sees a complete checkpoint or none. A checkpoint whose files do not match
 its manifest (a truncated copy, a disk that filled up) is skipped with a warning in favour of the next
 newest; the resume check reads back the small state files' hashes and the weights' sizes.
+
+Under DeepSpeed (ZeRO) the optimizer state is split between the ranks and exists whole nowhere: every rank
+writes its part through the engine's own ``save_checkpoint`` into ``deepspeed/`` (:data:`ENGINE_DIR`) of the
+same temporary directory before the main process adds the rest (the policy's gathered full weights as
+``model.safetensors``, which transformers loads as ever; no ``optimizer.pt``) and seals it. A resume loads
+the weights and the optimizer state from there, on every rank, through the engine's ``load_checkpoint``.
+Every rank must then see the main process's output directory: one machine, or a filesystem all the nodes
+share.
 """
 
 from __future__ import annotations
@@ -37,6 +45,12 @@ STATE = "trainer_state.json"
 _NAME = re.compile(rf"^{PREFIX}(\d+)$")
 # On resume, weights are checked by size (truncation is what happens to them); small state files also by hash.
 _HASH_LIMIT = 16 * 2**20
+# Under DeepSpeed: the engine's checkpoint (``engine.save_checkpoint(<checkpoint>/ENGINE_DIR, ENGINE_TAG)``):
+# ENGINE_TAG/ holds the module states and each rank's partition of the optimizer state (and fp32 weights)
+ENGINE_DIR = "deepspeed"
+ENGINE_TAG = "engine"
+# a ZeRO partition file, one per data-parallel rank (bf16_... under ZeRO-1 with bf16)
+_ZERO_PARTITION = re.compile(r"^(bf16_)?zero_pp_rank_(\d+)_mp_rank_\d+_optim_states\.pt$")
 
 
 def rng_states() -> dict[str, Any]:
@@ -76,6 +90,20 @@ def set_rng_states(states: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(states["cuda"])
 
 
+def temporary_dir(output_dir: Path, update: int) -> Path:
+    """Where ``checkpoint-<update>`` is assembled before it is renamed into place (hidden, never resumed)."""
+    return output_dir / f".{PREFIX}{update}.tmp"
+
+
+def begin_checkpoint(output_dir: Path, update: int) -> Path:
+    """A fresh, empty :func:`temporary_dir` (what a save that died left there is removed)."""
+    tmp = temporary_dir(output_dir, update)
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    return tmp
+
+
 def save_checkpoint(
     output_dir: Path,
     update: int,
@@ -89,29 +117,37 @@ def save_checkpoint(
     total_limit: int | None = None,
     extra_files: list[Path] | None = None,
     reference_state: dict[str, torch.Tensor] | None = None,
+    model_state: dict[str, torch.Tensor] | None = None,
+    begun: bool = False,
 ) -> Path:
     """Write ``output_dir/checkpoint-<update>`` atomically and return its path.
 
     ``reference_state``: the reference model's weights (a run with --sync_ref_model, whose reference moves),
-    written to ``reference/model.safetensors`` (:mod:`rloo.training.ref_sync`); None writes no such file."""
+    written to ``reference/model.safetensors`` (:mod:`rloo.training.ref_sync`); None writes no such file.
+
+    Under DeepSpeed: ``model_state``, the policy's full weights where the model holds only its shards
+    (ZeRO-3), saved instead of ``model``'s own; ``optimizer`` None, its state being the engine's, which
+    every rank wrote into the :func:`begin_checkpoint` directory beforehand (``begun``: that directory is
+    kept and sealed with the rest)."""
     final = output_dir / f"{PREFIX}{update}"
-    tmp = output_dir / f".{PREFIX}{update}.tmp"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    optimizer_state = optimizer.state_dict()
+    tmp = temporary_dir(output_dir, update) if begun else begin_checkpoint(output_dir, update)
+    optimizer_state = optimizer.state_dict() if optimizer is not None else None
     # what this checkpoint takes on disk, for a full disk's message: weights, optimizer tensors, ~1 MiB of rest
     needed = (
-        tensor_bytes(model.state_dict().values())
-        + tensor_bytes(t for s in optimizer_state.get("state", {}).values() for t in s.values())
+        tensor_bytes((model.state_dict() if model_state is None else model_state).values())
+        + tensor_bytes(t for s in (optimizer_state or {}).get("state", {}).values() for t in s.values())
         + (tensor_bytes(reference_state.values()) if reference_state is not None else 0)
         + 2**20
     )
     try:
         with disk_full_as_one_line(final, needed, f"checkpoint {final.name}"):
-            model.save_pretrained(tmp, safe_serialization=True)
+            if model_state is None:
+                model.save_pretrained(tmp, safe_serialization=True)
+            else:
+                model.save_pretrained(tmp, state_dict=model_state, safe_serialization=True)
             tokenizer.save_pretrained(tmp)
-            torch.save(optimizer_state, tmp / "optimizer.pt")
+            if optimizer_state is not None:
+                torch.save(optimizer_state, tmp / "optimizer.pt")
             torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
             torch.save(rng_states(), tmp / "rng_state.pt")
             (tmp / "rloo_config.json").write_text(json.dumps(config, indent=2, default=str))
@@ -178,8 +214,24 @@ def latest_checkpoint(output_dir: Path) -> Path | None:
     return None
 
 
-def load_checkpoint(path: Path, *, model: Any, optimizer: Any, scheduler: Any) -> dict[str, Any]:
-    """Restore model, optimizer, scheduler and RNG states in place; return the trainer state."""
+def load_checkpoint(
+    path: Path, *, model: Any, optimizer: Any, scheduler: Any, engine: Any = None
+) -> dict[str, Any]:
+    """Restore model, optimizer, scheduler and RNG states in place; return the trainer state.
+
+    ``engine``: under DeepSpeed, the policy's engine, which loads the weights and the optimizer state from
+    :data:`ENGINE_DIR` on every rank (``model`` and ``optimizer`` are then not used); call it on every rank."""
+    if engine is not None:
+        load_engine_state(path, engine)
+    else:
+        _load_weights(path, model)
+        optimizer.load_state_dict(_load_state(path / "optimizer.pt"))
+    scheduler.load_state_dict(_load_state(path / "scheduler.pt"))
+    set_rng_states(_load_state(path / "rng_state.pt"))
+    return json.loads((path / STATE).read_text())
+
+
+def _load_weights(path: Path, model: Any) -> None:
     # through from_pretrained: transformers renames some keys between memory and disk (per architecture
     # and version), and only its own loader knows the mapping
     from rloo.training.lora import is_peft_model, load_adapter_weights
@@ -190,10 +242,42 @@ def load_checkpoint(path: Path, *, model: Any, optimizer: Any, scheduler: Any) -
         saved = type(model).from_pretrained(path, dtype=next(model.parameters()).dtype)
         model.load_state_dict(saved.state_dict())
         del saved
-    optimizer.load_state_dict(_load_state(path / "optimizer.pt"))
-    scheduler.load_state_dict(_load_state(path / "scheduler.pt"))
-    set_rng_states(_load_state(path / "rng_state.pt"))
-    return json.loads((path / STATE).read_text())
+
+
+# ------------------------------------------------------------------------------------------------------
+# DeepSpeed: the engine's own checkpoint inside ours
+def save_engine_state(tmp: Path, engine: Any) -> None:
+    """Every rank: the DeepSpeed ``engine``'s checkpoint (module states, this rank's partition of the optimizer
+    state) into ``tmp/ENGINE_DIR``, as accelerate's ``save_state`` does; it waits for every rank."""
+    engine.save_checkpoint(str(tmp / ENGINE_DIR), tag=ENGINE_TAG)
+
+
+def engine_world_size(path: Path) -> int | None:
+    """The number of data-parallel ranks the ZeRO optimizer state in ``path`` is split into (one partition
+    file each); None when it holds no ZeRO partitions (no DeepSpeed, or DeepSpeed without ZeRO)."""
+    folder = path / ENGINE_DIR / ENGINE_TAG
+    ranks = {m.group(2) for f in folder.glob("*.pt") if (m := _ZERO_PARTITION.match(f.name))}
+    return len(ranks) or None
+
+
+def load_engine_state(path: Path, engine: Any) -> None:
+    """Every rank: the weights and optimizer state of the DeepSpeed ``engine`` from ``path/ENGINE_DIR``.
+
+    DeepSpeed unpickles its files unrestricted, so each is first read back here as ``torch.load`` with
+    ``weights_only=True`` does (DeepSpeed's own config classes allowed, the tensors memory-mapped, not read):
+    a file naming anything else is refused in one line, as our own state files are. The learning-rate
+    schedule is ours (``scheduler.pt``), not the engine's."""
+    from rloo.training import deepspeed_utils
+
+    folder = path / ENGINE_DIR
+    allowed = deepspeed_utils.checkpoint_safe_globals()
+    for file in sorted((folder / ENGINE_TAG).glob("*.pt")):
+        _load_state(file, checkpoint=path, extra_globals=allowed, mmap=True)
+    loaded, _ = engine.load_checkpoint(
+        str(folder), tag=ENGINE_TAG, load_optimizer_states=True, load_lr_scheduler_states=False
+    )
+    if loaded is None:  # DeepSpeed only logs a warning when it finds no checkpoint files
+        raise ValueError(f"{ENGINE_DIR}/{ENGINE_TAG} holds no DeepSpeed checkpoint")
 
 
 def _numpy_array_globals() -> list[Any]:
@@ -208,18 +292,23 @@ def _numpy_array_globals() -> list[Any]:
     return [multiarray.multiarray._reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
 
 
-def _load_state(file: Path) -> Any:
-    """``torch.load`` of a state file with ``weights_only=True``: tensors and plain containers only. A file
-    naming anything else (a pickle that would construct arbitrary objects, i.e. run code) is refused in one
-    line, never unpickled."""
+def _load_state(
+    file: Path, *, checkpoint: Path | None = None, extra_globals: list[Any] | None = None, mmap: bool = False
+) -> Any:
+    """``torch.load`` of a state file with ``weights_only=True``: tensors and plain containers only (and
+    ``extra_globals``). A file naming anything else (a pickle that would construct arbitrary objects, i.e. run
+    code) is refused in one line, never unpickled. ``checkpoint``: the checkpoint directory the message names
+    (``file``'s directory by default)."""
+    checkpoint = file.parent if checkpoint is None else checkpoint
     try:
-        with torch.serialization.safe_globals(_numpy_array_globals()):
-            return torch.load(file, map_location="cpu", weights_only=True)
+        with torch.serialization.safe_globals([*_numpy_array_globals(), *(extra_globals or [])]):
+            # mmap=None (not False): torch's configured default, as a load without the argument
+            return torch.load(file, map_location="cpu", weights_only=True, mmap=True if mmap else None)
     except pickle.UnpicklingError as e:
         found = re.search(r"Unsupported global: GLOBAL (\S+)", str(e))
         what = f" (it names {found.group(1)})" if found else ""
         raise UserError(
-            f"cannot resume from {file.parent}: {file.name} holds more than tensors and plain containers{what}, "
-            "and unpickling it could run code, so it was not loaded; resume only from checkpoints this trainer "
-            "wrote, or pass --resume_from_checkpoint none to start over."
+            f"cannot resume from {checkpoint}: {file.relative_to(checkpoint)} holds more than tensors and plain "
+            f"containers{what}, and unpickling it could run code, so it was not loaded; resume only from "
+            "checkpoints this trainer wrote, or pass --resume_from_checkpoint none to start over."
         ) from None

@@ -4,6 +4,14 @@ Which files a run leaves and when: ``checkpoint-N`` directories (mirrored to obj
 set), the final model assembled out of sight and moved into place with its completion marker last, the
 upload of an s3:// output_dir, and the decision that a run is already complete or where it resumes from.
 The main process writes; a user error there (a full disk) is raised on every rank, so none waits forever.
+
+Under DeepSpeed every rank takes part in a checkpoint: the policy's full weights are gathered (ZeRO-3) for
+the main process to write, and each rank writes its partition of the optimizer state through the engine into
+the same temporary directory (:mod:`rloo.training.checkpoint`), which therefore has to be one that every rank
+sees: one machine, or, on several nodes, an output directory on a filesystem they all share. A save checks
+this and stops in one line otherwise (a checkpoint missing other nodes' partitions could never be resumed).
+The mirror and an s3:// output_dir's upload stay the main process's: with the directory shared, it sees every
+rank's files.
 """
 
 from __future__ import annotations
@@ -12,6 +20,7 @@ import json
 import logging
 import os
 import shutil
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,13 +28,18 @@ from typing import Any
 from rloo.diskspace import disk_full_as_one_line, honour_umask, tensor_bytes, write_bytes_atomic
 from rloo.errors import UserError
 from rloo.models import MERGED_SUBDIR, describe_value, find_bad_tensor
-from rloo.training import lora, ref_sync
+from rloo.training import deepspeed_utils, lora, ref_sync
 from rloo.training.checkpoint import (
+    ENGINE_DIR,
     PREFIX,
+    begin_checkpoint,
     checkpoint_problem,
+    engine_world_size,
     latest_checkpoint,
     load_checkpoint,
     save_checkpoint,
+    save_engine_state,
+    temporary_dir,
 )
 from rloo.training.collectives import Collectives
 from rloo.training.metrics import METRICS_FILE
@@ -40,6 +54,8 @@ FINAL_TMP = ".final-model.tmp"
 # written), an embedded MLflow store (a live sqlite file; MLFLOW_TRACKING_URI names a server to use) and the
 # staging directory's lock file.
 PUBLISH_EXCLUDE = ("checkpoint-*", ".checkpoint-*", "mlruns", FINAL_TMP, LOCK_NAME)
+# written by the main process into a checkpoint's temporary directory under DeepSpeed and read by every rank
+SHARED_PROBE = ".shared-by-every-rank"
 
 
 class CheckpointManager:
@@ -100,9 +116,13 @@ class CheckpointManager:
             )
 
     def save(self, out_dir: Path, update: int) -> Path:
-        """checkpoint-<update> in out_dir (written by the main process, mirrored when a mirror is set)."""
+        """checkpoint-<update> in out_dir (written by the main process, mirrored when a mirror is set); call it
+        on every rank. Under DeepSpeed every rank writes its share of the engine's state first."""
         path = out_dir / f"{PREFIX}{update}"
-        self.check_weights(update)
+        # under ZeRO-3 the weights are sharded: every rank takes part in assembling them (the main process
+        # gets them); elsewhere the main process's model holds them whole
+        model_state = self._gathered_policy_state()
+        self.check_weights(update, model_state)
         # under ZeRO-3 every rank helps assemble the reference's weights (the main process gets them)
         reference_state = (
             ref_sync.reference_state_dict(
@@ -111,6 +131,8 @@ class CheckpointManager:
             if self.reference is not None
             else None
         )
+        if self.deepspeed:
+            self._save_engine(out_dir, update)
 
         def write() -> None:
             save_checkpoint(
@@ -118,7 +140,8 @@ class CheckpointManager:
                 update,
                 model=self.accelerator.unwrap_model(self.policy),
                 tokenizer=self.tokenizer,
-                optimizer=self.optimizer,
+                # under DeepSpeed the optimizer's state is the engine's, written above by every rank
+                optimizer=None if self.deepspeed else self.optimizer,
                 scheduler=self.scheduler,
                 state=self.trainer_state(update),
                 config=self.cfg.to_dict(),
@@ -126,6 +149,8 @@ class CheckpointManager:
                 # the metrics so far travel with the checkpoint, so a fresh machine resumes them too
                 extra_files=[out_dir / METRICS_FILE],
                 reference_state=reference_state,
+                model_state=model_state,
+                begun=self.deepspeed,
             )
             if self.mirror is not None:
                 self.mirror.submit(path)
@@ -133,6 +158,50 @@ class CheckpointManager:
         self.on_main(write)
         self.accelerator.wait_for_everyone()
         return path
+
+    def _gathered_policy_state(self) -> dict[str, Any] | None:
+        """The policy's full state dict under ZeRO-3 (on the main process; {} elsewhere), None otherwise."""
+        if not (self.deepspeed and deepspeed_utils.is_zero3(self.accelerator)):
+            return None
+        return dict(self.accelerator.get_state_dict(self.policy) or {})
+
+    def _save_engine(self, out_dir: Path, update: int) -> None:
+        """Every rank: the DeepSpeed engine's checkpoint into checkpoint-<update>'s temporary directory, which
+        the main process starts afresh and every rank must see (a UserError on every rank otherwise)."""
+        tmp = temporary_dir(out_dir, update)
+        token = None
+        if self.accelerator.is_main_process:
+            begin_checkpoint(out_dir, update)
+            token = uuid.uuid4().hex
+            (tmp / SHARED_PROBE).write_text(token)
+        token = self.comm.broadcast(token)  # after the main process wrote it
+        try:
+            seen = (tmp / SHARED_PROBE).read_text() == token
+        except OSError:
+            seen = False
+        blind = self.comm.any(not seen, self.accelerator.device)
+        if self.accelerator.is_main_process:
+            (tmp / SHARED_PROBE).unlink()
+            if blind:
+                shutil.rmtree(tmp, ignore_errors=True)
+        if blind:
+            raise UserError(
+                f"checkpoint {PREFIX}{update}: under DeepSpeed every process writes its part of the optimizer "
+                f"state into {out_dir}, and some processes do not see what the main process writes there "
+                "(a disk of each node's own?): give --output_dir (or --local_dir) a filesystem that every node "
+                "shares, or run on one node."
+            )
+        # each rank's partition of the optimizer state, fp32 weights and moments: ~12 bytes per parameter
+        needed = 12 * sum(getattr(p, "ds_numel", p.numel()) for p in self.policy.parameters()) // self.world
+        try:
+            with disk_full_as_one_line(out_dir / f"{PREFIX}{update}", needed, f"checkpoint {PREFIX}{update}"):
+                save_engine_state(tmp, self.policy)
+        except BaseException:
+            # a rank that fails here leaves the others waiting in DeepSpeed's barrier: it exits, and the
+            # launcher stops them; what was written is removed where the main process can
+            if self.accelerator.is_main_process:
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise
 
     def save_final(self, out_dir: Path) -> None:
         """The trained model + tokenizer (safetensors) in output_dir, and a marker that training is done."""
@@ -269,12 +338,15 @@ class CheckpointManager:
             log.warning(
                 "%s was written with --sync_ref_model: this run keeps the original reference model", path
             )
+        self._check_layout(path)
         try:
             st = load_checkpoint(
                 path,
                 model=self.accelerator.unwrap_model(self.policy),
                 optimizer=self.optimizer,
                 scheduler=self.scheduler,
+                # under DeepSpeed the engine loads the weights and its optimizer state, on every rank
+                engine=self.policy if self.deepspeed else None,
             )
             if self.reference is not None:
                 ref_sync.load_reference(
@@ -293,6 +365,32 @@ class CheckpointManager:
             )
         log.info("resumed from %s (update %d of %d)", path, st["update"], self.num_updates)
         return st
+
+    def _check_layout(self, path: Path) -> None:
+        """A one-line UserError for a checkpoint this run cannot read: one written with DeepSpeed (its optimizer
+        state split between the ranks) resumed without, or the other way round, or one whose ZeRO partitions
+        are for another number of processes (DeepSpeed does not split them anew)."""
+        written_with = (path / ENGINE_DIR).is_dir()
+        if written_with and not self.deepspeed:
+            raise UserError(
+                f"cannot resume from {path}: it was written under DeepSpeed (its optimizer state is in "
+                f"{ENGINE_DIR}/, split between the processes), which a run without DeepSpeed cannot read; resume "
+                "it with the same DeepSpeed config, or pass --resume_from_checkpoint none to start over."
+            )
+        if self.deepspeed and not written_with:
+            raise UserError(
+                f"cannot resume from {path}: it was written without DeepSpeed (its optimizer state is in "
+                "optimizer.pt), which a run under DeepSpeed cannot read; resume it without DeepSpeed, or pass "
+                "--resume_from_checkpoint none to start over."
+            )
+        saved_world = engine_world_size(path) if self.deepspeed else None
+        if saved_world is not None and saved_world != self.world:
+            raise UserError(
+                f"cannot resume from {path}: it was written by a DeepSpeed run of {saved_world} processes, whose "
+                f"ZeRO optimizer state is split {saved_world} ways, and DeepSpeed cannot split it anew for "
+                f"{self.world}; resume on {saved_world} processes, or pass --resume_from_checkpoint none to start "
+                "over."
+            )
 
     def _restore_from_mirror(self, out_dir: Path) -> Path | None:
         """A fresh machine: fetch the newest complete mirrored checkpoint (and its metrics) into out_dir."""

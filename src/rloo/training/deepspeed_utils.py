@@ -17,6 +17,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 __all__ = [
+    "checkpoint_safe_globals",
     "fill_deepspeed_config",
     "gather_for_generation",
     "gathered",
@@ -135,6 +136,18 @@ def fill_deepspeed_config(
     cfg["gradient_accumulation_steps"] = gradient_accumulation_steps
     cfg["train_batch_size"] = micro_batch_size * gradient_accumulation_steps * world
     cfg["gradient_clipping"] = float(max_grad_norm)
+
+
+def checkpoint_safe_globals() -> list[Any]:
+    """What DeepSpeed's checkpoint files name besides tensors and plain containers (the ZeRO stage, the loss
+    scaler, the partitions' bookkeeping): allowed when they are read with ``torch.load(weights_only=True)``.
+    Each is rebuilt from plain values (an enum member, an object's attributes), which runs no code of the
+    file's choosing."""
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    return [ZeroStageEnum, LossScaler, DynamicLossScaler, fragment_address]
 
 
 def prepare_reference_model(model: Any, accelerator: Any) -> Any:

@@ -522,7 +522,10 @@ class RLOOTrainer:
         k = self.cfg.rloo_k
         bs = max(k, self.cfg.local_rollout_forward_batch_size // k * k)
         b = ro.responses.size(0)
-        with torch.inference_mode():  # cheaper dispatch than no_grad
+        # inference_mode dispatches cheaper than no_grad, but under ZeRO-3 a small (persistent) parameter
+        # first gathered here would stay an inference tensor, which the training forward cannot save
+        no_grad = torch.no_grad if deepspeed_utils.is_zero3(self.accelerator) else torch.inference_mode
+        with no_grad():
             out = torch.cat(
                 [
                     self.forward_logprobs(model, ro, torch.arange(i, min(i + bs, b)))[0]

@@ -1,0 +1,171 @@
+"""DeepSpeed runs killed after a checkpoint and resumed: real DeepSpeed (ZeRO-2 and ZeRO-3, CPU, gloo), two
+processes launched by ``accelerate launch`` with the project's DeepSpeed configs (their bf16 included),
+through tests/fixtures/deepspeed_cpu.py (DeepSpeed on CPU; every ZeRO-3 parameter kept partitioned, as a
+real model's large ones are); skipped without deepspeed.
+
+A ZeRO checkpoint holds the policy's full weights (``model.safetensors``, gathered from the shards) and the
+engine's own checkpoint (``deepspeed/``: each rank's partition of the optimizer state and fp32 weights); the
+resumed run must end where an uninterrupted one ends, bit for bit (CPU, one thread per process, two ranks
+both times: the same reductions in the same order).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file
+
+from rloo.models import load_causal_lm
+from rloo.training.checkpoint import ENGINE_DIR, ENGINE_TAG, MANIFEST, checkpoint_problem
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIGS = ROOT / "configs" / "accelerate"
+LAUNCHER = ROOT / "tests" / "fixtures" / "deepspeed_cpu.py"
+TIMING = ("time/", "memory/", "throughput/", "eps", "timestamp")  # measurements, not results
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _args(tiny, toy_data: Path, out: Path) -> list[str]:
+    flags: dict[str, object] = {
+        "model_name_or_path": tiny.policy,
+        "reward_funcs": "rloo.demo.toy:letter_reward",
+        "dataset_name": toy_data,
+        "output_dir": out,
+        "per_device_train_batch_size": 4,  # x 2 processes: 2 prompts x k=4 per update
+        "rloo_k": 4,
+        "num_ppo_epochs": 2,
+        "response_length": 6,
+        "learning_rate": 5e-3,
+        "temperature": 1.0,
+        "max_steps": 4,
+        "save_steps": 2,
+        "num_sample_generations": 0,
+        "seed": 5,
+    }
+    argv = ["train", "--disable_tqdm"]
+    for k, v in flags.items():
+        argv += [f"--{k}", str(v)]
+    return argv
+
+
+def _launch(
+    config: str, argv: list[str], kill_at: str = "never", **extra_env: str
+) -> subprocess.CompletedProcess[str]:
+    """``rloo`` on two DeepSpeed processes (the config's ZeRO stage and bf16), SIGKILLed at ``kill_at``."""
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIGS / config)]
+    cmd += ["--num_processes", "2", "--main_process_port", str(_free_port())]
+    env = {
+        **os.environ,
+        "CUDA_VISIBLE_DEVICES": "",  # DeepSpeed's CPU accelerator, gloo between the ranks
+        "OMP_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "PYTHONWARNINGS": "ignore",
+        **extra_env,
+    }
+    return subprocess.run(
+        [*cmd, str(LAUNCHER), kill_at, *argv],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+        cwd=ROOT,
+    )
+
+
+def _metrics(out: Path) -> list[dict]:
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if not k.startswith(TIMING)} for r in rows]
+
+
+def _shapes(file: Path) -> dict[str, list[int]]:
+    with safe_open(str(file), framework="pt") as f:
+        return {name: list(f.get_slice(name).get_shape()) for name in f.keys()}  # noqa: SIM118
+
+
+@pytest.mark.parametrize(("config", "stage"), [("deepspeed_zero3.yaml", 3), ("deepspeed_zero2.yaml", 2)])
+def test_killed_deepspeed_run_resumes_to_the_same_weights(
+    tiny, toy_data: Path, tmp_path: Path, config: str, stage: int
+) -> None:
+    pytest.importorskip("deepspeed")
+    straight, out = tmp_path / "straight", tmp_path / "out"
+    proc = _launch(config, _args(tiny, toy_data, straight))
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    # killed in update index 3 (the 4th), on both ranks: checkpoint-2 is the newest complete one
+    killed = _launch(config, _args(tiny, toy_data, out), kill_at="3:optimization")
+    assert killed.returncode != 0  # the launcher's, for its SIGKILLed processes
+    assert [p.name for p in out.glob("checkpoint-*")] == ["checkpoint-2"]
+    ckpt = out / "checkpoint-2"
+    assert checkpoint_problem(ckpt) is None
+    # the policy's full weights, gathered from the shards: what transformers loads from a checkpoint
+    initial = _shapes(Path(tiny.policy) / "model.safetensors")
+    saved = _shapes(ckpt / "model.safetensors")
+    assert saved == initial, (saved, initial)  # full-size tensors, not ZeRO-3's empty shards
+    trained, start = (
+        load_file(str(ckpt / "model.safetensors")),
+        load_file(str(Path(tiny.policy) / "model.safetensors")),
+    )
+    assert any(not torch.equal(trained[k], start[k].to(trained[k].dtype)) for k in start)  # trained ones
+    model = load_causal_lm(str(ckpt), flag="model_name_or_path")  # transformers reads them
+    embed = trained["gpt_neox.embed_in.weight"]
+    assert torch.equal(model.get_input_embeddings().weight.detach().to(embed.dtype), embed)
+
+    resumed = _launch(config, _args(tiny, toy_data, out))
+    assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-4000:]
+    assert "resumed from" in resumed.stdout + resumed.stderr
+
+    # the layout: no optimizer.pt; the engine's checkpoint, one optimizer-state partition per rank, sealed
+    assert not (ckpt / "optimizer.pt").exists()
+    engine = ckpt / ENGINE_DIR / ENGINE_TAG
+    modules = sorted(p.name for p in engine.glob("*model_states.pt"))
+    assert modules == (  # ZeRO-3: each rank's module shards; ZeRO-2: the (whole) module once
+        [f"zero_pp_rank_{r}_mp_rank_00_model_states.pt" for r in (0, 1)]
+        if stage == 3
+        else ["mp_rank_00_model_states.pt"]
+    ), modules
+    partitions = sorted(p.name for p in engine.glob("*optim_states.pt"))
+    assert partitions == [f"bf16_zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in (0, 1)], partitions
+    sealed = (ckpt / MANIFEST).read_text()
+    assert all(f"{ENGINE_DIR}/{ENGINE_TAG}/{name}" in sealed for name in modules + partitions)
+
+    # the resumed run ends where the uninterrupted one does, bit for bit
+    w_straight, w_resumed = (
+        load_file(str(straight / "model.safetensors")),
+        load_file(str(out / "model.safetensors")),
+    )
+    assert w_straight.keys() == w_resumed.keys()
+    assert all(torch.equal(w_straight[k], w_resumed[k]) for k in w_straight), [
+        k for k in w_straight if not torch.equal(w_straight[k], w_resumed[k])
+    ]
+    assert _metrics(out) == _metrics(straight)
+    assert [m["update"] for m in _metrics(out)] == [1, 2, 3, 4]
+
+
+def test_zero3_off_policy_run_with_persistent_parameters_trains(tiny, toy_data: Path, tmp_path: Path) -> None:
+    """DeepSpeed's default persistence threshold keeps small parameters (a real model's biases and norms)
+    whole once gathered. Gathered first inside the no-grad rollout forward of an off-policy run (two epochs),
+    under inference_mode they became inference tensors, and the first training step failed with "Inference
+    tensors cannot be saved for backward"."""
+    pytest.importorskip("deepspeed")
+    out = tmp_path / "out"
+    argv = _args(tiny, toy_data, out)
+    argv[argv.index("--max_steps") + 1] = "2"
+    proc = _launch("deepspeed_zero3.yaml", argv, DS_PERSISTENCE_THRESHOLD="100000")
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    assert [m["update"] for m in _metrics(out)] == [1, 2]
