@@ -6,7 +6,6 @@ the check that every rank sees the checkpoint's directory. Real engines: tests/i
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -18,6 +17,7 @@ from rloo.storage.manifest import write_manifest
 from rloo.training.checkpoint import ENGINE_DIR, ENGINE_TAG, checkpoint_problem, list_checkpoints
 from rloo.training.checkpoint_manager import CheckpointManager
 from rloo.training.collectives import Collectives
+from tests.fixtures.checkpoints import manager_config
 from tests.fixtures.planted import plant
 
 
@@ -33,14 +33,7 @@ def _manager(setup: Any, *, deepspeed: bool, resume: str = "latest", comm: Any =
 
     policy = load_causal_lm(str(setup.policy), flag="model_name_or_path")
     opt = torch.optim.AdamW(policy.parameters(), lr=1e-3)
-    cfg = SimpleNamespace(
-        to_dict=lambda: {"seed": 1},
-        save_total_limit=None,
-        learning_rate=1e-3,
-        resume_from_checkpoint=resume,
-        mirror_uri=None,
-        use_peft=False,
-    )
+    cfg = manager_config(resume)
     return CheckpointManager(
         accelerator=Accelerator(cpu=True),
         cfg=cfg,

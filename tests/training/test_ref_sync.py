@@ -18,6 +18,7 @@ from rloo.training import ref_sync
 from rloo.training.checkpoint import MANIFEST, checkpoint_problem
 from rloo.training.checkpoint_manager import CheckpointManager
 from rloo.training.ref_sync import matched_parameters, mix_into, should_sync, sync_reference
+from tests.fixtures.checkpoints import manager_config
 
 
 class Toy(torch.nn.Module):
@@ -177,14 +178,7 @@ def _manager(
 ) -> tuple[CheckpointManager, Any]:
     ref, policy = _models(setup)
     opt = torch.optim.AdamW(policy.parameters(), lr=1e-3)
-    cfg = SimpleNamespace(
-        to_dict=lambda: {"seed": 1},
-        save_total_limit=None,
-        learning_rate=1e-3,
-        resume_from_checkpoint=resume,
-        mirror_uri=None,
-        use_peft=False,
-    )
+    cfg = manager_config(resume)
     acc = _accelerator()
     manager = CheckpointManager(
         accelerator=acc,
