@@ -36,7 +36,7 @@ OPTIONS: dict[str, dict[str, Any]] = {
     "entropy_coef=0.01": {"entropy_coef": 0.01},
     "top_entropy_quantile=0.2 (token-mean)": {"top_entropy_quantile": 0.2, "loss_agg_mode": "token-mean"},
     "token-mean alone": {"loss_agg_mode": "token-mean"},
-    "overlong_buffer_len=4": {"overlong_buffer_len": 4},
+    "overlong_buffer_len=4": {"overlong_buffer_len": 4, "stop_token": "eos"},
     "sync_ref_model (every 5)": {"sync_ref_model": True, "ref_model_sync_steps": 5},
 }
 # the defaults spelled out: must give the defaults' metrics exactly

@@ -353,6 +353,7 @@ def test_round_two_options_accept_good_values() -> None:
         top_entropy_quantile=0.2,
         overlong_buffer_len=10,
         overlong_penalty_factor=0.5,
+        stop_token="eos",
         sync_ref_model=True,
         ref_model_sync_steps=2,
         use_vllm=True,
@@ -386,13 +387,19 @@ ROUND_TWO_BAD = [
         r"token_mask weighs each token, which needs a per-token loss",
     ),
     ({"vllm_importance_sampling_mode": "sequence_mask"}, r"--vllm_importance_sampling_mode applies to"),
-    ({"overlong_buffer_len": 54}, r"--overlong_buffer_len must be in \[0, response_length=53\]"),
+    (
+        {"overlong_buffer_len": 54, "stop_token": "eos"},
+        r"--overlong_buffer_len must be in \[0, response_length=53\]",
+    ),
+    ({"overlong_buffer_len": 4}, r"--overlong_buffer_len needs --stop_token eos or --stop_token_id"),
     (
         {"sync_ref_model": True, "use_peft": True},
         r"--sync_ref_model cannot move the reference with --use_peft",
     ),
     ({"sync_ref_model": True, "ref_model_mixup_alpha": 0.0}, r"--ref_model_mixup_alpha must be in \(0, 1\]"),
-    ({"ref_model_sync_steps": 0}, r"--ref_model_sync_steps must be >= 1"),
+    ({"sync_ref_model": True, "ref_model_sync_steps": 0}, r"--ref_model_sync_steps must be >= 1"),
+    ({"ref_model_sync_steps": 8}, r"--ref_model_mixup_alpha and --ref_model_sync_steps set --sync_ref_model"),
+    ({"overlong_penalty_factor": 0.5}, r"--overlong_penalty_factor .* --overlong_buffer_len turns on"),
     ({"length_corr_warn_threshold": 1.5}, r"--length_corr_warn_threshold must be a correlation in \[-1, 1\]"),
 ]
 

@@ -1,7 +1,8 @@
 """Typed, validated configuration for the training stage.
 
 Field names and defaults follow the classic RLOO trainer (TRL <= 0.21) so its command lines work
-unchanged; the current trainer's names (TRL >= 0.22) are accepted as aliases (``ALIASES``). Every field
+unchanged; the current trainer's names (TRL >= 0.22), and verl's or OpenRLHF's spellings of options TRL
+lacks, are accepted as aliases (``ALIASES``). Every field
 carries a one-line help string that ``rloo train --help`` prints.
 
 Validation happens at construction: a bad value raises :class:`rloo.errors.UserError` naming the field
@@ -221,8 +222,9 @@ class RLOOConfig:
     importance_sampling_level: str = option(
         "auto",
         "Importance ratio: 'token' (one per token), 'sequence' (GSPO: exp of the mean per-token log-ratio of "
-        "the completion, for all its tokens) or 'auto' (the classic summed sequence ratio with "
-        "--loss_agg_mode seq-mean-token-sum, per token otherwise).",
+        "the completion, for all its tokens; GSPO's objective with --loss_agg_mode seq-mean-token-mean) or "
+        "'auto' (the classic summed sequence ratio with --loss_agg_mode seq-mean-token-sum, per token "
+        "otherwise).",
     )
     clip_ratio_c: float | None = option(
         None,
@@ -236,15 +238,16 @@ class RLOOConfig:
     )
     entropy_coef: float = option(
         0.0,
-        "Entropy bonus: subtract entropy_coef x the policy's entropy (over the trained tokens, aggregated like "
-        "the loss) from the loss, against entropy collapse. Default off.",
+        "Entropy bonus: subtract entropy_coef x the policy's entropy (over the completion tokens the loss "
+        "covers, all of them with --top_entropy_quantile; aggregated like the loss) from the loss, against "
+        "entropy collapse. Default off.",
         aliases=("entropy_coeff", "entropy_loss_coef"),
     )
     top_entropy_quantile: float = option(
         1.0,
-        "Train only on the tokens whose entropy is in the top quantile of the batch's ('Beyond the 80/20 "
-        "rule': 0.2); 1.0 trains on every token. Needs a per-token loss (not the default summed sequence "
-        "ratio): set --loss_agg_mode or --importance_sampling_level.",
+        "Train only on the tokens whose entropy is in the top quantile of the micro-batch's tokens on all "
+        "ranks ('Beyond the 80/20 rule': 0.2); 1.0 trains on every token. Needs a per-token loss (not the "
+        "default summed sequence ratio): set --loss_agg_mode or --importance_sampling_level.",
     )
     overlong_buffer_len: int = option(
         0,
@@ -664,16 +667,21 @@ class RLOOConfig:
                 "--top_entropy_quantile trains on some tokens of a completion, which needs a per-token loss: add "
                 "--loss_agg_mode token-mean (or another mode) or --importance_sampling_level token|sequence."
             )
+        if self.vllm_importance_sampling_mode != "auto" and not self.vllm_importance_sampling_correction:
+            raise UserError(
+                "--vllm_importance_sampling_mode applies to --vllm_importance_sampling_correction: add it, or "
+                "drop the mode."
+            )
         if self.vllm_importance_sampling_mode.startswith("token_") and self.classic_sequence_ratio:
             raise UserError(
                 f"--vllm_importance_sampling_mode {self.vllm_importance_sampling_mode} weighs each token, which "
                 "needs a per-token loss: choose sequence_truncate or sequence_mask, or set --loss_agg_mode or "
                 "--importance_sampling_level."
             )
-        if self.vllm_importance_sampling_mode != "auto" and not self.vllm_importance_sampling_correction:
+        if self.overlong_buffer_len and self.stop_token is None and self.stop_token_id is None:
             raise UserError(
-                "--vllm_importance_sampling_mode applies to --vllm_importance_sampling_correction: add it, or "
-                "drop the mode."
+                "--overlong_buffer_len needs --stop_token eos or --stop_token_id: without a stop token every "
+                "completion runs to --response_length and would pay the whole penalty."
             )
         if not 0 <= self.overlong_buffer_len <= self.response_length:
             raise UserError(
@@ -683,6 +691,18 @@ class RLOOConfig:
         if not (math.isfinite(self.overlong_penalty_factor) and self.overlong_penalty_factor >= 0):
             raise UserError(
                 f"--overlong_penalty_factor must be a finite number >= 0 (got {self.overlong_penalty_factor})."
+            )
+        if self.overlong_penalty_factor != 1.0 and not self.overlong_buffer_len:
+            raise UserError(
+                "--overlong_penalty_factor sets the soft overlong penalty, which --overlong_buffer_len turns on: "
+                "add --overlong_buffer_len N, or drop --overlong_penalty_factor."
+            )
+        if not self.sync_ref_model and (
+            self.ref_model_mixup_alpha != 0.6 or self.ref_model_sync_steps != 512
+        ):
+            raise UserError(
+                "--ref_model_mixup_alpha and --ref_model_sync_steps set --sync_ref_model: add --sync_ref_model, "
+                "or drop them."
             )
         if self.sync_ref_model and self.use_peft:
             raise UserError(

@@ -139,6 +139,9 @@ class Generator(Protocol):
 
     # polled between sampling steps where the backend can stop early (a pending preemption); None: never
     should_stop: Callable[[], bool] | None
+    # the trainer's count of optimizer steps so far: a backend holding its own copy of the weights (vLLM)
+    # refreshes it only when this changed; None: unknown, refresh every time
+    weights_version: int | None
 
     def generate(
         self,
@@ -193,6 +196,7 @@ class TransformersGenerator:
         self.synced_steps = synced_steps
         # polled between decode steps: a pending SIGTERM stops a long generation within one step
         self.should_stop: Callable[[], bool] | None = None
+        self.weights_version: int | None = None  # unused: it decodes with the live policy
 
     @classmethod
     def from_settings(
@@ -216,7 +220,6 @@ class TransformersGenerator:
             compile_decode=settings.compile_generation,
         )
 
-    @torch.inference_mode()  # cheaper dispatch than no_grad; outputs are cloned out of it below
     def generate(
         self,
         prompt_ids: torch.Tensor,
@@ -228,17 +231,22 @@ class TransformersGenerator:
         return_logprobs: bool = False,
     ) -> Generated:
         prompts_per_chunk = max(1, self.batch_size // k)
-        chunks = [
-            self._generate_chunk(
-                prompt_ids[i : i + prompts_per_chunk],
-                prompt_mask[i : i + prompts_per_chunk],
-                k,
-                params,
-                seeds[i * k : (i + prompts_per_chunk) * k],
-                return_logprobs,
-            )
-            for i in range(0, prompt_ids.size(0), prompts_per_chunk)
-        ]
+        # inference_mode dispatches cheaper than no_grad (outputs are cloned out of it below), but decoding
+        # from ZeRO-3 shards (synced steps) gathers parameters in here: a small (persistent) one gathered
+        # first here would stay an inference tensor, which the training forward cannot save for backward
+        no_grad = torch.no_grad if self.synced_steps else torch.inference_mode
+        with no_grad():
+            chunks = [
+                self._generate_chunk(
+                    prompt_ids[i : i + prompts_per_chunk],
+                    prompt_mask[i : i + prompts_per_chunk],
+                    k,
+                    params,
+                    seeds[i * k : (i + prompts_per_chunk) * k],
+                    return_logprobs,
+                )
+                for i in range(0, prompt_ids.size(0), prompts_per_chunk)
+            ]
         width = max(c.tokens.size(1) for c in chunks)
 
         def cat(parts: list[torch.Tensor], value: float) -> torch.Tensor:

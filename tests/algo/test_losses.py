@@ -549,3 +549,23 @@ def test_every_level_ignores_garbage_at_padding_with_all_options(level, adv_dim)
     loss.backward()
     assert torch.isfinite(loss) and torch.isfinite(new.grad).all() and new.grad[~mask].eq(0).all()
     assert all(torch.isfinite(v) for v in vars(stats).values())
+
+
+def test_gspo_ratio_over_the_whole_completion_while_the_loss_trains_some_tokens() -> None:
+    # one completion of 3 tokens, log-ratios 0.3, 0.0, -0.6: over all of them the mean is -0.1, so
+    # s = e^-0.1 = 0.9048; over the first token alone it would be e^0.3. The loss trains token 0 only
+    # (a top-entropy mask): A = 1, seq-mean-token-sum -> loss = -A * s = -0.9048 (inside the clip range)
+    new = torch.tensor([[0.3, 0.0, -0.6]], requires_grad=True)
+    old = torch.zeros(1, 3)
+    trained = torch.tensor([[True, False, False]])
+    whole = torch.ones(1, 3, dtype=torch.bool)
+    adv = torch.tensor([1.0])
+    loss, _ = policy_loss(new, old, adv, trained, 0.2, importance_sampling_level="sequence", ratio_mask=whole)
+    assert loss.item() == pytest.approx(-math.exp(-0.1), rel=1e-6)
+    without, _ = policy_loss(new, old, adv, trained, 0.2, importance_sampling_level="sequence")
+    # the ratio of the trained token alone, e^0.3 = 1.35, is clipped at 1.2: loss -1.2
+    assert without.item() == pytest.approx(-1.2, rel=1e-6)
+    with pytest.raises(ValueError, match="ratio_mask must be a bool tensor"):
+        policy_loss(
+            new, old, adv, trained, 0.2, importance_sampling_level="sequence", ratio_mask=whole.float()
+        )

@@ -4,6 +4,8 @@ tiny random-init reward model; the agreement checked against a computation of it
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import math
 from pathlib import Path
@@ -63,9 +65,21 @@ def runs(tiny_setup: TinySetup, toy_eval: Path, judge: Any, tmp_path_factory: py
     out = {"with": root / "with", "without": root / "without"}
     # sampled (temperature 1, seeded): varied outputs, so that the judge decides pairs both ways
     rm = ["--reward_model_path", str(tiny_setup.reward_model)]
-    assert main(argv(tiny_setup, toy_eval, judge.base_url, out["with"], *rm)) == 0
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert main(argv(tiny_setup, toy_eval, judge.base_url, out["with"], *rm)) == 0
     assert main(argv(tiny_setup, toy_eval, judge.base_url, out["without"])) == 0
-    return out
+    return {**out, "printed": printed.getvalue()}
+
+
+def test_the_console_says_the_agreement(runs: dict) -> None:
+    results, _ = read(runs["with"])
+    a = results["judge_rm_agreement"]
+    line = next(x for x in runs["printed"].splitlines() if x.startswith("judge/reward-model agreement"))
+    assert line.startswith(
+        f"judge/reward-model agreement {100 * a['estimate']:.1f}% [{100 * a['low']:.1f}, {100 * a['high']:.1f}] "
+        f"over {a['n']} decided pairs"
+    ), line
 
 
 def read(out: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:

@@ -157,15 +157,19 @@ def test_killed_deepspeed_run_resumes_to_the_same_weights(
     assert [m["update"] for m in _metrics(out)] == [1, 2, 3, 4]
 
 
-def test_zero3_off_policy_run_with_persistent_parameters_trains(tiny, toy_data: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("gather", ["true", "false"], ids=["gathered_generation", "generation_from_shards"])
+def test_zero3_off_policy_run_with_persistent_parameters_trains(
+    tiny, toy_data: Path, tmp_path: Path, gather: str
+) -> None:
     """DeepSpeed's default persistence threshold keeps small parameters (a real model's biases and norms)
     whole once gathered. Gathered first inside the no-grad rollout forward of an off-policy run (two epochs),
-    under inference_mode they became inference tensors, and the first training step failed with "Inference
-    tensors cannot be saved for backward"."""
+    or inside generation from the shards, under inference_mode they became inference tensors, and the first
+    training step failed with "Inference tensors cannot be saved for backward"."""
     pytest.importorskip("deepspeed")
     out = tmp_path / "out"
     argv = _args(tiny, toy_data, out)
     argv[argv.index("--max_steps") + 1] = "2"
+    argv += ["--ds3_gather_for_generation", gather]
     proc = _launch("deepspeed_zero3.yaml", argv, DS_PERSISTENCE_THRESHOLD="100000")
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     assert [m["update"] for m in _metrics(out)] == [1, 2]

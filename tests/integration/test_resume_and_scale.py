@@ -239,6 +239,7 @@ ROUND_TWO_FLAGS: dict[str, object] = dict(
     entropy_coef=0.01,
     top_entropy_quantile=0.5,
     overlong_buffer_len=2,
+    stop_token="eos",
     sync_ref_model="true",
     ref_model_sync_steps=2,
 )
@@ -306,9 +307,14 @@ def test_two_processes_match_one(tiny, toy_data: Path, tmp_path: Path, options: 
         assert yardstick < 1e-3, yardstick
     if options is ROUND_TWO_FLAGS:
         # not the yardstick: --top_entropy_quantile takes its threshold over a micro-batch on all ranks,
-        # which smaller micro-batches on one process change (two ranks x 4 = one x 8 do not)
-        assert _metric_gap(m1, m2) <= 1e-3, _metric_gap(m1, m2)
-        assert [m["filter_groups/replaced"] for m in m1] == [m["filter_groups/replaced"] for m in m2]
+        # which smaller micro-batches on one process change (two ranks x 4 = one x 8 do not). The rollouts
+        # of every update (so the weights they were sampled with) agree; the loss statistics are means of
+        # per-micro-batch means, which completions of unequal lengths (a stop token) weigh by layout
+        for a, b in zip(m1, m2, strict=True):
+            for key in ROLLOUT_STATS:
+                assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), (a["update"], key)
+            assert a["filter_groups/replaced"] == b["filter_groups/replaced"]
+            assert a["loss/policy_avg"] == pytest.approx(b["loss/policy_avg"], rel=1e-3, abs=1e-5)
     else:
         assert _metric_gap(m1, m2) <= max(10 * yardstick, 1e-3), (_metric_gap(m1, m2), yardstick)
     w0, w1, w1_small, w2 = _weights_init(tiny), _weights(one), _weights(one_small), _weights(two)

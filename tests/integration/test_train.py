@@ -444,7 +444,7 @@ ROUND_TWO_RUNS: dict[str, dict[str, Any]] = {
     "dual_clip_and_delta": dict(clip_ratio_c=3.0, delta=1.5, num_ppo_epochs=2),
     "entropy_bonus": dict(entropy_coef=0.01),
     "top_entropy": dict(top_entropy_quantile=0.2, loss_agg_mode="token-mean"),
-    "overlong": dict(overlong_buffer_len=3),
+    "overlong": dict(overlong_buffer_len=3, stop_token="eos"),
     "sync_ref_model": dict(sync_ref_model=True, ref_model_sync_steps=1),
 }
 
@@ -469,9 +469,11 @@ def test_each_round_two_option_trains(make_config, options: dict[str, Any]) -> N
     if "clip_ratio_c" in options:
         assert 0.0 <= last["clip_ratio/dual_clip_frac"] <= 1.0
     if "overlong_buffer_len" in options:
-        # the tiny policy never stops early: every completion is at the limit and loses the whole factor
-        assert last["monitor/at_response_length_frac"] == 1.0
-        assert last["objective/scores"] == pytest.approx(last["reward"]) and last["objective/scores"] < 0
+        # the tiny policy seldom stops early: completions at the limit lose the whole factor (1)
+        at_limit = last["monitor/at_response_length_frac"]
+        assert at_limit > 0
+        penalty = last["objective/scores"] - last["rewards/vowel_majority_reward/mean"]
+        assert -1.0 <= penalty <= -at_limit + 1e-6
 
 
 def test_sync_ref_model_moves_the_reference_toward_the_policy(make_config) -> None:
@@ -552,6 +554,7 @@ def test_round_two_options_with_lora(make_config) -> None:
         top_entropy_quantile=0.5,
         scale_rewards="group",
         overlong_buffer_len=2,
+        stop_token="eos",
     )
     history = train(cfg).history
     assert len(history) == 2 and all(math.isfinite(m["loss/policy_avg"]) for m in history)

@@ -129,9 +129,9 @@ def test_kfp_ui_artifacts(local_run: dict[str, Any]) -> None:
     assert fetch_meta["manifest_digest"].startswith("sha256:")
     evaluation = _outputs(run_dir, "evaluate")["artifacts"]["metrics"]["artifacts"][0]["metadata"]
     assert evaluation["trained_num_valid"] == 32 and evaluation["baseline_num_valid"] == 32
-    # training's reward model (the demo's reward_model_path) scored the judged pairs too
-    assert 0.0 <= evaluation["judge_rm_agreement_estimate"] <= 1.0
-    assert "Judge/reward-model agreement" in (run_dir / "evaluate" / "summary").read_text()
+    # the demo's reward model trains at weight 0 (the policy never chases it): no judge/reward-model
+    # agreement, which would say nothing of reward hacking (tests/eval covers the monitor)
+    assert not any(k.startswith("judge_rm_agreement") for k in evaluation)
     for step in ("fetch-sft", "train-rloo", "evaluate", "push-model"):
         text = (run_dir / step / "summary").read_text()
         assert text.startswith("## ")
@@ -185,7 +185,6 @@ def test_mlflow_has_the_pipeline_run_and_its_stages(local_run: dict[str, Any]) -
     # no stage starts before its pipeline run
     assert parent.info.start_time <= min(r.info.start_time for r in stages.values())
     assert "trained/win_rate" in stages["eval"].data.metrics
-    assert "judge_rm_agreement/estimate" in stages["eval"].data.metrics
     eval_files = {a.path for a in client.list_artifacts(stages["eval"].info.run_id, "eval")}
     assert "eval/eval_results.json" in eval_files and "eval/eval_report.html" in eval_files
     assert stages["push"].data.tags.get("rloo.promotion") in {"champion", "candidate", "rejected"}

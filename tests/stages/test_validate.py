@@ -217,3 +217,16 @@ def test_a_reward_model_directory_this_step_cannot_see_is_left_out_of_the_evalua
     here = tmp_path / "rm"
     here.mkdir()
     assert build_plan(good(reward_model_path=str(here))).eval["reward_model_path"] == str(here)
+
+
+def test_a_reward_model_training_weighs_0_is_not_the_evaluation_monitor() -> None:
+    """At weight 0 the policy never chased the reward model (the demo's): its agreement with the judge would
+    say nothing of reward hacking."""
+    zero = build_plan(
+        good(extra_train_args="--reward_weights 0 1 --reward_funcs rloo.demo.toy:letter_reward")
+    )
+    assert zero.train["reward_weights"] == [0.0, 1.0] and "reward_model_path" not in zero.eval
+    half = build_plan(
+        good(extra_train_args="--reward_weights 0.5 1 --reward_funcs rloo.demo.toy:letter_reward")
+    )
+    assert half.eval["reward_model_path"] == "org/rm"

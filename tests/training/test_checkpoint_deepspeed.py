@@ -48,13 +48,20 @@ def _manager(setup: Any, *, deepspeed: bool, resume: str = "latest", comm: Any =
     )
 
 
-def _as_if_deepspeed(path: Path, ranks: int) -> Path:
+def _as_if_deepspeed(path: Path, ranks: int, *, zero3: bool = False) -> Path:
     """``path`` (a plain checkpoint) laid out as a DeepSpeed one of ``ranks`` processes: no optimizer.pt, the
-    engine's files instead (placeholders), sealed again."""
+    engine's files instead (placeholders: ZeRO-3's module shards per rank, else the module once), sealed
+    again."""
     (path / "optimizer.pt").unlink()
     engine = path / ENGINE_DIR / ENGINE_TAG
     engine.mkdir(parents=True)
-    torch.save({"module": {}}, engine / "mp_rank_00_model_states.pt")
+    modules = (
+        [f"zero_pp_rank_{r}_mp_rank_00_model_states.pt" for r in range(ranks)]
+        if zero3
+        else ["mp_rank_00_model_states.pt"]
+    )
+    for name in modules:
+        torch.save({"module": {}}, engine / name)
     for r in range(ranks):
         torch.save({"optimizer_state_dict": {}}, engine / f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt")
     write_manifest(path)
@@ -144,3 +151,16 @@ def test_deepspeed_save_stops_in_one_line_when_a_rank_cannot_see_the_directory(
         "own?): give --output_dir (or --local_dir) a filesystem that every node shares, or run on one node."
     )
     assert list(tmp_path.iterdir()) == [] and list_checkpoints(tmp_path) == []
+
+
+def test_a_zero3_checkpoint_is_not_resumed_under_another_stage(setup: Any, tmp_path: Path) -> None:
+    # this manager's accelerator has no DeepSpeed plugin (stage 0), as a ZeRO-2 run reads ZeRO-3's shards no
+    # better: the module is split per rank there
+    path = _as_if_deepspeed(_manager(setup, deepspeed=False).save(tmp_path, 2), ranks=1, zero3=True)
+    with pytest.raises(UserError) as info:
+        _manager(setup, deepspeed=True).resume(tmp_path)
+    assert str(info.value) == (
+        f"cannot resume from {path}: it was written under ZeRO-3, and this run uses ZeRO-0, whose checkpoint "
+        "holds the weights another way; resume with the config it was written with, or pass "
+        "--resume_from_checkpoint none to start over."
+    )

@@ -87,13 +87,15 @@ def test_nothing_to_replace_or_nothing_to_replace_with_keeps_the_batch() -> None
 
 
 @pytest.mark.parametrize(
-    ("kept", "mode", "scale"),
+    ("num_kept", "num_sequences", "mode", "scale"),
     [
-        ([True] * 4 + [False] * 4, "seq-mean-token-sum", 2.0),  # 8 sequences, 4 kept: mean over 4
-        ([True] * 6 + [False] * 2, "seq-mean-token-mean", 8 / 6),
-        ([True] * 2 + [False] * 6, "token-mean", 1.0),  # its denominator counts trained tokens already
-        ([False] * 8, "seq-mean-token-sum", 1.0),  # nothing kept: the loss is 0 anyway
+        (4, 8, "seq-mean-token-sum", 2.0),  # 8 sequences, 4 kept: the mean over 4
+        (6, 8, "seq-mean-token-mean", 8 / 6),
+        (3, 12, "seq-mean-token-sum-norm", 4.0),
+        (2, 8, "token-mean", 1.0),  # its denominator counts trained tokens already
     ],
 )
-def test_loss_scale_makes_the_mean_over_kept_sequences(kept: list[bool], mode: str, scale: float) -> None:
-    assert loss_scale(torch.tensor(kept), mode) == pytest.approx(scale)
+def test_loss_scale_makes_the_mean_over_kept_sequences(
+    num_kept: int, num_sequences: int, mode: str, scale: float
+) -> None:
+    assert loss_scale(num_kept, num_sequences, mode) == pytest.approx(scale)

@@ -377,6 +377,30 @@ def test_weights_are_pushed_before_every_generation() -> None:
     assert [c[1] for c in rpcs] == [("reload_weights",), ("reload_weights",)]
 
 
+def test_weights_are_pushed_once_per_version_of_them() -> None:
+    # --max_num_gen_batches samples several times between two optimizer steps: one push serves them all;
+    # the trainer counts its steps in weights_version
+    model = torch.nn.Linear(2, 2)
+    gen, llm = _generator(model)
+    ids, mask, seeds = _inputs([0], k=2)
+    params = SamplingParams(max_new_tokens=2, pad_token_id=PAD)
+    gen.weights_version = 0
+    gen.generate(ids, mask, 2, params, seeds)
+    gen.generate(ids, mask, 2, params, seeds)  # a resampling round: the same weights
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    gen.weights_version = 1  # an optimizer step
+    gen.generate(ids, mask, 2, params, seeds)
+    assert llm.events == ["reload", "reset", "generate", "generate", "reload", "reset", "generate"]
+    assert torch.equal(llm.loaded[-2][1], model.weight.detach())
+    # sleep mode drops the weights after each generation: they go in every time
+    sleepy, llm2 = _generator(model, sleep=True)
+    sleepy.weights_version = 0
+    sleepy.generate(ids, mask, 2, params, seeds)
+    sleepy.generate(ids, mask, 2, params, seeds)
+    assert llm2.events.count("reload") == 2
+
+
 def test_a_prefix_cache_that_was_not_reset_stops_the_rollout() -> None:
     gen, llm = _generator()
     llm.cache_reset_ok = False  # vLLM returns False when requests still hold blocks

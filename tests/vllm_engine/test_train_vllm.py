@@ -143,7 +143,7 @@ def test_round_two_options_with_the_engine(
         "--importance_sampling_level", "sequence", "--loss_agg_mode", "seq-mean-token-mean",
         "--vllm_importance_sampling_mode", "sequence_mask",
         "--clip_ratio_c", "3", "--entropy_coef", "0.01", "--top_entropy_quantile", "0.5",
-        "--overlong_buffer_len", "2", "--scale_rewards", "batch",
+        "--overlong_buffer_len", "2", "--stop_token", "eos", "--scale_rewards", "batch",
         "--sync_ref_model", "--ref_model_sync_steps", "2",
     ]  # fmt: skip
     args = train_args(qwen, prompts, out, *flags)

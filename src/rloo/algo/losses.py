@@ -237,6 +237,7 @@ def policy_loss(
     importance_sampling_level: str = "auto",
     clip_ratio_c: float | None = None,
     delta: float | None = None,
+    ratio_mask: Tensor | None = None,
 ) -> tuple[Tensor, PolicyLossStats]:
     """PPO-clipped RLOO policy loss.
 
@@ -282,6 +283,9 @@ def policy_loss(
         clip_ratio_c: dual-clip bound, > 1 (verl's default 3.0); default none.
         delta: cap of the unclipped ratio, > ``1 + cliprange_high`` (TRL suggests 1 + 2 * epsilon
             upwards); default none.
+        ratio_mask: with ``sequence``, the (B, T) bool tokens GSPO's ratio averages over when they are more
+            than the tokens the loss trains on (``mask``, e.g. only the high-entropy ones): the ratio
+            measures the whole completion's change, as TRL computes it; default ``mask``.
 
     Returns:
         ``(loss, stats)``: 0-dim loss and :class:`PolicyLossStats`: over sequences with tokens for the
@@ -316,6 +320,11 @@ def policy_loss(
         )
     if mask.dtype != torch.bool:
         raise ValueError(f"mask must be a bool tensor (got {mask.dtype}); pass mask.bool()")
+    if ratio_mask is not None and (ratio_mask.shape != mask.shape or ratio_mask.dtype != torch.bool):
+        raise ValueError(
+            f"ratio_mask must be a bool tensor of the mask's shape {tuple(mask.shape)} (got "
+            f"{ratio_mask.dtype} {tuple(ratio_mask.shape)})"
+        )
     if advantages.shape not in (logprobs.shape[:1], logprobs.shape):
         raise ValueError(
             f"advantages must have shape (B,) = {tuple(logprobs.shape[:1])} or (B, T) = "
@@ -361,8 +370,13 @@ def policy_loss(
     # where() before exp(): garbage at padding must yield neither inf values nor NaN gradients.
     logratio = torch.where(mask, logprobs - old_logprobs, zero)  # (B, T)
     if importance_sampling_level == "sequence":
-        n_tokens = mask.sum(dim=1).clamp(min=1).to(logprobs.dtype)  # (B,)
-        seq_logratio = logratio.sum(dim=1) / n_tokens  # (B,) mean log-ratio: comparable across lengths
+        rmask = mask if ratio_mask is None else ratio_mask  # (B, T)
+        n_tokens = rmask.sum(dim=1).clamp(min=1).to(logprobs.dtype)  # (B,)
+        seq_logratio = (
+            logratio.sum(dim=1)
+            if ratio_mask is None
+            else torch.where(rmask, logprobs - old_logprobs, zero).sum(1)
+        ) / n_tokens  # (B,) mean log-ratio: comparable across lengths
         seq_ratio = torch.exp(seq_logratio)  # (B,)
         ratio = seq_ratio.unsqueeze(1).expand_as(logprobs)  # (B, T): one ratio for all of b's tokens
     else:

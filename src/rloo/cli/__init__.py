@@ -37,7 +37,8 @@ def _train(argv: list[str]) -> int:
         argv,
         prog="rloo train",
         description=textwrap.fill(
-            "RLOO training. Flags follow the classic TRL RLOO trainer; the current trainer's names ("
+            "RLOO training. Flags follow the classic TRL RLOO trainer; the current trainer's names and verl's "
+            "or OpenRLHF's spellings ("
             + ", ".join(f"{a} -> {c}" for a, c in ALIASES.items())
             + ") are accepted as aliases.",
             width=100,

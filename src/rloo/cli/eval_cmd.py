@@ -31,5 +31,12 @@ def main(argv: list[str]) -> int:
             else f" [{100 * s['win_rate_ci_low']:.1f}, {100 * s['win_rate_ci_high']:.1f}]"
         )
         print(f"{label}: win rate {wr}{ci}, ties {s['num_ties']}, invalid {s['num_invalid']}")
+    agreement = results.get("judge_rm_agreement")
+    if agreement is not None and agreement.get("estimate") is not None:
+        print(
+            f"judge/reward-model agreement {100 * agreement['estimate']:.1f}% "
+            f"[{100 * agreement['low']:.1f}, {100 * agreement['high']:.1f}] over {agreement['n']} decided pairs "
+            "(low while the reward model prefers the trained model: reward hacking)"
+        )
     print(json.dumps({"results": f"{cfg.output_dir}/{RESULTS_FILE}"}))
     return 0

@@ -5,7 +5,10 @@ picked: a policy that learned what the reward model rewards rather than what the
 hacking) wins by the reward model while that agreement falls.
 
 Loading and scoring are training's own (:func:`rloo.models.load_reward_model`,
-:func:`rloo.models.reward_model_scores`): the same tokenizer settings, the same last-token read-out.
+:func:`rloo.models.reward_model_scores`): the same tokenizer settings, the same last-token read-out. The
+text differs in one way: training scores the completion with the special tokens the policy emitted (its EOS
+included), while here both sides are plain text (the references have none), so the two sides compare with
+each other but ``rm_score_mean`` is not on the scale of training's ``objective/scores``.
 """
 
 from __future__ import annotations

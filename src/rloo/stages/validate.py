@@ -51,9 +51,11 @@ def build_plan(params: dict[str, Any], *, check_paths: bool = True, check_hub: b
         _check_datasets(params)
     train = train_values(params, run.extra_train_args)
     eval_values = config_values("eval", params)
-    if _reachable_from_every_step(train.get("reward_model_path")):
+    weights = train.get("reward_weights") or [1.0]  # the reward model's weight first
+    if float(weights[0]) != 0 and _reachable_from_every_step(train.get("reward_model_path")):
         # the evaluation scores the judged pairs with the reward model training optimised (the parameter or
-        # extra_train_args' --reward_model_path): its agreement with the judge is the reward-hacking monitor
+        # extra_train_args' --reward_model_path): its agreement with the judge is the reward-hacking monitor.
+        # Not one at weight 0: the policy never chased it, so its agreement would say nothing of hacking.
         eval_values["reward_model_path"] = train["reward_model_path"]
     placeholders = {"model_name_or_path": _PLACEHOLDER_MODEL, "baseline_model": _PLACEHOLDER_MODEL}
     _part(EvalConfig, "eval", eval_values, **placeholders, report_to="none")

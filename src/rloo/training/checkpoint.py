@@ -260,6 +260,15 @@ def engine_world_size(path: Path) -> int | None:
     return len(ranks) or None
 
 
+def engine_zero_stage(path: Path) -> int | None:
+    """3 when the DeepSpeed checkpoint in ``path`` holds per-rank module shards (ZeRO-3), 2 when it holds the
+    module once beside split optimizer state (ZeRO-1/2), None when it holds no engine checkpoint."""
+    folder = path / ENGINE_DIR / ENGINE_TAG
+    if any(folder.glob("zero_pp_rank_*_model_states.pt")):
+        return 3
+    return 2 if any(folder.glob("mp_rank_*_model_states.pt")) else None
+
+
 def load_engine_state(path: Path, engine: Any) -> None:
     """Every rank: the weights and optimizer state of the DeepSpeed ``engine`` from ``path/ENGINE_DIR``.
 

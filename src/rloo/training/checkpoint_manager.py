@@ -35,6 +35,7 @@ from rloo.training.checkpoint import (
     begin_checkpoint,
     checkpoint_problem,
     engine_world_size,
+    engine_zero_stage,
     latest_checkpoint,
     load_checkpoint,
     save_checkpoint,
@@ -352,9 +353,11 @@ class CheckpointManager:
                 ref_sync.load_reference(
                     self.reference, reference_file, accelerator=self.accelerator, deepspeed=self.deepspeed
                 )
-        except (ValueError, RuntimeError) as e:
+        # DeepSpeed's own loader fails with assertions and key errors too
+        except (ValueError, RuntimeError, KeyError, AssertionError) as e:
             raise UserError(
-                f"cannot resume from {path}: {str(e).splitlines()[0]}; pass --resume_from_checkpoint none to start over."
+                f"cannot resume from {path}: {(str(e).splitlines() or [type(e).__name__])[0]}; pass "
+                "--resume_from_checkpoint none to start over."
             ) from None
         if st.get("num_updates") != self.num_updates:
             log.warning(
@@ -382,6 +385,14 @@ class CheckpointManager:
                 f"cannot resume from {path}: it was written without DeepSpeed (its optimizer state is in "
                 "optimizer.pt), which a run under DeepSpeed cannot read; resume it without DeepSpeed, or pass "
                 "--resume_from_checkpoint none to start over."
+            )
+        saved_stage = engine_zero_stage(path) if self.deepspeed else None
+        stage = deepspeed_utils.zero_stage(self.accelerator)
+        if saved_stage is not None and (saved_stage == 3) != (stage == 3):
+            raise UserError(
+                f"cannot resume from {path}: it was written under ZeRO-{saved_stage}, and this run uses "
+                f"ZeRO-{stage}, whose checkpoint holds the weights another way; resume with the config it was "
+                "written with, or pass --resume_from_checkpoint none to start over."
             )
         saved_world = engine_world_size(path) if self.deepspeed else None
         if saved_world is not None and saved_world != self.world:

@@ -6,8 +6,9 @@ With ``--max_num_gen_batches`` above 1 the trainer samples a fresh batch of prom
 position, before any log-prob forward: the forwards, the KL and the advantages then see one batch of the
 usual shape. Position for position, so the result is the same on one process or many (a rank holds the same
 positions of both batches); a donor elsewhere is not used, and each flat position gets one more chance per
-round. Whatever is still without spread after the last round is left out of the loss (the trainer masks it
-and :func:`loss_scale` rescales the mean).
+round. Whatever is still without spread after the last round is left out of the loss (the trainer masks it,
+rescales each mini-batch's mean with :func:`loss_scale`, and takes no step for a mini-batch it leaves
+empty).
 
 Every rank samples the same number of rounds (the trainer agrees on it with one all-reduce), so the
 collectives inside generation (ZeRO-3, vLLM) stay in step; a rank with nothing to replace samples too and
@@ -98,11 +99,11 @@ def replace_groups(
     return merged, n
 
 
-def loss_scale(kept: torch.Tensor, loss_agg_mode: str) -> float:
-    """The factor that makes a mean over sequences a mean over the kept ones, from ``kept`` (B,) bool over
-    the global batch. ``token-mean`` needs none: its denominator counts the trained tokens already. The
-    surrogate is positively homogeneous in the advantage, so scaling the loss is exact for each sequence."""
+def loss_scale(num_kept: float, num_sequences: int, loss_agg_mode: str) -> float:
+    """The factor that makes a mini-batch's mean over its ``num_sequences`` sequences a mean over its
+    ``num_kept`` kept ones (both counted on every rank; ``num_kept`` > 0). ``token-mean`` needs none: its
+    denominator counts the trained tokens already. The surrogate is positively homogeneous in the advantage,
+    so scaling the loss is exact for each sequence."""
     if loss_agg_mode == "token-mean":
         return 1.0
-    n = int(kept.sum())
-    return kept.numel() / n if n else 1.0
+    return num_sequences / num_kept

@@ -39,6 +39,7 @@ class LossStats:
     policy: dict[str, list[torch.Tensor]] = field(
         default_factory=lambda: {name: [] for name in _POLICY_FIELDS}
     )
+    skipped_steps: int = 0  # optimizer steps left out: their mini-batch had nothing to train on
 
     def add_policy(self, st: PolicyLossStats, *, trained: bool) -> None:
         """One micro-batch's ratio and clip statistics; NaN for a micro-batch with nothing to train on (all
@@ -46,6 +47,15 @@ class LossStats:
         for name in _POLICY_FIELDS:
             value = getattr(st, name)
             self.policy[name].append(value if trained else torch.full_like(value, math.nan))
+
+    def skip(self, device: torch.device, *, optional: tuple[list[torch.Tensor], ...] = ()) -> None:
+        """A mini-batch with nothing to train on anywhere (--filter_groups), so no step: NaN in the lists
+        every update reports and in the ``optional`` ones its options fill (so an update skipped whole still
+        reports the same metrics), left out of the means like an empty micro-batch (``skip_nan``)."""
+        nan = torch.full((), math.nan, device=device)
+        for values in (self.policy_loss, self.entropy, *self.policy.values(), *optional):
+            values.append(nan)
+        self.skipped_steps += 1
 
     def metrics(
         self, comm: Collectives, device: torch.device, *, skip_nan: bool, dual_clip: bool = False

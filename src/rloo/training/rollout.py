@@ -40,8 +40,8 @@ class Rollout(Sampled):
     ref_logprobs: torch.Tensor  # (B, T)
     advantages: torch.Tensor  # (B,) or (B, T) with token-level KL
     metrics: dict[str, float]
-    # --filter_groups: the batch's sequences / the kept ones, so a mean over sequences is over the kept ones
-    loss_scale: float = 1.0
+    # (B,) bool with --filter_groups: the completions of groups with spread, the ones the loss keeps
+    kept: torch.Tensor | None = None
 
     @classmethod
     def of(
@@ -52,7 +52,7 @@ class Rollout(Sampled):
         ref_logprobs: torch.Tensor,
         advantages: torch.Tensor,
         metrics: dict[str, float],
-        loss_scale: float = 1.0,
+        kept: torch.Tensor | None = None,
     ) -> Rollout:
         # field by field, not dataclasses.asdict, which would deep-copy every tensor
         own = {f.name: getattr(sampled, f.name) for f in fields(Sampled)}
@@ -62,7 +62,7 @@ class Rollout(Sampled):
             ref_logprobs=ref_logprobs,
             advantages=advantages,
             metrics=metrics,
-            loss_scale=loss_scale,
+            kept=kept,
         )
 
 

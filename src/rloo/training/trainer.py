@@ -404,6 +404,7 @@ class RLOOTrainer:
             max_num_seqs=self.plan.prompts_per_rank * cfg.rloo_k,
         )
         self.gather_for_generation = cfg.ds3_gather_for_generation and not cfg.use_vllm
+        self.generator.weights_version = 0  # counted by the optimizer steps (see _optimizer_step)
 
     def _setup_run_state(self) -> None:
         """Checkpoints, the trainer's position in the run (sampler, counters) and the plan, logged."""
@@ -424,6 +425,12 @@ class RLOOTrainer:
             # a moving reference is part of the run's state: a resume must not measure KL to the SFT model
             reference=self.ref_policy if cfg.sync_ref_model else None,
         )
+        if cfg.sync_ref_model and cfg.ref_model_sync_steps > self.num_updates:
+            log.warning(
+                "--ref_model_sync_steps %d is more than the run's %d updates: the reference never moves",
+                cfg.ref_model_sync_steps,
+                self.num_updates,
+            )
         self.state = TrainerState(max_steps=self.num_updates)
         # Options that can leave a micro-batch with no token to train on: its ratio stats are left out.
         self.masks_loss = cfg.mask_truncated_completions or cfg.filter_groups or cfg.top_entropy_quantile < 1
@@ -432,6 +439,7 @@ class RLOOTrainer:
         self.sampler = PromptSampler(len(self.train_ds), cfg.seed)
         self._num_tokens = 0.0
         self._length_corr_streak = 0
+        self._warned_nothing_kept = False
         self.sample_freq = (
             max(1, self.num_updates // cfg.num_sample_generations) if cfg.num_sample_generations > 0 else 0
         )
@@ -622,10 +630,8 @@ class RLOOTrainer:
         )
         num_cut = torch.tensor([float(sum(i in self.truncated_prompts for i in index))], device=dev)
         metrics["prompts/num_truncated"] = float(self.comm.gather(num_cut).sum())  # global batch
-        loss_scale = 1.0
         if kept is not None:
             g_kept = self.comm.gather(kept)
-            loss_scale = group_filter.loss_scale(g_kept, cfg.loss_agg_mode)
             counts = self.comm.sum(
                 torch.tensor([float((~first.informative(k)).sum()), float(replaced)], device=dev)
             )
@@ -634,13 +640,21 @@ class RLOOTrainer:
             metrics["filter_groups/first_round_zero_std_frac"] = float(counts[0]) / n_groups
             metrics["filter_groups/replaced"] = float(counts[1])
             metrics["filter_groups/rounds"] = float(rounds)
+            if not self._warned_nothing_kept and not bool(g_kept.any()) and self.accelerator.is_main_process:
+                self._warned_nothing_kept = True
+                log.warning(
+                    "update %d: --filter_groups kept no group (every prompt's completions scored the same): this "
+                    "update trains nothing. If filter_groups/kept_frac stays 0, the reward does not tell the "
+                    "completions apart; raise --max_num_gen_batches or check the reward (said once).",
+                    update + 1,
+                )
         return Rollout.of(
             sampled,
             old_logprobs=old_logprobs,
             ref_logprobs=ref_logprobs,
             advantages=advantages,
             metrics=metrics,
-            loss_scale=loss_scale,
+            kept=kept,
         )
 
     def _sample_and_score(self, update: int, timer: _Timer, round_: int) -> group_filter.Scored:
@@ -700,9 +714,9 @@ class RLOOTrainer:
             advantages = algo.leave_one_out_advantages(rlhf_reward.view(p, k), valid.view(p, k)).view(-1)
             adv_mask = valid
         if cfg.scale_rewards != "none":
-            # the std of each completion's RLHF reward (its score, plus its summed KL penalty when the KL
-            # is in the reward): a group whose advantages are not all 0 has a std above 0
-            advantages = self._scale_advantages(advantages, rlhf_reward, valid)
+            # by the spread of the task scores, as GRPO (whose KL is in the loss): the KL penalty in the
+            # reward would give a group of equal scores a tiny std, and its KL noise full-size advantages
+            advantages = self._scale_advantages(advantages, scores, valid)
         if cfg.normalize_advantage:  # statistics over the global batch, whatever the process count
             width = advantages.size(-1) if advantages.dim() == 2 else None
             g_adv = algo.normalize_advantages(self.comm.gather(advantages), self.comm.gather(adv_mask))
@@ -715,14 +729,13 @@ class RLOOTrainer:
         self, advantages: torch.Tensor, rewards: torch.Tensor, valid: torch.Tensor
     ) -> torch.Tensor:
         """--scale_rewards: advantages (B,) or (B, T) divided by the std of their group's or of the global
-        batch's rewards (B,)."""
+        batch's scores (B,)."""
         k, mode = self.cfg.rloo_k, self.cfg.scale_rewards
         if mode == "batch":  # statistics over the global batch, whatever the process count
             rewards, valid = self.comm.gather(rewards), self.comm.gather(valid)
         r, v = rewards.view(-1, k), valid.view(-1, k)  # (P, K)
-        # each completion's factor, found on ones. Where the rewards have no spread (the group's, or the
-        # batch's) the advantages stay: 0 if sequence-level, and per token they hold the KL penalty,
-        # which 1 / eps would blow up
+        # each completion's factor, found on ones. Where the scores have no spread (the group's, or the
+        # batch's) the advantages stay as they are: they hold only the KL penalty, which 1 / eps would blow up
         factor = algo.scale_advantages(torch.ones_like(r), r, v, mode)  # (P, K)
         spread = (
             algo.informative_groups(r, v)
@@ -854,11 +867,17 @@ class RLOOTrainer:
                 num_mini_batches=cfg.num_mini_batches,
                 generator=g,
             ):
+                scale = self._kept_scale(ro, mb)
+                if scale is None:  # every group of this mini-batch filtered out, on every rank: no step
+                    stats.skip(self.device, optional=self._optional_stats(stats, ro))
+                    continue
                 num_tokens = self._token_mean_denominator(ro, mb)
                 loss_bad = torch.zeros((), dtype=torch.bool, device=self.device)
                 for mc_start in range(0, mb.numel(), cfg.per_device_train_batch_size):
                     idx = mb[mc_start : mc_start + cfg.per_device_train_batch_size].to(self.device)
                     loss = self._micro_batch_loss(ro, idx, num_tokens, stats)
+                    if scale != 1.0:  # --filter_groups: the mean over the kept sequences, not over all
+                        loss = loss * scale
                     if self.deepspeed:  # DeepSpeed decides the optimizer-step boundary itself
                         with self.accelerator.accumulate(self.policy):
                             self.accelerator.backward(loss)
@@ -866,9 +885,36 @@ class RLOOTrainer:
                         self.accelerator.backward(loss)  # divided by gradient_accumulation_steps
                     loss_bad |= ~torch.isfinite(loss.detach())  # on device: no sync per micro-batch
                 self._optimizer_step(update, loss_bad, stats)
-        return stats.metrics(
+        metrics = stats.metrics(
             self.comm, self.device, skip_nan=self.masks_loss, dual_clip=cfg.clip_ratio_c is not None
         )
+        if ro.kept is not None:
+            metrics["filter_groups/skipped_steps"] = float(stats.skipped_steps)
+        return metrics
+
+    def _optional_stats(self, stats: LossStats, ro: Rollout) -> tuple[list[torch.Tensor], ...]:
+        """The loss statistics this run's options fill at every micro-batch."""
+        cfg, lists = self.cfg, []
+        if cfg.kl_in_loss:
+            lists.append(stats.kl_loss)
+        if cfg.entropy_coef > 0:
+            lists.append(stats.entropy_bonus)
+        if cfg.top_entropy_quantile < 1:
+            lists += [stats.top_entropy_threshold, stats.top_entropy_kept]
+        if ro.sampling_logprobs is not None:
+            lists += [stats.vllm_logp_diff_abs, stats.vllm_is_capped, stats.vllm_is_masked]
+        return tuple(lists)
+
+    def _kept_scale(self, ro: Rollout, mb: torch.Tensor) -> float | None:
+        """--filter_groups: the factor that makes this mini-batch's mean over sequences a mean over its kept
+        ones (all ranks counted; :func:`group_filter.loss_scale`), or None when it keeps none. 1.0 without
+        the option."""
+        if ro.kept is None:
+            return 1.0
+        num_kept = float(self.comm.sum(ro.kept[mb.to(ro.kept.device)].sum().float()))
+        if num_kept == 0:
+            return None
+        return group_filter.loss_scale(num_kept, mb.numel() * self.world, self.cfg.loss_agg_mode)
 
     def _micro_batch_loss(
         self,
@@ -888,33 +934,10 @@ class RLOOTrainer:
         # log-probs are the exact "old" ones: ratio 1, no extra forward.
         old = logprobs.detach() if self.on_policy else ro.old_logprobs[idx]
         loss_mask = ro.loss_mask[idx]  # (b, T)
-        is_weights = None
-        if ro.sampling_logprobs is not None:
-            # pi_train / pi_vllm of the sampled tokens: per sequence for the classic sequence ratio, whose
-            # tokens have no surrogate of their own; per token otherwise, unless the mode says
-            mode = cfg.vllm_importance_sampling_mode
-            per_sequence = cfg.classic_sequence_ratio if mode == "auto" else mode.startswith("sequence_")
-            is_weights, mismatch = algo.truncated_importance_weights(
-                old,
-                ro.sampling_logprobs[idx],
-                ro.mask[idx],
-                cfg.vllm_importance_sampling_cap,
-                per_sequence=per_sequence,
-                mode="mask" if mode.endswith("_mask") else "truncate",
-            )
-            stats.vllm_logp_diff_abs.append(mismatch.logp_diff_abs_mean)
-            stats.vllm_is_capped.append(mismatch.capped_frac)
-            stats.vllm_is_masked.append(mismatch.masked_frac)
-        policy_mask = loss_mask
-        if cfg.top_entropy_quantile < 1:
-            # the threshold over every rank's tokens of this micro-batch, as TRL does
-            gathered = self.comm.gather(torch.where(loss_mask, ent.detach(), math.nan))  # (world * b, T)
-            threshold = algo.entropy_quantile_threshold(gathered[~gathered.isnan()], cfg.top_entropy_quantile)
-            policy_mask, threshold = algo.top_entropy_mask(
-                ent.detach(), loss_mask, cfg.top_entropy_quantile, threshold
-            )
-            stats.top_entropy_threshold.append(threshold.float())
-            stats.top_entropy_kept.append(policy_mask.sum().float() / loss_mask.sum().clamp(min=1).float())
+        is_weights = self._sampling_weights(ro, idx, old, stats)
+        policy_mask = (
+            self._top_entropy(ent.detach(), loss_mask, stats) if cfg.top_entropy_quantile < 1 else loss_mask
+        )
         loss, st = algo.policy_loss(
             logprobs,
             old,
@@ -929,6 +952,8 @@ class RLOOTrainer:
             importance_sampling_level=cfg.importance_sampling_level,
             clip_ratio_c=cfg.clip_ratio_c,
             delta=cfg.delta,
+            # GSPO's ratio measures the whole completion, even where only its high-entropy tokens train
+            ratio_mask=None if policy_mask is loss_mask else loss_mask,
         )
         stats.policy_loss.append(loss.detach())
         if cfg.kl_in_loss:
@@ -949,8 +974,51 @@ class RLOOTrainer:
             loss = loss - cfg.entropy_coef * ent_term
         stats.entropy.append(algo.masked_mean(ent.detach(), ro.mask[idx]))
         stats.add_policy(st, trained=not self.masks_loss or bool(policy_mask.any()))
-        # --filter_groups: a mean over the kept sequences, not over all (1.0 otherwise)
-        return loss * ro.loss_scale if ro.loss_scale != 1.0 else loss
+        return loss
+
+    def _sampling_weights(
+        self, ro: Rollout, idx: torch.Tensor, old: torch.Tensor, stats: LossStats
+    ) -> torch.Tensor | None:
+        """--vllm_importance_sampling_correction: the weights pi_train / pi_vllm of the sampled tokens, per
+        sequence for the classic sequence ratio (whose tokens have no surrogate of their own), per token
+        otherwise, unless the mode says; truncated at the cap or masked above it. None without the flag."""
+        if ro.sampling_logprobs is None:
+            return None
+        cfg = self.cfg
+        mode = cfg.vllm_importance_sampling_mode
+        weights, mismatch = algo.truncated_importance_weights(
+            old,
+            ro.sampling_logprobs[idx],
+            ro.mask[idx],
+            cfg.vllm_importance_sampling_cap,
+            per_sequence=cfg.classic_sequence_ratio if mode == "auto" else mode.startswith("sequence_"),
+            mode="mask" if mode.endswith("_mask") else "truncate",
+        )
+        stats.vllm_logp_diff_abs.append(mismatch.logp_diff_abs_mean)
+        stats.vllm_is_capped.append(mismatch.capped_frac)
+        stats.vllm_is_masked.append(mismatch.masked_frac)
+        return weights
+
+    def _top_entropy(self, ent: torch.Tensor, loss_mask: torch.Tensor, stats: LossStats) -> torch.Tensor:
+        """--top_entropy_quantile: the trained tokens (b, T) whose entropy is in the top quantile of this
+        micro-batch's on every rank (as TRL: the threshold over all ranks' tokens)."""
+        q = self.cfg.top_entropy_quantile
+        # NaN where no token is, padded to the full response length here: a rank whose completions all
+        # stopped early has fewer columns, and the gather's own padding (0) would read as zero entropy
+        local = torch.where(loss_mask, ent, math.nan)  # (b, T)
+        local = torch.nn.functional.pad(local, (0, self.cfg.response_length - local.size(1)), value=math.nan)
+        gathered = self.comm.gather(local)  # (world * b, response_length)
+        values = gathered[~gathered.isnan()]
+        threshold = algo.entropy_quantile_threshold(values, q)
+        mask, threshold = algo.top_entropy_mask(ent, loss_mask, q, threshold)
+        # NaN where no rank has a token to train on: left out of the update's means, like the ratio stats
+        empty = values.numel() == 0
+        stats.top_entropy_threshold.append(
+            torch.full_like(threshold.float(), math.nan) if empty else threshold.float()
+        )
+        n = loss_mask.sum().float()
+        stats.top_entropy_kept.append(torch.where(n > 0, mask.sum().float() / n.clamp(min=1), math.nan))
+        return mask
 
     def _optimizer_step(self, update: int, loss_bad: torch.Tensor, stats: LossStats) -> None:
         """Average and clip the gradients, stop on a non-finite loss or norm, step."""
@@ -966,6 +1034,8 @@ class RLOOTrainer:
         self._stop_if_nonfinite(update, checks)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        # the engine's copy (vLLM) is stale now: the next generation pushes, resampling rounds before it do not
+        self.generator.weights_version = (self.generator.weights_version or 0) + 1
 
     def _stop_if_nonfinite(self, update: int, checks: dict[str, torch.Tensor]) -> None:
         """Stop training (one line) when a check of ``checks`` (phase -> 0-dim bool "is bad") is true on any
@@ -1133,11 +1203,12 @@ class RLOOTrainer:
                     accelerator=self.accelerator,
                     deepspeed=self.deepspeed,
                 )
-            log.info(
-                "update %d: the reference model moved toward the policy (alpha %g)",
-                update + 1,
-                cfg.ref_model_mixup_alpha,
-            )
+            if self.accelerator.is_main_process:
+                log.info(
+                    "update %d: the reference model moved toward the policy (alpha %g)",
+                    update + 1,
+                    cfg.ref_model_mixup_alpha,
+                )
         self._watch_length_correlation(update, ro.metrics["monitor/score_length_corr"])
         lr = self.scheduler.get_last_lr()[0]
         self.scheduler.step()

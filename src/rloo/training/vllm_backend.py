@@ -393,6 +393,10 @@ class VLLMGenerator:
 
     # part of the Generator protocol; vLLM generates a rollout in one call, so there is no step to stop at
     should_stop: Callable[[], bool] | None = None
+    # The policy's weights as of the trainer's optimizer steps (it sets this before generating): the engine
+    # is pushed only when they changed since its last push (--max_num_gen_batches samples several times
+    # between two steps). None: unknown, push every time.
+    weights_version: int | None = None
 
     def __init__(
         self,
@@ -412,6 +416,7 @@ class VLLMGenerator:
 
             sampling_params_cls = SamplingParams
         self._sampling_params_cls = sampling_params_cls
+        self._pushed_version: int | None = None
         if enable_sleep_mode:
             self.sleep()  # free the memory until the first rollout
 
@@ -456,7 +461,14 @@ class VLLMGenerator:
             strip_left_padding(prompt_ids, prompt_mask), k, params, seeds, return_logprobs=return_logprobs
         )
         with_logprobs = return_logprobs and engine_logprobs_usable(params)
-        self.push_weights()
+        # sleep mode discards the weights after each generation: they always go in again
+        if (
+            self.enable_sleep_mode
+            or self.weights_version is None
+            or self.weights_version != self._pushed_version
+        ):
+            self.push_weights()
+            self._pushed_version = self.weights_version
         if self.enable_sleep_mode:
             self._wake_up("kv_cache")
         try:
