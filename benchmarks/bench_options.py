@@ -96,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
+        fn = (TASKS[args.task].get("reward_funcs") or ["rloo.demo.toy:letter_reward"])[0]
+        task_key = f"rewards/{fn.split(':')[1]}/mean"
         base = {s: run_one(work, "defaults", {}, s, args.updates, args.task) for s in args.seeds}
         off = run_one(work, "explicit-off", EXPLICIT_OFF, args.seeds[0], args.updates, args.task)
         reproduced = _same(base[args.seeds[0]]["history"], off["history"])
@@ -111,11 +113,16 @@ def main(argv: list[str] | None = None) -> int:
             last = statistics.mean(
                 statistics.mean(m["objective/scores"] for m in r["history"][-5:]) for r in runs.values()
             )
+            # the reward function alone: objective/scores includes penalties (--overlong_buffer_len)
+            task_last = statistics.mean(
+                statistics.mean(m[task_key] for m in r["history"][-5:]) for r in runs.values()
+            )
             rows.append(
                 {
                     "option": name,
                     "score_first3": first,
                     "score_last5": last,
+                    "task_last5": task_last,
                     "kl_last": statistics.mean(r["history"][-1]["objective/kl"] for r in runs.values()),
                     "entropy_last": statistics.mean(
                         r["history"][-1]["policy/entropy_avg"] for r in runs.values()
@@ -130,16 +137,20 @@ def main(argv: list[str] | None = None) -> int:
                     },
                 }
             )
-    base_last = rows[0]["score_last5"]
     print(
         f"toy task ({args.task}), {args.updates} updates, seeds {args.seeds}; defaults == options spelled 'off': {reproduced}"
     )
-    print("| option | score, first 3 | score, last 5 | vs defaults | KL, last | entropy, last | s/run |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    base_task = rows[0]["task_last5"]
+    print(
+        "| option | score, first 3 | score, last 5 | reward fn, last 5 | vs defaults | KL, last | entropy, last "
+        "| s/run |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         print(
-            f"| {r['option']} | {r['score_first3']:.3f} | {r['score_last5']:.3f} | "
-            f"{r['score_last5'] - base_last:+.3f} | {r['kl_last']:.3f} | {r['entropy_last']:.3f} | {r['seconds']:.1f} |"
+            f"| {r['option']} | {r['score_first3']:.3f} | {r['score_last5']:.3f} | {r['task_last5']:.3f} | "
+            f"{r['task_last5'] - base_task:+.3f} | {r['kl_last']:.3f} | {r['entropy_last']:.3f} | "
+            f"{r['seconds']:.1f} |"
         )
     for r in rows:
         if r["extra"]:
