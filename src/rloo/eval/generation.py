@@ -92,7 +92,7 @@ class TransformersEngine:
             out = gen.generate(pids, pmask, 1, params, seeds).tokens.cpu()
             texts.extend(_decode(tok, row.tolist()) for row in out)
         del model, gen
-        _free()
+        release_memory()
         return texts
 
 
@@ -126,7 +126,8 @@ def _decode(tok: Any, ids: list[int]) -> str:
     return tok.decode(ids, skip_special_tokens=True).strip()
 
 
-def _free() -> None:
+def release_memory() -> None:
+    """Give back what a released model held: Python's garbage, then CUDA's cache."""
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -239,7 +240,7 @@ class VLLMEngine:  # pragma: no cover - needs vLLM and a GPU; its arguments are 
         ids = prompt_token_ids(prompts, tok, vllm_max_len(cfg, model_path), cfg.max_new_tokens)
         # read by vLLM when the engine starts
         os.environ["VLLM_BATCH_INVARIANT"] = "1" if cfg.vllm_batch_invariant else "0"
-        _free()  # vLLM sizes its budget from the free memory: release what the previous model left cached
+        release_memory()  # vLLM sizes its budget from the free memory: release what the previous model left cached
         from vllm import LLM, SamplingParams
 
         platform = vllm_platform() or CUDA
@@ -263,4 +264,4 @@ class VLLMEngine:  # pragma: no cover - needs vLLM and a GPU; its arguments are 
         finally:
             # two models are loaded one after the other in the same process: free the first one's memory
             del llm
-            _free()
+            release_memory()

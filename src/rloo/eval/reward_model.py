@@ -13,7 +13,6 @@ each other but ``rm_score_mean`` is not on the scale of training's ``objective/s
 
 from __future__ import annotations
 
-import gc
 import logging
 import math
 from typing import Any
@@ -68,6 +67,7 @@ def score_pairs(
     ``{"reference": [...], "trained": [...], "baseline": [...]}``. Batched (``generation_batch_size`` texts
     per forward), without gradients, on ``device``; the model is released after. A non-finite score is a
     one-line UserError, as in training."""
+    from rloo.eval.generation import release_memory
     from rloo.models import load_reward_model, reward_model_scores
 
     assert cfg.reward_model_path
@@ -83,9 +83,7 @@ def score_pairs(
         ).tolist()
     finally:
         del model
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        release_memory()
     bad = next((i for i, s in enumerate(scores) if not math.isfinite(s)), None)
     if bad is not None:
         side = list(groups)[bad // len(texts)]

@@ -193,7 +193,7 @@ class CheckpointManager:
                 "shares, or run on one node."
             )
         # each rank's partition of the optimizer state, fp32 weights and moments: ~12 bytes per parameter
-        needed = 12 * sum(getattr(p, "ds_numel", p.numel()) for p in self.policy.parameters()) // self.world
+        needed = 12 * lora.parameter_counts(self.policy)[1] // self.world  # full sizes, not ZeRO-3 shards
         try:
             with disk_full_as_one_line(out_dir / f"{PREFIX}{update}", needed, f"checkpoint {PREFIX}{update}"):
                 save_engine_state(tmp, self.policy)
