@@ -124,6 +124,7 @@ BAD_VALUES = [
     ("lr_scheduler_type", "exponential"),
     ("cache_implementation", "paged"),
     ("compile_generation", True),  # without --cache_implementation static: decode shapes change per step
+    ("generation_dtype", "float32"),  # 'policy' samples from the policy's own weights
     ("total_episodes", 0),
     ("num_train_epochs", 0.0),
     ("reward_funcs", ["nodotnocolon"]),
@@ -200,6 +201,14 @@ def test_generator_options_are_refused_with_vllm() -> None:
     with pytest.raises(UserError, match=r"--cache_implementation.*--use_vllm"):
         make(use_vllm=True, cache_implementation="static")
     assert make(cache_implementation="static", compile_generation=True).compile_generation
+    with pytest.raises(UserError, match=r"--generation_dtype bfloat16 copies the policy.*--use_vllm"):
+        make(use_vllm=True, generation_dtype="bfloat16")
+
+
+def test_a_rollout_copy_is_refused_with_a_quantized_policy() -> None:
+    with pytest.raises(UserError, match=r"--generation_dtype float16 .*--load_in_4bit rules out"):
+        make(use_peft=True, load_in_4bit=True, generation_dtype="float16")
+    assert make(use_peft=True, load_in_4bit=True).generation_dtype == "auto"
 
 
 def test_bf16_and_fp16_are_exclusive() -> None:

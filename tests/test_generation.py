@@ -230,3 +230,168 @@ def test_static_cache_decode_stops_like_the_dynamic_one(lm) -> None:
         hits = (row == stop).nonzero()
         if hits.numel():
             assert (row[int(hits[0]) + 1 :] == params.pad_token_id).all()
+
+
+# -- the compute-dtype cache, the whole-step graph and the rollout copy (issue 30) ---------------------
+def _autocast_bf16():
+    return torch.autocast("cpu", dtype=torch.bfloat16)
+
+
+def _prompts(tok):
+    return left_pad([tok(p)["input_ids"] for p in PROMPTS], tok.pad_token_id)
+
+
+def test_static_decode_under_autocast_keeps_a_compute_dtype_cache(arch_lm) -> None:
+    # An fp32 model under bf16 autocast makes fp32 keys (the rotary embedding promotes) and bf16 values;
+    # the static cache used to take the keys' dtype for both and failed at the first decode step.
+    tok, model = arch_lm
+    model.config._attn_implementation = "sdpa"
+    ids, mask = _prompts(tok)
+    seeds = row_seeds(2, 0, torch.arange(3), 4)
+    params = SamplingParams(max_new_tokens=12, temperature=1.0, pad_token_id=tok.pad_token_id)
+    runs = {}
+    for impl in ("dynamic", "static"):
+        gen = TransformersGenerator(model, batch_size=64, autocast=_autocast_bf16, cache_implementation=impl)
+        runs[impl] = gen.generate(ids, mask, 4, params, seeds, return_logprobs=True)
+    (buf,) = gen._buffers.values()
+    assert {layer.keys.dtype for layer in buf.cache.layers} == {torch.bfloat16}
+    assert {layer.values.dtype for layer in buf.cache.layers} == {torch.bfloat16}
+    # the same bf16 attention inputs as the dynamic cache's (attention casts its fp32 keys to bf16)
+    agree = float((runs["static"].tokens == runs["dynamic"].tokens).float().mean())
+    assert agree >= 0.9, agree
+
+
+@pytest.mark.parametrize("greedy", [False, True])
+@pytest.mark.parametrize("stop", [False, True])
+def test_whole_step_decode_equals_the_step_by_step_loop(lm, greedy: bool, stop: bool) -> None:
+    # Sampling inside the step (indexed by a device counter) must choose exactly what the host loop chooses.
+    _, tok, model = lm
+    ids, mask = _prompts(tok)
+    seeds = row_seeds(7, 3, torch.arange(3), 4)
+    params = SamplingParams(max_new_tokens=24, temperature=0.8, top_p=0.95, pad_token_id=tok.pad_token_id)
+    if stop:
+        free = TransformersGenerator(model, batch_size=64).generate(ids, mask, 4, params, seeds).tokens
+        params = SamplingParams(**{**params.__dict__, "stop_token_id": int(free[1, 2])})
+    params = SamplingParams(**{**params.__dict__, "greedy": greedy})
+    whole, host, dynamic = (
+        TransformersGenerator(model, batch_size=64, cache_implementation=impl, whole_step=w).generate(
+            ids, mask, 4, params, seeds, return_logprobs=True
+        )
+        for impl, w in (("static", True), ("static", False), ("dynamic", True))
+    )
+    assert torch.equal(whole.tokens, host.tokens)
+    assert torch.equal(whole.logprobs, host.logprobs)
+    _assert_same_samples(whole, dynamic)
+
+
+def test_static_buffers_are_reused_across_calls_and_prompt_widths(lm) -> None:
+    # A recorded graph replays only on the same addresses: prompts of another width in the same length
+    # bucket must decode in the same buffers, and give what a fresh generator gives.
+    _, tok, model = lm
+    params = SamplingParams(max_new_tokens=8, temperature=1.0, pad_token_id=tok.pad_token_id)
+    gen = TransformersGenerator(model, batch_size=8, cache_implementation="static")
+    short = left_pad([tok(p)["input_ids"] for p in ["Hi", "Hello"]], tok.pad_token_id)
+    longer = left_pad([tok(p)["input_ids"] for p in ["Hi there, a longer prompt", "Hello"]], tok.pad_token_id)
+    assert short[0].size(1) != longer[0].size(1)
+    seeds = row_seeds(0, 0, torch.arange(2), 4)
+    gen.generate(*short, 4, params, seeds)
+    (buf,) = gen._buffers.values()
+    pointers = [layer.keys.data_ptr() for layer in buf.cache.layers] + [
+        buf.attn.data_ptr(),
+        buf.tokens.data_ptr(),
+    ]
+    again = gen.generate(*longer, 4, params, seeds)
+    (same,) = gen._buffers.values()
+    assert same is buf
+    assert pointers == [layer.keys.data_ptr() for layer in buf.cache.layers] + [
+        buf.attn.data_ptr(),
+        buf.tokens.data_ptr(),
+    ]
+    fresh = TransformersGenerator(model, batch_size=8, cache_implementation="static").generate(
+        *longer, 4, params, seeds
+    )
+    assert torch.equal(again.tokens, fresh.tokens)
+
+
+def test_compiled_whole_step_decode_matches_eager(lm) -> None:
+    # torch.compile of the whole step (sampling included): on a GPU the step replays as one CUDA graph;
+    # here inductor compiles it for the CPU, and the tokens must be the eager loop's.
+    _, tok, model = lm
+    ids, mask = _prompts(tok)
+    seeds = row_seeds(1, 0, torch.arange(3), 4)
+    params = SamplingParams(max_new_tokens=10, temperature=1.0, pad_token_id=tok.pad_token_id)
+    eager = TransformersGenerator(model, batch_size=64, cache_implementation="static").generate(
+        ids, mask, 4, params, seeds, return_logprobs=True
+    )
+    gen = TransformersGenerator(model, batch_size=64, cache_implementation="static", compile_decode=True)
+    first = gen.generate(ids, mask, 4, params, seeds, return_logprobs=True)
+    second = gen.generate(ids, mask, 4, params, seeds, return_logprobs=True)  # replayed, not re-traced
+    _assert_same_samples(first, eager)
+    assert torch.equal(first.tokens, second.tokens)
+
+
+def test_rollout_copy_is_the_policy_in_bf16_after_every_sync(lm) -> None:
+    from rloo.generation import rollout_copy, sync_rollout_copy
+
+    path, _, _ = lm
+    policy = load_causal_lm(str(path), flag="model_name_or_path")
+    copy = rollout_copy(policy, torch.bfloat16)
+    assert all(p.dtype == torch.bfloat16 and not p.requires_grad for p in copy.parameters())
+    assert all(p.dtype == torch.float32 and p.requires_grad for p in policy.parameters())  # untouched
+    opt = torch.optim.AdamW(policy.parameters(), lr=1e-2)
+    loss = policy(input_ids=torch.arange(1, 9)[None], labels=torch.arange(1, 9)[None]).loss
+    loss.backward()
+    opt.step()
+    assert not _equal_states(copy, _bf16(policy))  # the step moved the policy, not the copy
+    pointers = [p.data_ptr() for p in copy.parameters()]
+    sync_rollout_copy(copy, policy)
+    assert _equal_states(copy, _bf16(policy))
+    assert pointers == [p.data_ptr() for p in copy.parameters()]  # in place: recorded graphs stay valid
+
+
+def _bf16(model):
+    import copy
+
+    return copy.deepcopy(model).to(torch.bfloat16)
+
+
+def _equal_states(a, b) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def test_generator_refreshes_its_copy_only_when_the_weights_moved(lm) -> None:
+    from rloo.generation import GenerationSettings
+
+    path, tok, _ = lm
+    policy = load_causal_lm(str(path), flag="model_name_or_path")
+    settings = GenerationSettings(
+        use_vllm=False,
+        cache_implementation="static",
+        compile_generation=False,
+        generation_dtype="bfloat16",
+        ds3_gather_for_generation=True,
+        model_path=str(path),
+        bf16=True,
+        fp16=False,
+        seed=0,
+        trust_remote_code=False,
+        vllm_gpu_memory_utilization=0.5,
+        vllm_enable_sleep_mode=False,
+        vllm_batch_invariant=False,
+    )
+    gen = TransformersGenerator.from_settings(policy, settings, batch_size=8, copy_dtype=torch.bfloat16)
+    assert gen.model is not policy and gen.source is policy
+    gen.weights_version = 0
+    ids, mask = _prompts(tok)
+    params = SamplingParams(max_new_tokens=4, greedy=True, pad_token_id=tok.pad_token_id)
+    seeds = row_seeds(0, 0, torch.arange(3), 1)
+    gen.generate(ids, mask, 1, params, seeds)
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.add_(0.5)
+    gen.generate(ids, mask, 1, params, seeds)  # same version: the copy keeps the old weights
+    assert not _equal_states(gen.model, _bf16(policy))
+    gen.weights_version = 1
+    gen.generate(ids, mask, 1, params, seeds)
+    assert _equal_states(gen.model, _bf16(policy))

@@ -35,6 +35,7 @@ KL_ESTIMATORS = ("k1", "k2", "k3")
 # verl's names; the first is the classic RLOO loss (one sequence-level ratio, summed log-probs)
 LOSS_AGG_MODES = ("seq-mean-token-sum", "token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 CACHE_IMPLEMENTATIONS = ("dynamic", "static")
+GENERATION_DTYPES = ("auto", "policy", "bfloat16", "float16")
 # the same tuples as rloo.algo's (a test keeps them equal): the config is parsed where torch is not installed
 SCALE_REWARDS_MODES = ("none", "group", "batch")
 IMPORTANCE_SAMPLING_LEVELS = ("auto", "token", "sequence")
@@ -343,6 +344,13 @@ class RLOOConfig:
         "torch.compile the static-cache decode step (mode 'reduce-overhead': on a GPU each step replays as "
         "one CUDA graph, one launch per token); needs --cache_implementation static.",
     )
+    generation_dtype: str = option(
+        "auto",
+        "Weights the built-in generator samples from: 'bfloat16' / 'float16' a copy of the policy in that dtype "
+        "(2 bytes per parameter, refreshed after each optimizer step; its KV cache in that dtype too), 'policy' "
+        "the policy itself under the training autocast; 'auto': a copy in the --bf16/--fp16 dtype on a GPU "
+        "without LoRA or DeepSpeed, else 'policy'.",
+    )
     ds3_gather_for_generation: bool = option(
         True,
         "Under DeepSpeed ZeRO-3, gather the full policy once per rollout for fast generation; false generates "
@@ -525,6 +533,16 @@ class RLOOConfig:
             raise UserError(
                 f"--cache_implementation must be one of {', '.join(CACHE_IMPLEMENTATIONS)} "
                 f"(got {self.cache_implementation!r})."
+            )
+        if self.generation_dtype not in GENERATION_DTYPES:
+            raise UserError(
+                f"--generation_dtype must be one of {', '.join(GENERATION_DTYPES)} (got {self.generation_dtype!r})."
+            )
+        if self.generation_dtype in ("bfloat16", "float16") and (self.use_vllm or self.load_in_4bit):
+            flag = "--use_vllm" if self.use_vllm else "--load_in_4bit"
+            raise UserError(
+                f"--generation_dtype {self.generation_dtype} copies the policy for the built-in generator, which "
+                f"{flag} rules out; leave --generation_dtype auto."
             )
         if self.compile_generation and self.cache_implementation != "static":
             raise UserError(
@@ -813,6 +831,7 @@ class RLOOConfig:
             use_vllm=self.use_vllm,
             cache_implementation=self.cache_implementation,
             compile_generation=self.compile_generation,
+            generation_dtype=self.generation_dtype,
             ds3_gather_for_generation=self.ds3_gather_for_generation,
             model_path=self.policy_path,
             bf16=self.bf16,

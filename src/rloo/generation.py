@@ -23,13 +23,19 @@ _MASK32 = 0xFFFFFFFF
 TEMPERATURE_EPS = 1e-7
 
 
+def scoring_temperature(temperature: float) -> float:
+    """The divisor of the logits when scoring samples: ``temperature + 1e-7``, the reference's. At
+    temperature 1 that divisor rounds to 1 + 1.2e-7 in float32, a change of at most one unit in the last
+    place, so it is 1 exactly and the division (a full pass over a (b, T, V) tensor and another in its
+    backward) is skipped."""
+    return 1.0 if temperature == 1.0 else temperature + TEMPERATURE_EPS
+
+
 def scale_logits(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """``logits / (temperature + 1e-7)``, the reference's scoring divisor. At temperature 1 that divisor
-    rounds to 1 + 1.2e-7 in float32, a change of at most one unit in the last place, so the division (a
-    full pass over a (b, T, V) tensor and another in its backward) is skipped."""
+    """``logits / scoring_temperature(temperature)``."""
     if temperature == 1.0:
         return logits
-    return logits / (temperature + TEMPERATURE_EPS)
+    return logits / scoring_temperature(temperature)
 
 
 def _mix32(x: torch.Tensor) -> torch.Tensor:
@@ -108,6 +114,9 @@ class GenerationSettings:
     # -- the built-in generator
     cache_implementation: str  # "dynamic" or "static" (see TransformersGenerator)
     compile_generation: bool  # torch.compile the static decode step
+    generation_dtype: (
+        str  # "auto", "policy", "bfloat16" or "float16": the weights sampled from (rollout_copy)
+    )
     ds3_gather_for_generation: bool  # ZeRO-3: gather the policy per rollout; else decode from the shards
     # -- the vLLM engine
     model_path: str  # the checkpoint the engine starts from (the policy's starting point)
@@ -181,22 +190,36 @@ class TransformersGenerator:
         synced_steps: bool = False,
         cache_implementation: str = "dynamic",
         compile_decode: bool = False,
+        whole_step: bool = True,
+        source: Any = None,
     ) -> None:
         self.model = model
+        # the live policy when ``model`` is a rollout copy of it (``rollout_copy``): the copy is refreshed
+        # from it before a generation whenever ``weights_version`` moved; None: ``model`` is the policy
+        self.source = source
+        self._synced_version: int | None = None
         self.batch_size = batch_size  # completions per sampling batch
-        self.autocast = autocast
+        # a copy holds its weights in the compute dtype already: autocast would only add casts
+        self.autocast = None if source is not None else autocast
         # "static": decode into a KV cache preallocated to prompt + response length, with shapes that do
         # not change from step to step (what CUDA graphs need); "dynamic": the cache grows by a token a step
         self.cache_implementation = cache_implementation
         # compile the static decode step (torch.compile "reduce-overhead": CUDA graphs on a GPU)
         self.compile_decode = compile_decode
-        self._compiled: Any = None
+        # the static decode step holds sampling, the token's write and the mask's update too (one graph per
+        # step, driven by a step counter on the device); False: only the model's forward (the A/B baseline)
+        self.whole_step = whole_step
+        self._compiled: dict[bool, Any] = {}
+        # static decode buffers by shape, kept across calls: the same addresses every call, so a compiled
+        # step is not re-recorded for each chunk or update
+        self._buffers: dict[tuple[Any, ...], _StaticBuffers] = {}
         # every decode step runs even when all rows have stopped: with ZeRO-3 shards each forward is a
         # collective, and a rank that stopped early would leave the others waiting
         self.synced_steps = synced_steps
         # polled between decode steps: a pending SIGTERM stops a long generation within one step
         self.should_stop: Callable[[], bool] | None = None
-        self.weights_version: int | None = None  # unused: it decodes with the live policy
+        # the trainer's optimizer-step count: a rollout copy is refreshed when it moved (None: every call)
+        self.weights_version: int | None = None
 
     @classmethod
     def from_settings(
@@ -207,17 +230,20 @@ class TransformersGenerator:
         batch_size: int,
         autocast: Any = None,
         synced_steps: bool = False,
+        copy_dtype: torch.dtype | None = None,
     ) -> TransformersGenerator:
         """The rollout generator of a training run: ``model`` is the bare policy (unwrapped), ``synced_steps``
         whether ranks must decode in lockstep (ZeRO-3 from shards; the trainer knows, see
-        ``rloo.training.deepspeed_utils.generation_needs_synced_steps``)."""
+        ``rloo.training.deepspeed_utils.generation_needs_synced_steps``), ``copy_dtype`` the dtype of a
+        rollout copy to sample from (``settings.generation_dtype`` resolved by the caller), None: the policy."""
         return cls(
-            model,
+            rollout_copy(model, copy_dtype) if copy_dtype is not None else model,
             batch_size=batch_size,
             autocast=autocast,
             synced_steps=synced_steps,
             cache_implementation=settings.cache_implementation,
             compile_decode=settings.compile_generation,
+            source=model if copy_dtype is not None else None,
         )
 
     def generate(
@@ -230,11 +256,18 @@ class TransformersGenerator:
         *,
         return_logprobs: bool = False,
     ) -> Generated:
+        if self.source is not None and (
+            self.weights_version is None or self.weights_version != self._synced_version
+        ):
+            sync_rollout_copy(self.model, self.source)
+            self._synced_version = self.weights_version
         prompts_per_chunk = max(1, self.batch_size // k)
         # inference_mode dispatches cheaper than no_grad (outputs are cloned out of it below), but decoding
         # from ZeRO-3 shards (synced steps) gathers parameters in here: a small (persistent) one gathered
-        # first here would stay an inference tensor, which the training forward cannot save for backward
-        no_grad = torch.no_grad if self.synced_steps else torch.inference_mode
+        # first here would stay an inference tensor, which the training forward cannot save for backward.
+        # The static path runs under no_grad too: its buffers outlive the call and are written in place.
+        static = self.cache_implementation == "static"
+        no_grad = torch.no_grad if self.synced_steps or static else torch.inference_mode
         with no_grad():
             chunks = [
                 self._generate_chunk(
@@ -295,18 +328,9 @@ class TransformersGenerator:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Choose every row's token at step ``t`` (B,), write it (and its log-prob if asked) and return it
         with the updated ``done``: rows past their stop token emit padding."""
-        if params.greedy:
-            nxt = logits.argmax(-1)
-        else:
-            nxt = sample_tokens(
-                logits, u_t, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p
-            )
-        if logprobs is not None:
-            scaled = scale_logits(logits.float(), params.temperature)  # (B, V)
-            logprobs[:, t] = scaled.gather(-1, nxt[:, None]).squeeze(-1) - scaled.logsumexp(-1)
-        if params.stop_token_id is not None:
-            nxt = torch.where(done, torch.full_like(nxt, params.pad_token_id), nxt)
-            done = done | (nxt == params.stop_token_id)
+        nxt, logprob, done = choose_tokens(logits, u_t, params, done, with_logprob=logprobs is not None)
+        if logprobs is not None and logprob is not None:
+            logprobs[:, t] = logprob
         tokens[:, t] = nxt
         return nxt, done
 
@@ -367,92 +391,261 @@ class TransformersGenerator:
         return_logprobs: bool,
     ) -> Generated:
         """The decode loop over a preallocated cache: every step feeds the model tensors of one shape at
-        one address (the whole (B, L+T) mask with the future masked, positions and ids updated in place),
-        so a compiled step can be replayed as a CUDA graph; the host reads the device only every
-        ``STOP_CHECK_EVERY`` steps, to stop once every row has finished."""
-        model = self.model
+        one address, kept across calls (the whole (B, S) mask with the future masked, positions and ids
+        updated in place; S is prompt + response length rounded up to ``CACHE_BUCKET``), so a compiled
+        step is recorded once and replayed as a CUDA graph. With ``whole_step`` the step also samples,
+        writes the token and opens the mask, indexed by a step counter on the device; the host reads the
+        device only every ``STOP_CHECK_EVERY`` steps, to stop once every row has finished."""
         ctx = self.autocast or contextlib.nullcontext
-        device = logits.device
         steps = params.max_new_tokens
         n, width = mask.shape
-        cache = static_cache_from(dynamic, model, width + steps)
-        # SDPA takes a (B, 1, 1, L+T) bool mask as it is (no per-step rebuild); other attentions a 2D one
-        if getattr(model.config, "_attn_implementation", None) == "sdpa":
-            attn = torch.zeros((n, 1, 1, width + steps), dtype=torch.bool, device=device)
-            attn[:, 0, 0, :width] = mask.bool()
-        else:
-            attn = torch.zeros((n, width + steps), dtype=mask.dtype, device=device)
-            attn[:, :width] = mask
-        ids = torch.zeros((n, 1), dtype=torch.long, device=device)  # (B, 1) the step's input, in place
-        pos = pos.clone()  # (B, 1)
+        buf = self._static_buffers(dynamic, n, width + steps, steps, return_logprobs, logits.device)
+        buf.load(dynamic, mask, pos, u, params.pad_token_id)
+        # token 0 comes from the prefill's logits, outside the graph; every later step runs the model on the
+        # previous token, then chooses this one
+        nxt, logprob, done = choose_tokens(logits, u[:, 0], params, buf.done, with_logprob=return_logprobs)
+        buf.first(nxt, logprob, done, width)
         step = self._step_fn()
-        tokens = torch.full((n, steps), params.pad_token_id, dtype=torch.long, device=device)
-        logprobs = torch.zeros((n, steps), dtype=torch.float32, device=device) if return_logprobs else None
-        done = torch.zeros(n, dtype=torch.bool, device=device)
-        for t in range(steps):
-            nxt, done = self._emit(logits, u[:, t], params, t, tokens, logprobs, done)
-            if t + 1 == steps:
-                break
-            check = (
-                params.stop_token_id is not None and not self.synced_steps and (t + 1) % STOP_CHECK_EVERY == 0
-            )
-            if check and bool(done.all()):
+        for t in range(1, steps):
+            check = params.stop_token_id is not None and not self.synced_steps and t % STOP_CHECK_EVERY == 0
+            if check and bool(buf.done.all()):
                 break
             if self.should_stop is not None and self.should_stop():
                 raise GenerationInterrupted
-            ids.copy_(nxt[:, None])
-            pos.add_(1)
-            attn[..., width + t] = 1  # this step's token, written to cache slot L+t, becomes visible
             with ctx():
-                logits = step(ids, attn, pos, cache)
-        return Generated(tokens=tokens, logprobs=logprobs)
+                if self.whole_step:
+                    step(buf, params)
+                else:
+                    buf.attn[..., width + t - 1] = (
+                        1  # the previous token, in cache slot L+t-1, becomes visible
+                    )
+                    logits = step(buf.ids, buf.attn, buf.pos, buf.cache)
+                    nxt, logprob, done = choose_tokens(
+                        logits, u[:, t], params, buf.done, with_logprob=return_logprobs
+                    )
+                    buf.write(t, nxt, logprob, done)
+        tokens = buf.tokens.clone()
+        return Generated(tokens=tokens, logprobs=buf.logprobs.clone() if buf.logprobs is not None else None)
 
-    def _step_fn(self) -> Callable[..., torch.Tensor]:
+    def _static_buffers(
+        self, dynamic: Any, n: int, length: int, steps: int, with_logprobs: bool, device: torch.device
+    ) -> _StaticBuffers:
+        # the cache holds keys and values in the dtype attention computes in: autocast's, else the model's
+        with (self.autocast or contextlib.nullcontext)():
+            autocast = torch.is_autocast_enabled(device.type)
+            dtype = torch.get_autocast_dtype(device.type) if autocast else dynamic.layers[0].keys.dtype
+        size = -(-length // CACHE_BUCKET) * CACHE_BUCKET  # rounded up: prompts of other widths reuse it
+        key = (n, size, steps, with_logprobs, dtype, device)
+        buf = self._buffers.get(key)
+        if buf is None:
+            while len(self._buffers) >= MAX_STATIC_BUFFERS:  # oldest first: an eval's other shapes
+                self._buffers.pop(next(iter(self._buffers)))
+            buf = self._buffers[key] = _StaticBuffers(
+                self.model, dynamic, n, size, steps, with_logprobs, dtype
+            )
+        return buf
+
+    def _step_fn(self) -> Callable[..., Any]:
         model = self.model
+        whole = self.whole_step
 
-        def step(ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any) -> torch.Tensor:
+        def forward(ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any) -> torch.Tensor:
             out = model(
                 input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True
             )
             return out.logits[:, -1]  # (B, V)
 
+        def whole_step(buf: _StaticBuffers, params: SamplingParams) -> None:
+            # the previous token, written to cache slot buf.slot by this forward, becomes visible
+            buf.attn.index_fill_(-1, buf.slot, True)
+            logits = forward(buf.ids, buf.attn, buf.pos, buf.cache)  # (B, V)
+            u_t = buf.u.index_select(1, buf.t).squeeze(1)  # (B,)
+            nxt, logprob, done = choose_tokens(
+                logits, u_t, params, buf.done, with_logprob=buf.logprobs is not None
+            )
+            buf.write_at_counter(nxt, logprob, done)
+
+        fn = whole_step if whole else forward
         if not self.compile_decode:
-            return step
-        if self._compiled is None:
+            return fn
+        if whole not in self._compiled:
             # "reduce-overhead" records the step as a CUDA graph: one launch per token instead of one per
             # kernel, which is what decode at small batch is bound by
-            self._compiled = torch.compile(step, mode="reduce-overhead", dynamic=False)
-        return self._compiled
+            self._compiled[whole] = torch.compile(fn, mode="reduce-overhead", dynamic=False)
+        return self._compiled[whole]
 
 
-# The static decode loop reads ``done`` from the device this often (a host sync), to stop early.
-STOP_CHECK_EVERY = 16
-
-
-def static_cache_from(dynamic: Any, model: Any, max_len: int) -> Any:
-    """A transformers ``StaticCache`` of ``max_len`` positions holding what ``dynamic`` (a prefilled
-    ``DynamicCache``, batch already repeated) holds. Raises RuntimeError when this transformers version
-    lays caches out differently (layers with keys, values and a cumulative length)."""
-    from transformers import StaticCache
-
-    # Any: transformers types its layers as a union that includes linear-attention and dummy layers
-    static: Any = StaticCache(config=model.config, max_cache_len=max_len)
-    if len(static.layers) != len(dynamic.layers) or not all(
-        hasattr(layer, "cumulative_length") for layer in static.layers
-    ):
-        raise RuntimeError(
-            "cache_implementation='static' needs a transformers version whose StaticCache layers keep a "
-            "cumulative_length (5.x); use cache_implementation='dynamic' here"
+def choose_tokens(
+    logits: torch.Tensor, u_t: torch.Tensor, params: SamplingParams, done: torch.Tensor, *, with_logprob: bool
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """One decode step's choice for every row: logits (B, V), uniforms (B,) -> the tokens (B,), their
+    log-probs at the sampling temperature (B,) if asked, and ``done`` updated: rows past their stop token
+    emit padding. No host sync: it runs inside a CUDA graph too."""
+    if params.greedy:
+        nxt = logits.argmax(-1)
+    else:
+        nxt = sample_tokens(
+            logits, u_t, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p
         )
-    for src, dst in zip(dynamic.layers, static.layers, strict=True):
-        if getattr(dst, "sliding_window", None):
-            raise RuntimeError("cache_implementation='static' does not support sliding-window layers yet")
-        length = src.keys.size(2)
-        dst.lazy_initialization(src.keys, src.values)  # allocates (B, H, max_len, D) zeros
-        dst.keys[:, :, :length].copy_(src.keys)
-        dst.values[:, :, :length].copy_(src.values)
-        dst.cumulative_length.fill_(length)
-    return static
+    logprob = None
+    if with_logprob:
+        scaled = scale_logits(logits.float(), params.temperature)  # (B, V)
+        logprob = scaled.gather(-1, nxt[:, None]).squeeze(-1) - scaled.logsumexp(-1)  # (B,)
+    if params.stop_token_id is not None:
+        nxt = torch.where(done, torch.full_like(nxt, params.pad_token_id), nxt)
+        done = done | (nxt == params.stop_token_id)
+    return nxt, logprob, done
+
+
+# The static loop reads ``done`` from the device this often (a host sync), to stop early.
+STOP_CHECK_EVERY = 16
+# Static caches are sized to prompt + response length rounded up to a multiple of this, so that prompts of
+# other widths (each rollout's longest differs) decode in the same buffers and the same recorded graph.
+CACHE_BUCKET = 64
+# Shapes of static buffers a generator keeps (a rollout's full chunk, its last one, an evaluation's).
+MAX_STATIC_BUFFERS = 4
+
+
+class _StaticBuffers:
+    """Everything a static decode step reads and writes, allocated once per shape and reused: the KV cache
+    (in the compute dtype, see ``_allocate_static_layer``), the (B, 1, 1, S) or (B, S) attention mask, the
+    step's ids and positions, the outputs, and the step counter ``t`` with the cache slot ``slot`` that
+    the step's input token is written to (0-dim device tensors, so a recorded graph indexes with them)."""
+
+    def __init__(
+        self, model: Any, dynamic: Any, n: int, size: int, steps: int, with_logprobs: bool, dtype: torch.dtype
+    ) -> None:
+        from transformers import StaticCache
+
+        layer = dynamic.layers[0]
+        device = layer.keys.device
+        # Any: transformers types its layers as a union that includes linear-attention and dummy layers
+        cache: Any = StaticCache(config=model.config, max_cache_len=size)
+        if len(cache.layers) != len(dynamic.layers) or not all(
+            hasattr(layer, "cumulative_length") for layer in cache.layers
+        ):
+            raise RuntimeError(
+                "cache_implementation='static' needs a transformers version whose StaticCache layers keep a "
+                "cumulative_length (5.x); use cache_implementation='dynamic' here"
+            )
+        for src, dst in zip(dynamic.layers, cache.layers, strict=True):
+            if getattr(dst, "sliding_window", None):
+                raise RuntimeError("cache_implementation='static' does not support sliding-window layers yet")
+            _allocate_static_layer(dst, src.keys, src.values, dtype)
+        self.cache = cache
+        self.sdpa = getattr(model.config, "_attn_implementation", None) == "sdpa"
+        # SDPA takes a (B, 1, 1, S) bool mask as it is (no per-step rebuild); other attentions a 2D one
+        shape = (n, 1, 1, size) if self.sdpa else (n, size)
+        self.attn = torch.zeros(shape, dtype=torch.bool if self.sdpa else torch.long, device=device)
+        self.ids = torch.zeros((n, 1), dtype=torch.long, device=device)  # (B, 1) the step's input
+        self.pos = torch.zeros((n, 1), dtype=torch.long, device=device)  # (B, 1)
+        self.u = torch.zeros((n, steps), dtype=torch.float64, device=device)  # (B, T)
+        self.tokens = torch.zeros((n, steps), dtype=torch.long, device=device)  # (B, T)
+        self.logprobs = torch.zeros((n, steps), dtype=torch.float32, device=device) if with_logprobs else None
+        self.done = torch.zeros(n, dtype=torch.bool, device=device)  # (B,)
+        self.t = torch.zeros(1, dtype=torch.long, device=device)  # (1,) the step being chosen
+        self.slot = torch.zeros(1, dtype=torch.long, device=device)  # (1,) cache slot of the step's input
+        for x in (self.attn, self.ids, self.pos, self.u, self.tokens, self.done, self.t, self.slot):
+            torch._dynamo.mark_static_address(x)
+        if self.logprobs is not None:
+            torch._dynamo.mark_static_address(self.logprobs)
+
+    def load(self, dynamic: Any, mask: torch.Tensor, pos: torch.Tensor, u: torch.Tensor, pad_id: int) -> None:
+        """A new chunk: its prefilled cache (B, H, L, D) into slots [0, L), its mask, positions and uniforms.
+        Slots past L hold an earlier chunk's values until overwritten; the mask hides them."""
+        width = mask.size(1)
+        for src, dst in zip(dynamic.layers, self.cache.layers, strict=True):
+            length = src.keys.size(2)
+            dst.keys[:, :, :length].copy_(src.keys)
+            dst.values[:, :, :length].copy_(src.values)
+            dst.cumulative_length.fill_(length)
+        self.attn.zero_()
+        if self.sdpa:
+            self.attn[:, 0, 0, :width] = mask.bool()
+        else:
+            self.attn[:, :width] = mask
+        self.pos.copy_(pos)
+        self.u.copy_(u)
+        self.tokens.fill_(pad_id)
+        if self.logprobs is not None:
+            self.logprobs.zero_()
+        self.done.zero_()
+
+    def first(self, nxt: torch.Tensor, logprob: torch.Tensor | None, done: torch.Tensor, width: int) -> None:
+        """Token 0 (chosen from the prefill's logits) written; the counters set for step 1."""
+        self.write(0, nxt, logprob, done)
+        self.t.fill_(1)
+        self.slot.fill_(width)
+
+    def write(self, t: int, nxt: torch.Tensor, logprob: torch.Tensor | None, done: torch.Tensor) -> None:
+        """Step ``t``'s tokens (B,) recorded and made the next step's input (host-indexed)."""
+        self.tokens[:, t] = nxt
+        if logprob is not None and self.logprobs is not None:
+            self.logprobs[:, t] = logprob
+        self.done.copy_(done)
+        self.ids.copy_(nxt[:, None])
+        self.pos.add_(1)  # the position of the token just written: the next step's input
+
+    def write_at_counter(self, nxt: torch.Tensor, logprob: torch.Tensor | None, done: torch.Tensor) -> None:
+        """:meth:`write` at the device counter ``t``, then both counters advanced: no host index, so the
+        whole step replays as one graph."""
+        self.tokens.index_copy_(1, self.t, nxt[:, None])
+        if logprob is not None and self.logprobs is not None:
+            self.logprobs.index_copy_(1, self.t, logprob[:, None])
+        self.done.copy_(done)
+        self.ids.copy_(nxt[:, None])
+        self.pos.add_(1)
+        self.t.add_(1)
+        self.slot.add_(1)
+
+
+def _allocate_static_layer(dst: Any, keys: torch.Tensor, values: torch.Tensor, dtype: torch.dtype) -> None:
+    """Allocate a StaticCache layer for keys and values shaped like ``keys`` and ``values`` (B, H, ., D), in
+    ``dtype``, and make its writes cast to it. Under bf16 autocast an fp32 model's keys come out fp32 (the
+    rotary embedding promotes) and its values bf16, and transformers' cache takes the keys' dtype for both
+    (the values' first write then fails: ``index_copy_(): ... Float and BFloat16``). Attention casts both
+    to the compute dtype anyway, so a cache in that dtype holds exactly what attention reads, at half the
+    bytes, with no cast of the whole cache at every step."""
+    dst.lazy_initialization(keys.to(dtype), values.to(dtype))  # (B, H, S, D) zeros, static addresses marked
+    write = type(dst).update
+
+    def update(key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        return write(dst, key_states.to(dtype), value_states.to(dtype), *args, **kwargs)
+
+    dst.update = update
+
+
+def rollout_copy(model: Any, dtype: torch.dtype) -> Any:
+    """A copy of ``model`` to sample from, with its floating-point parameters and buffers in ``dtype``
+    (what ``model.to(dtype)`` would give), in eval mode and without gradients. Built parameter by
+    parameter: the full-precision model is never duplicated on the device first. Refresh it after an
+    optimizer step with :func:`sync_rollout_copy`.
+
+    Why: sampling from an fp32 policy under bf16 autocast casts every weight at every decode step and
+    keeps an fp32 KV cache; this copy costs 2 bytes per parameter once."""
+    import copy
+
+    memo: dict[int, Any] = {}
+    with torch.no_grad():
+        for p in model.parameters():
+            memo[id(p)] = torch.nn.Parameter(
+                p.detach().to(dtype) if p.is_floating_point() else p.detach().clone(), requires_grad=False
+            )
+        for b in model.buffers():
+            memo[id(b)] = b.detach().to(dtype) if b.is_floating_point() else b.detach().clone()
+    clone = copy.deepcopy(model, memo)
+    return clone.eval().requires_grad_(False)
+
+
+def sync_rollout_copy(copy: Any, model: Any) -> None:
+    """Copy ``model``'s current parameters into its rollout copy, in place (cast to the copy's dtype; the
+    copy's tensors keep their addresses, so recorded graphs stay valid)."""
+    dst = list(copy.parameters())
+    src = list(model.parameters())
+    if len(dst) != len(src):
+        raise RuntimeError(f"rollout copy has {len(dst)} parameters, the policy {len(src)}: rebuild the copy")
+    with torch.no_grad():
+        torch._foreach_copy_(dst, [p.detach() for p in src])
 
 
 def _normal(t: torch.Tensor) -> torch.Tensor:

@@ -572,3 +572,28 @@ def test_a_lasting_score_length_correlation_warns_once(make_config, caplog: pyte
         r.getMessage() for r in caplog.records if "correlated with completion length" in r.getMessage()
     ]
     assert len(warnings) == 1 and warnings[0].startswith("update 2:"), warnings
+
+
+def test_bf16_rollouts_from_a_copy_of_the_policy(make_config) -> None:
+    # --generation_dtype bfloat16: the built-in generator samples from a bf16 copy (what 'auto' picks on a
+    # GPU in bf16), refreshed from the policy after each optimizer step, into a bf16 static cache.
+    from rloo.generation import sync_rollout_copy
+    from rloo.training.trainer import RLOOTrainer
+
+    cfg = make_config(bf16=True, cache_implementation="static", generation_dtype="bfloat16", max_steps=2)
+    trainer = RLOOTrainer(cfg)
+    gen = trainer.generator
+    assert gen.source is trainer.policy and gen.model is not trainer.policy
+    assert {p.dtype for p in gen.model.parameters()} == {torch.bfloat16}
+    history = trainer.train().history
+    assert gen._synced_version == 1  # refreshed for update 2's rollout, after update 1's step only
+    (buf,) = gen._buffers.values()
+    assert {layer.keys.dtype for layer in buf.cache.layers} == {torch.bfloat16}
+    assert all(math.isfinite(h["objective/kl"]) and math.isfinite(h["loss/policy_avg"]) for h in history)
+    # the copy is the policy cast to bf16 once refreshed: the policy moved since update 2's rollout
+    stale = [p.clone() for p in gen.model.parameters()]
+    sync_rollout_copy(gen.model, trainer.policy)
+    fresh = list(gen.model.parameters())
+    assert any(not torch.equal(a, b) for a, b in zip(stale, fresh, strict=True))
+    for p, q in zip(fresh, trainer.policy.parameters(), strict=True):
+        assert torch.equal(p, q.detach().to(torch.bfloat16))

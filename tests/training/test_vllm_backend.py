@@ -470,8 +470,14 @@ def test_generation_failure_still_puts_the_engine_to_sleep() -> None:
 # ------------------------------------------------------------------------------------------------------
 # choosing the backend
 def _accelerator() -> Any:
+    from accelerate.utils import DistributedType
+
     return SimpleNamespace(
-        unwrap_model=lambda m: getattr(m, "module", m), state=SimpleNamespace(deepspeed_plugin=None)
+        unwrap_model=lambda m: getattr(m, "module", m),
+        state=SimpleNamespace(deepspeed_plugin=None),
+        distributed_type=DistributedType.NO,
+        mixed_precision="no",
+        device=torch.device("cpu"),
     )
 
 

@@ -46,7 +46,7 @@ from rloo.generation import (
     SamplingParams,
     left_pad,
     row_seeds,
-    scale_logits,
+    scoring_temperature,
 )
 from rloo.models import (
     check_model_source,
@@ -56,7 +56,7 @@ from rloo.models import (
     position_limit,
 )
 from rloo.tracking.base import Status
-from rloo.training import deepspeed_utils, group_filter, lora, ref_sync
+from rloo.training import deepspeed_utils, group_filter, lora, precision, ref_sync
 from rloo.training.checkpoint_manager import CheckpointManager
 from rloo.training.collectives import Collectives
 from rloo.training.loss_stats import LossStats
@@ -383,6 +383,9 @@ class RLOOTrainer:
             # Not wrapped in DDP: gradients are averaged by Collectives.average_gradients (see there for why).
             self.policy.to(self.device)
             self.optimizer = self.accelerator.prepare(self.optimizer)
+        ref_dtype = precision.reference_dtype(self.accelerator, moving=cfg.sync_ref_model)
+        if self.ref_policy is not None and ref_dtype is not None:
+            self.ref_policy.to(ref_dtype)  # the weights autocast would cast at every call, cast once
         # under ZeRO-3 the frozen models become DeepSpeed inference engines; otherwise just moved
         if self.ref_policy is not None and (self.deepspeed or not cfg.offload_ref_model):
             self.ref_policy = deepspeed_utils.prepare_reference_model(self.ref_policy, self.accelerator)
@@ -515,14 +518,16 @@ class RLOOTrainer:
             share_prefix=share,
             autocast=self.accelerator.autocast,
         )
-        logits = scale_logits(logits.float(), self.cfg.temperature)  # (b, T, V)
-        logprobs = algo.selective_log_softmax(logits, ro.responses[idx])  # (b, T)
+        # (b, T, V) in the compute dtype: the log-prob and entropy functions divide by the temperature and
+        # upcast one chunk of rows at a time, never the whole tensor (2 GB of fp32 at 64 x 53 x 151,936)
+        divisor = scoring_temperature(self.cfg.temperature)
+        logprobs = algo.selective_log_softmax(logits, ro.responses[idx], temperature=divisor)  # (b, T)
         ent = None
         if entropy and entropy_grad:
-            ent = algo.entropy_with_grad(logits)  # (b, T)
+            ent = algo.entropy_with_grad(logits, temperature=divisor)  # (b, T)
         elif entropy:
             with torch.no_grad():
-                ent = algo.entropy_from_logits(logits.detach())  # (b, T)
+                ent = algo.entropy_from_logits(logits.detach(), temperature=divisor)  # (b, T)
         return logprobs, ent
 
     def batched_logprobs(self, model: Any, ro: Sampled) -> torch.Tensor:

@@ -47,7 +47,7 @@ from rloo.generation import (
     SamplingParams,
     TransformersGenerator,
 )
-from rloo.training import deepspeed_utils
+from rloo.training import deepspeed_utils, precision
 from rloo.vllm_support import CPU, cpu_engine_kwargs, require_vllm_here
 
 __all__ = [
@@ -586,10 +586,12 @@ def make_generator(
     synced = deepspeed_utils.generation_needs_synced_steps(
         accelerator, gather=settings.ds3_gather_for_generation
     )
+    policy = accelerator.unwrap_model(model)
     return TransformersGenerator.from_settings(
-        accelerator.unwrap_model(model),
+        policy,
         settings,
         batch_size=batch_size,
         autocast=autocast,
         synced_steps=synced,
+        copy_dtype=precision.rollout_copy_dtype(settings.generation_dtype, accelerator, policy),
     )

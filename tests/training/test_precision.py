@@ -1,0 +1,74 @@
+"""Which models run in the compute dtype: the rollout copy's dtype and the reference's."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from accelerate.utils import DistributedType
+
+from rloo.errors import UserError
+from rloo.training.precision import half_dtype, reference_dtype, rollout_copy_dtype
+
+
+def _acc(mixed: str = "bf16", device: str = "cuda", deepspeed: bool = False) -> SimpleNamespace:
+    # accelerate's Accelerator cannot be built for CUDA here: the three attributes the rules read
+    kind = DistributedType.DEEPSPEED if deepspeed else DistributedType.NO
+    return SimpleNamespace(mixed_precision=mixed, device=torch.device(device), distributed_type=kind)
+
+
+def test_half_dtype_follows_the_mixed_precision() -> None:
+    assert half_dtype(_acc("bf16")) is torch.bfloat16
+    assert half_dtype(_acc("fp16")) is torch.float16
+    assert half_dtype(_acc("no")) is None
+
+
+@pytest.mark.parametrize(
+    ("acc", "lora", "expected"),
+    [
+        (_acc("bf16"), False, torch.bfloat16),  # the case it exists for: a GPU run in bf16
+        (_acc("fp16"), False, torch.float16),
+        (_acc("no"), False, None),  # fp32 training samples from its fp32 weights
+        (_acc("bf16", device="cpu"), False, None),  # CPU: nothing to gain from a second copy in memory
+        (_acc("bf16", deepspeed=True), False, None),  # ZeRO holds (or shards) the policy itself
+        (_acc("bf16"), True, None),  # LoRA: the base would be held twice
+    ],
+)
+def test_auto_copies_only_where_it_pays(
+    acc: SimpleNamespace, lora: bool, expected: torch.dtype | None
+) -> None:
+    policy = SimpleNamespace(peft_config={}) if lora else SimpleNamespace()
+    assert rollout_copy_dtype("auto", acc, policy) is expected
+
+
+def test_an_explicit_choice_is_taken_and_refused_under_deepspeed() -> None:
+    cpu = _acc("no", device="cpu")
+    assert rollout_copy_dtype("bfloat16", cpu, object()) is torch.bfloat16
+    assert rollout_copy_dtype("float16", cpu, object()) is torch.float16
+    assert rollout_copy_dtype("policy", _acc("bf16"), object()) is None
+    with pytest.raises(UserError, match="leave --generation_dtype auto under DeepSpeed"):
+        rollout_copy_dtype("bfloat16", _acc("bf16", deepspeed=True), object())
+
+
+def test_a_real_cpu_accelerator_keeps_the_policy() -> None:
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=False)
+    try:
+        acc = Accelerator(mixed_precision="bf16", cpu=True)
+        assert half_dtype(acc) is torch.bfloat16
+        assert rollout_copy_dtype("auto", acc, object()) is None
+        assert reference_dtype(acc, moving=False) is None
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=False)
+
+
+def test_the_reference_is_held_in_the_compute_dtype_unless_it_moves() -> None:
+    assert reference_dtype(_acc("bf16"), moving=False) is torch.bfloat16
+    assert reference_dtype(_acc("fp16"), moving=False) is torch.float16
+    assert reference_dtype(_acc("bf16"), moving=True) is None  # --sync_ref_model: its small steps need fp32
+    assert reference_dtype(_acc("bf16", deepspeed=True), moving=False) is None
+    assert reference_dtype(_acc("no"), moving=False) is None
+    assert reference_dtype(_acc("bf16", device="cpu"), moving=False) is None
