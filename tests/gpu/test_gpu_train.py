@@ -215,6 +215,56 @@ def test_static_decode_matches_dynamic_on_gpu(full_vocab_model: Path, compiled: 
     assert abs(float(a.mean()) - float(b.mean())) < 4 * se, (float(a.mean()), float(b.mean()), se)
 
 
+def test_whole_step_graph_replays_without_recording_again(full_vocab_model: Path) -> None:
+    # The whole decode step (forward, sampling, token write, mask) as one compiled CUDA graph: the same
+    # greedy tokens as the forward-only graph (fp32: no near-tie flips), and a second rollout of other
+    # prompt widths in the same length bucket reuses the recorded graph (no new compilation).
+    tok, model = _loaded(full_vocab_model, torch.float32)
+    ids, mask = left_pad([tok(p)["input_ids"] for p in PROMPTS], tok.pad_token_id, torch.device("cuda"))
+    greedy = SamplingParams(max_new_tokens=32, pad_token_id=tok.pad_token_id, greedy=True)
+    seeds = row_seeds(1, 0, torch.arange(len(PROMPTS)), 4)
+    runs = {
+        whole: TransformersGenerator(
+            model, batch_size=1024, cache_implementation="static", compile_decode=True, whole_step=whole
+        )
+        for whole in (False, True)
+    }
+    tokens = {whole: gen.generate(ids, mask, 4, greedy, seeds).tokens for whole, gen in runs.items()}
+    assert torch.equal(tokens[True], tokens[False])
+    from torch._dynamo.utils import counters
+
+    compiled = dict(counters["stats"])
+    narrower = left_pad(
+        [tok(p)["input_ids"] for p in PROMPTS[:2] + PROMPTS[:2]], tok.pad_token_id, torch.device("cuda")
+    )
+    runs[True].generate(*narrower, 4, greedy, seeds)
+    assert dict(counters["stats"]).get("unique_graphs") == compiled.get("unique_graphs")
+
+
+def test_bf16_run_samples_from_a_bf16_copy(full_vocab_model: Path, toy_data: Path, tmp_path: Path) -> None:
+    # On a GPU in bf16, --generation_dtype auto samples from a bf16 copy of the policy into a bf16 cache.
+    from rloo.training.trainer import RLOOTrainer
+
+    cfg = _config(
+        full_vocab_model,
+        toy_data,
+        tmp_path / "out",
+        max_steps=2,
+        learning_rate=1e-5,
+        cache_implementation="static",
+        compile_generation=True,
+    )
+    trainer = RLOOTrainer(cfg)
+    assert trainer.generator.source is trainer.policy
+    assert {p.dtype for p in trainer.generator.model.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in trainer.ref_policy.parameters()} == {torch.bfloat16}
+    history = trainer.train().history
+    assert trainer.generator._synced_version == 1
+    for record in history:
+        bad = {k: v for k, v in record.items() if isinstance(v, float) and not math.isfinite(v)}
+        assert not bad, f"non-finite metrics at episode {record['episode']}: {bad}"
+
+
 @pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="needs deepspeed")
 @pytest.mark.parametrize("stage", [2, 3])
 def test_deepspeed_on_one_gpu_runs_and_resumes(
