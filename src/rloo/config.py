@@ -368,6 +368,12 @@ class RLOOConfig:
     adam_epsilon: float = option(1e-8, "AdamW epsilon.")
     max_grad_norm: float = option(1.0, "Gradient clipping norm (0 = off).")
     gradient_checkpointing: bool = option(False, "Recompute activations in backward to save memory.")
+    torch_compile: bool = option(
+        False,
+        "torch.compile each decoder layer of the policy (one graph serves every layer) for its training "
+        "forward and backward, which a GPU otherwise runs host-bound, one kernel launch per op; the policy's "
+        "forwards then run whole rows (a compiled layer takes no KV cache). Not with DeepSpeed ZeRO-3.",
+    )
     offload_ref_model: bool = option(
         False, "Keep the frozen reference model in CPU memory, moving it to the GPU only for its forward."
     )

@@ -59,6 +59,7 @@ from rloo.tracking.base import Status
 from rloo.training import deepspeed_utils, group_filter, lora, precision, ref_sync
 from rloo.training.checkpoint_manager import CheckpointManager
 from rloo.training.collectives import Collectives
+from rloo.training.compile import compile_decoder_layers
 from rloo.training.loss_stats import LossStats
 from rloo.training.metrics import MetricsLogger
 from rloo.training.minibatches import minibatch_rows
@@ -343,6 +344,16 @@ class RLOOTrainer:
         cfg = self.cfg
         if cfg.gradient_checkpointing:
             enable_activation_checkpointing(self.policy)
+        if cfg.torch_compile:
+            if deepspeed_utils.is_zero3(self.accelerator):
+                raise UserError(
+                    "--torch_compile compiles the policy's layers, whose parameters ZeRO-3 gathers inside them: "
+                    "drop --torch_compile under ZeRO-3 (or train with ZeRO-2)."
+                )
+            log.info(
+                "torch.compile: %d decoder layers, one graph (compiled at the first forward)",
+                compile_decoder_layers(self.policy),
+            )
         self.optimizer = make_adamw(
             # the trainable ones: with LoRA only the adapters (every parameter otherwise, in the same order)
             [q for q in self.policy.parameters() if q.requires_grad],
@@ -507,17 +518,16 @@ class RLOOTrainer:
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-probs (b, T) of completions ``idx`` at the sampling temperature, optionally entropies (with
         their gradient for the entropy bonus)."""
-        # Activation checkpointing and a KV cache do not mix in transformers: fall back to full rows.
-        share = False if model is self.policy and self.cfg.gradient_checkpointing else None  # None: by cost
-        logits = response_logits(
-            model,
-            ro.prompt_ids,
-            ro.prompt_mask,
-            ro.rows[idx],
-            ro.responses[idx],
-            share_prefix=share,
-            autocast=self.accelerator.autocast,
-        )
+        # Activation checkpointing and a KV cache do not mix in transformers, and a compiled layer runs a
+        # cache call eager: full rows then. None: sharing each prompt's cache decided by cost.
+        whole_rows = self.cfg.gradient_checkpointing or self.cfg.torch_compile
+        share = False if model is self.policy and whole_rows else None
+        # one autocast region for the micro-batch: the share-prefix path's two model calls cast each weight
+        # once, not once per call (autocast caches a weight's cast within its region)
+        with self.accelerator.autocast():
+            logits = response_logits(
+                model, ro.prompt_ids, ro.prompt_mask, ro.rows[idx], ro.responses[idx], share_prefix=share
+            )  # (b, T, V)
         # (b, T, V) in the compute dtype: the log-prob and entropy functions divide by the temperature and
         # upcast one chunk of rows at a time, never the whole tensor (2 GB of fp32 at 64 x 53 x 151,936)
         divisor = scoring_temperature(self.cfg.temperature)
