@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install install-vllm images push-images pipeline-for-images test-images demo ui test test-vllm lint format bench gpu-wheels gpu-check clean
+.PHONY: install install-vllm images push-images pipeline-for-images test-images demo ui test test-vllm lint format bench gpu-wheels gpu-check gpu-session clean
 
 install: $(STAMP)
 
@@ -109,6 +109,11 @@ gpu-wheels: install
 # on the GPU node: no install step (no network there); the node's python3 runs it
 gpu-check:
 	benchmarks/gpu_check.sh $(GPU_WHEELS) gpu-check
+
+# the next GPU session, one stage a call (benchmarks/README.md, "The next GPU session"): make gpu-session STAGE=1
+STAGE ?= 1
+gpu-session:
+	WHEELS=$(GPU_WHEELS) benchmarks/gpu_session.sh $(STAGE) gpu-check/session-$(STAGE)
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) runs rloo-local .pytest_cache .ruff_cache

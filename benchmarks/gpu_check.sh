@@ -8,7 +8,8 @@
 # WHEELS_DIR comes from `make gpu-wheels` on a machine with network (see benchmarks/gpu-requirements.txt).
 # The node's own torch, transformers and accelerate are used as they are, even when older than the
 # project's pins; the wheels go into a scratch folder, ahead of nothing the node has, and the project runs
-# from this checkout's src/. Nothing is downloaded: the models are built locally at random init.
+# from this checkout's src/ (benchmarks/gpu_env.sh, shared with gpu_session.sh). Nothing is downloaded: the
+# models are built locally at random init.
 #
 # STEPS (environment) picks what runs, in order: any of tests, bench, compiled (default: all three), so that
 # a short lease can split the work; BENCH_ARGS is passed to both benchmark runs (e.g. "--sizes 0.5b").
@@ -27,36 +28,10 @@ read -r -a BENCH_ARGS <<<"${BENCH_ARGS:-}"
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 # the wheels go to a scratch folder, not OUT_DIR: OUT_DIR holds results only
-SITE=$(mktemp -d "${TMPDIR:-/tmp}/gpu-check-site.XXXXXX")
-trap 'rm -rf "$SITE"' EXIT
-
-if compgen -G "$WHEELS/*.whl" >/dev/null; then
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$WHEELS"/*.whl \
-    || { echo "gpu_check: installing the wheels in $WHEELS failed" >&2; exit 2; }
-else
-  echo "gpu_check: no wheels in $WHEELS: TRL's side of the benchmark and the DeepSpeed tests will be skipped" >&2
-fi
-export PYTHONPATH="$PWD/src:$SITE${PYTHONPATH:+:$PYTHONPATH}"
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-
-GPU_CHECK_SITE=$SITE "$PY" - >"$OUT/environment.txt" 2>&1 <<'PYEOF'
-import datetime, importlib, importlib.metadata, os, platform
-import torch
-carried = sorted(f"{d.metadata['Name']}=={d.version}" for d in importlib.metadata.distributions(path=[os.environ["GPU_CHECK_SITE"]]))
-print("wheels installed from the folder:", ", ".join(carried) or "none")
-print("date:", datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"))
-print("python:", platform.python_version())
-for name in ("torch", "transformers", "accelerate", "peft", "trl", "datasets", "deepspeed", "vllm"):
-    try:
-        print(f"{name}: {importlib.import_module(name).__version__}")
-    except Exception as e:  # absent, or broken against the node's torch: say which
-        print(f"{name}: not available ({type(e).__name__})")
-print("cuda:", torch.version.cuda, "available:", torch.cuda.is_available())
-if torch.cuda.is_available():
-    p = torch.cuda.get_device_properties(0)
-    print(f"gpu: {p.name}, {p.total_memory / 2**30:.1f} GiB, {p.multi_processor_count} SMs")
-PYEOF
-cat "$OUT/environment.txt"
+# shellcheck source=benchmarks/gpu_env.sh
+source benchmarks/gpu_env.sh
+gpu_env_install gpu_check "$WHEELS"
+gpu_env_report "$OUT/environment.txt"
 
 status=0
 has_step() { [[ ",$STEPS," == *",$1,"* ]]; }

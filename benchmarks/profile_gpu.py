@@ -118,14 +118,18 @@ def render(summary: dict[str, dict[str, Any]], title: str) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--size", default="0.5b", choices=sorted(bench_gpu.PRESETS))
     p.add_argument("--updates", type=int, default=3, help="The first is warm-up and left out.")
     p.add_argument("--generation", choices=("dynamic", "static", "compiled"), default="dynamic")
     p.add_argument("--out", type=Path, help="Also write the markdown summary here.")
     p.add_argument("--json", type=Path, help="Also write the summary as JSON here.")
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     import torch
 
     if not torch.cuda.is_available():

@@ -184,9 +184,232 @@ def test_workers_produce_every_figure(
     assert result["prompt_tokens_per_completion"] > 0
     assert result["phase_seconds"]["generation"] > 0
     assert result["phase_seconds"]["optimization"] > 0
+    # what the executed FLOPs and the bytes-read bound need: who ran, the padded width, how it decoded
+    assert result["trainer"] == trainer
+    assert result["prompt_width"] >= result["prompt_tokens_per_completion"]
+    assert result["decode_weights"] in bench.WEIGHT_READ_BYTES
+    assert result["decode_cache"] in ("static", "dynamic")
     figs = bench.figures(result, preset, 100_000, ("test GPU", 1e15, 1e12))
     for key, _, _ in bench.ROWS:
         if key != "peak_memory_gib":  # 0 on CPU
             assert math.isfinite(figs[key]) and figs[key] > 0, key
     table = bench.render_table({"tiny": {trainer: figs}}, ["tiny"])
     assert table.count("\n") == len(bench.ROWS) + 1  # header, rule, one row per figure
+
+
+# ------------------------------------------------------------------------------------------------------
+# executed FLOPs and the decode bound on bytes actually read (issue: "honest figures")
+def test_share_decision_matches_response_logits(bench: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    # response_logits' own choice, seen by which path it takes: the shared one starts with a prefill
+    import torch
+
+    import rloo.forward as fwd
+
+    class Took(Exception):
+        pass
+
+    def shared(*a: Any, **kw: Any) -> Any:
+        raise Took("shared")
+
+    def plain(**kw: Any) -> Any:
+        raise Took("plain")
+
+    monkeypatch.setattr(fwd, "prefill", shared)
+    for rows, k, width, length in [
+        (32, 4, 460, 53),
+        (8, 4, 460, 53),
+        (4, 4, 2, 53),
+        (4, 2, 5, 3),
+        (2, 1, 9, 9),
+    ]:
+        prompt_ids = torch.ones((rows // k, width), dtype=torch.long)
+        responses = torch.ones((rows, length), dtype=torch.long)
+        group = torch.arange(rows) // k
+        with pytest.raises(Took) as took:
+            fwd.response_logits(plain, prompt_ids, torch.ones_like(prompt_ids), group, responses)
+        assert (str(took.value) == "shared") == bench.shares_prefix(rows, k, width, length), (rows, k, width)
+
+
+def test_share_decision_by_hand(bench: ModuleType) -> None:
+    # 0.5B preset: micro-batch 32 = 8 prompts of ~460 tokens, 53-token responses:
+    # 8 x 460 + 32 x 53 = 5,376 positions shared against 0.75 x 32 x 513 = 12,312: shared
+    assert bench.shares_prefix(32, 4, 460, 53)
+    # a 2-token prompt: 1 x 2 + 4 x 53 = 214 >= 0.75 x 4 x 55 = 165: plain rows
+    assert not bench.shares_prefix(4, 4, 2, 53)
+    # one completion per micro-batch: nothing to share
+    assert not bench.shares_prefix(1, 4, 460, 53)
+
+
+def test_forward_count_by_hand(bench: ModuleType) -> None:
+    # 4 rows, 2 prompts of width 5, 3 response tokens
+    shared = bench.forward_count(4, 2, 5, 3, share=True)
+    # prefixes: 2 x 4 positions, keys 1+2+3+4 = 10 each; rows: 4 x 3 positions attending to 5, 6, 7 keys
+    assert shared == bench.ForwardCount(positions=20, keys=2 * 10 + 4 * 18, logits=12, dropped_logits=2)
+    plain = bench.forward_count(4, 2, 5, 3, share=False)
+    # 4 rows of 8 positions, keys 1+..+8 = 36 each, logits at the last 4 positions, the final one dropped
+    assert plain == bench.ForwardCount(positions=32, keys=4 * 36, logits=12, dropped_logits=4)
+
+
+def test_pass_and_training_flops_by_hand(bench: ModuleType) -> None:
+    shape = {"body_params": 10, "hidden": 2, "layers": 1, "vocab": 3}
+    plain = bench.forward_count(4, 2, 5, 3, share=False)
+    # used: 2 x 10 x 32 + 4 x 1 x 2 x 144 + 2 x 2 x 3 x 12 = 640 + 1,152 + 144 = 1,936; dropped 2 x 2 x 3 x 4 = 48
+    assert bench.pass_flops(plain, **shape, backward=False) == 1936 + 48
+    assert bench.pass_flops(plain, **shape, backward=True) == 3 * 1936 + 48
+    # shared: 2 x 10 x 20 + 4 x 2 x 92 + 2 x 2 x 3 x 12 = 400 + 736 + 144 = 1,280; dropped 2 x 2 x 3 x 2 = 24
+    kw = {"batch": 8, "micro_batch": 4, "k": 2, "width": 5, "length": 3, **shape}
+    assert bench.shares_prefix(4, 2, 5, 3)  # 2 x 5 + 4 x 3 = 22 < 0.75 x 4 x 8 = 24
+    assert bench.training_flops_executed("ours", **kw) == 2 * (3 * 1280 + 24)  # two micro-batches
+    assert bench.training_flops_executed("trl", **kw) == 2 * (3 * 1936 + 48)
+    # a ragged last micro-batch of 2 rows (1 prompt): 1 x 5 + 2 x 3 = 11 < 0.75 x 2 x 8 = 12, shared
+    ragged = bench.training_flops_executed("ours", **{**kw, "batch": 6})
+    last = bench.pass_flops(bench.forward_count(2, 2, 5, 3, share=True), **shape, backward=True)
+    assert ragged == 3 * 1280 + 24 + last
+
+
+def test_executed_flops_at_the_05b_shape(bench: ModuleType) -> None:
+    # 0.5B preset, ~460-token prompts: TRL runs ~2.8x ours' FLOPs (each prompt 4 times instead of once),
+    # and the nominal 6 N per token overstates even TRL's (the output layer runs at 54 of 513 positions)
+    preset = bench.PRESETS["0.5b"]
+    h, v, layers = preset.hidden, preset.vocab, preset.layers
+    body = layers * (16 * h * h + 3 * h + 2 * h) + h  # q/k/v/o, MLP, q/k/v biases, 2 norms; final norm
+    kw = {
+        "batch": 64,
+        "micro_batch": preset.micro_batch,
+        "k": preset.k,
+        "width": 460,
+        "length": 53,
+        "body_params": body,
+        "hidden": h,
+        "layers": layers,
+        "vocab": v,
+    }
+    assert body == bench.preset_param_counts(preset)[1] - h * v  # the hand count is the model's
+    ours, trl = bench.training_flops_executed("ours", **kw), bench.training_flops_executed("trl", **kw)
+    nominal = 6 * (body + h * v) * 64 * (460 + 53)
+    assert 2.7 < trl / ours < 2.9  # 23.5 TFLOP a rollout against 65.7
+    assert 3.6 < nominal / ours < 3.8  # ours' nominal MFU reads ~3.7x its executed one
+    assert 0.74 < trl / nominal < 0.76  # TRL's too, by the output layer left out at prompt positions
+
+
+def test_decode_bytes_by_hand(bench: ModuleType) -> None:
+    # 1e9 weights; KV: 2 x 10 layers x 5 heads x 100 dims x 2 bytes = 20 kB a token, 10 rows x 1000 tokens
+    kw = {"matmul_params": 10**9, "layers": 10, "kv_heads": 5, "head_dim": 100, "batch": 10, "context": 1000}
+    assert bench.kv_bytes_per_token(10, 5, 100) == 20_000
+    assert bench.decode_step_bytes(weights="bf16", **kw) == pytest.approx(2e9 + 2e8)
+    # fp32 under autocast: read 4 bytes, write the bf16 cast (2), read it (2)
+    assert bench.decode_step_bytes(weights="fp32-autocast", **kw) == pytest.approx(8e9 + 2e8)
+    assert bench.decode_step_bytes(weights="fp32", **kw) == pytest.approx(4e9 + 2e8)
+    # KV: a bf16 cache read as stored; fp32 keys cast to bf16 at every step: 4 + 2 + 2
+    assert bench.element_read_bytes(2.0) == 2.0
+    assert bench.element_read_bytes(4.0) == 8.0 == bench.WEIGHT_READ_BYTES["fp32-autocast"]
+    assert bench.decode_step_bytes(weights="bf16", kv_dtype_bytes=5.0, **kw) == pytest.approx(2e9 + 5e8)
+    assert bench.kv_read_bytes("fp32-autocast", "dynamic") == 5.0  # fp32 keys (8), bf16 values (2)
+    assert bench.kv_read_bytes("fp32-autocast", "static") == 2.0  # allocated in the compute dtype
+    assert bench.kv_read_bytes("bf16", "dynamic") == 2.0
+    assert bench.kv_read_bytes("fp32", "static") == 4.0
+    # a static cache is read whole (rounded up to its bucket); a dynamic one up to the current token
+    assert bench.decode_context("static", 100, 50) == 150
+    assert bench.decode_context("static", 100, 50, bucket=64) == 192
+    assert bench.decode_context("dynamic", 100, 50) == 125
+    with pytest.raises(ValueError):
+        bench.decode_context("paged", 100, 50)
+
+
+def test_static_kv_layout_is_read_from_the_generators_buffers(bench: ModuleType) -> None:
+    from types import SimpleNamespace
+
+    import torch
+
+    kv = torch.zeros((2, 1, 192, 4), dtype=torch.bfloat16)
+    layer = SimpleNamespace(keys=kv, values=kv)
+    buffers = SimpleNamespace(cache=SimpleNamespace(layers=[layer]))
+    gen = SimpleNamespace(_buffers={("shape",): buffers})
+
+    assert bench.static_kv_layout(gen) == (192, 2.0)
+    assert bench.static_kv_layout(object()) is None  # a dynamic-cache generator keeps no buffers
+
+
+def test_decode_weights_of_a_generator(bench: ModuleType) -> None:
+    import torch
+
+    class Gen:
+        def __init__(self, model: Any, autocast: Any = None) -> None:
+            self.model, self.autocast = model, autocast
+
+    fp32 = torch.nn.Linear(2, 2)
+    assert bench.decode_weights(Gen(fp32)) == "fp32"
+    assert bench.decode_weights(Gen(fp32, autocast=object())) == "fp32-autocast"
+    copy = Gen(fp32, autocast=object())
+    copy.rollout = torch.nn.Linear(2, 2).to(torch.bfloat16)  # a rollout copy held beside the policy
+    assert bench.decode_weights(copy) == "bf16"
+
+
+def _result(**over: Any) -> dict[str, Any]:
+    base = {
+        "trainer": "ours",
+        "seconds": 10.0,
+        "episodes": 64,
+        "phase_seconds": {"generation": 1.0, "logprobs": 0.5, "scoring": 0.5, "optimization": 2.0},
+        "generated_tokens": 64 * 4.0,
+        "train_tokens": 64 * (10 + 4.0),
+        "prompt_tokens_per_completion": 10.0,
+        "prompt_width": 12.0,
+        "decode_weights": "fp32-autocast",
+        "decode_cache": "static",
+        "rollouts": 1,
+        "steady_seconds": 5.0,
+        "steady_episodes": 32,
+        "peak_memory_bytes": 0,
+    }
+    return {**base, **over}
+
+
+def test_figures_use_the_executed_flops_and_bytes_read(bench: ModuleType) -> None:
+    preset = bench.Preset("qwen2", 64, 2, 4, prompts=16, k=4, length=4, micro_batch=32, vocab=1000)
+    matmul, peak = 500_000, ("test GPU", 1e12, 1e12)
+    figs = bench.figures(_result(), preset, matmul, peak)
+    flops = bench.training_flops_executed(
+        "ours",
+        batch=64,
+        micro_batch=32,
+        k=4,
+        width=12,
+        length=4,
+        body_params=matmul - 64 * 1000,
+        hidden=64,
+        layers=2,
+        vocab=1000,
+    )
+    assert figs["training_mfu_executed"] == pytest.approx(flops / 2.0 / 1e12)
+    assert figs["training_mfu"] == pytest.approx(6 * matmul * 64 * 14 / 2.0 / 1e12)
+    kv = {"layers": 2, "kv_heads": 4, "head_dim": 16, "batch": 64}
+    # static cache not measured: width 12 + 4 slots, rounded up to the generator's bucket, bf16
+    context = bench.decode_context("static", 12, 4, bench.static_cache_bucket())
+    read = bench.decode_step_bytes(matmul_params=matmul, weights="fp32-autocast", context=context, **kv)
+    ideal = bench.decode_step_bytes(matmul_params=matmul, weights="bf16", context=10 + 2, **kv)
+    assert figs["generation_fraction_of_read_bound"] == pytest.approx(256 / (64 * 1e12 / read))
+    assert figs["generation_fraction_of_bandwidth_bound"] == pytest.approx(256 / (64 * 1e12 / ideal))
+    # the static cache as measured: 128 positions of fp32 (an fp32 model without autocast, say)
+    measured = bench.figures(_result(kv_cache_layout=[128, 4.0]), preset, matmul, peak)
+    read = bench.decode_step_bytes(
+        matmul_params=matmul, weights="fp32-autocast", context=128, kv_dtype_bytes=8.0, **kv
+    )
+    assert measured["generation_fraction_of_read_bound"] == pytest.approx(256 / (64 * 1e12 / read))
+    # a dynamic cache of an fp32 model under autocast: live context, fp32 keys and bf16 values
+    dynamic = bench.figures(_result(decode_cache="dynamic"), preset, matmul, peak)
+    read = bench.decode_step_bytes(
+        matmul_params=matmul, weights="fp32-autocast", context=12 + 2, kv_dtype_bytes=5.0, **kv
+    )
+    assert dynamic["generation_fraction_of_read_bound"] == pytest.approx(256 / (64 * 1e12 / read))
+    # TRL's rows (the same tokens) execute more: a lower executed MFU at the same time
+    trl = bench.figures(_result(trainer="trl"), preset, matmul, peak)
+    assert trl["training_mfu_executed"] > figs["training_mfu_executed"]
+    assert trl["training_mfu"] == figs["training_mfu"]
+    # a result file from before these fields: TRL recognised by its phases, mean prompt length as width
+    old = _result(phase_seconds={"generation": 1.0, "logprobs+scoring": 1.0, "optimization": 2.0})
+    for key in ("trainer", "prompt_width", "decode_weights", "decode_cache"):
+        del old[key]
+    legacy = bench.figures(old, preset, matmul, peak)
+    assert math.isfinite(legacy["training_mfu_executed"])
+    assert legacy["training_mfu_executed"] < trl["training_mfu_executed"]  # width 10 < 12

@@ -1,0 +1,228 @@
+"""benchmarks/gpu_session.sh, the next GPU session's three stages, checked here without a GPU: its stage
+argument, the commands each stage runs (every file they name exists, every flag parses with the script's
+own parser), the time budgets, and how a stage reports a step that fails, runs out of time or is skipped."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import shlex
+import stat
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "benchmarks" / "gpu_session.sh"
+STAGE_LIMIT = 510  # the script's default: 8.5 minutes of a 10-minute command
+SETUP_S = 30  # wheel installation and the environment report, before the first step
+STEPS = {
+    "1": ["decode", "bench-0.5b-ours", "profile-0.5b"],
+    "2": ["tests", "zero-setup", "zero2", "zero3"],
+    "3": ["bench-0.5b-vs-trl", "bench-1.5b-ours"],
+}
+
+
+def _session(
+    *args: str, env: dict[str, str] | None = None, timeout: int = 120
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(SCRIPT), *args],
+        env={**os.environ, "PYTHON": sys.executable, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def _module(path: Path) -> ModuleType:
+    name = path.stem
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses resolve their module by name
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_scripts_parse() -> None:
+    for name in ("gpu_session.sh", "gpu_env.sh", "gpu_check.sh"):
+        proc = subprocess.run(["bash", "-n", str(REPO / "benchmarks" / name)], capture_output=True, text=True)
+        assert proc.returncode == 0, (name, proc.stderr)
+    assert os.stat(SCRIPT).st_mode & stat.S_IXUSR
+
+
+@pytest.mark.parametrize("args", [[], ["0"], ["4", "out"], ["one", "out"], ["1 2", "out"]])
+def test_a_bad_stage_is_one_line_and_exit_2(args: list[str]) -> None:
+    proc = _session(*args)
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("gpu_session: STAGE must be 1, 2 or 3")
+
+
+def test_no_out_folder_is_exit_2() -> None:
+    proc = _session("1")
+    assert proc.returncode == 2
+    assert (
+        proc.stderr.strip()
+        == "gpu_session: no OUT folder given; usage: benchmarks/gpu_session.sh STAGE OUT (STAGE: 1, 2 or 3)"
+    )
+
+
+def _dry_run(stage: str, out: Path) -> list[tuple[str, int, list[list[str]]]]:
+    """The stage's steps as (name, budget, commands) from its dry run."""
+    proc = _session(stage, str(out), env={"DRY_RUN": "1"})
+    assert proc.returncode == 0, proc.stderr
+    assert not out.exists()  # a dry run writes nothing
+    steps: list[tuple[str, int, list[list[str]]]] = []
+    for line in proc.stdout.splitlines():
+        if m := re.fullmatch(r"step (\S+) \(budget (\d+) s\)", line):
+            steps.append((m[1], int(m[2]), []))
+        elif line.startswith("  $ "):
+            steps[-1][2].append(shlex.split(line[4:]))
+    return steps
+
+
+def _check_python_command(argv: list[str], out: Path, work: Path) -> None:
+    assert argv[0] == sys.executable
+    argv = [a.replace("$WORK", str(work)) for a in argv[1:]]
+    for a in argv:  # results go under OUT, scratch under the work folder
+        if a.startswith("/"):
+            assert a.startswith((str(out) + "/", str(work) + "/")), a
+    if argv[0].startswith("benchmarks/"):
+        script = REPO / argv[0]
+        assert script.is_file(), script
+        _module(script).parse_args(argv[1:])  # SystemExit(2) on a flag the script does not take
+    elif argv[:2] == ["-m", "pytest"]:
+        assert "-p" in argv and argv[argv.index("-p", argv.index("no:cacheprovider")) + 1] == "no:logging"
+        assert (REPO / "tests" / "gpu").is_dir() and "tests/gpu" in argv
+        assert "--timeout" in argv or "faulthandler_timeout=120" in argv
+        # the DeepSpeed tests it leaves out are the ones the zero steps run
+        assert argv[argv.index("-k") + 1] == "not deepspeed"
+        assert "def test_deepspeed_" in (REPO / "tests" / "gpu" / "test_gpu_train.py").read_text()
+    elif argv[:2] == ["-m", "accelerate.commands.launch"]:
+        config = argv[argv.index("--config_file") + 1]
+        assert (REPO / config).is_file(), config
+        cli = argv.index("rloo.cli")
+        assert argv[cli - 1] == "-m" and argv[cli + 1] == "train"
+        from rloo.config import RLOOConfig
+        from rloo.parsing import parse_config
+
+        cfg = parse_config(RLOOConfig, argv[cli + 2 :], prog="rloo train")
+        assert cfg.bf16 and cfg.save_steps == 1
+    elif argv[0] == "-c":
+        compile(argv[1], "<gpu_session -c>", "exec")
+    else:
+        raise AssertionError(f"a command this test does not know: {argv}")
+
+
+@pytest.mark.parametrize("stage", sorted(STEPS))
+def test_dry_run_commands_name_real_files_and_flags(stage: str, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    steps = _dry_run(stage, out)
+    assert [name for name, _, _ in steps] == STEPS[stage]
+    # every step within the stage's limit, after the set-up
+    assert sum(budget for _, budget, _ in steps) <= STAGE_LIMIT - SETUP_S
+    for name, _, commands in steps:
+        assert commands, name
+        for argv in commands:
+            _check_python_command(argv, out, Path("/work-folder"))
+
+
+def test_dry_run_stage_contents(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    commands = {name: cmds for name, _, cmds in _dry_run("1", out)}
+    (decode,) = commands["decode"]
+    assert decode[1:4] == ["benchmarks/bench_decode.py", "--preset", "0.5b"]
+    (bench,) = commands["bench-0.5b-ours"]
+    assert bench[bench.index("--only") + 1] == "ours" and bench[bench.index("--generation") + 1] == "compiled"
+    commands = {name: cmds for name, _, cmds in _dry_run("2", out)}
+    for stage in ("2", "3"):
+        first, resume = commands[f"zero{stage}"]  # run 2 updates, then resume to 4 in the same folder
+        assert f"configs/accelerate/deepspeed_zero{stage}.yaml" in first
+        assert first[:-1] == resume[:-1] and (first[-1], resume[-1]) == ("2", "4")
+    commands = {name: cmds for name, _, cmds in _dry_run("3", out)}
+    (trl,) = commands["bench-0.5b-vs-trl"]
+    assert "--only" not in trl and trl[trl.index("--sizes") + 1] == "0.5b"
+    (big,) = commands["bench-1.5b-ours"]
+    assert big[big.index("--sizes") + 1] == "1.5b" and big[big.index("--only") + 1] == "ours"
+
+
+FAKE_PYTHON = """#!/usr/bin/env bash
+# a stand-in python: the benchmarks fail, hang or write figures as the test asks; the rest is real python
+json_arg() {{ while [ $# -gt 0 ]; do [ "$1" = --json ] && echo "$2"; shift; done; }}
+case "$1" in
+  benchmarks/bench_decode.py) cp {decode_json} "$(json_arg "$@")"; echo "decode table"; exit 3 ;;
+  benchmarks/bench_gpu.py) echo started; exec sleep 60 ;;
+  benchmarks/*) echo "should have been skipped"; exit 0 ;;
+  -) if [ -z "${{GPU_SESSION_OUT:-}}" ]; then cat >/dev/null; echo "cuda: None available: False"; exit 0; fi ;;
+esac
+exec {python} "$@"
+"""
+
+
+def test_a_stage_reports_failures_timeouts_and_skips(tmp_path: Path) -> None:
+    # decode fails (exit 3: its greedy check) having written its figures; the benchmark hangs until its
+    # budget (here the whole stage's 8 s) runs out; no time is left for the profile: every step is
+    # accounted for, the stage exits 1, and the summary table comes last
+    decode = {
+        "variants": {
+            "today": {"figures": {"decode_ms_per_step": 6.5}},
+            "whole-step": {"figures": {"decode_ms_per_step": 2.25}},
+            "dynamic": {"error": "failed: RuntimeError: x"},
+        },
+        "checks": [{"ok": False}],
+    }
+    (tmp_path / "decode.json").write_text(json.dumps(decode))
+    fake = tmp_path / "python"
+    fake.write_text(FAKE_PYTHON.format(decode_json=tmp_path / "decode.json", python=sys.executable))
+    fake.chmod(0o755)
+    out = tmp_path / "out"
+    proc = _session(
+        "1",
+        str(out),
+        env={"PYTHON": str(fake), "WHEELS": str(tmp_path / "none"), "STAGE_LIMIT": "8", "MIN_STEP": "2"},
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    table = proc.stdout.strip().splitlines()[-5:]
+    assert table[:2] == ["| step | status | seconds | headline |", "|---|---|---:|---|"]
+    decode_row, bench_row, profile_row = (line.split(" | ") for line in table[2:])
+    assert decode_row[:2] == ["| decode", "FAILED (exit 3)"]
+    assert "today 6.50, whole-step 2.25" in decode_row[3] and "greedy MISMATCH" in decode_row[3]
+    assert bench_row[:2] == ["| bench-0.5b-ours", "TIMEOUT"] and int(bench_row[2]) <= 8
+    assert profile_row[:2] == ["| profile-0.5b", "skipped"] and "no time left" in profile_row[3]
+    assert (out / "decode.out").read_text() == "decode table\n"
+    assert (out / "bench-0.5b-ours.out").read_text() == "started\n"
+    assert not (out / "profile-0.5b.out").exists()
+    assert (out / "summary.md").read_text().strip().splitlines() == table
+    assert "available: False" in (out / "environment.txt").read_text()
+
+
+@pytest.mark.slow
+def test_stage_2_without_a_gpu(tmp_path: Path) -> None:
+    # the real thing on CPU: pytest -m gpu with the session's flags skips its modules, the tiny model is
+    # built, and the ZeRO steps say why they did not run
+    out = tmp_path / "out"
+    proc = _session(
+        "2", str(out), env={"CUDA_VISIBLE_DEVICES": "", "WHEELS": str(tmp_path / "none")}, timeout=600
+    )
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    rows = [line.split(" | ") for line in (out / "summary.md").read_text().splitlines()[2:]]
+    assert [(r[0], r[1]) for r in rows] == [
+        ("| tests", "ok"),
+        ("| zero-setup", "ok"),
+        ("| zero2", "skipped"),
+        ("| zero3", "skipped"),
+    ]
+    assert "skipped" in rows[0][3]  # pytest's "2 skipped in ..."
+    assert "no CUDA GPU" in rows[2][3]
+    assert (out / "gpu-tests.xml").is_file()
