@@ -360,6 +360,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="dynamic",
         help="Our decode path: growing KV cache, static cache, or static cache with a compiled step (CUDA graphs).",
     )
+    p.add_argument(
+        "--torch-compile",
+        action="store_true",
+        help="Ours with --torch_compile: each decoder layer compiled for the training forward and backward.",
+    )
     p.add_argument("--peak-tflops", type=float, help="Override the GPU's dense bf16 peak (TFLOP/s).")
     p.add_argument("--peak-bandwidth", type=float, help="Override the GPU's memory bandwidth (TB/s).")
     p.add_argument("--workdir", type=Path, help="Keep models, data and run logs here (default: temp dir).")
@@ -430,6 +435,7 @@ def worker_ours(spec: dict[str, Any]) -> dict[str, Any]:
         bf16=True,
         cache_implementation="dynamic" if generation == "dynamic" else "static",
         compile_generation=generation == "compiled",
+        torch_compile=bool(spec.get("torch_compile", False)),
     )
     trainer = RLOOTrainer(cfg)
     # the padded prompt width of every rollout: what the forwards and the KV cache actually hold
@@ -816,6 +822,7 @@ def main(argv: list[str] | None = None) -> int:
                 **{k: v for k, v in asdict(pr).items() if k in ("prompts", "k", "length", "micro_batch")},
                 "updates": args.updates,
                 "generation": args.generation,
+                "torch_compile": args.torch_compile,
                 "seed": args.seed,
                 "lr": args.lr,
                 "beta": args.beta,

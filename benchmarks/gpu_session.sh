@@ -12,7 +12,8 @@
 #          else a traceback dump after it; the DeepSpeed tests are left to the next two steps), then ZeRO-2
 #          and ZeRO-3 trainings launched directly (accelerate launch, rloo train, a tiny rloo.demo model:
 #          2 updates, then resumed to 4), their stdout and stderr kept.
-# Stage 3: ours and TRL at 0.5B (the same-machine ratio), then ours at 1.5B.
+# Stage 3: ours and TRL at 0.5B (the same-machine ratio), then ours at 1.5B, then ours at 0.5B with
+#          --torch_compile (each decoder layer compiled: against stage 3's own run of ours without it).
 #
 # Every step runs under `timeout` with a budget (STEPS below; the whole stage, wheel installation and
 # environment report included, keeps within STAGE_LIMIT, 510 s by default), writes OUT/<step>.out and
@@ -52,7 +53,7 @@ T0=$SECONDS
 # of the tiny model ~30 s (two a step). Compilation (CUDA graphs) is ~15-30 s per decode variant.
 STEPS_1="decode:200 bench-0.5b-ours:150 profile-0.5b:120"
 STEPS_2="tests:260 zero-setup:20 zero2:100 zero3:100"
-STEPS_3="bench-0.5b-vs-trl:190 bench-1.5b-ours:290"
+STEPS_3="bench-0.5b-vs-trl:170 bench-1.5b-ours:220 bench-0.5b-ours-layers:90"
 eval "STEPS=\$STEPS_$STAGE"
 
 # ---------------------------------------------------------------------------------------------------------
@@ -153,6 +154,11 @@ step_bench_0_5b_vs_trl() {
 step_bench_1_5b_ours() {
   x bench-1.5b-ours "$PY" benchmarks/bench_gpu.py --sizes 1.5b --only ours --generation compiled \
     --json "$OUT/bench-1.5b-ours.json"
+}
+step_bench_0_5b_ours_layers() {
+  # 6 updates: the layers' compilation (~30-60 s) sits in the first, which the steady figures leave out
+  x bench-0.5b-ours-layers "$PY" benchmarks/bench_gpu.py --sizes 0.5b --only ours --generation compiled \
+    --torch-compile --updates 6 --json "$OUT/bench-0.5b-ours-layers.json"
 }
 
 # ---------------------------------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ SETUP_S = 30  # wheel installation and the environment report, before the first 
 STEPS = {
     "1": ["decode", "bench-0.5b-ours", "profile-0.5b"],
     "2": ["tests", "zero-setup", "zero2", "zero3"],
-    "3": ["bench-0.5b-vs-trl", "bench-1.5b-ours"],
+    "3": ["bench-0.5b-vs-trl", "bench-1.5b-ours", "bench-0.5b-ours-layers"],
 }
 
 
