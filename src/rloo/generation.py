@@ -416,9 +416,8 @@ class TransformersGenerator:
                 if self.whole_step:
                     step(buf, params)
                 else:
-                    buf.attn[..., width + t - 1] = (
-                        1  # the previous token, in cache slot L+t-1, becomes visible
-                    )
+                    # the previous token, in cache slot L+t-1, becomes visible
+                    buf.attn[..., width + t - 1] = 1
                     logits = step(buf.ids, buf.attn, buf.pos, buf.cache)
                     nxt, logprob, done = choose_tokens(
                         logits, u[:, t], params, buf.done, with_logprob=return_logprobs
