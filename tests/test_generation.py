@@ -237,6 +237,19 @@ def _autocast_bf16():
     return torch.autocast("cpu", dtype=torch.bfloat16)
 
 
+def _spy_buffers(gen: TransformersGenerator) -> list:
+    """The static buffers ``gen`` decodes in, call by call (an uncompiled generator keeps none)."""
+    made: list = []
+    take = gen._static_buffers
+
+    def spy(*args, **kwargs):
+        made.append(take(*args, **kwargs))
+        return made[-1]
+
+    gen._static_buffers = spy  # type: ignore[method-assign]
+    return made
+
+
 def _prompts(tok):
     return left_pad([tok(p)["input_ids"] for p in PROMPTS], tok.pad_token_id)
 
@@ -252,8 +265,9 @@ def test_static_decode_under_autocast_keeps_a_compute_dtype_cache(arch_lm) -> No
     runs = {}
     for impl in ("dynamic", "static"):
         gen = TransformersGenerator(model, batch_size=64, autocast=_autocast_bf16, cache_implementation=impl)
+        made = _spy_buffers(gen)
         runs[impl] = gen.generate(ids, mask, 4, params, seeds, return_logprobs=True)
-    (buf,) = gen._buffers.values()
+    (buf,) = made
     assert {layer.keys.dtype for layer in buf.cache.layers} == {torch.bfloat16}
     assert {layer.values.dtype for layer in buf.cache.layers} == {torch.bfloat16}
     # the same bf16 attention inputs as the dynamic cache's (attention casts its fp32 keys to bf16)
@@ -284,50 +298,41 @@ def test_whole_step_decode_equals_the_step_by_step_loop(lm, greedy: bool, stop: 
     _assert_same_samples(whole, dynamic)
 
 
-def test_static_buffers_are_reused_across_calls_and_prompt_widths(lm) -> None:
-    # A recorded graph replays only on the same addresses: prompts of another width in the same length
-    # bucket must decode in the same buffers, and give what a fresh generator gives.
+def test_an_uncompiled_static_decode_keeps_no_cache_after_the_call(lm) -> None:
+    # Without a recorded graph to keep addresses for, the static cache goes with the call, as the
+    # dynamic one does: not held through the optimisation phase.
     _, tok, model = lm
-    params = SamplingParams(max_new_tokens=8, temperature=1.0, pad_token_id=tok.pad_token_id)
     gen = TransformersGenerator(model, batch_size=8, cache_implementation="static")
-    short = left_pad([tok(p)["input_ids"] for p in ["Hi", "Hello"]], tok.pad_token_id)
-    longer = left_pad([tok(p)["input_ids"] for p in ["Hi there, a longer prompt", "Hello"]], tok.pad_token_id)
-    assert short[0].size(1) != longer[0].size(1)
-    seeds = row_seeds(0, 0, torch.arange(2), 4)
-    gen.generate(*short, 4, params, seeds)
-    (buf,) = gen._buffers.values()
-    pointers = [layer.keys.data_ptr() for layer in buf.cache.layers] + [
-        buf.attn.data_ptr(),
-        buf.tokens.data_ptr(),
-    ]
-    again = gen.generate(*longer, 4, params, seeds)
-    (same,) = gen._buffers.values()
-    assert same is buf
-    assert pointers == [layer.keys.data_ptr() for layer in buf.cache.layers] + [
-        buf.attn.data_ptr(),
-        buf.tokens.data_ptr(),
-    ]
-    fresh = TransformersGenerator(model, batch_size=8, cache_implementation="static").generate(
-        *longer, 4, params, seeds
-    )
-    assert torch.equal(again.tokens, fresh.tokens)
+    made = _spy_buffers(gen)
+    params = SamplingParams(max_new_tokens=4, pad_token_id=tok.pad_token_id)
+    gen.generate(*_prompts(tok), 4, params, row_seeds(0, 0, torch.arange(3), 4))
+    assert made and gen._buffers == {}
 
 
-def test_compiled_whole_step_decode_matches_eager(lm) -> None:
+def test_compiled_whole_step_decode_matches_eager_and_replays(lm) -> None:
     # torch.compile of the whole step (sampling included): on a GPU the step replays as one CUDA graph;
-    # here inductor compiles it for the CPU, and the tokens must be the eager loop's.
+    # here inductor compiles it for the CPU, and the tokens must be the eager loop's. A second rollout of
+    # another prompt width in the same length bucket decodes in the same buffers with the same graph.
+    from torch._dynamo.utils import counters
+
     _, tok, model = lm
-    ids, mask = _prompts(tok)
-    seeds = row_seeds(1, 0, torch.arange(3), 4)
     params = SamplingParams(max_new_tokens=10, temperature=1.0, pad_token_id=tok.pad_token_id)
-    eager = TransformersGenerator(model, batch_size=64, cache_implementation="static").generate(
-        ids, mask, 4, params, seeds, return_logprobs=True
-    )
+    short = left_pad([tok(p)["input_ids"] for p in ["Hi", "Hello", "Hi"]], tok.pad_token_id)
+    longer = _prompts(tok)
+    assert short[0].size(1) != longer[0].size(1)
+    seeds = row_seeds(1, 0, torch.arange(3), 4)
     gen = TransformersGenerator(model, batch_size=64, cache_implementation="static", compile_decode=True)
-    first = gen.generate(ids, mask, 4, params, seeds, return_logprobs=True)
-    second = gen.generate(ids, mask, 4, params, seeds, return_logprobs=True)  # replayed, not re-traced
-    _assert_same_samples(first, eager)
-    assert torch.equal(first.tokens, second.tokens)
+    made = _spy_buffers(gen)
+    gen.generate(*short, 4, params, seeds, return_logprobs=True)
+    graphs = counters["stats"]["unique_graphs"]
+    assert graphs > 0  # the first call compiled
+    compiled = gen.generate(*longer, 4, params, seeds, return_logprobs=True)
+    assert counters["stats"]["unique_graphs"] == graphs  # replayed, not traced again
+    assert made[0] is made[1] and list(gen._buffers.values()) == [made[0]]
+    eager = TransformersGenerator(model, batch_size=64, cache_implementation="static").generate(
+        *longer, 4, params, seeds, return_logprobs=True
+    )
+    _assert_same_samples(compiled, eager)
 
 
 def test_rollout_copy_is_the_policy_in_bf16_after_every_sync(lm) -> None:
@@ -337,6 +342,12 @@ def test_rollout_copy_is_the_policy_in_bf16_after_every_sync(lm) -> None:
     policy = load_causal_lm(str(path), flag="model_name_or_path")
     copy = rollout_copy(policy, torch.bfloat16)
     assert all(p.dtype == torch.bfloat16 and not p.requires_grad for p in copy.parameters())
+    # buffers keep their dtype and values: bf16 rotary frequencies would shift every position's phase
+    buffers = dict(policy.named_buffers())
+    assert buffers and any(b.is_floating_point() for b in buffers.values())
+    assert all(
+        torch.equal(b, buffers[name]) and b.dtype == buffers[name].dtype for name, b in copy.named_buffers()
+    )
     assert all(p.dtype == torch.float32 and p.requires_grad for p in policy.parameters())  # untouched
     opt = torch.optim.AdamW(policy.parameters(), lr=1e-2)
     loss = policy(input_ids=torch.arange(1, 9)[None], labels=torch.arange(1, 9)[None]).loss
@@ -350,9 +361,14 @@ def test_rollout_copy_is_the_policy_in_bf16_after_every_sync(lm) -> None:
 
 
 def _bf16(model):
+    """``model`` as its rollout copy must be: parameters cast to bf16, buffers (rotary frequencies) as they
+    are."""
     import copy
 
-    return copy.deepcopy(model).to(torch.bfloat16)
+    out = copy.deepcopy(model)
+    for p in out.parameters():
+        p.data = p.data.to(torch.bfloat16)
+    return out
 
 
 def _equal_states(a, b) -> bool:

@@ -348,8 +348,8 @@ class RLOOConfig:
         "auto",
         "Weights the built-in generator samples from: 'bfloat16' / 'float16' a copy of the policy in that dtype "
         "(2 bytes per parameter, refreshed after each optimizer step; its KV cache in that dtype too), 'policy' "
-        "the policy itself under the training autocast; 'auto': a copy in the --bf16/--fp16 dtype on a GPU "
-        "without LoRA or DeepSpeed, else 'policy'.",
+        "the policy itself under the training autocast; 'auto': a bf16 copy on a GPU run with --bf16, without "
+        "LoRA or DeepSpeed, else 'policy'.",
     )
     ds3_gather_for_generation: bool = option(
         True,
@@ -544,8 +544,8 @@ class RLOOConfig:
             raise UserError(
                 f"--generation_dtype must be one of {', '.join(GENERATION_DTYPES)} (got {self.generation_dtype!r})."
             )
-        if self.generation_dtype in ("bfloat16", "float16") and (self.use_vllm or self.load_in_4bit):
-            flag = "--use_vllm" if self.use_vllm else "--load_in_4bit"
+        if self.generation_dtype in ("bfloat16", "float16") and (self.use_vllm or self.use_peft):
+            flag = "--use_vllm" if self.use_vllm else "--use_peft"
             raise UserError(
                 f"--generation_dtype {self.generation_dtype} copies the policy for the built-in generator, which "
                 f"{flag} rules out; leave --generation_dtype auto."

@@ -210,8 +210,8 @@ class TransformersGenerator:
         # step, driven by a step counter on the device); False: only the model's forward (the A/B baseline)
         self.whole_step = whole_step
         self._compiled: dict[bool, Any] = {}
-        # static decode buffers by shape, kept across calls: the same addresses every call, so a compiled
-        # step is not re-recorded for each chunk or update
+        # a compiled generator's static decode buffers by shape, kept across calls: the same addresses
+        # every call, so its recorded step is not recorded again for each chunk or update
         self._buffers: dict[tuple[Any, ...], _StaticBuffers] = {}
         # every decode step runs even when all rows have stopped: with ZeRO-3 shards each forward is a
         # collective, and a rank that stopped early would leave the others waiting
@@ -435,13 +435,15 @@ class TransformersGenerator:
             dtype = torch.get_autocast_dtype(device.type) if autocast else dynamic.layers[0].keys.dtype
         size = -(-length // CACHE_BUCKET) * CACHE_BUCKET  # rounded up: prompts of other widths reuse it
         key = (n, size, steps, with_logprobs, dtype, device)
-        buf = self._buffers.get(key)
+        buf = self._buffers.pop(key, None)  # re-inserted last: the least recently used goes first
         if buf is None:
-            while len(self._buffers) >= MAX_STATIC_BUFFERS:  # oldest first: an eval's other shapes
+            while len(self._buffers) >= MAX_STATIC_BUFFERS:
                 self._buffers.pop(next(iter(self._buffers)))
-            buf = self._buffers[key] = _StaticBuffers(
-                self.model, dynamic, n, size, steps, with_logprobs, dtype
-            )
+            buf = _StaticBuffers(self.model, dynamic, n, size, steps, with_logprobs, dtype)
+        # kept across calls only for a compiled step, whose recorded graph needs the same addresses; else
+        # the cache is freed with the call, as the dynamic one is, not held through the optimisation
+        if self.compile_decode:
+            self._buffers[key] = buf
         return buf
 
     def _step_fn(self) -> Callable[..., Any]:
@@ -501,8 +503,9 @@ STOP_CHECK_EVERY = 16
 # Static caches are sized to prompt + response length rounded up to a multiple of this, so that prompts of
 # other widths (each rollout's longest differs) decode in the same buffers and the same recorded graph.
 CACHE_BUCKET = 64
-# Shapes of static buffers a generator keeps (a rollout's full chunk, its last one, an evaluation's).
-MAX_STATIC_BUFFERS = 4
+# Shapes of static buffers a compiled generator keeps, each a KV cache of one chunk (a rollout's full
+# chunk and its last, smaller one); more shapes (an evaluation's) evict the least recently used.
+MAX_STATIC_BUFFERS = 2
 
 
 class _StaticBuffers:
@@ -615,10 +618,11 @@ def _allocate_static_layer(dst: Any, keys: torch.Tensor, values: torch.Tensor, d
 
 
 def rollout_copy(model: Any, dtype: torch.dtype) -> Any:
-    """A copy of ``model`` to sample from, with its floating-point parameters and buffers in ``dtype``
-    (what ``model.to(dtype)`` would give), in eval mode and without gradients. Built parameter by
-    parameter: the full-precision model is never duplicated on the device first. Refresh it after an
-    optimizer step with :func:`sync_rollout_copy`.
+    """A copy of ``model`` to sample from, with its floating-point parameters in ``dtype``, in eval mode and
+    without gradients. Buffers keep their dtype: the rotary embedding's ``inv_freq`` is fp32 in a model
+    loaded in bf16 too, and rounded to bf16 it would shift every position's phase (by ~0.5 rad at position
+    500 for Qwen2.5's base). Built parameter by parameter: the full-precision model is never duplicated on
+    the device first. Refresh it after an optimizer step with :func:`sync_rollout_copy`.
 
     Why: sampling from an fp32 policy under bf16 autocast casts every weight at every decode step and
     keeps an fp32 KV cache; this copy costs 2 bytes per parameter once."""
@@ -631,7 +635,7 @@ def rollout_copy(model: Any, dtype: torch.dtype) -> Any:
                 p.detach().to(dtype) if p.is_floating_point() else p.detach().clone(), requires_grad=False
             )
         for b in model.buffers():
-            memo[id(b)] = b.detach().to(dtype) if b.is_floating_point() else b.detach().clone()
+            memo[id(b)] = b.detach().clone()
     clone = copy.deepcopy(model, memo)
     return clone.eval().requires_grad_(False)
 

@@ -585,10 +585,17 @@ def test_bf16_rollouts_from_a_copy_of_the_policy(make_config) -> None:
     gen = trainer.generator
     assert gen.source is trainer.policy and gen.model is not trainer.policy
     assert {p.dtype for p in gen.model.parameters()} == {torch.bfloat16}
+    take, caches = gen._static_buffers, []
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        buf = take(*args, **kwargs)
+        caches.append(buf.cache)
+        return buf
+
+    gen._static_buffers = spy
     history = trainer.train().history
     assert gen._synced_version == 1  # refreshed for update 2's rollout, after update 1's step only
-    (buf,) = gen._buffers.values()
-    assert {layer.keys.dtype for layer in buf.cache.layers} == {torch.bfloat16}
+    assert caches and {layer.keys.dtype for c in caches for layer in c.layers} == {torch.bfloat16}
     assert all(math.isfinite(h["objective/kl"]) and math.isfinite(h["loss/policy_avg"]) for h in history)
     # the copy is the policy cast to bf16 once refreshed: the policy moved since update 2's rollout
     stale = [p.clone() for p in gen.model.parameters()]

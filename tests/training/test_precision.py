@@ -9,7 +9,7 @@ import torch
 from accelerate.utils import DistributedType
 
 from rloo.errors import UserError
-from rloo.training.precision import half_dtype, reference_dtype, rollout_copy_dtype
+from rloo.training.precision import cast_parameters, half_dtype, reference_dtype, rollout_copy_dtype
 
 
 def _acc(mixed: str = "bf16", device: str = "cuda", deepspeed: bool = False) -> SimpleNamespace:
@@ -28,7 +28,7 @@ def test_half_dtype_follows_the_mixed_precision() -> None:
     ("acc", "lora", "expected"),
     [
         (_acc("bf16"), False, torch.bfloat16),  # the case it exists for: a GPU run in bf16
-        (_acc("fp16"), False, torch.float16),
+        (_acc("fp16"), False, None),  # pure fp16 activations can overflow: opt in with 'float16'
         (_acc("no"), False, None),  # fp32 training samples from its fp32 weights
         (_acc("bf16", device="cpu"), False, None),  # CPU: nothing to gain from a second copy in memory
         (_acc("bf16", deepspeed=True), False, None),  # ZeRO holds (or shards) the policy itself
@@ -67,8 +67,25 @@ def test_a_real_cpu_accelerator_keeps_the_policy() -> None:
 
 def test_the_reference_is_held_in_the_compute_dtype_unless_it_moves() -> None:
     assert reference_dtype(_acc("bf16"), moving=False) is torch.bfloat16
-    assert reference_dtype(_acc("fp16"), moving=False) is torch.float16
+    assert reference_dtype(_acc("fp16"), moving=False) is None  # fp16 activations could overflow
     assert reference_dtype(_acc("bf16"), moving=True) is None  # --sync_ref_model: its small steps need fp32
     assert reference_dtype(_acc("bf16", deepspeed=True), moving=False) is None
     assert reference_dtype(_acc("no"), moving=False) is None
     assert reference_dtype(_acc("bf16", device="cpu"), moving=False) is None
+
+
+def test_cast_parameters_leaves_the_rotary_frequencies_in_fp32(tmp_path) -> None:
+    # model.to(bf16) would round inv_freq too: Qwen2's 0.6494 becomes 0.6484, half a radian by position 500
+    from rloo.demo.tiny import build_causal_lm, build_tokenizer
+    from rloo.models import load_causal_lm
+
+    build_tokenizer(tmp_path / "tok")
+    model = load_causal_lm(str(build_causal_lm(tmp_path / "lm", tmp_path / "tok", arch="qwen2")), flag="m")
+    buffers = {name: b.clone() for name, b in model.named_buffers()}
+    weights = {name: p.detach().clone() for name, p in model.named_parameters()}
+    assert any(b.dtype == torch.float32 for b in buffers.values())
+    cast_parameters(model, torch.bfloat16)
+    for name, p in model.named_parameters():
+        assert p.dtype == torch.bfloat16 and torch.equal(p, weights[name].to(torch.bfloat16)), name
+    for name, b in model.named_buffers():
+        assert b.dtype == buffers[name].dtype and torch.equal(b, buffers[name]), name

@@ -2,8 +2,10 @@
 
 The policy trains in fp32 under mixed-precision autocast: its optimizer needs full-precision weights. The
 models that only run forwards (the rollout copy the built-in generator samples from, the frozen
-reference) gain nothing from fp32 weights under autocast, which casts each weight at every call: held in
-the compute dtype they are cast once, read at half the bytes, and give the matmuls the same inputs.
+reference) gain little from fp32 weights under autocast, which casts each weight at every call: held in
+bf16 they are cast once and read at half the bytes; the matmuls get the same weights, the activations
+between them (norms, residual sums) run in bf16 rather than fp32, as in any bf16 inference engine.
+Buffers (rotary frequencies) keep their dtype.
 """
 
 from __future__ import annotations
@@ -31,10 +33,11 @@ def half_dtype(accelerator: Any) -> torch.dtype | None:
 
 def rollout_copy_dtype(generation_dtype: str, accelerator: Any, policy: Any) -> torch.dtype | None:
     """The dtype of the policy copy the built-in generator samples from, None for the policy itself
-    (``RLOOConfig.generation_dtype``). 'auto' copies on a GPU run in mixed precision, where the copy saves a
-    cast of every weight at every decode step and halves the KV cache; not with LoRA (the reference is the
-    policy with its adapters off, and a copy would double the base) nor DeepSpeed (ZeRO holds the policy in
-    the training dtype already, or shards it). Raises UserError for an explicit copy under DeepSpeed."""
+    (``RLOOConfig.generation_dtype``). 'auto' copies on a GPU run in bf16, where the copy saves a cast of
+    every weight at every decode step and halves the KV cache; not in fp16 (pure fp16 activations can
+    overflow where fp16 autocast keeps them in fp32: opt in with 'float16'), not with LoRA (a copy would
+    hold the base twice and refresh it at every step) nor DeepSpeed (ZeRO holds the policy in the training
+    dtype already, or shards it). Raises UserError for an explicit copy under DeepSpeed."""
     if generation_dtype == "policy":
         return None
     if generation_dtype != "auto":
@@ -44,22 +47,34 @@ def rollout_copy_dtype(generation_dtype: str, accelerator: Any, policy: Any) -> 
                 "leave --generation_dtype auto under DeepSpeed."
             )
         return _COPY_DTYPES[generation_dtype]
-    half = half_dtype(accelerator)
-    if (
-        half is None
-        or _deepspeed(accelerator)
-        or accelerator.device.type != "cuda"
-        or hasattr(policy, "peft_config")
-    ):
+    if not _bf16_on_gpu(accelerator) or hasattr(policy, "peft_config"):
         return None
-    return half
+    return torch.bfloat16
+
+
+def _bf16_on_gpu(accelerator: Any) -> bool:
+    return (
+        half_dtype(accelerator) is torch.bfloat16
+        and accelerator.device.type == "cuda"
+        and not _deepspeed(accelerator)
+    )
 
 
 def reference_dtype(accelerator: Any, *, moving: bool) -> torch.dtype | None:
-    """The dtype to hold the frozen reference model in: the compute dtype on a GPU run in mixed precision
-    without DeepSpeed (which places and casts it itself), None (as loaded) otherwise. A ``moving``
-    reference (--sync_ref_model) stays in full precision: its updates are small steps towards the policy,
-    which bf16 would round away."""
-    if moving or _deepspeed(accelerator) or accelerator.device.type != "cuda":
+    """The dtype to hold the frozen reference model's parameters in: bf16 on a GPU run in bf16 without
+    DeepSpeed (which places and casts it itself), None (as loaded) otherwise; fp16 runs keep it in fp32
+    (see :func:`rollout_copy_dtype`). A ``moving`` reference (--sync_ref_model) stays in full precision:
+    its updates are small steps towards the policy, which bf16 would round away."""
+    if moving or not _bf16_on_gpu(accelerator):
         return None
-    return half_dtype(accelerator)
+    return torch.bfloat16
+
+
+def cast_parameters(model: Any, dtype: torch.dtype) -> None:
+    """Cast ``model``'s floating-point parameters to ``dtype`` in place, leaving its buffers as they are:
+    ``model.to(dtype)`` would also round the rotary embedding's fp32 ``inv_freq`` (which transformers keeps
+    in fp32 in bf16 models too) and shift every position's phase."""
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.is_floating_point():
+                p.data = p.data.to(dtype)

@@ -396,7 +396,7 @@ class RLOOTrainer:
             self.optimizer = self.accelerator.prepare(self.optimizer)
         ref_dtype = precision.reference_dtype(self.accelerator, moving=cfg.sync_ref_model)
         if self.ref_policy is not None and ref_dtype is not None:
-            self.ref_policy.to(ref_dtype)  # the weights autocast would cast at every call, cast once
+            precision.cast_parameters(self.ref_policy, ref_dtype)  # what autocast casts at every call, once
         # under ZeRO-3 the frozen models become DeepSpeed inference engines; otherwise just moved
         if self.ref_policy is not None and (self.deepspeed or not cfg.offload_ref_model):
             self.ref_policy = deepspeed_utils.prepare_reference_model(self.ref_policy, self.accelerator)
