@@ -5,12 +5,14 @@ One random-init model of the preset (built in memory, nothing downloaded), one s
 of ~460 random tokens from the vocabulary's first 512 rows, left-padded; k=4; 53 new tokens; seeds from
 ``rloo.generation.row_seeds``), and per variant a ``TransformersGenerator`` over them:
 
-- ``today``: the fp32 policy under bf16 autocast, static cache, compiled decode step (model forward only:
-  ``whole_step=False``) -- what ``--cache_implementation static --compile_generation`` runs today;
+- ``fp32-autocast``: the fp32 policy under bf16 autocast, static cache, compiled decode step (model forward
+  only: ``whole_step=False``) -- the path ``--cache_implementation static --compile_generation`` ran
+  before the trainer sampled from a bf16 copy. It stands for that path only approximately: its static
+  cache is the new one (bf16, bucketed, kept across calls), not the old per-call one;
 - ``bf16-copy``: the same over ``rloo.generation.rollout_copy(model, torch.bfloat16)``, without autocast
-  (as the trainer runs its copy: ``TransformersGenerator.from_settings``);
+  (as the trainer runs its copy: ``TransformersGenerator.from_settings``), forward-only compiled step;
 - ``whole-step``: the bf16 copy with ``whole_step=True`` (sampling, token write and mask update in the same
-  compiled graph as the forward);
+  compiled graph as the forward) -- what the trainer runs by default;
 - ``dynamic``: the fp32 policy under bf16 autocast, growing cache, nothing compiled (the old baseline).
 
 Per variant: warm-up calls (compilation, CUDA-graph capture), then timed calls between
@@ -19,16 +21,21 @@ prefill`` timed inside the call), decode ms per step ((call - prefill) / (steps 
 the fraction of the decode bound reached (bytes a step must read / bandwidth, over the measured decode
 step; "as read": the weights as the variant holds them and its KV cache as allocated, "ideal": bf16
 weights and each row's live context; see bench_gpu.decode_step_bytes), peak memory (the fp32 model
-included: it stays resident), and, with ``greedy=True``, the fraction of tokens equal to ``today``'s
-(fp32-under-autocast and bf16 weights may differ a little; ``whole-step`` against ``bf16-copy``, the
-same weights, must agree token for token: exit 3 when not).
+included: it stays resident), and, with ``greedy=True``, the fraction of tokens equal to
+``fp32-autocast``'s (fp32-under-autocast and bf16 weights may differ a little). ``whole-step`` against
+``bf16-copy`` (the same weights, two different compiled graphs) is checked: in bf16 their greedy tokens
+need not agree exactly (a near-tie between two logits can flip with the graphs' different fusion and
+accumulation order, and a flipped token changes the rest of its row; the GPU test of the same property
+runs in fp32), so the agreement fraction is reported, and only agreement below MIN_AGREEMENT (90%) --
+a real bug, not a near-tie -- fails the run (exit 3).
 
     python benchmarks/bench_decode.py                              # 0.5b, every variant
-    python benchmarks/bench_decode.py --variants today,whole-step --json decode.json
+    python benchmarks/bench_decode.py --variants fp32-autocast,whole-step --json decode.json
     python benchmarks/bench_decode.py --device cpu --tiny --no-compile   # smoke run on CPU
 
 Without a CUDA GPU (and without ``--device cpu``) it prints "no GPU: skipped" and exits 0. Exit status: 0,
-1 when a variant failed to run (the others still run), 3 when whole-step and bf16-copy disagree.
+1 when a variant failed to run (the others still run), 3 when whole-step and bf16-copy agree on fewer than
+90% of their greedy tokens.
 """
 
 from __future__ import annotations
@@ -36,7 +43,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
-import inspect
 import json
 import math
 import statistics
@@ -64,13 +70,15 @@ class Variant:
 
 
 VARIANTS: dict[str, Variant] = {
-    "today": Variant(copy=False, cache="static", compile=True, whole_step=False),
+    "fp32-autocast": Variant(copy=False, cache="static", compile=True, whole_step=False),
     "bf16-copy": Variant(copy=True, cache="static", compile=True, whole_step=False),
     "whole-step": Variant(copy=True, cache="static", compile=True, whole_step=True),
     "dynamic": Variant(copy=False, cache="dynamic", compile=False, whole_step=False),
 }
-# pairs that decode with the same weights and must give the same greedy tokens
+# pairs that decode with the same weights: their greedy tokens should agree, up to bf16 near-ties
 MUST_MATCH = (("whole-step", "bf16-copy"),)
+# below this fraction of equal greedy tokens a pair's disagreement is a bug, not near-ties: exit 3
+MIN_AGREEMENT = 0.9
 
 # the rollout shape of bench_gpu's presets (TL;DR: ~460-token prompts after the tiny tokenizer) and a
 # CPU-sized one for the smoke test
@@ -83,7 +91,9 @@ TINY = bench_gpu.Preset("qwen2", 64, 2, 4, prompts=2, k=2, length=2, micro_batch
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        description="Decode A/B of the built-in generator's paths at a bench_gpu.py preset: one table.",
+        description="Decode A/B of the built-in generator's paths at a bench_gpu.py preset: one table. "
+        "Exit 3 when whole-step and bf16-copy (the same bf16 weights) agree on fewer than "
+        f"{MIN_AGREEMENT:.0%} of their greedy tokens (below that a bug, not bf16 near-ties).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--preset", default="0.5b", choices=[*bench_gpu.PRESETS, "tiny"])
@@ -206,37 +216,19 @@ def timed_prefill(device: str, record: list[float]) -> Iterator[None]:
             m.prefill = original  # type: ignore[attr-defined]
 
 
-def missing_api(variant: Variant) -> str | None:
-    """Why this checkout cannot run a variant (the rollout copy and the whole-step graph are new), or None."""
-    import rloo.generation
-
-    if variant.copy and not hasattr(rloo.generation, "rollout_copy"):
-        return "rloo.generation.rollout_copy is not in this checkout"
-    if variant.whole_step and not supports_whole_step():
-        return "TransformersGenerator has no whole_step flag in this checkout"
-    return None
-
-
-def supports_whole_step() -> bool:
-    from rloo.generation import TransformersGenerator
-
-    return "whole_step" in inspect.signature(TransformersGenerator.__init__).parameters
-
-
 def make_generator(model: Any, variant: Variant, args: argparse.Namespace, autocast: Any) -> Any:
     from rloo.generation import TransformersGenerator
 
-    kwargs: dict[str, Any] = {
-        "batch_size": args.batch_size,
+    return TransformersGenerator(
+        model,
+        batch_size=args.batch_size,
         # none over a bf16 copy, as TransformersGenerator.from_settings gives the trainer's copy: its
         # weights are in the compute dtype already
-        "autocast": None if variant.copy else autocast,
-        "cache_implementation": variant.cache,
-        "compile_decode": variant.compile and not args.no_compile,
-    }
-    if supports_whole_step():
-        kwargs["whole_step"] = variant.whole_step
-    return TransformersGenerator(model, **kwargs)
+        autocast=None if variant.copy else autocast,
+        cache_implementation=variant.cache,
+        compile_decode=variant.compile and not args.no_compile,
+        whole_step=variant.whole_step,
+    )
 
 
 def kv_layout(gen: Any, variant: Variant, inputs: dict[str, Any], steps: int) -> tuple[float, float]:
@@ -280,14 +272,10 @@ def run_variant(
     """Warm up, time and run greedy once; the raw measurements of one variant."""
     import torch
 
-    from rloo.generation import SamplingParams
+    from rloo.generation import SamplingParams, rollout_copy
 
     variant, device = VARIANTS[name], args.device
-    copy = None
-    if variant.copy:
-        from rloo.generation import rollout_copy
-
-        copy = rollout_copy(model, torch.bfloat16)
+    copy = rollout_copy(model, torch.bfloat16) if variant.copy else None
     if variant.compile and not args.no_compile:
         torch._dynamo.reset()  # each variant compiles afresh: no guards left over from another's model
     gen = make_generator(copy if copy is not None else model, variant, args, autocast)
@@ -382,6 +370,12 @@ def equal_fraction(a: Any, b: Any) -> float:
     return float((a == b).float().mean()) if a.shape == b.shape else 0.0
 
 
+def agreement_ok(greedy_equal: float) -> bool:
+    """Whether a same-weights pair's greedy agreement is near-ties at most (bf16 between two compiled
+    graphs need not be exact), not a bug."""
+    return greedy_equal >= MIN_AGREEMENT
+
+
 COLUMNS = (
     ("ms_per_token_step", "ms/token step", "{:.2f}"),
     ("prefill_ms", "prefill ms", "{:.1f}"),
@@ -396,7 +390,7 @@ COLUMNS = (
 
 
 def render(report: dict[str, Any]) -> str:
-    ref = report.get("reference", "today")
+    ref = report.get("reference", "fp32-autocast")
     head = ["variant", "weights", "cache", *[label for _, label, _ in COLUMNS], f"greedy = {ref}"]
     lines = ["| " + " | ".join(head) + " |", "|---|---|---|" + "---:|" * (len(COLUMNS) + 1)]
     for name, v in report["variants"].items():
@@ -471,11 +465,6 @@ def main(argv: list[str] | None = None) -> int:
     tokens: dict[str, dict[str, Any]] = {}
     failed = False
     for vname in args.variants:
-        why = missing_api(VARIANTS[vname])
-        if why:
-            print(f"[{vname}] skipped: {why}", file=sys.stderr, flush=True)
-            report["variants"][vname] = {"error": f"skipped: {why}"}
-            continue
         print(f"[{vname}] ...", file=sys.stderr, flush=True)
         try:
             raw = run_variant(vname, model, inputs, args, autocast)
@@ -498,7 +487,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:  # after every variant: a run cut short keeps what it measured
             args.json.write_text(json.dumps(report, indent=2))
 
-    reference = "today" if "today" in tokens else next(iter(tokens), None)
+    reference = "fp32-autocast" if "fp32-autocast" in tokens else next(iter(tokens), None)
     for vname, t in tokens.items():
         report["variants"][vname]["greedy_equal_to_reference"] = equal_fraction(
             t["greedy"], tokens[reference]["greedy"]
@@ -508,14 +497,27 @@ def main(argv: list[str] | None = None) -> int:
         if a in tokens and b in tokens:
             greedy_eq = equal_fraction(tokens[a]["greedy"], tokens[b]["greedy"])
             sampled_eq = equal_fraction(tokens[a]["sampled"], tokens[b]["sampled"])
-            ok = greedy_eq == 1.0
+            ok = agreement_ok(greedy_eq)
             mismatch |= not ok
+            if greedy_eq == 1.0:
+                verdict = "ok"
+            elif ok:
+                verdict = f"ok (>= {MIN_AGREEMENT:.0%}: bf16 near-ties between the two graphs)"
+            else:
+                verdict = f"MISMATCH: below {MIN_AGREEMENT:.0%} of greedy tokens equal, more than near-ties"
             line = (
                 f"{a} vs {b} (same weights): greedy {greedy_eq:.1%} equal, sampled {sampled_eq:.1%} equal -- "
-                + ("ok" if ok else "MISMATCH: greedy tokens must be equal")
+                + verdict
             )
             report["checks"].append(
-                {"pair": [a, b], "greedy": greedy_eq, "sampled": sampled_eq, "ok": ok, "line": line}
+                {
+                    "pair": [a, b],
+                    "greedy": greedy_eq,
+                    "sampled": sampled_eq,
+                    "min_agreement": MIN_AGREEMENT,
+                    "ok": ok,
+                    "line": line,
+                }
             )
     if reference:
         report["reference"] = reference

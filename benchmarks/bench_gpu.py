@@ -23,7 +23,12 @@ Two MFUs, over the optimisation phase's time and the GPU's peak dense bf16 FLOP/
   response tokens either shared (when ``rloo.forward.response_logits`` decides so: U*W + b*T <
   SHARE_THRESHOLD * b * (W + T)) as U prompt prefixes of W - 1 positions (one dropped logit each) plus
   b rows of T positions attending to W - 1 + t keys, or as b rows of W + T positions with T + 1 logits
-  kept (one dropped); TRL runs every row with its prompt, W + T positions and T + 1 logits.
+  kept (one dropped); TRL runs every row with its prompt, W + T positions and T + 1 logits. With
+  ``torch_compile`` or ``gradient_checkpointing`` ours runs the policy's forwards (training, and the
+  no-grad "old" log-probs when off-policy) as whole rows (``RLOOTrainer.forward_logprobs`` forces it:
+  a compiled layer runs a cache call eager, checkpointing and a KV cache do not mix); the reference
+  model's forward still shares by cost. The no-grad log-prob forwards (``logprob_flops_executed``) give
+  a JSON-only ``logprobs_mfu_executed`` for ours over its log-probs phase.
 
 Decoding bounds: tokens/s <= batch * bandwidth / bytes per decode step, with bytes = weight bytes +
 2 * layers * kv_heads * head_dim * context * KV bytes * batch. "ideal": bf16 weights (2 bytes a
@@ -310,6 +315,27 @@ def pass_flops(
     return (3.0 if backward else 1.0) * used + 2.0 * hidden * vocab * count.dropped_logits
 
 
+def _passes_flops(
+    share_by_cost: bool,
+    *,
+    batch: int,
+    chunk: int,
+    k: int,
+    width: int,
+    length: int,
+    backward: bool,
+    **shape: int,
+) -> float:
+    """FLOPs of forwards over ``batch`` completions in chunks of ``chunk`` rows, each chunk sharing its
+    prompts when ``share_by_cost`` and :func:`shares_prefix` says so, else whole rows."""
+    total = 0.0
+    for start in range(0, batch, chunk):
+        rows = min(chunk, batch - start)
+        share = share_by_cost and shares_prefix(rows, k, width, length)
+        total += pass_flops(forward_count(rows, k, width, length, share=share), **shape, backward=backward)
+    return total
+
+
 def training_flops_executed(
     trainer: str,
     *,
@@ -322,17 +348,40 @@ def training_flops_executed(
     hidden: int,
     layers: int,
     vocab: int,
+    whole_rows: bool = False,
 ) -> float:
     """FLOPs one rollout's optimisation (one epoch, forward + backward) executes: ours decides per
-    micro-batch whether to share prompts (:func:`shares_prefix`); TRL runs every row with its prompt."""
-    total = 0.0
-    for start in range(0, batch, micro_batch):
-        rows = min(micro_batch, batch - start)
-        share = trainer == "ours" and shares_prefix(rows, k, width, length)
-        count = forward_count(rows, k, width, length, share=share)
-        total += pass_flops(
-            count, body_params=body_params, hidden=hidden, layers=layers, vocab=vocab, backward=True
-        )
+    micro-batch whether to share prompts (:func:`shares_prefix`) unless ``whole_rows`` (its policy's
+    forwards under ``torch_compile`` or ``gradient_checkpointing``); TRL runs every row with its prompt."""
+    shape = {"body_params": body_params, "hidden": hidden, "layers": layers, "vocab": vocab}
+    share = trainer == "ours" and not whole_rows
+    return _passes_flops(
+        share, batch=batch, chunk=micro_batch, k=k, width=width, length=length, backward=True, **shape
+    )
+
+
+def logprob_flops_executed(
+    *,
+    batch: int,
+    chunk: int,
+    k: int,
+    width: int,
+    length: int,
+    body_params: int,
+    hidden: int,
+    layers: int,
+    vocab: int,
+    whole_rows: bool = False,
+    old_logprobs: bool = True,
+) -> float:
+    """FLOPs of ours' no-grad log-prob forwards over one rollout (``RLOOTrainer.batched_logprobs``, chunks
+    of ``chunk`` rows): the reference model's, sharing prompts by cost, plus, when ``old_logprobs`` (off
+    policy: on-policy runs take them from the generator), the policy's, whole rows when ``whole_rows``."""
+    shape = {"body_params": body_params, "hidden": hidden, "layers": layers, "vocab": vocab}
+    kw = {"batch": batch, "chunk": chunk, "k": k, "width": width, "length": length, "backward": False}
+    total = _passes_flops(True, **kw, **shape)  # the reference
+    if old_logprobs:
+        total += _passes_flops(not whole_rows, **kw, **shape)
     return total
 
 
@@ -438,6 +487,7 @@ def worker_ours(spec: dict[str, Any]) -> dict[str, Any]:
         torch_compile=bool(spec.get("torch_compile", False)),
     )
     trainer = RLOOTrainer(cfg)
+    k = trainer.cfg.rloo_k
     # the padded prompt width of every rollout: what the forwards and the KV cache actually hold
     widths: list[float] = []
     generate = trainer.generator.generate
@@ -485,6 +535,13 @@ def worker_ours(spec: dict[str, Any]) -> dict[str, Any]:
         "steady_seconds": sum(h["time/update_s"] for h in steady),
         "steady_episodes": batch * len(steady),
         "peak_memory_bytes": _peak_memory(),
+        # what decides how the forwards run (see RLOOTrainer.forward_logprobs): the policy's whole rows
+        # under either option; the no-grad log-prob forwards' chunk; whether the policy's "old" log-prob
+        # forward runs (off-policy; on-policy they come from the generator)
+        "torch_compile": bool(trainer.cfg.torch_compile),
+        "gradient_checkpointing": bool(trainer.cfg.gradient_checkpointing),
+        "logprob_chunk": max(k, trainer.cfg.local_rollout_forward_batch_size // k * k),
+        "old_logprobs_forward": not trainer.on_policy,
     }
 
 
@@ -679,18 +736,31 @@ def figures(
         bandwidth=bandwidth,
     )
     opt_s = phases.get("optimization", 0.0)
+    shape = {
+        "k": preset.k,
+        "width": round(width),
+        "length": preset.length,
+        "body_params": max(matmul_params - hidden * vocab, 0),
+        "hidden": hidden,
+        "layers": layers,
+        "vocab": vocab,
+    }
+    # ours' policy forwards run whole rows under either option (result files from before: neither)
+    whole_rows = bool(result.get("torch_compile") or result.get("gradient_checkpointing"))
     executed = result["rollouts"] * training_flops_executed(
-        trainer,
-        batch=batch,
-        micro_batch=preset.micro_batch,
-        k=preset.k,
-        width=round(width),
-        length=preset.length,
-        body_params=max(matmul_params - hidden * vocab, 0),
-        hidden=hidden,
-        layers=layers,
-        vocab=vocab,
+        trainer, batch=batch, micro_batch=preset.micro_batch, whole_rows=whole_rows, **shape
     )
+    logprobs_s = phases.get("logprobs", 0.0)
+    logprobs_mfu = float("nan")  # TRL times its reference forward together with the scoring
+    if trainer == "ours" and logprobs_s > 0 and flops > 0:
+        logprob_flops = result["rollouts"] * logprob_flops_executed(
+            batch=batch,
+            chunk=result.get("logprob_chunk", batch),
+            whole_rows=whole_rows,
+            old_logprobs=result.get("old_logprobs_forward", False),
+            **shape,
+        )
+        logprobs_mfu = logprob_flops / logprobs_s / flops
     # ours times the two separately, TRL's rollout holds both
     scoring_s = phases.get("logprobs+scoring", phases.get("logprobs", 0.0) + phases.get("scoring", 0.0))
     return {
@@ -706,6 +776,8 @@ def figures(
         "training_tokens_per_s": result["train_tokens"] / opt_s if opt_s else float("nan"),
         "training_mfu": training_mfu(matmul_params, result["train_tokens"], opt_s, flops),
         "training_mfu_executed": executed / opt_s / flops if opt_s > 0 and flops > 0 else float("nan"),
+        # JSON only (not a table row): the no-grad log-prob forwards over ours' log-probs phase
+        "logprobs_mfu_executed": logprobs_mfu,
         "peak_memory_gib": result["peak_memory_bytes"] / GIB,
     }
 
@@ -736,8 +808,8 @@ TARGETS = {
 FOOTNOTE = (
     "MFU nominal: 6 N (prompt + completion tokens) per completion, prompts counted K times. Executed: the "
     "FLOPs run, 3 x (2 N_body per position + 4 layers hidden per attended key + 2 hidden V per kept logit): "
-    "ours computes each prompt once per group in a micro-batch when rloo.forward shares it, TRL every row "
-    "with its prompt; logits only at response positions in both. Bounds: batch x bandwidth / (weight bytes + "
+    "ours computes each prompt once per group in a micro-batch when rloo.forward shares it (the policy whole "
+    "rows under --torch-compile or gradient checkpointing), TRL every row with its prompt; logits only at response positions in both. Bounds: batch x bandwidth / (weight bytes + "
     "KV bytes) per decode step; ideal = bf16 weights + live KV, as read = fp32-under-autocast weights 8 B a "
     "parameter (bf16 copy 2 B) + a static cache read whole."
 )

@@ -5,7 +5,8 @@
 #   benchmarks/gpu_session.sh STAGE OUT          STAGE: 1, 2 or 3; everything it writes goes under OUT
 #   DRY_RUN=1 benchmarks/gpu_session.sh STAGE OUT    print the stage's steps and commands, run nothing
 #
-# Stage 1: decode A/B at 0.5B (bench_decode.py: today's path, bf16 rollout copy, whole-step graph, dynamic),
+# Stage 1: decode A/B at 0.5B (bench_decode.py: fp32 under autocast, bf16 rollout copy, whole-step graph,
+#          dynamic),
 #          ours at 0.5B with the compiled generation (bench_gpu.py), then a profile of it (profile_gpu.py)
 #          if time is left.
 # Stage 2: the GPU tests (pytest -m gpu, -p no:logging, a per-test timeout where pytest-timeout imports,
@@ -13,7 +14,8 @@
 #          and ZeRO-3 trainings launched directly (accelerate launch, rloo train, a tiny rloo.demo model:
 #          2 updates, then resumed to 4), their stdout and stderr kept.
 # Stage 3: ours and TRL at 0.5B (the same-machine ratio), then ours at 1.5B, then ours at 0.5B with
-#          --torch_compile (each decoder layer compiled: against stage 3's own run of ours without it).
+#          --torch_compile (each decoder layer compiled: against stage 3's own run of ours without it; the
+#          summary gives the ratio of their steady episodes/s).
 #
 # Every step runs under `timeout` with a budget (STEPS below; the whole stage, wheel installation and
 # environment report included, keeps within STAGE_LIMIT, 510 s by default), writes OUT/<step>.out and
@@ -259,7 +261,11 @@ def decode():
     cells = [
         f"{n} {v['figures']['decode_ms_per_step']:.2f}" for n, v in data["variants"].items() if "figures" in v
     ]
-    checks = ", ".join("greedy ok" if c["ok"] else "greedy MISMATCH" for c in data.get("checks", []))
+    checks = ", ".join(
+        ("greedy ok" if c["ok"] else "greedy MISMATCH")
+        + (f" ({c['greedy']:.1%} equal)" if isinstance(c.get("greedy"), (int, float)) else "")
+        for c in data.get("checks", [])
+    )
     return "decode ms/step: " + ", ".join(cells) + (f"; {checks}" if checks else "")
 
 
@@ -290,6 +296,29 @@ def zero(stage):
     return ""
 
 
+def steady(name, trainer="ours"):
+    """Steady episodes/s of one trainer in a bench step's JSON (its first size), or None."""
+    data = load(f"{name}.json")
+    for runs in (data or {}).get("figures", {}).values():
+        value = runs.get(trainer, {}).get("steady_episodes_per_s")
+        if isinstance(value, (int, float)) and value == value:
+            return float(value)
+    return None
+
+
+def layers_ratio():
+    """Ours with --torch_compile (bench-0.5b-ours-layers) over ours without (bench-0.5b-vs-trl), steady
+    episodes/s: "" unless both ran."""
+    with_layers, without = steady("bench-0.5b-ours-layers"), steady("bench-0.5b-vs-trl")
+    if with_layers is None or not without:
+        return ""
+    return f"--torch_compile / without (bench-0.5b-vs-trl ours): {with_layers / without:.2f}x steady"
+
+
+def layers():
+    return "; ".join(x for x in (bench("bench-0.5b-ours-layers"), layers_ratio()) if x)
+
+
 HEADLINES = {
     "decode": decode,
     "bench-0.5b-ours": lambda: bench("bench-0.5b-ours"),
@@ -299,6 +328,7 @@ HEADLINES = {
     "zero3": lambda: zero(3),
     "bench-0.5b-vs-trl": lambda: bench("bench-0.5b-vs-trl"),
     "bench-1.5b-ours": lambda: bench("bench-1.5b-ours"),
+    "bench-0.5b-ours-layers": layers,
 }
 print("| step | status | seconds | headline |")
 print("|---|---|---:|---|")

@@ -49,16 +49,6 @@ def _run(*flags: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
     )
 
 
-def _new_api_missing() -> str | None:
-    import rloo.generation
-
-    if not hasattr(rloo.generation, "rollout_copy"):
-        return "rloo.generation.rollout_copy is not in this checkout yet"
-    if "whole_step" not in rloo.generation.TransformersGenerator.__init__.__code__.co_varnames:
-        return "TransformersGenerator(whole_step=...) is not in this checkout yet"
-    return None
-
-
 def test_without_a_gpu_it_skips_and_succeeds() -> None:
     proc = _run()
     assert proc.returncode == 0, proc.stderr
@@ -66,7 +56,7 @@ def test_without_a_gpu_it_skips_and_succeeds() -> None:
 
 
 def test_bad_variant_is_a_usage_error() -> None:
-    proc = _run("--variants", "today,paged")
+    proc = _run("--variants", "fp32-autocast,paged")
     assert proc.returncode == 2
     assert "unknown ['paged']" in proc.stderr
 
@@ -74,12 +64,14 @@ def test_bad_variant_is_a_usage_error() -> None:
 def test_presets_and_shapes(bench: ModuleType) -> None:
     args = bench.parse_args([])
     assert (args.preset, args.prompts, args.k, args.width, args.steps) == ("0.5b", 16, 4, 460, 53)
-    assert args.variants == ["today", "bf16-copy", "whole-step", "dynamic"]
+    assert args.variants == ["fp32-autocast", "bf16-copy", "whole-step", "dynamic"]
     tiny = bench.parse_args(["--tiny", "--steps", "3"])
     assert (tiny.preset, tiny.prompts, tiny.k, tiny.steps, tiny.repeats) == ("tiny", 2, 2, 3, 1)
-    # the variants are the brief's: today's path, the bf16 copy, the whole-step graph, the old dynamic one
+    # the variants: fp32 under autocast (the pre-copy path, approximately), the bf16 copy, the whole-step
+    # graph (the trainer's default), the old dynamic cache
     v = bench.VARIANTS
-    assert (v["today"].copy, v["today"].cache, v["today"].whole_step) == (False, "static", False)
+    fp32 = v["fp32-autocast"]
+    assert (fp32.copy, fp32.cache, fp32.compile, fp32.whole_step) == (False, "static", True, False)
     assert (v["bf16-copy"].copy, v["bf16-copy"].whole_step) == (True, False)
     assert (v["whole-step"].copy, v["whole-step"].whole_step) == (True, True)
     assert (v["dynamic"].cache, v["dynamic"].compile) == ("dynamic", False)
@@ -120,23 +112,20 @@ def test_every_variant_runs_on_cpu(tmp_path: Path) -> None:
     proc = _run("--device", "cpu", "--tiny", "--no-compile", "--json", str(out))
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     report = json.loads(out.read_text())
-    missing = _new_api_missing()
-    if missing:  # the rollout copy and the whole-step graph are being written: those variants say so
-        assert "skipped: " in report["variants"]["whole-step"]["error"]
-        pytest.skip(f"bf16-copy and whole-step not runnable: {missing}")
-    assert list(report["variants"]) == ["today", "bf16-copy", "whole-step", "dynamic"]
+    assert list(report["variants"]) == ["fp32-autocast", "bf16-copy", "whole-step", "dynamic"]
     for name, v in report["variants"].items():
         assert "error" not in v, (name, v)
         for key in ("ms_per_token_step", "prefill_ms", "decode_ms_per_step", "tokens_per_s"):
             assert math.isfinite(v["figures"][key]) and v["figures"][key] > 0, (name, key)
         assert v["greedy_equal_to_reference"] is not None
-    assert report["variants"]["today"]["weights"] == "fp32-autocast"
+    assert report["variants"]["fp32-autocast"]["weights"] == "fp32-autocast"
     assert report["variants"]["bf16-copy"]["weights"] == "bf16"
     assert report["variants"]["dynamic"]["cache"] == "dynamic"
-    assert report["variants"]["today"]["greedy_equal_to_reference"] == 1.0
-    # the check that must hold: the same weights, with or without the whole step in the graph
+    assert report["variants"]["fp32-autocast"]["greedy_equal_to_reference"] == 1.0
+    # the same weights, with or without the whole step in the graph: eager on CPU, no near-tie to flip
     (check,) = report["checks"]
     assert check["pair"] == ["whole-step", "bf16-copy"] and check["ok"], check
+    assert check["greedy"] == 1.0 and check["min_agreement"] == 0.9
     table = proc.stdout
     assert "| variant | weights | cache |" in table and "-- ok" in table
 
@@ -169,7 +158,6 @@ def test_a_greedy_mismatch_is_exit_3_and_a_failing_variant_leaves_the_others(
         return _fake_raw(tokens + (name == "whole-step"))  # whole-step differs in every token
 
     monkeypatch.setattr(bench, "run_variant", fake)
-    monkeypatch.setattr(bench, "missing_api", lambda variant: None)
     out = tmp_path / "decode.json"
     assert bench.main(["--device", "cpu", "--tiny", "--no-compile", "--json", str(out)]) == 3
     text = capsys.readouterr().out
@@ -177,10 +165,44 @@ def test_a_greedy_mismatch_is_exit_3_and_a_failing_variant_leaves_the_others(
     report = json.loads(out.read_text())
     assert report["variants"]["bf16-copy"]["greedy_equal_to_reference"] == 1.0
     assert report["variants"]["whole-step"]["greedy_equal_to_reference"] == 0.0
-    assert report["checks"][0]["ok"] is False
+    assert report["checks"][0]["ok"] is False and report["checks"][0]["greedy"] == 0.0
 
     # no mismatch, one failure: exit 1
     monkeypatch.setattr(
         bench, "run_variant", lambda name, *a, **kw: fake(name) if name == "dynamic" else _fake_raw(tokens)
     )
     assert bench.main(["--device", "cpu", "--tiny", "--no-compile"]) == 1
+
+
+def test_bf16_near_ties_are_reported_not_failed(
+    bench: ModuleType, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # two compiled graphs over the same bf16 weights may flip a near-tie: 19 of 20 greedy tokens equal
+    # (95%) is reported and passes; 17 of 20 (85%, below 90%) is a bug: exit 3
+    tokens = torch.arange(20).reshape(4, 5)
+
+    def run(differ: int) -> tuple[int, dict[str, Any], str]:
+        def fake(name: str, *a: Any, **kw: Any) -> dict[str, Any]:
+            t = tokens.clone()
+            if name == "whole-step":
+                t.view(-1)[:differ] += 100
+            return _fake_raw(t)
+
+        monkeypatch.setattr(bench, "run_variant", fake)
+        out = tmp_path / "decode.json"
+        argv = ["--device", "cpu", "--tiny", "--no-compile", "--variants", "bf16-copy,whole-step"]
+        rc = bench.main([*argv, "--json", str(out)])
+        return rc, json.loads(out.read_text()), capsys.readouterr().out
+
+    rc, report, text = run(differ=1)
+    (check,) = report["checks"]
+    assert rc == 0 and check["ok"] is True and check["greedy"] == pytest.approx(0.95)
+    assert "greedy 95.0% equal" in text and "bf16 near-ties" in text and "MISMATCH" not in text
+    rc, report, text = run(differ=3)
+    (check,) = report["checks"]
+    assert rc == 3 and check["ok"] is False and check["greedy"] == pytest.approx(0.85)
+    assert "greedy 85.0% equal" in text and "MISMATCH: below 90%" in text
+    # the threshold itself: exactly 90% passes
+    assert bench.agreement_ok(0.9) and not bench.agreement_ok(0.899)
+    rc, report, _ = run(differ=0)
+    assert rc == 0 and report["checks"][0]["line"].endswith("-- ok")

@@ -190,6 +190,10 @@ def test_workers_produce_every_figure(
     assert result["decode_weights"] in bench.WEIGHT_READ_BYTES
     assert result["decode_cache"] in ("static", "dynamic")
     figs = bench.figures(result, preset, 100_000, ("test GPU", 1e15, 1e12))
+    if trainer == "ours":  # how its forwards ran: prompts shared by cost, on-policy (no old forward)
+        assert result["torch_compile"] is False and result["gradient_checkpointing"] is False
+        assert result["old_logprobs_forward"] is False and result["logprob_chunk"] == 4
+        assert math.isfinite(figs["logprobs_mfu_executed"]) and figs["logprobs_mfu_executed"] > 0
     for key, _, _ in bench.ROWS:
         if key != "peak_memory_gib":  # 0 on CPU
             assert math.isfinite(figs[key]) and figs[key] > 0, key
@@ -265,6 +269,53 @@ def test_pass_and_training_flops_by_hand(bench: ModuleType) -> None:
     ragged = bench.training_flops_executed("ours", **{**kw, "batch": 6})
     last = bench.pass_flops(bench.forward_count(2, 2, 5, 3, share=True), **shape, backward=True)
     assert ragged == 3 * 1280 + 24 + last
+
+
+def test_whole_rows_and_logprob_flops_by_hand(bench: ModuleType) -> None:
+    # the shape of the test above: a shared pass is 1,280 used + 24 dropped, a plain one 1,936 + 48
+    shape = {"body_params": 10, "hidden": 2, "layers": 1, "vocab": 3}
+    kw = {"batch": 8, "micro_batch": 4, "k": 2, "width": 5, "length": 3, **shape}
+    # --torch_compile / gradient checkpointing: the policy's training forwards run whole rows although
+    # sharing would pay: 2 micro-batches x (3 x 1,936 + 48) = 11,712, TRL's figure
+    assert bench.training_flops_executed("ours", **kw, whole_rows=True) == 2 * 5856 == 11_712
+    assert bench.training_flops_executed("ours", **kw, whole_rows=False) == 2 * 3864 == 7728
+    assert bench.training_flops_executed("trl", **kw, whole_rows=True) == 11_712  # TRL: whole rows anyway
+    # no-grad log-prob forwards (x1), chunks of 4 rows: the reference shares by cost, 2 x (1,280 + 24)
+    lp = {k: v for k, v in kw.items() if k != "micro_batch"}
+    assert bench.logprob_flops_executed(**lp, chunk=4, old_logprobs=False) == 2 * 1304 == 2608
+    assert bench.logprob_flops_executed(**lp, chunk=4, old_logprobs=False, whole_rows=True) == 2608
+    # off-policy: the policy's old log-probs too, shared (2,608) or, under either option, whole rows:
+    # 2 x (1,936 + 48) = 3,968
+    assert bench.logprob_flops_executed(**lp, chunk=4, old_logprobs=True) == 2608 + 2608
+    assert bench.logprob_flops_executed(**lp, chunk=4, old_logprobs=True, whole_rows=True) == 2608 + 3968
+    # one chunk of 8 rows (4 prompts): 4 x 5 + 8 x 3 = 44 < 0.75 x 8 x 8 = 48, shared: 40 positions,
+    # 4 x 10 + 8 x 18 = 184 keys, 24 logits, 4 dropped: 800 + 1,472 + 288 + 48 = 2,608
+    assert bench.logprob_flops_executed(**lp, chunk=8, old_logprobs=False) == 2608
+
+
+def test_figures_count_the_policy_as_whole_rows_under_torch_compile(bench: ModuleType) -> None:
+    # the preset of the test below at a hand-sized model: body 10, hidden 2, 1 layer, vocab 3
+    preset = bench.Preset("qwen2", 2, 1, 1, prompts=4, k=2, length=3, micro_batch=4, vocab=3)
+    matmul, peak = 10 + 2 * 3, ("test GPU", 1000.0, 1e12)
+    # one rollout of 8 rows at width 5, optimisation 2 s, log-probs 1 s
+    base = _result(
+        prompt_width=5.0,
+        phase_seconds={"generation": 1.0, "logprobs": 1.0, "scoring": 0.5, "optimization": 2.0},
+        logprob_chunk=8,
+    )
+    figs = bench.figures(base, preset, matmul, peak)
+    assert figs["training_mfu_executed"] == pytest.approx(7728 / 2.0 / 1000)  # shared micro-batches
+    assert figs["logprobs_mfu_executed"] == pytest.approx(2608 / 1.0 / 1000)  # the reference, shared
+    for option in ("torch_compile", "gradient_checkpointing"):
+        whole = bench.figures({**base, option: True}, preset, matmul, peak)
+        assert whole["training_mfu_executed"] == pytest.approx(11_712 / 2.0 / 1000), option
+        assert whole["logprobs_mfu_executed"] == pytest.approx(2608 / 1000), option  # reference: by cost
+        off = bench.figures({**base, option: True, "old_logprobs_forward": True}, preset, matmul, peak)
+        assert off["logprobs_mfu_executed"] == pytest.approx((2608 + 3968) / 1000), option
+    off = bench.figures({**base, "old_logprobs_forward": True}, preset, matmul, peak)
+    assert off["logprobs_mfu_executed"] == pytest.approx(2 * 2608 / 1000)
+    # TRL: its reference forward is timed with the scoring, no log-prob MFU
+    assert math.isnan(bench.figures(_result(trainer="trl"), preset, matmul, peak)["logprobs_mfu_executed"])
 
 
 def test_executed_flops_at_the_05b_shape(bench: ModuleType) -> None:

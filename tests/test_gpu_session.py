@@ -171,16 +171,16 @@ exec {python} "$@"
 
 
 def test_a_stage_reports_failures_timeouts_and_skips(tmp_path: Path) -> None:
-    # decode fails (exit 3: its greedy check) having written its figures; the benchmark hangs until its
+    # decode fails (exit 3: its greedy agreement below 90%) having written its figures; the benchmark hangs until its
     # budget (here the whole stage's 8 s) runs out; no time is left for the profile: every step is
     # accounted for, the stage exits 1, and the summary table comes last
     decode = {
         "variants": {
-            "today": {"figures": {"decode_ms_per_step": 6.5}},
+            "fp32-autocast": {"figures": {"decode_ms_per_step": 6.5}},
             "whole-step": {"figures": {"decode_ms_per_step": 2.25}},
             "dynamic": {"error": "failed: RuntimeError: x"},
         },
-        "checks": [{"ok": False}],
+        "checks": [{"ok": False, "greedy": 0.5}],
     }
     (tmp_path / "decode.json").write_text(json.dumps(decode))
     fake = tmp_path / "python"
@@ -197,7 +197,8 @@ def test_a_stage_reports_failures_timeouts_and_skips(tmp_path: Path) -> None:
     assert table[:2] == ["| step | status | seconds | headline |", "|---|---|---:|---|"]
     decode_row, bench_row, profile_row = (line.split(" | ") for line in table[2:])
     assert decode_row[:2] == ["| decode", "FAILED (exit 3)"]
-    assert "today 6.50, whole-step 2.25" in decode_row[3] and "greedy MISMATCH" in decode_row[3]
+    assert "fp32-autocast 6.50, whole-step 2.25" in decode_row[3]
+    assert "greedy MISMATCH (50.0% equal)" in decode_row[3]
     assert bench_row[:2] == ["| bench-0.5b-ours", "TIMEOUT"] and int(bench_row[2]) <= 8
     assert profile_row[:2] == ["| profile-0.5b", "skipped"] and "no time left" in profile_row[3]
     assert (out / "decode.out").read_text() == "decode table\n"
@@ -205,6 +206,60 @@ def test_a_stage_reports_failures_timeouts_and_skips(tmp_path: Path) -> None:
     assert not (out / "profile-0.5b.out").exists()
     assert (out / "summary.md").read_text().strip().splitlines() == table
     assert "available: False" in (out / "environment.txt").read_text()
+
+
+FAKE_BENCH_PYTHON = """#!/usr/bin/env bash
+# a stand-in python: bench_gpu.py writes the prepared figures of its step; the rest is real python
+json_arg() {{ while [ $# -gt 0 ]; do [ "$1" = --json ] && echo "$2"; shift; done; }}
+case "$1" in
+  benchmarks/bench_gpu.py) f=$(json_arg "$@"); [ -f {figures}/"${{f##*/}}" ] && cp {figures}/"${{f##*/}}" "$f"; echo table; exit 0 ;;
+  -) if [ -z "${{GPU_SESSION_OUT:-}}" ]; then cat >/dev/null; echo "cuda: None available: False"; exit 0; fi ;;
+esac
+exec {python} "$@"
+"""
+
+
+def _bench_json(**steady: float) -> dict[str, object]:
+    runs = {
+        trainer: {
+            "steady_episodes_per_s": eps,
+            "generation_fraction_of_read_bound": 0.5,
+            "training_mfu_executed": 0.25,
+            "training_mfu": 0.75,
+        }
+        for trainer, eps in steady.items()
+    }
+    return {"figures": {"0.5b": runs}}
+
+
+@pytest.mark.parametrize("with_trl_run", [True, False])
+def test_stage_3_summary_gives_the_torch_compile_ratio(tmp_path: Path, with_trl_run: bool) -> None:
+    # ours with --torch_compile (12 ep/s steady) against the ours row of bench-0.5b-vs-trl (8): 1.50x;
+    # without that run the layers row still has its own headline, and no ratio
+    figures = tmp_path / "figures"
+    figures.mkdir()
+    (figures / "bench-0.5b-ours-layers.json").write_text(json.dumps(_bench_json(ours=12.0)))
+    if with_trl_run:
+        (figures / "bench-0.5b-vs-trl.json").write_text(json.dumps(_bench_json(ours=8.0, trl=4.0)))
+    fake = tmp_path / "python"
+    fake.write_text(FAKE_BENCH_PYTHON.format(figures=figures, python=sys.executable))
+    fake.chmod(0o755)
+    out = tmp_path / "out"
+    proc = _session("3", str(out), env={"PYTHON": str(fake), "WHEELS": str(tmp_path / "none")})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = {
+        r[0]: r for r in (line.split(" | ") for line in (out / "summary.md").read_text().splitlines()[2:])
+    }
+    layers = rows["| bench-0.5b-ours-layers"]
+    assert layers[1] == "ok"
+    assert "0.5b ours: 12.0 ep/s steady" in layers[3] and "MFU 25% exec / 75% nominal" in layers[3]
+    ratio = "--torch_compile / without (bench-0.5b-vs-trl ours): 1.50x steady"
+    if with_trl_run:
+        assert ratio in layers[3]
+        assert "ratio 2.00x steady" in rows["| bench-0.5b-vs-trl"][3]
+    else:
+        assert "--torch_compile / without" not in layers[3]
+    assert not (out / "summary.err").read_text().strip()
 
 
 @pytest.mark.slow
