@@ -246,6 +246,19 @@ class TransformersGenerator:
             source=model if copy_dtype is not None else None,
         )
 
+    def describe(self) -> str:
+        """What this generator samples with, in one phrase for the run's log."""
+        if self.source is not None:
+            dtype = str(next(self.model.parameters()).dtype).removeprefix("torch.")
+            weights = f"a {dtype} copy of the policy (refreshed after each optimizer step)"
+        else:
+            weights = "the policy's weights" + (" under autocast" if self.autocast is not None else "")
+        cache = "a dynamic KV cache"
+        if self.cache_implementation == "static":
+            step = "one compiled graph per step" if self.compile_decode else "an uncompiled step"
+            cache = f"a static KV cache, {step}"
+        return f"built-in generator from {weights}, {cache}"
+
     def generate(
         self,
         prompt_ids: torch.Tensor,

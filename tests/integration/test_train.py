@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -574,14 +575,19 @@ def test_a_lasting_score_length_correlation_warns_once(make_config, caplog: pyte
     assert len(warnings) == 1 and warnings[0].startswith("update 2:"), warnings
 
 
-def test_bf16_rollouts_from_a_copy_of_the_policy(make_config) -> None:
+def test_bf16_rollouts_from_a_copy_of_the_policy(make_config, caplog: pytest.LogCaptureFixture) -> None:
     # --generation_dtype bfloat16: the built-in generator samples from a bf16 copy (what 'auto' picks on a
     # GPU in bf16), refreshed from the policy after each optimizer step, into a bf16 static cache.
     from rloo.generation import sync_rollout_copy
     from rloo.training.trainer import RLOOTrainer
 
     cfg = make_config(bf16=True, cache_implementation="static", generation_dtype="bfloat16", max_steps=2)
-    trainer = RLOOTrainer(cfg)
+    with caplog.at_level(logging.INFO, logger="rloo"):
+        trainer = RLOOTrainer(cfg)
+    assert (
+        "rollouts: built-in generator from a bfloat16 copy of the policy (refreshed after each optimizer step), "
+        "a static KV cache, an uncompiled step" in caplog.messages
+    )
     gen = trainer.generator
     assert gen.source is trainer.policy and gen.model is not trainer.policy
     assert {p.dtype for p in gen.model.parameters()} == {torch.bfloat16}

@@ -44,6 +44,7 @@ from rloo.forward import response_logits
 from rloo.generation import (
     GenerationInterrupted,
     SamplingParams,
+    TransformersGenerator,
     left_pad,
     row_seeds,
     scoring_temperature,
@@ -397,6 +398,7 @@ class RLOOTrainer:
         ref_dtype = precision.reference_dtype(self.accelerator, moving=cfg.sync_ref_model)
         if self.ref_policy is not None and ref_dtype is not None:
             precision.cast_parameters(self.ref_policy, ref_dtype)  # what autocast casts at every call, once
+            log.info("reference model: weights in %s", str(ref_dtype).removeprefix("torch."))
         # under ZeRO-3 the frozen models become DeepSpeed inference engines; otherwise just moved
         if self.ref_policy is not None and (self.deepspeed or not cfg.offload_ref_model):
             self.ref_policy = deepspeed_utils.prepare_reference_model(self.ref_policy, self.accelerator)
@@ -417,6 +419,8 @@ class RLOOTrainer:
             # one rollout of this rank is the most sequences the engine ever holds at once
             max_num_seqs=self.plan.prompts_per_rank * cfg.rloo_k,
         )
+        if isinstance(self.generator, TransformersGenerator):
+            log.info("rollouts: %s", self.generator.describe())
         self.gather_for_generation = cfg.ds3_gather_for_generation and not cfg.use_vllm
         self.generator.weights_version = 0  # counted by the optimizer steps (see _optimizer_step)
 
