@@ -3,7 +3,8 @@
 # wheels of `make gpu-wheels` carried in gpu-wheels/ (see benchmarks/README.md, "The next GPU session").
 #
 #   benchmarks/gpu_session.sh STAGE OUT          STAGE: 1, 2 or 3; everything it writes goes under OUT
-#   DRY_RUN=1 benchmarks/gpu_session.sh STAGE OUT    print the stage's steps and commands, run nothing
+#   DRY_RUN=1 benchmarks/gpu_session.sh STAGE OUT    print the stage's steps, budgets (as STAGE_LIMIT cuts
+#                                                    them) and commands, run nothing
 #
 # Stage 1: decode A/B at 0.5B (bench_decode.py: fp32 under autocast, bf16 rollout copy, whole-step graph,
 #          dynamic),
@@ -19,10 +20,14 @@
 #
 # Every step runs under `timeout` with a budget (STEPS below; the whole stage, wheel installation and
 # environment report included, keeps within STAGE_LIMIT, 510 s by default), writes OUT/<step>.out and
-# OUT/<step>.err (plus its JSON/markdown files), and a step with no time left is skipped. The stage ends
-# by printing a summary table (step, status, seconds, headline figure), also written to OUT/summary.md.
-# Exit status: 0, 1 when a step failed or ran out of time (every step still runs), 2 for a usage error or
-# wheels pip cannot install. WHEELS (default gpu-wheels) and PYTHON (default python3) as gpu_check.sh.
+# OUT/<step>.err (plus its JSON/markdown files), and a step with less than MIN_STEP (45 s) left is
+# skipped. The stage ends by printing a summary table (step, status, seconds, headline figure; a step that
+# failed with no figure shows the last line of its .err), also written to OUT/summary.md.
+# Exit status: 0, 1 when a step failed or ran out of time (every step still runs), 2 for a usage error
+# (STAGE_LIMIT and MIN_STEP: whole seconds above 0), wheels pip cannot install, or a PYTHON that cannot
+# import torch (checked before any step, not in a dry run). WHEELS (default gpu-wheels) and PYTHON
+# (default python3: on a node whose CUDA torch is another interpreter's, PYTHON=/usr/bin/python3.12 or
+# the like) as gpu_check.sh.
 set -uo pipefail
 USAGE="usage: benchmarks/gpu_session.sh STAGE OUT (STAGE: 1, 2 or 3)"
 STAGE=${1:-}
@@ -45,6 +50,19 @@ WHEELS=${WHEELS:-gpu-wheels}
 PY=${PYTHON:-python3}
 STAGE_LIMIT=${STAGE_LIMIT:-510} # seconds: 8.5 minutes, inside a 10-minute command with room to spare
 MIN_STEP=${MIN_STEP:-45}         # a step with less time left than this is skipped
+SETUP_S=30                       # the dry run's estimate of the wheel installation and environment report
+for var in STAGE_LIMIT MIN_STEP; do
+  value=${!var}
+  case "$value" in
+    '' | *[!0-9]*) value=0 ;; # not a whole number (a sign, a point, a space, a letter): refused below
+    *) value=$((10#$value)) ;; # 010 is ten seconds, not octal
+  esac
+  if ((value <= 0)); then
+    echo "gpu_session: $var must be a whole number of seconds above 0, not '${!var}'" >&2
+    exit 2
+  fi
+  printf -v "$var" '%s' "$value"
+done
 T0=$SECONDS
 
 # ---------------------------------------------------------------------------------------------------------
@@ -60,15 +78,35 @@ eval "STEPS=\$STEPS_$STAGE"
 
 # ---------------------------------------------------------------------------------------------------------
 # running commands: x LOG CMD... runs CMD under the step's deadline, stdout to OUT/LOG.out, stderr to
-# OUT/LOG.err; in a dry run it prints "  $ CMD" (shell-quoted) instead.
+# OUT/LOG.err; in a dry run it prints "  $ CMD" (shell-quoted, readably: see shell_word) instead.
 STEP_RC=0
 STEP_DEADLINE=0
+SAFE_WORD='^[A-Za-z0-9_@%+=:,./-]+$'
+WORK_WORD='^[$]WORK(/[A-Za-z0-9_@%+=:,./-]*)?$'
+# one argument as a shell word: as it is when nothing in it is special ($WORK/... left for the shell to
+# expand), else in single quotes, else in double quotes, else as printf %q writes it
+shell_word() {
+  local a=$1
+  if [[ $a =~ $SAFE_WORD || $a =~ $WORK_WORD ]]; then
+    printf '%s' "$a"
+  elif [[ -n $a && $a != *"'"* ]]; then
+    printf "'%s'" "$a"
+  elif [[ -n $a && $a != *[\"\$\`\\!]* ]]; then
+    printf '"%s"' "$a"
+  else
+    printf '%q' "$a"
+  fi
+}
 x() {
   local log=$1
   shift
   if [ "$DRY_RUN" = 1 ]; then
     printf '  $'
-    printf ' %q' "$@"
+    local a
+    for a in "$@"; do
+      printf ' '
+      shell_word "$a"
+    done
     printf '\n'
     return 0
   fi
@@ -167,11 +205,27 @@ step_bench_0_5b_ours_layers() {
 # the stage
 if [ "$DRY_RUN" = 1 ]; then
   WORK='$WORK'
-  echo "gpu_session: stage $STAGE (dry run): OUT=$OUT, stage limit ${STAGE_LIMIT} s"
-  echo "setup: wheels from $WHEELS into a scratch folder, environment report to $OUT/environment.txt"
+  echo "gpu_session: stage $STAGE (dry run): OUT=$OUT, stage limit ${STAGE_LIMIT} s, PYTHON=$PY"
+  echo "setup (~$SETUP_S s): wheels from $WHEELS into a scratch folder, a check that $PY imports torch," \
+    "environment report to $OUT/environment.txt"
+  if [ "$STAGE" = 2 ]; then
+    echo "\$WORK: a scratch folder for the tiny model, the toy prompts and the checkpoints, made at run time" \
+      "(mktemp -d in ${TMPDIR:-/tmp}) and removed when the stage ends"
+  fi
+  echo "budgets: as the stage cuts them if every step before takes its whole budget; a step with less" \
+    "than $MIN_STEP s left is skipped"
+  used=$SETUP_S
   for entry in $STEPS; do
     name=${entry%%:*}
-    echo "step $name (budget ${entry##*:} s)"
+    budget=${entry##*:}
+    left=$((STAGE_LIMIT - used))
+    if ((left < MIN_STEP)); then
+      echo "step $name (skipped: no time left, $((left > 0 ? left : 0)) s of the stage)"
+      continue
+    fi
+    ((budget > left)) && budget=$left
+    used=$((used + budget))
+    echo "step $name (budget $budget s)"
     "step_${name//[^a-zA-Z0-9]/_}" || exit 1
   done
   exit 0
@@ -181,6 +235,12 @@ mkdir -p "$OUT"
 # shellcheck source=benchmarks/gpu_env.sh
 source benchmarks/gpu_env.sh
 gpu_env_install gpu_session "$WHEELS"
+# pre-flight: the node's default python may not be the one with its CUDA torch; every step would fail
+if ! "$PY" -c "import torch" >/dev/null 2>&1; then
+  echo "gpu_session: $PY cannot import torch: set PYTHON to the interpreter with the node's CUDA torch" \
+    "(e.g. PYTHON=/usr/bin/python3.12)" >&2
+  exit 2
+fi
 gpu_env_report "$OUT/environment.txt"
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/gpu-session-work.XXXXXX") # models and checkpoints: not results
 trap 'rm -rf "$GPU_ENV_SITE" "$WORK"' EXIT
@@ -319,6 +379,16 @@ def layers():
     return "; ".join(x for x in (bench("bench-0.5b-ours-layers"), layers_ratio()) if x)
 
 
+def last_line(*names):
+    """The last non-empty line of the last of these files in OUT that has one, cut to 100 characters."""
+    for name in reversed(names):
+        p = out / name
+        lines = [l.strip() for l in p.read_text(errors="replace").splitlines() if l.strip()] if p.is_file() else []
+        if lines:
+            return lines[-1][:100] + ("..." if len(lines[-1]) > 100 else "")
+    return ""
+
+
 HEADLINES = {
     "decode": decode,
     "bench-0.5b-ours": lambda: bench("bench-0.5b-ours"),
@@ -338,10 +408,13 @@ for line in (out / "steps.tsv").read_text().splitlines():
         head = HEADLINES.get(name, lambda: "")()
     except Exception as e:  # a figure missing from a partial result: say so, keep the table
         head = f"(no headline: {type(e).__name__})"
-    log = out / f"{name}.out"
-    if not head and log.is_file() and log.read_text(errors="replace").strip():
-        head = log.read_text(errors="replace").strip().splitlines()[-1][:100]  # e.g. "no GPU: skipped"
-    print(f"| {name} | {status} | {seconds} | {'; '.join(x for x in (note, head) if x)} |")
+    if not head and status.startswith(("FAILED", "TIMEOUT")):  # why it failed: the last line of its stderr
+        head = last_line(f"{name}.err") or last_line(*(p.name for p in sorted(out.glob(f"{name}-*.err"), key=os.path.getmtime)))
+        head = f"stderr: {head}" if head else ""
+    if not head:
+        head = last_line(f"{name}.out")  # e.g. "no GPU: skipped"
+    cell = "; ".join(x for x in (note, head) if x).replace("|", "\\|")  # a | from a log: not a new column
+    print(f"| {name} | {status} | {seconds} | {cell} |")
 PYEOF
 echo
 echo "gpu_session: stage $STAGE, $((SECONDS - T0)) s, results in $OUT (exit $status)"

@@ -164,6 +164,7 @@ case "$1" in
   benchmarks/bench_decode.py) cp {decode_json} "$(json_arg "$@")"; echo "decode table"; exit 3 ;;
   benchmarks/bench_gpu.py) echo started; exec sleep 60 ;;
   benchmarks/*) echo "should have been skipped"; exit 0 ;;
+  -c) [ "$2" = "import torch" ] && exit 0 ;;
   -) if [ -z "${{GPU_SESSION_OUT:-}}" ]; then cat >/dev/null; echo "cuda: None available: False"; exit 0; fi ;;
 esac
 exec {python} "$@"
@@ -213,6 +214,7 @@ FAKE_BENCH_PYTHON = """#!/usr/bin/env bash
 json_arg() {{ while [ $# -gt 0 ]; do [ "$1" = --json ] && echo "$2"; shift; done; }}
 case "$1" in
   benchmarks/bench_gpu.py) f=$(json_arg "$@"); [ -f {figures}/"${{f##*/}}" ] && cp {figures}/"${{f##*/}}" "$f"; echo table; exit 0 ;;
+  -c) [ "$2" = "import torch" ] && exit 0 ;;
   -) if [ -z "${{GPU_SESSION_OUT:-}}" ]; then cat >/dev/null; echo "cuda: None available: False"; exit 0; fi ;;
 esac
 exec {python} "$@"
@@ -260,6 +262,185 @@ def test_stage_3_summary_gives_the_torch_compile_ratio(tmp_path: Path, with_trl_
     else:
         assert "--torch_compile / without" not in layers[3]
     assert not (out / "summary.err").read_text().strip()
+
+
+def _fake(tmp_path: Path, text: str, **fields: object) -> Path:
+    fake = tmp_path / "python"
+    fake.write_text(text.format(python=sys.executable, **fields))
+    fake.chmod(0o755)
+    return fake
+
+
+def _rows(out: Path) -> dict[str, list[str]]:
+    """summary.md's rows by step: [name, status, seconds, headline]."""
+    rows = {}
+    for line in (out / "summary.md").read_text().splitlines()[2:]:
+        assert line.startswith("| ") and line.endswith(" |"), line
+        cells = re.split(r" \| ", line[2:-2])  # "\|" in a headline is not a column
+        assert len(cells) == 4, line
+        rows[cells[0]] = cells
+    return rows
+
+
+NO_TORCH_PYTHON = """#!/usr/bin/env bash
+# a stand-in for a node's default python that is not the one with its CUDA torch
+if [ "$1" = -c ] && [ "$2" = "import torch" ]; then
+  printf 'Traceback (most recent call last):\\n  File "<string>", line 1\\nModuleNotFoundError: No module named %s\\n' "'torch'" >&2
+  exit 1
+fi
+exec {python} "$@"
+"""
+NO_TORCH_LINE = (
+    "gpu_session: {py} cannot import torch: set PYTHON to the interpreter with the node's CUDA torch "
+    "(e.g. PYTHON=/usr/bin/python3.12)"
+)
+
+
+@pytest.mark.parametrize("python", ["without-torch", "absent"])
+def test_a_python_without_torch_stops_before_any_step(tmp_path: Path, python: str) -> None:
+    py = _fake(tmp_path, NO_TORCH_PYTHON) if python == "without-torch" else tmp_path / "no-such-python"
+    out = tmp_path / "out"
+    env = {"PYTHON": str(py), "WHEELS": str(tmp_path / "none")}
+    proc = _session("1", str(out), env=env)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stdout == ""  # no environment report, no step, no summary
+    assert NO_TORCH_LINE.format(py=py) in proc.stderr.splitlines()
+    assert "Traceback" not in proc.stderr and "ModuleNotFoundError" not in proc.stderr
+    assert sorted(p.name for p in out.iterdir()) == []
+    # a dry run runs nothing, so needs no torch
+    dry = _session("1", str(tmp_path / "dry"), env={**env, "DRY_RUN": "1"})
+    assert dry.returncode == 0, dry.stderr
+    assert "step decode (budget 200 s)" in dry.stdout.splitlines()
+
+
+FAILING_PYTHON = """#!/usr/bin/env bash
+# a stand-in python: decode dies on an import, the benchmark on a long error line; the profile writes nothing
+case "$1" in
+  benchmarks/bench_decode.py) printf 'Traceback (most recent call last):\\n  File "x", line 1\\nModuleNotFoundError: No module named %s\\n\\n' "'x'" >&2; exit 1 ;;
+  benchmarks/bench_gpu.py) printf 'RuntimeError: a|b %0300d\\n' 0 >&2; exit 1 ;;
+  benchmarks/profile_gpu.py) echo "a warning" >&2; exit 0 ;;
+  -c) [ "$2" = "import torch" ] && exit 0 ;;
+  -) if [ -z "${{GPU_SESSION_OUT:-}}" ]; then cat >/dev/null; echo "cuda: None available: False"; exit 0; fi ;;
+esac
+exec {python} "$@"
+"""
+
+
+def test_a_failed_step_without_a_headline_shows_its_stderr(tmp_path: Path) -> None:
+    fake = _fake(tmp_path, FAILING_PYTHON)
+    out = tmp_path / "out"
+    proc = _session("1", str(out), env={"PYTHON": str(fake), "WHEELS": str(tmp_path / "none")})
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    rows = _rows(out)
+    assert rows["decode"][1:] == ["FAILED (exit 1)", "0", "stderr: ModuleNotFoundError: No module named 'x'"]
+    bench = rows["bench-0.5b-ours"]
+    assert bench[1] == "FAILED (exit 1)"
+    assert bench[3].startswith("stderr: RuntimeError: a\\|b 000") and bench[3].endswith("0...")
+    assert len(bench[3]) == len("stderr: ") + 100 + len("...") + 1  # cut to 100 characters, the | escaped
+    assert rows["profile-0.5b"][1:] == ["ok", "0", ""]  # a step that did not fail: its stderr is not news
+
+    # a step cut off before its command ran: the reason is the last line of its stderr too
+    out = tmp_path / "out-timeout"
+    proc = _session(
+        "1",
+        str(out),
+        env={"PYTHON": str(fake), "WHEELS": str(tmp_path / "none"), "STAGE_LIMIT": "4", "MIN_STEP": "1"},
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    decode = _rows(out)["decode"]
+    assert decode[1] == "TIMEOUT"
+    assert decode[3] == "stderr: gpu_session: decode: no time left in the step"
+
+
+def _dry_run_budgets(stage: str, env: dict[str, str]) -> list[tuple[str, int | None]]:
+    """(step, budget) from a dry run, budget None for a step it says would be skipped (and gives no command)."""
+    proc = _session(stage, "out", env={"DRY_RUN": "1", **env})
+    assert proc.returncode == 0, proc.stderr
+    steps: list[tuple[str, int | None]] = []
+    lines = proc.stdout.splitlines()
+    assert f"setup (~{SETUP_S} s)" in lines[1]  # the estimate the budgets below count on
+    for i, line in enumerate(lines):
+        if m := re.fullmatch(r"step (\S+) \(budget (\d+) s\)", line):
+            steps.append((m[1], int(m[2])))
+        elif m := re.fullmatch(r"step (\S+) \(skipped: no time left, (\d+) s of the stage\)", line):
+            steps.append((m[1], None))
+            assert i + 1 == len(lines) or not lines[i + 1].startswith("  $"), line
+    return steps
+
+
+def test_dry_run_budgets_under_a_stage_limit() -> None:
+    # the lease's example: 240 s for stage 3 is 210 s after the set-up, the ratio's 170 s, then 40 s: too little
+    assert _dry_run_budgets("3", {"STAGE_LIMIT": "240"}) == [
+        ("bench-0.5b-vs-trl", 170),
+        ("bench-1.5b-ours", None),
+        ("bench-0.5b-ours-layers", None),
+    ]
+    assert _dry_run_budgets("1", {"STAGE_LIMIT": "300"}) == [
+        ("decode", 200),
+        ("bench-0.5b-ours", 70),  # cut to what is left
+        ("profile-0.5b", None),
+    ]
+    assert _dry_run_budgets("1", {"STAGE_LIMIT": "300", "MIN_STEP": "80"}) == [
+        ("decode", 200),
+        ("bench-0.5b-ours", None),
+        ("profile-0.5b", None),
+    ]
+
+
+@pytest.mark.parametrize("stage", sorted(STEPS))
+@pytest.mark.parametrize("limit", [60, 100, 240, 330, 420, 510, 900])
+def test_dry_run_budgets_follow_the_stage_rule(stage: str, limit: int) -> None:
+    # the rule of the real run, each step before taking its whole budget: cut to what is left, skipped under
+    # MIN_STEP (45 s); the default limit cuts nothing
+    full = _dry_run_budgets(stage, {})
+    assert [name for name, _ in full] == STEPS[stage] and all(b for _, b in full)
+    expected: list[tuple[str, int | None]] = []
+    left = limit - SETUP_S
+    for name, budget in full:
+        assert budget is not None
+        if left < 45:
+            expected.append((name, None))
+            continue
+        expected.append((name, min(budget, left)))
+        left -= min(budget, left)
+    assert _dry_run_budgets(stage, {"STAGE_LIMIT": str(limit)}) == expected
+
+
+@pytest.mark.parametrize("var", ["STAGE_LIMIT", "MIN_STEP"])
+@pytest.mark.parametrize("value", ["abc", "0", "-5", "1.5", " 60", "60s", "0x10"])
+@pytest.mark.parametrize("dry", [True, False])
+def test_a_bad_stage_limit_or_min_step_is_one_line_and_exit_2(
+    tmp_path: Path, var: str, value: str, dry: bool
+) -> None:
+    out = tmp_path / "out"
+    env = {var: value, "WHEELS": str(tmp_path / "none"), **({"DRY_RUN": "1"} if dry else {})}
+    proc = _session("1", str(out), env=env)
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    assert proc.stderr.splitlines() == [
+        f"gpu_session: {var} must be a whole number of seconds above 0, not '{value}'"
+    ]
+    assert not out.exists()
+
+
+def test_stage_2_dry_run_is_readable() -> None:
+    proc = _session("2", "out", env={"DRY_RUN": "1"})
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    (work,) = [line for line in lines if line.startswith("$WORK: ")]  # what $WORK in the commands is
+    assert "scratch folder" in work and "mktemp -d" in work
+    commands = [line for line in lines if line.startswith("  $ ")]
+    assert all("\\" not in line for line in commands), commands  # no \$WORK, no "import\ sys\;"
+    assert any(" --model_name_or_path $WORK/tiny/policy " in line for line in commands)
+    (setup,) = [line for line in commands if " -c " in line]
+    assert setup.startswith(
+        f'  $ {sys.executable} -c "import sys; from rloo.demo.tiny import build_tiny_setup; '
+    )
+    assert setup.endswith('" $WORK/tiny $WORK/toy')
+    # stages without $WORK do not explain it
+    assert not any(
+        line.startswith("$WORK") for line in _session("1", "out", env={"DRY_RUN": "1"}).stdout.splitlines()
+    )
 
 
 @pytest.mark.slow
