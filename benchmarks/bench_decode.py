@@ -47,7 +47,6 @@ import json
 import math
 import statistics
 import sys
-import tempfile
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -145,19 +144,7 @@ def build_model(preset: bench_gpu.Preset, device: str, seed: int) -> Any:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from rloo.demo.tiny import build_tokenizer, causal_lm_config
-
-    with tempfile.TemporaryDirectory() as tmp:
-        build_tokenizer(Path(tmp))
-        config = causal_lm_config(
-            tmp,
-            arch=preset.arch,
-            hidden_size=preset.hidden,
-            num_layers=preset.layers,
-            num_heads=preset.heads,
-            vocab_size=preset.vocab,
-            max_position_embeddings=2048,
-        )
+    config = bench_gpu.preset_config(preset)
     with torch.random.fork_rng(devices=[]), torch.device(device):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)

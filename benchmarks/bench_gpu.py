@@ -671,13 +671,13 @@ def build_inputs(preset: Preset, root: Path, args: argparse.Namespace) -> dict[s
     return {"policy": str(policy), "dataset": str(data)}
 
 
-def preset_param_counts(preset: Preset) -> tuple[int, int]:
-    """(total, matmul) parameters of a preset's model, from its config alone (nothing is built)."""
+def preset_config(preset: Preset) -> Any:
+    """The transformers config of a preset's model (built against the tiny tokenizer's special ids)."""
     from rloo.demo.tiny import build_tokenizer, causal_lm_config
 
     with tempfile.TemporaryDirectory() as tmp:
         build_tokenizer(Path(tmp))
-        config = causal_lm_config(
+        return causal_lm_config(
             tmp,
             arch=preset.arch,
             hidden_size=preset.hidden,
@@ -686,7 +686,11 @@ def preset_param_counts(preset: Preset) -> tuple[int, int]:
             vocab_size=preset.vocab,
             max_position_embeddings=2048,
         )
-    return model_param_counts(config)
+
+
+def preset_param_counts(preset: Preset) -> tuple[int, int]:
+    """(total, matmul) parameters of a preset's model, from its config alone (nothing is built)."""
+    return model_param_counts(preset_config(preset))
 
 
 def run_one(trainer: str, spec: dict[str, Any], run_dir: Path) -> dict[str, Any]:

@@ -8,7 +8,6 @@ tiny model, 2 steps and nothing compiled, so that a generator API it relies on g
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import os
@@ -21,17 +20,14 @@ from typing import Any
 import pytest
 import torch
 
+from tests.fixtures.scripts import load_script
+
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_decode.py"
 
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_decode", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_decode"] = module  # dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT)
 
 
 def _env() -> dict[str, str]:

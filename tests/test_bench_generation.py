@@ -3,7 +3,6 @@ run of the built-in engine alone."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -15,18 +14,15 @@ from typing import Any
 
 import pytest
 
+from tests.fixtures.scripts import load_script
+
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 SCRIPT = BENCH / "bench_generation.py"
 
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_generation", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_generation"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT)
 
 
 def test_defaults_are_the_training_benchmarks_vllm_shape(bench: ModuleType) -> None:

@@ -6,7 +6,6 @@ CUDA calls skipped) so that a metric key or a TRL method it relies on going away
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -18,17 +17,14 @@ from typing import Any
 
 import pytest
 
+from tests.fixtures.scripts import load_script
+
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_gpu.py"
 
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_gpu", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_gpu"] = module  # dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT)
 
 
 def _env() -> dict[str, str]:

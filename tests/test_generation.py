@@ -16,6 +16,7 @@ from rloo.generation import (
     uniforms,
 )
 from rloo.models import load_causal_lm, load_tokenizer
+from tests.fixtures.decode import spy_static_buffers
 
 PROBS = torch.tensor([[0.2, 0.5, 0.3]])  # cdf [0.2, 0.7, 1.0]
 
@@ -237,19 +238,6 @@ def _autocast_bf16():
     return torch.autocast("cpu", dtype=torch.bfloat16)
 
 
-def _spy_buffers(gen: TransformersGenerator) -> list:
-    """The static buffers ``gen`` decodes in, call by call (an uncompiled generator keeps none)."""
-    made: list = []
-    take = gen._static_buffers
-
-    def spy(*args, **kwargs):
-        made.append(take(*args, **kwargs))
-        return made[-1]
-
-    gen._static_buffers = spy  # type: ignore[method-assign]
-    return made
-
-
 def _prompts(tok):
     return left_pad([tok(p)["input_ids"] for p in PROMPTS], tok.pad_token_id)
 
@@ -265,7 +253,7 @@ def test_static_decode_under_autocast_keeps_a_compute_dtype_cache(arch_lm) -> No
     runs = {}
     for impl in ("dynamic", "static"):
         gen = TransformersGenerator(model, batch_size=64, autocast=_autocast_bf16, cache_implementation=impl)
-        made = _spy_buffers(gen)
+        made = spy_static_buffers(gen)
         runs[impl] = gen.generate(ids, mask, 4, params, seeds, return_logprobs=True)
     (buf,) = made
     assert {layer.keys.dtype for layer in buf.cache.layers} == {torch.bfloat16}
@@ -303,7 +291,7 @@ def test_an_uncompiled_static_decode_keeps_no_cache_after_the_call(lm) -> None:
     # dynamic one does: not held through the optimisation phase.
     _, tok, model = lm
     gen = TransformersGenerator(model, batch_size=8, cache_implementation="static")
-    made = _spy_buffers(gen)
+    made = spy_static_buffers(gen)
     params = SamplingParams(max_new_tokens=4, pad_token_id=tok.pad_token_id)
     gen.generate(*_prompts(tok), 4, params, row_seeds(0, 0, torch.arange(3), 4))
     assert made and gen._buffers == {}
@@ -322,7 +310,7 @@ def test_compiled_whole_step_decode_matches_eager_and_replays(lm) -> None:
     assert short[0].size(1) != longer[0].size(1)
     seeds = row_seeds(1, 0, torch.arange(3), 4)
     gen = TransformersGenerator(model, batch_size=64, cache_implementation="static", compile_decode=True)
-    made = _spy_buffers(gen)
+    made = spy_static_buffers(gen)
     gen.generate(*short, 4, params, seeds, return_logprobs=True)
     graphs = counters["stats"]["unique_graphs"]
     assert graphs > 0  # the first call compiled

@@ -4,7 +4,6 @@ own parser), the time budgets, and how a stage reports a step that fails, runs o
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -16,6 +15,8 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+
+from tests.fixtures.scripts import load_script
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "gpu_session.sh"
@@ -42,15 +43,7 @@ def _session(
 
 
 def _module(path: Path) -> ModuleType:
-    name = path.stem
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return module
+    return sys.modules.get(path.stem) or load_script(path)
 
 
 def test_scripts_parse() -> None:

@@ -18,6 +18,7 @@ from rloo.cli import main
 from rloo.demo.tiny import build_tiny_setup
 from rloo.generation import GenerationSettings
 from rloo.training.trainer import train
+from tests.fixtures.decode import spy_static_buffers
 
 pytestmark = pytest.mark.slow
 
@@ -591,17 +592,10 @@ def test_bf16_rollouts_from_a_copy_of_the_policy(make_config, caplog: pytest.Log
     gen = trainer.generator
     assert gen.source is trainer.policy and gen.model is not trainer.policy
     assert {p.dtype for p in gen.model.parameters()} == {torch.bfloat16}
-    take, caches = gen._static_buffers, []
-
-    def spy(*args: Any, **kwargs: Any) -> Any:
-        buf = take(*args, **kwargs)
-        caches.append(buf.cache)
-        return buf
-
-    gen._static_buffers = spy
+    made = spy_static_buffers(gen)
     history = trainer.train().history
     assert gen._synced_version == 1  # refreshed for update 2's rollout, after update 1's step only
-    assert caches and {layer.keys.dtype for c in caches for layer in c.layers} == {torch.bfloat16}
+    assert made and {layer.keys.dtype for buf in made for layer in buf.cache.layers} == {torch.bfloat16}
     assert all(math.isfinite(h["objective/kl"]) and math.isfinite(h["loss/policy_avg"]) for h in history)
     # the copy is the policy cast to bf16 once refreshed: the policy moved since update 2's rollout
     stale = [p.clone() for p in gen.model.parameters()]
