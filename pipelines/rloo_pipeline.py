@@ -34,27 +34,25 @@ def _secrets(task: dsl.PipelineTask, name: str, keys: dict[str, str], optional: 
     kubernetes.use_secret_as_env(task, secret_name=name, secret_key_to_env=keys, optional=optional)
 
 
-def _io_step(task: dsl.PipelineTask, timeout_s: int = C.IO_TIMEOUT_S) -> dsl.PipelineTask:
-    """Object storage / Hub / registry traffic: transient failures are retried with exponential backoff."""
+def _retried(task: dsl.PipelineTask, policy: C.RetryPolicy) -> dsl.PipelineTask:
+    """Retries and each attempt's deadline from one policy, whose window (Argo's ``backoff.maxDuration``, counted
+    from the first attempt's start) covers every attempt at its full deadline and every backoff. A retried
+    train step resumes from the run's checkpoints, a retried launcher adopts its job; a failure no retry heals
+    stops every later attempt at once (rloo.stages.retry)."""
     task.set_retry(
-        num_retries=C.IO_RETRIES,
-        backoff_duration=C.IO_BACKOFF,
-        backoff_factor=C.IO_BACKOFF_FACTOR,
-        backoff_max_duration=C.IO_BACKOFF_MAX,
+        num_retries=policy.retries,
+        backoff_duration=f"{policy.backoff_s}s",
+        backoff_factor=float(policy.factor),
+        backoff_max_duration=f"{policy.max_duration_s}s",
     )
-    kubernetes.set_timeout(task, timeout_s)
+    kubernetes.set_timeout(task, policy.timeout_s)
     return task
 
 
-def _retried(task: dsl.PipelineTask) -> dsl.PipelineTask:
-    """A GPU step or the multi-node launcher: retried (a train step resumes from the run's checkpoints, the
-    launcher adopts its job), except after a failure no retry heals (rloo.stages.retry)."""
-    return task.set_retry(
-        num_retries=C.GPU_RETRIES,
-        backoff_duration=C.GPU_BACKOFF,
-        backoff_factor=C.GPU_BACKOFF_FACTOR,
-        backoff_max_duration=C.GPU_BACKOFF_MAX,
-    )
+def _pod_fields(task: dsl.PipelineTask) -> None:
+    """This pod's name, uid and namespace from the downward API (the multi-node job's owner and namespace)."""
+    for env, field_path in C.POD_FIELD_ENV.items():
+        kubernetes.use_field_path_as_env(task, env_name=env, field_path=field_path)
 
 
 def _scratch(task: dsl.PipelineTask, step: str) -> dsl.PipelineTask:
@@ -76,23 +74,28 @@ def _gpu_step(
     gpu_resource: Any,
     gpu_count: Any,
     node_selector: Any,
+    tolerations: Any,
     cpu: Any,
     memory: Any,
-    timeout_s: int,
 ) -> None:
-    # gpu_*/node_selector/cpu/memory: pipeline parameters (channels) or constants
-    """GPU pods: GPUs, CPU and memory requested (requests == limits: Guaranteed QoS, the last pods evicted under
-    node pressure; the in-memory /dev/shm counts against the memory limit), GPU taint tolerated, GPU nodes
-    selected, no caching (a cached 'training' would silently reuse another run's model), a hard timeout."""
+    # gpu_*/node_selector/tolerations/cpu/memory: pipeline parameters (channels) or validate step outputs
+    """GPU pods: GPUs, CPU and memory requested, the GPU pools' taints tolerated and their nodes selected, no
+    caching (a cached 'training' would silently reuse another run's model).
+
+    The step's container asks requests == limits, but the pod is Burstable, not Guaranteed: KFP's launcher
+    init container asks 0.1 CPU with a 0.5 CPU / 256Mi limit and no memory request (KFP
+    backend/src/v2/compiler/argocompiler/argo.go, launcherResources). Under node pressure the kubelet evicts
+    pods using more than they requested first; these never do, so BestEffort pods and pods over their requests
+    go before them. The in-memory /dev/shm counts against the memory limit."""
     task.set_accelerator_type(gpu_resource).set_accelerator_limit(gpu_count)
     task.set_cpu_request(cpu).set_cpu_limit(cpu).set_memory_request(memory).set_memory_limit(memory)
     task.set_caching_options(enable_caching=False)
     kubernetes.add_toleration(task, **C.GPU_TOLERATION)
+    kubernetes.add_toleration_json(task, toleration_json=tolerations)  # the pools' own taints
     kubernetes.add_node_selector_json(task, node_selector_json=node_selector)
     kubernetes.empty_dir_mount(
         task, volume_name=C.SHM_VOLUME, mount_path="/dev/shm", medium="Memory", size_limit=C.SHM_SIZE
     )
-    kubernetes.set_timeout(task, timeout_s)
 
 
 @dsl.pipeline(name=PIPELINE_NAME, description="RLHF with RLOO: fetch SFT, train, judge, push.")
@@ -100,25 +103,35 @@ def _gpu_step(
 def rloo_pipeline(p: dict[str, Any]) -> None:
     """RLHF with RLOO: fetch the SFT model, train it, judge it against the SFT model, push it."""
     finish = finish_run(
-        kfp_run_id=RUN_ID, kfp_run_name=RUN_NAME, mlflow_experiment=p["mlflow_experiment"]
+        kfp_run_id=RUN_ID,
+        kfp_run_name=RUN_NAME,
+        mlflow_experiment=p["mlflow_experiment"],
+        namespace=p["namespace"],
     ).set_display_name("close MLflow run")
     finish.set_caching_options(enable_caching=False)
     _secrets(finish, p["mlflow_secret"], C.MLFLOW_SECRET_KEYS, optional=True)
     _fixed_resources(finish, C.FINISH_RESOURCES)
+    # the exit handler also runs when the run is terminated: it deletes the run's multi-node job, which the
+    # launcher (killed with no time after SIGTERM) may have left running
+    _pod_fields(finish)
     with dsl.ExitHandler(exit_task=finish, name="rloo"):
         # every parameter: a test keeps the two signatures equal
         check = validate_params(**p).set_display_name("validate parameters")
+        # never cached: a resubmission must check the bucket, the model, the data and the secrets again
+        check.set_caching_options(enable_caching=False)
         kubernetes.set_timeout(check, C.VALIDATE_TIMEOUT_S)
         _fixed_resources(check, C.VALIDATE_RESOURCES)
-        # optional here: a missing secret should fail as "cannot read the model", not as a pod that never starts
-        _secrets(check, p["s3_secret"], C.S3_SECRET_KEYS, optional=True)
-        _secrets(check, p["hf_secret"], C.HF_SECRET_KEYS, optional=True)
+        # optional here, every secret a later step mounts: the step names what is missing in one line, before
+        # any GPU is requested (a later step's missing secret is CreateContainerConfigError, which holds its
+        # scheduled pod until the deadline)
+        for param, (keys, _) in C.STEP_SECRETS.items():
+            _secrets(check, p[param], keys, optional=True)
         # every later step reads its part of the plan the validate step built, not the raw parameters
         plan = check.outputs["plan"]
         run = dict(kfp_run_id=RUN_ID, kfp_run_name=RUN_NAME)
 
         fetch = fetch_sft(plan=plan, kfp_run_id=RUN_ID).set_display_name("fetch SFT model")
-        _io_step(fetch)
+        _retried(fetch, C.io_retry())
         _scratch(fetch, "fetch")
         _fixed_resources(fetch, C.FETCH_RESOURCES)
         _secrets(fetch, p["s3_secret"], C.S3_SECRET_KEYS)
@@ -142,11 +155,11 @@ def rloo_pipeline(p: dict[str, Any]) -> None:
                 p["gpu_resource"],
                 gpu_limit,
                 p["gpu_node_selector"],
+                p["gpu_tolerations"],
                 p["train_cpu"],
                 p["train_memory"],
-                C.TRAIN_TIMEOUT_S,
             )
-            _retried(single)
+            _retried(single, C.TRAIN_RETRY)
             _scratch(single, "train")
             _secrets(single, p["s3_secret"], C.S3_SECRET_KEYS)
             _secrets(single, p["mlflow_secret"], C.MLFLOW_SECRET_KEYS, optional=True)
@@ -164,10 +177,8 @@ def rloo_pipeline(p: dict[str, Any]) -> None:
             # the run's store: where a failure for good is recorded, and read first by a retried launcher
             _secrets(multi, p["s3_secret"], C.S3_SECRET_KEYS)
             _fixed_resources(multi, C.LAUNCHER_RESOURCES)
-            kubernetes.set_timeout(multi, C.TRAIN_TIMEOUT_S)
-            _retried(multi)
-            for env, field_path in C.POD_FIELD_ENV.items():  # the job's owner: this pod
-                kubernetes.use_field_path_as_env(multi, env_name=env, field_path=field_path)
+            _retried(multi, C.LAUNCHER_RETRY)
+            _pod_fields(multi)  # the job's owner: this pod
         # a parameter, not the Model artifacts: kfp.local (rloo pipeline run --local) selects only parameters
         trained = dsl.OneOf(single.outputs["Output"], multi.outputs["Output"])
 
@@ -176,13 +187,13 @@ def rloo_pipeline(p: dict[str, Any]) -> None:
         _gpu_step(
             judge,
             p["gpu_resource"],
-            1,
+            check.outputs["eval_gpu_limit"],  # one GPU, none on a CPU cluster (gpu_count 0)
             p["gpu_node_selector"],
+            p["gpu_tolerations"],
             p["eval_cpu"],
             p["eval_memory"],
-            C.EVAL_TIMEOUT_S,
         )
-        _retried(judge)
+        _retried(judge, C.EVAL_RETRY)
         _scratch(judge, "eval")
         _secrets(judge, p["s3_secret"], C.S3_SECRET_KEYS)
         _secrets(judge, p["mlflow_secret"], C.MLFLOW_SECRET_KEYS, optional=True)
@@ -194,7 +205,7 @@ def rloo_pipeline(p: dict[str, Any]) -> None:
         push = push_model(
             trained_model_uri=trained, sft_model=sft, eval_results=judge.outputs["Output"], plan=plan, **run
         ).set_display_name("push")
-        _io_step(push)
+        _retried(push, C.io_retry())
         _scratch(push, "push")
         _fixed_resources(push, C.PUSH_RESOURCES)
         _secrets(push, p["s3_secret"], C.S3_SECRET_KEYS)

@@ -53,6 +53,8 @@ def validate_params(
     eval_num_examples: int,
     gpu_resource: str,
     gpu_node_selector: dict,
+    gpu_tolerations: list,
+    admission_timeout_s: int,
     namespace: str,
     mlflow_experiment: str,
     production_uri: str,
@@ -61,10 +63,10 @@ def validate_params(
     hf_secret: str,
     judge_secret: str,
     summary: Output[Markdown],
-) -> NamedTuple("Validated", [("plan", str), ("gpu_limit", str)]):
-    """Returns the plan (:class:`rloo.stages.plan.StagePlan` as JSON) and the training pod's GPU count as
-    text: KFP's driver reads a pod-spec placeholder as a string (``GetStringValue``), so an integer pipeline
-    parameter there would resolve to nothing and the pod would get no GPU."""
+) -> NamedTuple("Validated", [("plan", str), ("gpu_limit", str), ("eval_gpu_limit", str)]):
+    """Returns the plan (:class:`rloo.stages.plan.StagePlan` as JSON) and the training and evaluation pods' GPU
+    counts as text: KFP's driver reads a pod-spec placeholder as a string (``GetStringValue``), so an integer
+    pipeline parameter there would resolve to nothing and the pod would get no GPU."""
     params = {k: v for k, v in locals().items() if k != "summary"}  # first statement: the parameters
     import sys
 
@@ -80,4 +82,4 @@ def validate_params(
         raise SystemExit(2) from None
     with open(summary.path, "w") as f:
         f.write(plan_markdown(plan))
-    return (plan.to_json(), str(gpu_count))  # in the annotation's order
+    return (plan.to_json(), str(gpu_count), validate.eval_gpu_limit(plan.cluster))  # the annotation's order

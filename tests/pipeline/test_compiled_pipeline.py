@@ -53,7 +53,15 @@ def _tasks(spec: dict[str, Any], comp: str) -> dict[str, Any]:
 # compiler passes a DAG no value that only a pod-spec field uses)
 _POD_SPEC_INPUTS = {
     f"pipelinechannel--{name}"
-    for name in ("gpu_resource", "gpu_node_selector", "train_cpu", "train_memory", "eval_cpu", "eval_memory")
+    for name in (
+        "gpu_resource",
+        "gpu_node_selector",
+        "gpu_tolerations",
+        "train_cpu",
+        "train_memory",
+        "eval_cpu",
+        "eval_memory",
+    )
 } | {f"pipelinechannel--{name}" for name in ("s3_secret", "mlflow_secret", "hf_secret", "judge_secret")}
 
 
@@ -106,7 +114,9 @@ def test_gpu_requests_and_images(docs: tuple[dict[str, Any], dict[str, Any]]) ->
     assert acc["resourceCount"] == "{{$.inputs.parameters['pipelinechannel--validate-params-gpu_limit']}}"
     assert acc["resourceType"] == "{{$.inputs.parameters['pipelinechannel--gpu_resource']}}"
     assert execs["exec-evaluate"]["container"]["image"] == image("eval")
-    assert execs["exec-evaluate"]["container"]["resources"]["accelerator"]["resourceCount"] == "1"
+    # one GPU, none when gpu_count is 0 (a CPU cluster): the validate step's text output again
+    eval_gpus = execs["exec-evaluate"]["container"]["resources"]["accelerator"]["resourceCount"]
+    assert eval_gpus == "{{$.inputs.parameters['pipelinechannel--validate-params-eval_gpu_limit']}}"
     for cpu_step in ("validate-params", "fetch-sft", "train-rloo-multinode", "push-model", "finish-run"):
         container = execs[f"exec-{cpu_step}"]["container"]
         assert container["image"] == image("slim")
@@ -157,21 +167,21 @@ def test_caching_retries_and_run_ids(docs: tuple[dict[str, Any], dict[str, Any]]
     multi = _tasks(spec, "comp-condition-4")["train-rloo-multinode"]
     for task in (single, multi, inner["evaluate"]):
         assert task["cachingOptions"] == {}, "GPU/training steps must not be cached"
-    for task in (inner["fetch-sft"], inner["push-model"]):
+    assert inner["validate-params"]["cachingOptions"] == {}, "a resubmission must check everything again"
+    for task, policy in (
+        (inner["fetch-sft"], C.io_retry()),
+        (inner["push-model"], C.io_retry()),
+        # a retried train step resumes from the run's checkpoints, a retried launcher adopts its job, a retried
+        # evaluation starts over; each try holds GPUs: fewer, later (rloo.stages.retry stops those that cannot heal)
+        (single, C.TRAIN_RETRY),
+        (multi, C.LAUNCHER_RETRY),
+        (inner["evaluate"], C.EVAL_RETRY),
+    ):
         assert task["retryPolicy"] == {
-            "backoffDuration": C.IO_BACKOFF,
-            "backoffFactor": C.IO_BACKOFF_FACTOR,
-            "backoffMaxDuration": C.IO_BACKOFF_MAX,
-            "maxRetryCount": C.IO_RETRIES,
-        }
-    # a retried train step resumes from the run's checkpoints, a retried launcher adopts its job, a retried
-    # evaluation starts over; each try holds GPUs: fewer, later (rloo.stages.retry stops those that cannot heal)
-    for task in (single, multi, inner["evaluate"]):
-        assert task["retryPolicy"] == {
-            "backoffDuration": C.GPU_BACKOFF,
-            "backoffFactor": C.GPU_BACKOFF_FACTOR,
-            "backoffMaxDuration": C.GPU_BACKOFF_MAX,
-            "maxRetryCount": C.GPU_RETRIES,
+            "backoffDuration": f"{policy.backoff_s}s",
+            "backoffFactor": float(policy.factor),
+            "backoffMaxDuration": f"{policy.max_duration_s}s",
+            "maxRetryCount": policy.retries,
         }
     run_id = single["inputs"]["parameters"]["kfp_run_id"]["runtimeValue"]["constant"]
     run_name = single["inputs"]["parameters"]["kfp_run_name"]["runtimeValue"]["constant"]
@@ -200,10 +210,13 @@ def test_platform_spec(docs: tuple[dict[str, Any], dict[str, Any]]) -> None:
         # the training reward model, which scores the judged pairs, may be a private Hub repo
         "pipelinechannel--hf_secret": {"HF_TOKEN"},
     }
-    # validation looks the model up (s3:// upload, Hub repo); optional, so a missing secret fails as a message
+    # validation looks the model up (s3:// upload, Hub repo) and sees every secret a later step mounts; all
+    # optional, so a missing secret fails as a message (rloo.stages.validate.check_secrets)
     assert _secret_names(execs["exec-validate-params"]) == {
         "pipelinechannel--s3_secret": s3,
         "pipelinechannel--hf_secret": {"HF_TOKEN"},
+        "pipelinechannel--mlflow_secret": set(C.MLFLOW_SECRET_KEYS.values()),
+        "pipelinechannel--judge_secret": {"OPENAI_API_KEY"},
     }
     assert all(s["optional"] for s in execs["exec-validate-params"]["secretAsEnv"])
     # the MLflow secret's keys (URI, and user/password for a server behind MLflow's basic-auth app) are
@@ -217,6 +230,8 @@ def test_platform_spec(docs: tuple[dict[str, Any], dict[str, Any]]) -> None:
     # the multi-node launcher reads and records the run's failure for good in the store before its job starts
     assert _secret_names(execs["exec-train-rloo-multinode"]) == {"pipelinechannel--s3_secret": s3}
     assert _secret_names(execs["exec-finish-run"]) == {"mlflow_secret": set(C.MLFLOW_SECRET_KEYS.values())}
+    # the exit handler deletes a job the terminated launcher left: it knows its own pod's namespace
+    assert {f["name"] for f in execs["exec-finish-run"]["fieldPathAsEnv"]} == set(C.POD_FIELD_ENV)
     for gpu in ("exec-train-rloo", "exec-evaluate"):
         e = execs[gpu]
         assert e["emptyDirMounts"][0] == {
@@ -225,12 +240,16 @@ def test_platform_spec(docs: tuple[dict[str, Any], dict[str, Any]]) -> None:
             "sizeLimit": C.SHM_SIZE,
             "volumeName": "dshm",
         }
-        assert e["tolerations"] == [{"effect": "NoSchedule", "key": "nvidia.com/gpu", "operator": "Exists"}]
+        assert e["tolerations"] == [
+            {"effect": "NoSchedule", "key": "nvidia.com/gpu", "operator": "Exists"},
+            {"tolerationJson": {"componentInputParameter": "pipelinechannel--gpu_tolerations"}},
+        ]
         assert (
             e["nodeSelector"]["nodeSelectorJson"]["componentInputParameter"]
             == "pipelinechannel--gpu_node_selector"
         )
     assert execs["exec-train-rloo"]["activeDeadlineSeconds"] == str(C.TRAIN_TIMEOUT_S)
+    assert execs["exec-evaluate"]["activeDeadlineSeconds"] == str(C.EVAL_TIMEOUT_S)
     assert execs["exec-validate-params"]["activeDeadlineSeconds"] == str(C.VALIDATE_TIMEOUT_S)
     for cpu in ("exec-validate-params", "exec-fetch-sft", "exec-push-model"):
         assert "tolerations" not in execs[cpu]

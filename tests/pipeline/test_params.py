@@ -215,7 +215,7 @@ def test_the_compiled_pipeline_has_the_declared_parameters() -> None:
 
     spec = load_yaml(default_yaml())[0]["root"]["inputDefinitions"]["parameters"]
     kfp_types = {"String": "STRING", "Integer": "NUMBER_INTEGER", "Float": "NUMBER_DOUBLE"}
-    kfp_types |= {"Boolean": "BOOLEAN", "Dict": "STRUCT"}
+    kfp_types |= {"Boolean": "BOOLEAN", "Dict": "STRUCT", "List": "LIST"}
     params = pipeline_params()
     assert set(spec) == {p.name for p in params}
     for p in params:
@@ -282,6 +282,8 @@ REFUSED: dict[str, Any] = {
     "queue_name": "Team Queue",
     "priority_class": "High!",
     "gpu_node_selector": {"gpu type": "h100"},
+    "gpu_tolerations": [{"key": "sku", "operator": "Exists", "value": "gpu"}],
+    "admission_timeout_s": 0,
     "train_cpu": "8 cores",
     "train_memory": "8Gi",  # not above the 16Gi in-memory /dev/shm
     "eval_cpu": "",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 from rloo.k8s.builders import (
     POD_NAME_ENV,
@@ -29,6 +30,16 @@ MLFLOW_SECRET_KEYS = {
 }
 HF_SECRET_KEYS = {"HF_TOKEN": "HF_TOKEN"}
 JUDGE_SECRET_KEYS = {"OPENAI_API_KEY": "OPENAI_API_KEY"}
+# Every Secret a step mounts, by the pipeline parameter that names it: its keys, and whether a step mounts them
+# with optional: false (a missing Secret or key is then CreateContainerConfigError, which Argo does not handle:
+# the pod, GPUs scheduled, waits for its deadline). The validate step mounts them all optionally and refuses
+# the run in one line when a needed one is missing (rloo.stages.validate.check_secrets).
+STEP_SECRETS: dict[str, tuple[dict[str, str], bool]] = {
+    "s3_secret": (S3_SECRET_KEYS, True),
+    "judge_secret": (JUDGE_SECRET_KEYS, True),
+    "mlflow_secret": (MLFLOW_SECRET_KEYS, False),
+    "hf_secret": (HF_SECRET_KEYS, False),
+}
 
 # Tolerate the taint GPU node pools commonly carry (GKE, EKS and the NVIDIA GPU operator use this key).
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
@@ -54,19 +65,60 @@ TRAIN_TIMEOUT_S = 48 * 3600
 EVAL_TIMEOUT_S = 6 * 3600
 IO_TIMEOUT_S = 2 * 3600
 VALIDATE_TIMEOUT_S = 600
-# I/O steps (object storage, Hub, registry) retry transient failures with exponential backoff.
+# Time an attempt may spend before its deadline starts counting: Argo starts a retry's clock when the node is
+# created, the pod's activeDeadlineSeconds when the kubelet starts it, so a pod waiting for a node (a GPU node
+# pool scaling up from zero, an image of tens of GB being pulled) uses the retry window but not its own deadline.
+GPU_SCHEDULING_S = 3600
+CPU_SCHEDULING_S = 600
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How Argo retries a step (KFP's ``set_retry``) and the deadline of each attempt (``set_timeout``).
+
+    Argo measures ``retryStrategy.backoff.maxDuration`` from the first attempt's start: past it the node fails
+    ("Max duration limit exceeded"), a retry whose backoff would end past it is not started, and a running retry
+    gets that moment as its deadline (Argo's ``executionDeadline``: the wait container kills the step). So the
+    window is derived, never set: every attempt at its full deadline plus its scheduling time, plus every
+    backoff (``duration * factor**n`` before retry n+1). Argo reads the factor as an integer (``intstr.Int32``):
+    a fractional one fails the node."""
+
+    retries: int
+    backoff_s: int
+    factor: int
+    timeout_s: int  # each attempt's own deadline: the pod's activeDeadlineSeconds
+    scheduling_s: int  # what an attempt may wait for a node before that deadline starts counting
+
+    def backoffs_s(self) -> list[int]:
+        """The wait before each retry, in order."""
+        return [self.backoff_s * self.factor**n for n in range(self.retries)]
+
+    @property
+    def max_duration_s(self) -> int:
+        """Argo's ``backoff.maxDuration``: every attempt, whole, and every backoff."""
+        return (self.retries + 1) * (self.timeout_s + self.scheduling_s) + sum(self.backoffs_s())
+
+
+# I/O steps (object storage, Hub, registry) retry transient failures with exponential backoff: 1, 2, 4 min.
 IO_RETRIES = 3
-IO_BACKOFF = "60s"
-IO_BACKOFF_FACTOR = 2.0
-IO_BACKOFF_MAX = "600s"
+IO_BACKOFF_S = 60
+
+
+def io_retry(timeout_s: int = IO_TIMEOUT_S) -> RetryPolicy:
+    """The retry policy of an I/O step whose attempts each get ``timeout_s``."""
+    return RetryPolicy(IO_RETRIES, IO_BACKOFF_S, 2, timeout_s, CPU_SCHEDULING_S)
+
+
 # The GPU steps and the multi-node launcher: a retried train step resumes from the run's checkpoints, a
 # retried launcher adopts its still-running job, a retried evaluation starts over. Fewer tries, longer waits:
 # each one holds GPUs. A failure that no retry heals (exit 2: a bad value, a full disk, a non-finite loss) is
 # recorded and every later attempt stops at once (rloo.stages.retry).
 GPU_RETRIES = 2
-GPU_BACKOFF = "120s"
-GPU_BACKOFF_FACTOR = 2.0
-GPU_BACKOFF_MAX = "900s"
+GPU_BACKOFF_S = 120
+TRAIN_RETRY = RetryPolicy(GPU_RETRIES, GPU_BACKOFF_S, 2, TRAIN_TIMEOUT_S, GPU_SCHEDULING_S)
+EVAL_RETRY = RetryPolicy(GPU_RETRIES, GPU_BACKOFF_S, 2, EVAL_TIMEOUT_S, GPU_SCHEDULING_S)
+# The launcher is a CPU pod, but it waits for the job's GPUs within its own deadline.
+LAUNCHER_RETRY = RetryPolicy(GPU_RETRIES, GPU_BACKOFF_S, 2, TRAIN_TIMEOUT_S, CPU_SCHEDULING_S)
 
 # The launcher pod, from the downward API: the multi-node job's owner (rloo.k8s.builders.OwnerPod).
 POD_FIELD_ENV = {

@@ -114,6 +114,12 @@ class ClusterConfig:
         "PriorityClass for a PyTorchJob.",
         pipeline="priority_class",
     )
+    admission_timeout_s: int = option(
+        1800,
+        "Seconds the multi-node job may wait for Kueue to admit it (queue_name) before the step fails naming "
+        "the queue and Kueue's reason.",
+        pipeline="admission_timeout_s",
+    )
     istio_sidecar: bool = option(
         False,
         "Let Istio inject its sidecar into the multi-node job's pods (Kubeflow profiles do by default; it "
@@ -124,6 +130,13 @@ class ClusterConfig:
         {},
         'Node labels GPU pods must match, e.g. {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}.',
         pipeline="gpu_node_selector",
+    )
+    gpu_tolerations: list[dict[str, Any]] = option(
+        [],
+        "Tolerations the GPU pods (train, evaluate, the multi-node job's) get besides nvidia.com/gpu:NoSchedule "
+        '(always there), e.g. [{"key": "sku", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"}] '
+        "for an AKS pool tainted sku=gpu.",
+        pipeline="gpu_tolerations",
     )
     train_cpu: str = option(
         "16", 'CPU request and limit of each training pod (e.g. "16", "500m").', pipeline="train_cpu"
@@ -180,6 +193,9 @@ class ClusterConfig:
             resources.check_secret_name(name, getattr(self, name))
         resources.check_resource_name("gpu_resource", self.gpu_resource)
         resources.check_node_selector("gpu_node_selector", self.gpu_node_selector)
+        resources.check_tolerations("gpu_tolerations", self.gpu_tolerations)
+        if self.admission_timeout_s < 1:
+            raise UserError(f"admission_timeout_s must be >= 1 (got {self.admission_timeout_s}).")
         resources.check_namespace("namespace", self.namespace)
         # one node creates no job: nothing to queue
         resources.check_scheduling(

@@ -9,12 +9,15 @@ so a run is refused for the same reasons everywhere.
 from __future__ import annotations
 
 import logging
+import os
 import re
 import shlex
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from rloo.errors import UserError
+from rloo.stages.constants import STEP_SECRETS
 from rloo.stages.plan import (
     ClusterConfig,
     RunConfig,
@@ -266,6 +269,42 @@ def check_storage_access(uri: str, *, what: str, client: Any = None) -> None:
         raise UserError(f"{what}: {e}") from None
 
 
-def run(params: dict[str, Any]) -> StagePlan:
-    """The validate step: :func:`build_plan` with every check (the Hub included)."""
+# Set on every step's pod by KFP's Argo compiler (backend/src/v2/compiler/argocompiler/common.go, commonEnvs):
+# the step runs on a cluster, where its Secrets are mounted. kfp.local and the CLI mount none.
+KFP_POD_ENV = "KFP_POD_NAME"
+
+
+def check_secrets(params: dict[str, Any], env: Mapping[str, str]) -> None:
+    """On a cluster, every Secret key a later step mounts with optional: false must have reached this step
+    (which mounts them all optionally): a one-line UserError naming the Secret, its parameter and the missing
+    keys otherwise. A missing Secret and a missing key look alike here (the variable is absent): both are
+    named. S3 keys are not needed where the platform gives the pods a workload identity instead."""
+    if KFP_POD_ENV not in env:
+        return
+    from rloo.k8s.platform import from_env
+
+    platform = from_env(env)
+    for param, (keys, needed) in STEP_SECRETS.items():
+        if not needed or (param == "s3_secret" and getattr(platform, "s3_workload_identity", False)):
+            continue
+        missing = [key for key, var in keys.items() if var not in env]
+        if missing:
+            name = params[param]
+            literals = " ".join(f"--from-literal={key}=..." for key in keys)
+            raise UserError(
+                f"Secret {name!r} ({param}) does not exist in the run's namespace or lacks "
+                f"{', '.join(missing)}, which later steps need: kubectl create secret generic {name} {literals} "
+                f"(or set {param} to the Secret that holds them)."
+            )
+
+
+def eval_gpu_limit(cluster: ClusterConfig) -> str:
+    """The evaluation pod's GPU count as the driver reads it (text): one, none on a CPU cluster (gpu_count 0)."""
+    return "1" if cluster.gpu_count > 0 else "0"
+
+
+def run(params: dict[str, Any], env: Mapping[str, str] | None = None) -> StagePlan:
+    """The validate step: the Secrets later steps mount (``env``: this pod's, default ``os.environ``), then
+    :func:`build_plan` with every check (the Hub included)."""
+    check_secrets(params, os.environ if env is None else env)
     return build_plan(params, check_paths=True, check_hub=True)
