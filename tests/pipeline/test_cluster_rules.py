@@ -362,3 +362,39 @@ def test_gpu_pods_are_burstable_and_the_source_says_so(
     assert qos_class([KFP_LAUNCHER_INIT, main]) == "Burstable"
     source = (Path(__file__).resolve().parents[2] / "pipelines" / "rloo_pipeline.py").read_text()
     assert "Guaranteed QoS" not in source and "Burstable" in source
+
+
+@pytest.mark.parametrize(
+    ("tolerations", "message"),
+    [
+        ({"key": "sku"}, "must be a list"),
+        (["sku=gpu"], "must be a mapping"),
+        ([{"key": "sku", "operator": "In"}], "operator must be Equal or Exists"),
+        ([{"key": "sku", "operator": "Exists", "value": "gpu"}], "empty with operator Exists"),
+        (
+            [{"operator": "Equal", "value": "gpu"}],
+            "empty key tolerates every taint only with operator Exists",
+        ),
+        ([{"key": "sku", "value": "gpu", "effect": "NoRun"}], "effect must be one of"),
+        (
+            [{"key": "sku", "effect": "NoSchedule", "tolerationSeconds": 60}],
+            "applies only to effect NoExecute",
+        ),
+        ([{"key": "bad key!"}], "not a label key"),
+        ([{"key": "sku", "valu": "gpu"}], "unknown field 'valu'"),
+    ],
+)
+def test_bad_tolerations_are_refused_before_any_pod(tolerations: Any, message: str) -> None:
+    """The API server's rules for a toleration (``kubernetes pkg/apis/core/validation/validation.go``,
+    ``ValidateTolerations``; an unknown field is dropped silently by the driver's ``json.Unmarshal``), checked
+    by the validate step: otherwise the GPU pod is refused at creation, after the steps before it ran."""
+    from rloo.errors import UserError
+    from rloo.stages.plan import ClusterConfig
+
+    with pytest.raises(UserError, match=message):
+        ClusterConfig(gpu_tolerations=tolerations)
+    ClusterConfig(
+        gpu_tolerations=[{"key": "sku", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"}]
+    )
+    ClusterConfig(gpu_tolerations=[{"operator": "Exists"}])  # tolerates every taint
+    ClusterConfig(gpu_tolerations=[{"key": "x", "effect": "NoExecute", "tolerationSeconds": 300}])
