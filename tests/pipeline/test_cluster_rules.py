@@ -199,7 +199,9 @@ def _validate_as_launched(tmp_path: Path, params: dict[str, Any], env: dict[str,
                         {
                             "name": "summary",
                             "type": {"schemaTitle": "system.Markdown"},
-                            "uri": f"file://{tmp_path}/summary",
+                            "uri": str(
+                                tmp_path / "summary"
+                            ),  # the launcher maps minio:// to /minio/...: a local path here
                             "metadata": {},
                         }
                     ]
