@@ -570,3 +570,43 @@ def test_bad_scheduling_settings(change: dict[str, object], kind: str, message: 
     with pytest.raises(UserError, match=message) as info:
         build_job(_spec(**change), kind)
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("platform", "refused"),
+    [
+        ({}, True),  # no word from the platform: Kueue's default config
+        ({"kueue": {"pytorchJobIntegration": False}}, True),
+        ({"kueue": {"pytorchJobIntegration": True}}, False),
+    ],
+)
+def test_a_queued_pytorchjob_needs_kueues_pytorchjob_integration(
+    platform: dict[str, Any], refused: bool
+) -> None:
+    """kubernetes-sigs/kueue config/components/manager/controller_manager_config.yaml (0.19): kubeflow.org/pytorchjob
+    is commented out of integrations.frameworks, so Kueue never admits (never unsuspends) a PyTorchJob. The
+    validate step refuses queue_name with that backend unless the platform (RLOO_PLATFORM) says it is on."""
+    from rloo.stages import validate
+    from tests.stages.test_validate import good
+
+    params = good(
+        num_nodes=2, output_uri="s3://runs/rloo", queue_name="team-q", multinode_backend="pytorchjob"
+    )
+    env = {"RLOO_PLATFORM": json.dumps(platform)} if platform else {}
+    if refused:
+        with pytest.raises(UserError) as info:
+            validate.run(params, env)
+        assert str(info.value) == (
+            "queue_name 'team-q' with multinode_backend=pytorchjob: Kueue ships its kubeflow.org/pytorchjob "
+            "integration disabled, and a PyTorchJob it does not manage stays suspended for ever; enable it "
+            "(Kueue's configuration, integrations.frameworks: - kubeflow.org/pytorchjob) and set the platform's "
+            'kueue: {"pytorchJobIntegration": true}, or use multinode_backend=trainjob.'
+        )
+    from rloo.k8s.platform import from_env
+
+    checked = from_env(env)
+    if not refused:
+        builders.check_queue_backend(params, checked)
+    # a TrainJob (Kueue's trainer.kubeflow.org/trainjob integration is on by default), no queue, or one node
+    for change in ({"multinode_backend": "trainjob"}, {"queue_name": ""}, {"num_nodes": 1}):
+        builders.check_queue_backend({**params, **change}, checked)

@@ -295,3 +295,204 @@ def test_job_outcome_follows_the_newest_terminal_condition() -> None:
     assert on_existing_job(_job(created, running, failed)) == "replace"
     assert on_existing_job(_job(created, running)) == "wait"
     assert on_existing_job(_job(created, succeeded)) == "wait"
+
+
+# A job Kueue never admits: the wait for admission is bounded, and Kueue's Workload says why -------------------
+
+
+def _workload(
+    job: str, *conditions: dict[str, str], active: bool = True, queue: str = "team-q"
+) -> dict[str, Any]:
+    """Kueue's Workload of the job (kubernetes-sigs/kueue pkg/controller/jobframework/reconciler.go,
+    ConstructWorkload: named <kind>-<job>-<hash>, labelled kueue.x-k8s.io/job-uid with the job's uid)."""
+    return {
+        "apiVersion": "kueue.x-k8s.io/v1beta1",
+        "kind": "Workload",
+        "metadata": {
+            "name": f"trainjob-{job}-3f2a1",
+            "namespace": "team-a",
+            "labels": {"kueue.x-k8s.io/job-uid": f"uid-{job}"},
+            "creationTimestamp": "2026-01-01T00:00:01Z",
+        },
+        "spec": {"queueName": queue, "active": active},
+        "status": {"conditions": list(conditions)},
+    }
+
+
+def _kueue_condition(kind: str, status: str, reason: str, message: str) -> dict[str, str]:
+    return {
+        "type": kind,
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": "2026-01-01T00:00:02Z",
+    }
+
+
+QUEUED = {"queue_name": "team-q"}  # the job is created suspended, for Kueue to admit
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_queue_that_does_not_exist_fails_at_once_with_exit_2(kind: str, kube: Any) -> None:
+    """kubernetes-sigs/kueue pkg/controller/core/workload_controller.go (getQueueBlocker): a Workload whose
+    LocalQueue does not exist gets QuotaReserved=False, "LocalQueue team-q doesn't exist" (reason Inadmissible,
+    or Misconfigured with UnadmittedWorkloadsExplicitStatus); no wait heals it."""
+    import time
+
+    from rloo.errors import UserError
+
+    fake = kube(outcome=None)
+    fake.workloads = [
+        _workload(
+            "rloo-train-abc",
+            _kueue_condition("QuotaReserved", "False", "Inadmissible", "LocalQueue team-q doesn't exist"),
+        )
+    ]
+    start = time.monotonic()
+    with pytest.raises(UserError) as info:
+        run_multi_node(
+            build_job(_spec(**QUEUED), kind), poll_seconds=0.05, timeout_s=60, admission_timeout_s=30
+        )
+    assert time.monotonic() - start < 15
+    assert info.value.exit_code == 2
+    assert str(info.value) == (
+        f"Kueue cannot admit {WHAT[kind]} (queue_name 'team-q'): LocalQueue team-q doesn't exist; set queue_name "
+        "to a LocalQueue of namespace team-a whose ClusterQueue exists (kubectl get localqueues -n team-a)."
+    )
+    assert fake.deleted == ["rloo-train-abc"] and fake.objects == {}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_no_quota_in_time_fails_with_exit_75_and_kueues_reason(
+    kind: str, kube: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """kubernetes-sigs/kueue pkg/scheduler/flavorassigner/flavorassigner.go: a Workload the ClusterQueue has no
+    room for stays QuotaReserved=False, "couldn't assign flavors to pod set ...": the step gives up at
+    admission_timeout_s (a later retry may find room), not at its 48-hour deadline."""
+    from rloo.k8s.jobs import NotAdmitted
+
+    message = "couldn't assign flavors to pod set node: insufficient unused quota for nvidia.com/gpu in flavor h100, 16 more needed"
+    fake = kube(outcome=None)
+    fake.workloads = [
+        _workload("rloo-train-abc", _kueue_condition("QuotaReserved", "False", "Pending", message))
+    ]
+    with pytest.raises(NotAdmitted) as info:
+        run_multi_node(
+            build_job(_spec(**QUEUED), kind), poll_seconds=0.05, timeout_s=60, admission_timeout_s=1
+        )
+    assert info.value.exit_code == 75
+    assert str(info.value) == (
+        f"Kueue did not admit {WHAT[kind]} to queue_name 'team-q' within admission_timeout_s=1: {message}; raise "
+        "admission_timeout_s, or free quota in its ClusterQueue (kubectl get workloads -n team-a)."
+    )
+    assert fake.deleted == ["rloo-train-abc"]
+    out = capsys.readouterr().out
+    assert f"[rloo] {WHAT[kind]} waits for Kueue to admit it (queue 'team-q', at most 1 s)" in out
+    assert f"[rloo] Kueue: {message}" in out
+    assert ("team-a", "kueue.x-k8s.io", "workloads", "list") in fake.calls
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_deactivated_workload_fails_at_once(kind: str, kube: Any) -> None:
+    """kubernetes-sigs/kueue pkg/workload/evict/evict.go: a deactivated Workload (spec.active false, e.g. past
+    its requeuing limit) is Evicted with reason Deactivated[DueTo...]; Kueue does not admit it again."""
+    from rloo.errors import UserError
+
+    fake = kube(outcome=None)
+    evicted = _kueue_condition(
+        "Evicted",
+        "True",
+        "DeactivatedDueToRequeuingLimitExceeded",
+        "The workload is deactivated due to exceeding the maximum number of re-queuing retries",
+    )
+    fake.workloads = [_workload("rloo-train-abc", evicted, active=False)]
+    with pytest.raises(
+        UserError, match=r"^Kueue deactivated the Workload of .*re-queuing retries; it will not"
+    ) as info:
+        run_multi_node(
+            build_job(_spec(**QUEUED), kind), poll_seconds=0.05, timeout_s=60, admission_timeout_s=30
+        )
+    assert info.value.exit_code == 2 and fake.deleted == ["rloo-train-abc"]
+
+
+def test_a_job_admitted_within_the_bound_runs_to_the_end(
+    kube: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Kueue admits the job by clearing spec.suspend (kubernetes-sigs/kueue pkg/controller/jobframework
+    reconciler.go, startJob); the time it then runs does not count against admission_timeout_s."""
+    import threading
+
+    fake = kube(outcome=None)
+    waiting = _kueue_condition("QuotaReserved", "False", "Pending", "couldn't assign flavors to pod set node")
+    fake.workloads = [_workload("rloo-train-abc", waiting)]
+
+    def admit() -> None:
+        fake.objects[("trainjobs", "rloo-train-abc")]["spec"]["suspend"] = False
+
+    def finish() -> None:
+        fake.outcome = "Complete"
+        fake._finish()
+
+    timers = [threading.Timer(0.5, admit), threading.Timer(3.0, finish)]
+    for t in timers:
+        t.start()
+    try:
+        run_multi_node(
+            build_trainjob(_spec(**QUEUED)), poll_seconds=0.05, timeout_s=60, admission_timeout_s=1.5
+        )
+    finally:
+        for t in timers:
+            t.cancel()
+    assert fake.deleted == []
+    assert "[rloo] Kueue admitted TrainJob team-a/rloo-train-abc" in capsys.readouterr().out
+
+
+def test_a_trainjobs_suspended_condition_counts_without_spec_suspend() -> None:
+    """kubeflow/trainer pkg/apis/trainer/v1alpha1/trainjob_types.go (v2.3): condition Suspended, True while
+    suspended, False (reason Resumed) once Kueue lets it run."""
+    from rloo.k8s.jobs import is_suspended
+
+    def job(status: str) -> dict[str, Any]:
+        return {
+            "spec": {},
+            "status": {"conditions": [_kueue_condition("Suspended", status, "Suspended", "")]},
+        }
+
+    assert is_suspended(job("True")) and not is_suspended(job("False"))
+    assert is_suspended({"spec": {"runPolicy": {"suspend": True}}})  # a PyTorchJob's
+    assert not is_suspended({**job("True"), "spec": {"suspend": False}})  # admitted; the controller lags
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_no_workload_for_the_job_names_kueues_integration(kind: str, kube: Any) -> None:
+    """kubernetes-sigs/kueue config/components/manager/controller_manager_config.yaml: Kueue 0.19 ships with
+    kubeflow.org/pytorchjob commented out of integrations.frameworks: no Workload is ever made, the job stays
+    suspended. At the bound the step says which integration, exit 2."""
+    from rloo.errors import UserError
+
+    kube(outcome=None)
+    with pytest.raises(UserError) as info:
+        run_multi_node(
+            build_job(_spec(**QUEUED), kind), poll_seconds=0.05, timeout_s=60, admission_timeout_s=0.5
+        )
+    framework = "trainer.kubeflow.org/trainjob" if kind == "trainjob" else "kubeflow.org/pytorchjob"
+    assert info.value.exit_code == 2
+    assert f"Kueue made no Workload for it: Kueue admits it only with its {framework} integration on" in str(
+        info.value
+    )
+
+
+def test_workloads_it_may_not_read_bound_the_wait_all_the_same(
+    kube: Any, fast_backoff: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from rloo.k8s.jobs import NotAdmitted
+
+    fake = kube(outcome=None, faults={"list": [_api_error(403, "workloads is forbidden")] * 100})
+    with pytest.raises(
+        NotAdmitted, match="Kueue's reason unknown: this service account may not list workloads"
+    ):
+        run_multi_node(
+            build_trainjob(_spec(**QUEUED)), poll_seconds=0.05, timeout_s=60, admission_timeout_s=0.5
+        )
+    assert fake.deleted == ["rloo-train-abc"]
+    assert capsys.readouterr().out.count("workloads is forbidden") == 1  # told once, not every poll

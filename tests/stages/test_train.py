@@ -3,23 +3,29 @@
 from __future__ import annotations
 
 import json
+import uuid
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
 from rloo.errors import UserError
-from rloo.k8s.builders import OwnerPod
+from rloo.k8s.builders import POD_NAME_ENV, POD_NAMESPACE_ENV, POD_UID_ENV, OwnerPod, job_name
 from rloo.k8s.platform import CA_DIR, CA_ENV, CABundle, Platform
+from rloo.stages.layout import RunLayout
 from rloo.stages.plan import StagePlan
+from rloo.stages.retry import recorded_failure
 from rloo.stages.train import job_manifest, multinode_spec
 from rloo.stages.validate import build_plan
+from tests.fixtures.kube_api import FakeKubeAPI
+from tests.fixtures.servers import S3Server, use_s3
 from tests.stages.test_validate import good
 
 MULTI = {"num_nodes": 2, "gpu_count": 4, "output_uri": "s3://runs/rloo", "mlflow_experiment": "exp"}
 
 
 def _plan(**change: object) -> StagePlan:
-    return build_plan(good(**MULTI, **change), check_paths=False)
+    return build_plan(good(**{**MULTI, **change}), check_paths=False)
 
 
 def _spec(plan: StagePlan, platform: Platform | None = None, **kw: object) -> object:
@@ -87,3 +93,101 @@ def test_pod_locations_and_local_outputs_are_refused() -> None:
     local = replace(plan, run=replace(plan.run, output_uri="/data/runs"))
     with pytest.raises(UserError, match=r"^multi-node training needs an s3:// output_uri"):
         _spec(local)
+
+
+@pytest.mark.parametrize("backend", ["trainjob", "pytorchjob"])
+def test_the_jobs_pods_tolerate_the_plans_gpu_taints(backend: str) -> None:
+    """A pool tainted otherwise than nvidia.com/gpu (AKS sku=gpu): the pods must tolerate what gpu_tolerations
+    says, or they stay Pending (kubernetes/kubernetes pkg/scheduler/framework/plugins/tainttoleration)."""
+    aks = [{"key": "sku", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"}]
+    plan = _plan(gpu_tolerations=aks, multinode_backend=backend)
+    job = job_manifest(plan, _spec(plan))
+    if backend == "trainjob":
+        (patch,) = job["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"][
+            "replicatedJobs"
+        ]
+        pods = [patch["template"]["spec"]["template"]["spec"]]
+    else:
+        pods = [r["template"]["spec"] for r in job["spec"]["pytorchReplicaSpecs"].values()]
+    assert [p["tolerations"] for p in pods] == [aks] * len(pods)
+    assert job_manifest(_plan(gpu_tolerations=[]), _spec(_plan(gpu_tolerations=[])))["kind"] == "TrainJob"
+    none = _plan(gpu_tolerations=[], multinode_backend="pytorchjob")
+    master = job_manifest(none, _spec(none))["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
+    assert master["tolerations"] == []
+
+
+@pytest.fixture
+def kube(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The Kubernetes API boundary in place of the client's APIs (tests.k8s.test_jobs' fixture)."""
+    import kubernetes
+
+    def install(**kw: Any) -> FakeKubeAPI:
+        fake = FakeKubeAPI(**kw)
+        monkeypatch.setattr(kubernetes.client, "CustomObjectsApi", lambda *a, **k: fake)
+        monkeypatch.setattr(kubernetes.client, "CoreV1Api", lambda *a, **k: fake)
+        monkeypatch.setattr(kubernetes.config, "load_incluster_config", lambda *a, **k: None)
+        monkeypatch.setattr(kubernetes.config, "load_kube_config", lambda *a, **k: None)
+        return fake
+
+    for name in (POD_NAME_ENV, POD_UID_ENV, POD_NAMESPACE_ENV):
+        monkeypatch.delenv(name, raising=False)
+    return install
+
+
+@pytest.mark.parametrize(
+    ("message", "code"),
+    [
+        (
+            "couldn't assign flavors to pod set node: insufficient unused quota for nvidia.com/gpu in flavor h100",
+            75,
+        ),
+        ("LocalQueue team-q doesn't exist", 2),
+    ],
+)
+def test_the_train_step_bounds_the_wait_for_kueue(
+    message: str,
+    code: int,
+    kube: Any,
+    s3_server: S3Server,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The step's admission_timeout_s reaches the wait (kubernetes-sigs/kueue pkg/scheduler: a Workload without
+    quota stays QuotaReserved=False): no quota in time exits 75 (KFP's retry may find room), a queue that does
+    not exist exits 2 and is recorded, so that a retried step stops at once (rloo.stages.retry)."""
+    from rloo.stages import train
+
+    use_s3(s3_server, monkeypatch)
+    run_id = f"run-{uuid.uuid4().hex[:8]}"
+    plan = _plan(
+        output_uri=f"s3://{s3_server.bucket}/kueue",
+        queue_name="team-q",
+        namespace="team-a",
+        admission_timeout_s=1,
+    )
+    fake = kube(outcome=None)
+    name = job_name(run_id)
+    fake.workloads = [
+        {
+            "metadata": {
+                "name": f"trainjob-{name}-1a2b3",
+                "labels": {"kueue.x-k8s.io/job-uid": f"uid-{name}"},
+            },
+            "spec": {"queueName": "team-q", "active": True},
+            "status": {
+                "conditions": [
+                    {"type": "QuotaReserved", "status": "False", "reason": "Pending", "message": message}
+                ]
+            },
+        }
+    ]
+    with pytest.raises(SystemExit) as info:
+        train.run_multi_node(
+            plan, run_id, "my run", sft_uri="s3://x/sft", image="reg/rloo-train:1", scratch_size=""
+        )
+    assert info.value.code == code
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("[rloo] Kueue ") and "'team-q'" in last and message in last
+    assert fake.deleted == [name]
+    recorded = recorded_failure(RunLayout(plan.run.output_uri, run_id).root, "train-multinode")
+    assert (recorded is not None) == (code == 2)

@@ -363,6 +363,39 @@ def check_multinode(backend: str, runtime: str) -> None:
         )
 
 
+def check_queue_backend(params: Mapping[str, Any], platform: Any) -> None:
+    """``queue_name`` with ``multinode_backend=pytorchjob`` only where the platform says Kueue manages
+    PyTorchJobs (``kueue.pytorchJobIntegration``): a one-line UserError otherwise.
+
+    Kueue ships that integration disabled (kubernetes-sigs/kueue
+    config/components/manager/controller_manager_config.yaml: ``kubeflow.org/pytorchjob`` is commented out of
+    ``integrations.frameworks``), and a PyTorchJob created suspended for a queue that Kueue does not manage is
+    never started. ``params``: the pipeline's (one node creates no job, so nothing is queued);
+    ``platform``: :class:`rloo.k8s.platform.Platform`."""
+    queue = str(params.get("queue_name") or "")
+    if (
+        not queue
+        or params.get("multinode_backend") != "pytorchjob"
+        or not _more_than_one(params.get("num_nodes"))
+    ):
+        return
+    if getattr(getattr(platform, "kueue", None), "pytorchjob_integration", False):
+        return
+    raise UserError(
+        f"queue_name {queue!r} with multinode_backend=pytorchjob: Kueue ships its kubeflow.org/pytorchjob "
+        "integration disabled, and a PyTorchJob it does not manage stays suspended for ever; enable it (Kueue's "
+        "configuration, integrations.frameworks: - kubeflow.org/pytorchjob) and set the platform's "
+        'kueue: {"pytorchJobIntegration": true}, or use multinode_backend=trainjob.'
+    )
+
+
+def _more_than_one(num_nodes: Any) -> bool:
+    try:
+        return int(num_nodes) > 1
+    except (TypeError, ValueError):
+        return False  # the plan's own check names a bad num_nodes
+
+
 def build_trainjob(spec: TrainJobSpec, runtime: str = DEFAULT_RUNTIME) -> dict[str, Any]:
     """The ``TrainJob`` manifest: ``num_nodes`` identical pods of the runtime's ``node`` job, each running
     ``torchrun`` with ``gpus_per_node`` processes (1 on CPU-only pods).

@@ -11,6 +11,12 @@ is left to the job's owner reference to that pod (:class:`rloo.k8s.builders.Owne
 succeeded is kept: its pods are done and hold nothing, its status and log stay readable, and a retried step
 that finds it returns at once instead of training again.
 
+A job submitted to a Kueue queue (``queue_name``) is created suspended and waits for Kueue to admit it; one that
+Kueue never admits (a LocalQueue that does not exist, no quota, a deactivated Workload) would look like a job
+still running until the step's 48-hour deadline. So the wait for admission is bounded (``admission_timeout_s``),
+and Kueue's Workload for the job says why it waits: the step fails at once when it never can be admitted
+(exit 2) and at the bound when the queue had no room (exit 75: a later retry may be admitted).
+
 Transient API errors (5xx, 429, a dropped connection, a read timeout, and the Kubeflow SDK's ``RuntimeError``
 wrapping one) are retried with exponential backoff a bounded number of times; any other refusal (403, 422, ...)
 fails the step at once with the API's message.
@@ -22,6 +28,7 @@ import contextlib
 import json
 import logging
 import multiprocessing
+import re
 import signal
 import sys
 import threading
@@ -29,19 +36,34 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-from rloo.k8s.builders import TRAINJOB_KIND, OwnerPod, owner_from_env
+from rloo.errors import UserError
+from rloo.k8s.builders import (
+    API_VERSION,
+    KIND,
+    QUEUE_LABEL,
+    TRAINJOB_API_VERSION,
+    TRAINJOB_KIND,
+    OwnerPod,
+    owner_from_env,
+)
 
 __all__ = [
+    "ADMISSION_TIMEOUT_S",
     "JOB_NAME_LABEL",
     "REPLICA_TYPE_LABEL",
     "TRAINJOB_LOG_STEP",
+    "NotAdmitted",
     "OwnerPod",
     "StepTerminated",
+    "admission_error",
+    "delete_unfinished_job",
+    "is_suspended",
     "is_transient",
     "job_outcome",
     "on_existing_job",
     "owner_from_env",
     "run_multi_node",
+    "workload_verdict",
 ]
 
 log = logging.getLogger(__name__)
@@ -67,6 +89,19 @@ CLEANUP_ATTEMPTS = 3
 CLEANUP_REQUEST_TIMEOUT_S = 8
 _TRANSIENT_STATUS = frozenset({0, 429, 500, 502, 503, 504})  # 0: the client's own connection-level failure
 
+# How long a suspended job may wait for Kueue to admit it (the admission_timeout_s parameter's default).
+ADMISSION_TIMEOUT_S = 1800
+# Kueue's Workload of a job (kubernetes-sigs/kueue pkg/controller/jobframework/reconciler.go, ConstructWorkload:
+# controlled by the job and labelled with its uid). Both API versions hold the same conditions; v1beta1 is
+# what every Kueue release serves (0.15+ also v1beta2, its storage version).
+KUEUE_GROUP = "kueue.x-k8s.io"
+KUEUE_VERSIONS = ("v1beta1", "v1beta2")
+JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
+# The QuotaReserved condition's message when the queue cannot exist for the job (workload_controller.go,
+# getQueueBlocker: "LocalQueue q doesn't exist", "ClusterQueue cq doesn't exist"; reason Inadmissible, or
+# Misconfigured under the UnadmittedWorkloadsExplicitStatus feature gate, off by default in 0.19).
+_MISCONFIGURED = re.compile(r"\b(LocalQueue|ClusterQueue) \S+ doesn't exist")
+
 
 class StepTerminated(SystemExit):
     """SIGTERM reached the step while its job ran (KFP terminating the run, the pod evicted): the job is
@@ -74,6 +109,13 @@ class StepTerminated(SystemExit):
 
     def __init__(self) -> None:
         super().__init__(128 + signal.SIGTERM)
+
+
+class NotAdmitted(UserError):
+    """Kueue did not admit the job within ``admission_timeout_s``: the queue had no room for it then; a later
+    retry may be admitted (exit 75, EX_TEMPFAIL)."""
+
+    exit_code = 75
 
 
 def job_outcome(job: dict[str, Any]) -> tuple[str, str]:
@@ -100,6 +142,108 @@ def on_existing_job(job: dict[str, Any]) -> str:
     if (job.get("metadata") or {}).get("deletionTimestamp"):
         return "replace"
     return "replace" if job_outcome(job)[0] == "failed" else "wait"
+
+
+def is_suspended(job: dict[str, Any]) -> bool:
+    """Whether the job waits to be started: ``spec.suspend`` (a TrainJob's) or ``spec.runPolicy.suspend`` (a
+    PyTorchJob's), which Kueue clears when it admits the job; without either, a TrainJob's own ``Suspended``
+    condition (Trainer v2.3 pkg/apis/trainer/v1alpha1/trainjob_types.go: True while suspended, then False with
+    reason Resumed)."""
+    spec = job.get("spec") or {}
+    flag = spec.get("suspend", (spec.get("runPolicy") or {}).get("suspend"))
+    if flag is not None:
+        return bool(flag)
+    return _condition(job, "Suspended", "True") is not None
+
+
+def _condition(obj: dict[str, Any] | None, kind: str, status: str) -> dict[str, Any] | None:
+    for cond in ((obj or {}).get("status") or {}).get("conditions") or []:
+        if cond.get("type") == kind and cond.get("status") == status:
+            return dict(cond)
+    return None
+
+
+def _said(cond: dict[str, Any] | None) -> str:
+    """A condition's message (its reason when it has none), in one line."""
+    if cond is None:
+        return ""
+    return " ".join(str(cond.get("message") or cond.get("reason") or "").split())
+
+
+def workload_verdict(workload: dict[str, Any] | None) -> tuple[str, str]:
+    """What Kueue's Workload of a suspended job says, from its conditions (kubernetes-sigs/kueue
+    apis/kueue/v1beta1/workload_types.go): ``("misconfigured", why)`` for a queue that does not exist, which
+    no wait heals; ``("deactivated", why)`` for a Workload Kueue will not admit again (``spec.active`` false,
+    or Evicted with a Deactivated... reason); ``("pending", why)`` while it waits (QuotaReserved False:
+    "couldn't assign flavors ...", or Evicted: preempted); ``("admitted", "")``; ``("none", "")`` without a
+    Workload."""
+    if workload is None:
+        return "none", ""
+    evicted = _condition(workload, "Evicted", "True")
+    if (workload.get("spec") or {}).get("active") is False or str(
+        (evicted or {}).get("reason", "")
+    ).startswith("Deactivated"):
+        return "deactivated", _said(evicted) or "its spec.active is false"
+    if _condition(workload, "Admitted", "True") is not None:
+        return "admitted", ""
+    blocked = _condition(workload, "QuotaReserved", "False")
+    why = _said(blocked)
+    if blocked is not None and (blocked.get("reason") == "Misconfigured" or _MISCONFIGURED.search(why)):
+        return "misconfigured", why
+    return "pending", why or _said(evicted)
+
+
+def admission_error(
+    job: dict[str, Any],
+    workload: dict[str, Any] | None,
+    *,
+    waited_s: float,
+    timeout_s: float,
+    kueue_served: bool = True,
+    readable: bool = True,
+) -> UserError | None:
+    """The one-line error a suspended ``job`` fails with after ``waited_s`` seconds, given Kueue's
+    ``workload`` for it (:func:`workload_verdict`), or ``None`` while it may still be admitted. ``kueue_served``:
+    whether the API serves Kueue's Workloads at all; ``readable``: whether this service account may read
+    them (otherwise the wait is bounded without Kueue's reason). Exit 2 for what no wait heals, 75 for a
+    queue that had no room in time."""
+    meta = job.get("metadata") or {}
+    what = f"{job.get('kind')} {meta.get('namespace')}/{meta.get('name')}"
+    queue = (meta.get("labels") or {}).get(QUEUE_LABEL) or str(
+        (workload or {}).get("spec", {}).get("queueName", "")
+    )
+    named = f"queue_name {queue!r}" if queue else "no queue_name"
+    namespace = meta.get("namespace")
+    state, why = workload_verdict(workload)
+    if not kueue_served:
+        return UserError(
+            f"{what} is suspended for Kueue ({named}), but this cluster serves no Kueue Workloads: install Kueue "
+            "or leave queue_name empty."
+        )
+    if state == "misconfigured":
+        return UserError(
+            f"Kueue cannot admit {what} ({named}): {why}; set queue_name to a LocalQueue of namespace {namespace} "
+            f"whose ClusterQueue exists (kubectl get localqueues -n {namespace})."
+        )
+    if state == "deactivated":
+        return UserError(f"Kueue deactivated the Workload of {what} ({named}): {why}; it will not start it.")
+    if waited_s < timeout_s:
+        return None
+    if state == "none" and readable:
+        group = str(job.get("apiVersion", "")).split("/")[0]
+        framework = f"{group}/{str(job.get('kind', '')).lower()}"
+        return UserError(
+            f"{what} stayed suspended for {waited_s:.0f} s ({named}) and Kueue made no Workload for it: Kueue "
+            f"admits it only with its {framework} integration on (integrations.frameworks in Kueue's "
+            "configuration)."
+        )
+    if not readable:
+        why = "Kueue's reason unknown: this service account may not list workloads.kueue.x-k8s.io"
+    return NotAdmitted(
+        f"Kueue did not admit {what} to {named} within admission_timeout_s={timeout_s:g}: "
+        f"{why or 'it is still queued'}; raise admission_timeout_s, or free quota in its ClusterQueue "
+        f"(kubectl get workloads -n {namespace})."
+    )
 
 
 def is_transient(error: BaseException) -> bool:
@@ -182,8 +326,10 @@ class _Job:
     def _path(self) -> tuple[str, str, str, str]:
         return self.group, self.version, self.namespace, self.plural
 
-    def get(self) -> dict[str, Any] | None:
-        """The job as the API has it; ``None`` once it is gone."""
+    def get(
+        self, *, attempts: int | None = None, request_timeout: float = API_REQUEST_TIMEOUT_S
+    ) -> dict[str, Any] | None:
+        """The job as the API has it; ``None`` once it is gone (or its kind is not installed)."""
         from kubernetes.client.rest import ApiException
 
         try:
@@ -194,7 +340,8 @@ class _Job:
                 *self._path(),
                 self.name,
                 ok=(404,),
-                _request_timeout=API_REQUEST_TIMEOUT_S,
+                attempts=attempts,
+                _request_timeout=request_timeout,
             )
         except ApiException:
             return None
@@ -266,13 +413,20 @@ class _Job:
             print(f"[rloo] {e}: the job is deleted if the first attempt's pod is", flush=True)
 
 
-def run_multi_node(manifest: dict[str, Any], *, timeout_s: float, poll_seconds: float = 30.0) -> None:
+def run_multi_node(
+    manifest: dict[str, Any],
+    *,
+    timeout_s: float,
+    poll_seconds: float = 30.0,
+    admission_timeout_s: float = ADMISSION_TIMEOUT_S,
+) -> None:
     """Create the multi-node job (or adopt it when a retried step finds it; replace it when it had failed or
     is being deleted), stream its rank-0 node's log into this step's log, and return when it succeeds; raise
     with the operator's reason when it fails.
 
     Whenever the step does not end in success, the job is deleted first (see the module docstring): its
-    failure, ``timeout_s`` (the step's deadline, in seconds), an API error, and SIGTERM, which
+    failure, ``timeout_s`` (the step's deadline, in seconds), ``admission_timeout_s`` spent suspended (waiting
+    for Kueue: see the module docstring), an API error, and SIGTERM, which
     raises :class:`StepTerminated` (exit status 143) while this runs in the main thread; the previous SIGTERM
     handler is back afterwards.
 
@@ -308,7 +462,7 @@ def run_multi_node(manifest: dict[str, Any], *, timeout_s: float, poll_seconds: 
         try:
             _start(job, deadline, poll_seconds)
             threading.Thread(target=follow, args=(done,), daemon=True, name="job-log").start()
-            _wait(job, deadline, timeout_s, poll_seconds)
+            _wait(job, deadline, timeout_s, poll_seconds, _Admission(job, admission_timeout_s))
         except BaseException as error:
             hold_sigterm()  # a second SIGTERM must not cut the clean-up short
             _delete_after_failure(job, error)
@@ -358,6 +512,67 @@ def _delete_after_failure(job: _Job, error: BaseException) -> None:
         )
 
 
+# Both kinds a run's job may be (multinode_backend): the exit handler looks for either, since it runs whether or
+# not the validate step did (and so without the plan that names the backend).
+_JOB_KINDS = ((TRAINJOB_API_VERSION, TRAINJOB_KIND, "trainjobs"), (API_VERSION, KIND, "pytorchjobs"))
+
+
+def delete_unfinished_job(name: str, namespace: str) -> list[str]:
+    """Delete this run's job ``name`` in ``namespace``, a TrainJob or a PyTorchJob, unless it succeeded; what
+    was done, one line each. Never raises: the caller is the exit handler, which must go on to close the run.
+
+    It is the clean-up that survives KFP terminating a run. Argo's emissary forwards SIGTERM to KFP's
+    launcher, which has no handler and exits at once with the container, so the train step's own clean-up
+    (:func:`run_multi_node`) is killed before or during its DELETE; the job's owner reference to the step's pod
+    fires only when Argo deletes that pod (the workflow's TTL, a day by default). A job that is gone, never
+    was, or whose kind is not installed (404) needs nothing; transient errors are retried briefly; a refusal
+    (RBAC) is a line to print. A kind this service account may not read it could not have created (the
+    launcher runs under the same one): that refusal is only reported when no kind could be read at all."""
+    from kubernetes import client, config
+
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        return []  # not in a cluster (kfp.local): no job was created
+    api = client.CustomObjectsApi()
+    lines: list[str] = []
+    refused: list[str] = []
+    for api_version, kind, plural in _JOB_KINDS:
+        manifest = {
+            "apiVersion": api_version,
+            "kind": kind,
+            "metadata": {"name": name, "namespace": namespace},
+        }
+        job = _Job(api, manifest, plural)
+        try:
+            current = job.get(attempts=CLEANUP_ATTEMPTS, request_timeout=CLEANUP_REQUEST_TIMEOUT_S)
+            if current is None:
+                continue
+            if job_outcome(current)[0] == "succeeded":
+                lines.append(f"{job.what} succeeded: kept")
+                continue
+            if job.delete(attempts=CLEANUP_ATTEMPTS, request_timeout=CLEANUP_REQUEST_TIMEOUT_S):
+                lines.append(f"deleted {job.what}, which the run left behind (it held its nodes)")
+        except RuntimeError as e:
+            if _refused(e):
+                refused.append(str(e))
+            else:
+                lines.append(
+                    f"warning: {e}; delete it by hand: kubectl delete {plural} -n {namespace} {name}"
+                )
+    if len(refused) == len(_JOB_KINDS):
+        lines.append(f"warning: {refused[0]}; a job this run left behind is not deleted")
+    return lines
+
+
+def _refused(error: RuntimeError) -> bool:
+    """Whether ``error`` (from :func:`_call`) is the API server's refusal to this service account."""
+    from kubernetes.client.rest import ApiException
+
+    cause = error.__cause__
+    return isinstance(cause, ApiException) and cause.status in (401, 403)
+
+
 def _start(job: _Job, deadline: float, poll_seconds: float) -> None:
     """Create the job, or adopt this run's job of the same name (a retried step), or replace it."""
     if job.create():
@@ -389,8 +604,90 @@ def _wait_until_gone(job: _Job, deadline: float, poll_seconds: float) -> None:
         time.sleep(min(5.0, poll_seconds))
 
 
-def _wait(job: _Job, deadline: float, timeout_s: float, poll_seconds: float) -> None:
-    """Poll the job's conditions until it succeeds (return), fails or vanishes (raise), or the deadline."""
+class _Admission:
+    """The wait of a suspended job for Kueue: how long it has waited (since it was last seen running), what
+    Kueue's Workload for it says, and the error to fail with (:func:`admission_error`)."""
+
+    def __init__(self, job: _Job, timeout_s: float) -> None:
+        self.job, self.timeout_s = job, timeout_s
+        self.since: float | None = None
+        self.versions = list(KUEUE_VERSIONS)
+        self.readable = True
+        self.told = ""
+
+    def check(self, current: dict[str, Any]) -> None:
+        """Raise the job's admission error, if it has one now; print what Kueue says when that changes."""
+        if not is_suspended(current):
+            if self.since is not None:
+                print(f"[rloo] Kueue admitted {self.job.what}", flush=True)
+            self.since = None
+            return
+        now = time.monotonic()
+        if self.since is None:
+            self.since = now
+            queue = ((current.get("metadata") or {}).get("labels") or {}).get(QUEUE_LABEL, "")
+            print(
+                f"[rloo] {self.job.what} waits for Kueue to admit it (queue {queue!r}, at most "
+                f"{self.timeout_s:g} s)",
+                flush=True,
+            )
+        workload = self._workload(str((current.get("metadata") or {}).get("uid") or ""))
+        why = workload_verdict(workload)[1]
+        if why and why != self.told:
+            print(f"[rloo] Kueue: {why}", flush=True)
+            self.told = why
+        error = admission_error(
+            current,
+            workload,
+            waited_s=now - self.since,
+            timeout_s=self.timeout_s,
+            kueue_served=bool(self.versions),
+            readable=self.readable,
+        )
+        if error is not None:
+            raise error
+
+    def _workload(self, uid: str) -> dict[str, Any] | None:
+        """Kueue's newest Workload for the job of ``uid``; ``None`` when there is none or it cannot be read
+        (a refusal is told once; a transient failure is skipped until the next poll)."""
+        from kubernetes.client.rest import ApiException
+
+        if not (uid and self.readable):
+            return None
+        for version in list(self.versions):
+            try:
+                found = _call(
+                    "list Kueue's Workloads of",
+                    self.job.what,
+                    self.job.api.list_namespaced_custom_object,
+                    KUEUE_GROUP,
+                    version,
+                    self.job.namespace,
+                    "workloads",
+                    label_selector=f"{JOB_UID_LABEL}={uid}",
+                    ok=(404,),
+                    attempts=CLEANUP_ATTEMPTS,
+                    _request_timeout=CLEANUP_REQUEST_TIMEOUT_S,
+                )
+            except ApiException:  # this version is not served (or Kueue is not installed)
+                self.versions.remove(version)
+                continue
+            except RuntimeError as e:
+                if _refused(e):
+                    self.readable = False
+                    print(f"[rloo] {e}: the wait for admission is bounded without Kueue's reason", flush=True)
+                return None
+            self.versions = [version]
+            items = list((found or {}).get("items") or [])
+            return (
+                max(items, key=lambda w: str(w["metadata"].get("creationTimestamp", ""))) if items else None
+            )
+        return None
+
+
+def _wait(job: _Job, deadline: float, timeout_s: float, poll_seconds: float, admission: _Admission) -> None:
+    """Poll the job's conditions until it succeeds (return), fails or vanishes (raise), or the deadline; while
+    it is suspended, ``admission`` bounds the wait for Kueue."""
     while True:
         current = job.get()
         if current is None:
@@ -400,6 +697,7 @@ def _wait(job: _Job, deadline: float, timeout_s: float, poll_seconds: float) -> 
             return
         if state == "failed":
             raise RuntimeError(f"{job.what} failed: {reason}")
+        admission.check(current)
         left = deadline - time.monotonic()
         if left <= 0:
             raise TimeoutError(f"{job.what} did not finish within the step's {timeout_s:g} s")

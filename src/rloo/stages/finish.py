@@ -1,25 +1,69 @@
-"""The exit handler: close the MLflow parent run of this pipeline run, FAILED if any step failed. It runs
-whether or not the validate step did, so it takes its own parameters rather than the plan."""
+"""The exit handler: delete the run's multi-node job if the run left it behind, and close the MLflow parent run
+of this pipeline run, FAILED unless KFP says the run succeeded. It runs whether or not the validate step did,
+so it takes its own parameters rather than the plan.
+
+KFP's backends spell a success differently in ``PipelineTaskFinalStatus.state``: KFP 2.x's driver sends the
+exit-handler DAG's MLMD execution state (``LastKnownState().String()``: ``COMPLETE``, or ``CACHED``), the
+pipeline-spec task states (Vertex AI, ``kfp.local``) are ``SUCCEEDED`` (or ``SKIPPED``, a cache hit), and
+KFP's v2beta1 runtime states are the same two words. Every other state, ``RUNNING`` included (an MLMD DAG
+whose task died without reporting stays RUNNING), closes the run FAILED. The error in the status is never
+what decides: KFP's driver leaves it empty, failure or not.
+"""
 
 from __future__ import annotations
 
 import os
 
+# The success spellings above, each backend's enum name (compared upper-cased).
+SUCCEEDED_STATES = frozenset({"COMPLETE", "CACHED", "SUCCEEDED", "SKIPPED"})
 
-def run(state: str, *, run_id: str, run_name: str, experiment: str, error: str | None = None) -> str:
-    """``state``: KFP's final status of the run (``SUCCEEDED``, ``FAILED``, ...). Returns what the MLflow run
-    was closed as, or why nothing was closed."""
+
+def closed_as(state: str | None) -> str:
+    """The MLflow status a run whose KFP final state is ``state`` is closed with: FINISHED or FAILED."""
+    return "FINISHED" if str(state or "").strip().upper() in SUCCEEDED_STATES else "FAILED"
+
+
+def run(
+    state: str,
+    *,
+    run_id: str,
+    run_name: str,
+    experiment: str,
+    error: str | None = None,
+    namespace: str = "",
+) -> str:
+    """``state``: KFP's final status of the run (see the module docstring). ``namespace``: the multi-node job's
+    (the ``namespace`` pipeline parameter; empty: this pod's own, from the downward API). Returns what the
+    MLflow run was closed as, or why nothing was closed."""
+    delete_leftover_job(run_id, namespace)
     os.environ["MLFLOW_EXPERIMENT_NAME"] = experiment
     if not os.environ.get("MLFLOW_TRACKING_URI"):
         return "no tracking server"  # nothing was tracked, nothing to close
     from rloo.tracking import finish_pipeline_run
 
-    closed = "FINISHED" if state == "SUCCEEDED" else "FAILED"
+    closed = closed_as(state)
     finish_pipeline_run(
         closed,
         pipeline_run_id=run_id,
         pipeline_run_name=run_name,
         experiment=experiment,
-        error=error if closed == "FAILED" else None,
+        error=(error or f"the pipeline run ended {state or 'in an unknown state'}")
+        if closed == "FAILED"
+        else None,
     )
     return closed
+
+
+def delete_leftover_job(run_id: str, namespace: str) -> None:
+    """Delete this run's multi-node job unless it succeeded (:func:`rloo.k8s.jobs.delete_unfinished_job`):
+    when KFP terminates a run, the train step is killed before its own clean-up reaches the API. Nothing to do
+    outside a cluster, or when no namespace is known (the downward API's is set on the cluster)."""
+    from rloo.k8s.builders import POD_NAMESPACE_ENV, job_name
+
+    namespace = namespace.strip() or os.environ.get(POD_NAMESPACE_ENV, "").strip()
+    if not namespace:
+        return
+    from rloo.k8s.jobs import delete_unfinished_job
+
+    for line in delete_unfinished_job(job_name(run_id), namespace):
+        print(f"[rloo] {line}", flush=True)

@@ -109,7 +109,7 @@ def multinode_spec(
         secret_env=constants.secret_env(
             s3_secret=cluster.s3_secret, mlflow_secret=cluster.mlflow_secret, hf_secret=cluster.hf_secret
         ),
-        tolerations=[dict(constants.GPU_TOLERATION)],
+        tolerations=[dict(t) for t in cluster.gpu_tolerations],  # the pools' taints (gpu_tolerations)
         node_selector={str(k): str(v) for k, v in cluster.gpu_node_selector.items()},
         active_deadline_seconds=constants.TRAIN_TIMEOUT_S,
         queue_name=cluster.queue_name,
@@ -134,7 +134,9 @@ def run_multi_node(
     plan: StagePlan, run_id: str, run_name: str, *, sft_uri: str, image: str, scratch_size: str
 ) -> str:
     """Create (or adopt) the run's multi-node job, owned by this pod (the downward API gives its name and
-    uid, so deleting the pod deletes the job), follow it to the end; returns the trained model's URI."""
+    uid, so deleting the pod deletes the job), follow it to the end; returns the trained model's URI. A job
+    Kueue does not admit within ``admission_timeout_s`` fails the step (exit 75; 2 when the queue cannot admit
+    it at all: see :mod:`rloo.k8s.jobs`)."""
     from rloo.k8s.builders import owner_from_env
     from rloo.k8s.jobs import run_multi_node as run_job
 
@@ -151,5 +153,9 @@ def run_multi_node(
             owner=owner_from_env(os.environ),
             scratch_size=scratch_size,
         )
-        run_job(job_manifest(plan, spec), timeout_s=constants.TRAIN_TIMEOUT_S)
+        run_job(
+            job_manifest(plan, spec),
+            timeout_s=constants.TRAIN_TIMEOUT_S,
+            admission_timeout_s=plan.cluster.admission_timeout_s,  # a job Kueue never admits fails in time
+        )
     return layout.model
