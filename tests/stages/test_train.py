@@ -98,7 +98,10 @@ def test_pod_locations_and_local_outputs_are_refused() -> None:
 @pytest.mark.parametrize("backend", ["trainjob", "pytorchjob"])
 def test_the_jobs_pods_tolerate_the_plans_gpu_taints(backend: str) -> None:
     """A pool tainted otherwise than nvidia.com/gpu (AKS sku=gpu): the pods must tolerate what gpu_tolerations
-    says, or they stay Pending (kubernetes/kubernetes pkg/scheduler/framework/plugins/tainttoleration)."""
+    says, besides nvidia.com/gpu as the single-node steps do, or they stay Pending
+    (kubernetes/kubernetes pkg/scheduler/framework/plugins/tainttoleration)."""
+    from rloo.stages.constants import GPU_TOLERATION
+
     aks = [{"key": "sku", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"}]
     plan = _plan(gpu_tolerations=aks, multinode_backend=backend)
     job = job_manifest(plan, _spec(plan))
@@ -109,11 +112,11 @@ def test_the_jobs_pods_tolerate_the_plans_gpu_taints(backend: str) -> None:
         pods = [patch["template"]["spec"]["template"]["spec"]]
     else:
         pods = [r["template"]["spec"] for r in job["spec"]["pytorchReplicaSpecs"].values()]
-    assert [p["tolerations"] for p in pods] == [aks] * len(pods)
+    assert [p["tolerations"] for p in pods] == [[GPU_TOLERATION, *aks]] * len(pods)
     assert job_manifest(_plan(gpu_tolerations=[]), _spec(_plan(gpu_tolerations=[])))["kind"] == "TrainJob"
     none = _plan(gpu_tolerations=[], multinode_backend="pytorchjob")
     master = job_manifest(none, _spec(none))["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
-    assert master["tolerations"] == []
+    assert master["tolerations"] == [GPU_TOLERATION]
 
 
 @pytest.fixture

@@ -109,7 +109,9 @@ def multinode_spec(
         secret_env=constants.secret_env(
             s3_secret=cluster.s3_secret, mlflow_secret=cluster.mlflow_secret, hf_secret=cluster.hf_secret
         ),
-        tolerations=[dict(t) for t in cluster.gpu_tolerations],  # the pools' taints (gpu_tolerations)
+        # the GPU taint every pool of the common providers carries, then the pools' own (gpu_tolerations): the
+        # single-node steps get the same two (pipelines/rloo_pipeline.py)
+        tolerations=[dict(constants.GPU_TOLERATION), *(dict(t) for t in cluster.gpu_tolerations)],
         node_selector={str(k): str(v) for k, v in cluster.gpu_node_selector.items()},
         active_deadline_seconds=constants.TRAIN_TIMEOUT_S,
         queue_name=cluster.queue_name,
