@@ -81,7 +81,9 @@ then appVersion (a tag may carry its own @sha256:...): (dict "ctx" $ "name" "tra
 
 {{/* What the upload applies to every step of the pipeline and to its training jobs (`rloo pipeline upload
 --platform`): the project's images, the pull secrets, the environment (extraEnv under pipeline.extraEnv, its
-proxies completed by rloo-kfp.proxyEnv) and the CA bundle. Always all four keys. */}}
+proxies completed by rloo-kfp.proxyEnv), the CA bundle, Kueue (pipeline.kueue: the GPU steps' queue label, and
+whether the validate step may accept a PyTorchJob queue) and whether S3 keys come from a workload identity (the
+steps' S3 Secret optional). Always all six keys. */}}
 {{- define "rloo-kfp.platform" -}}
 {{- $images := dict -}}
 {{- range $name := list "slim" "train" "eval" -}}
@@ -92,7 +94,9 @@ proxies completed by rloo-kfp.proxyEnv) and the CA bundle. Always all four keys.
 {{- if .Values.caBundle.configMap -}}
 {{- $ca = dict "configMap" .Values.caBundle.configMap "key" .Values.caBundle.key -}}
 {{- end -}}
-{{- toJson (dict "images" $images "imagePullSecrets" (.Values.imagePullSecrets | default list) "env" $env "caBundle" ($ca | default nil)) -}}
+{{- $kueue := dict "queueName" .Values.pipeline.kueue.queueName "pytorchJobIntegration" .Values.pipeline.kueue.pytorchJobIntegration -}}
+{{- $identity := eq (include "rloo-kfp.s3WorkloadIdentity" .) "true" -}}
+{{- toJson (dict "images" $images "imagePullSecrets" (.Values.imagePullSecrets | default list) "env" $env "caBundle" ($ca | default nil) "kueue" $kueue "s3WorkloadIdentity" $identity) -}}
 {{- end -}}
 
 {{/* The data of the pipeline ConfigMap, which the upload Job's checksum covers as a whole. */}}
@@ -133,7 +137,7 @@ empty when none is set. */}}
 
 {{/* `env` (NAME -> value) with its proxy variables completed, as JSON. When it sets HTTPS_PROXY or HTTP_PROXY
 (either case): both cases of each of them, and NO_PROXY and no_proxy both set to its own NO_PROXY and no_proxy
-entries, then whichever of .svc, .cluster.local, .kubeflow, .<release namespace>, .<pipeline namespace>,
+entries, then whichever of .svc, .<clusterDomain>, .kubeflow, .<release namespace>, .<pipeline namespace>,
 localhost and 127.0.0.1 they lack, without repeats. KFP's launcher in every step calls short names such as
 ml-pipeline.kubeflow:8887 (kubeflow/pipelines#9702); curl reads only the lowercase http_proxy. Otherwise `env`
 as it is. (dict "ctx" $ "env" .Values.extraEnv) */}}
@@ -150,7 +154,7 @@ as it is. (dict "ctx" $ "env" .Values.extraEnv) */}}
 {{- end -}}
 {{- end -}}
 {{- if $proxied -}}
-{{- $inCluster := list ".svc" ".cluster.local" ".kubeflow" (printf ".%s" .ctx.Release.Namespace) (printf ".%s" (include "rloo-kfp.pipelineNamespace" .ctx)) "localhost" "127.0.0.1" -}}
+{{- $inCluster := list ".svc" (printf ".%s" .ctx.Values.clusterDomain) ".kubeflow" (printf ".%s" .ctx.Release.Namespace) (printf ".%s" (include "rloo-kfp.pipelineNamespace" .ctx)) "localhost" "127.0.0.1" -}}
 {{- $entries := list -}}
 {{- range $entry := concat (splitList "," (get $env "NO_PROXY")) (splitList "," (get $env "no_proxy")) $inCluster -}}
 {{- $entry = trim $entry -}}
@@ -209,7 +213,7 @@ not name (rloo-kfp.validate): Kubernetes refuses a container with a repeated nam
   "bucket" (concat (list "HOME" "BUCKET" "ABORT_INCOMPLETE_UPLOADS_DAYS" "S3_ENDPOINT_URL") $s3)
   "db-upgrade" $db
   "mlflow" (concat $db $s3 (list "MLFLOW_S3_ENDPOINT_URL" "MLFLOW_SERVER_ALLOWED_HOSTS" "MLFLOW_AUTH_CONFIG_PATH" "MLFLOW_AUTH_ADMIN_USERNAME" "MLFLOW_AUTH_ADMIN_PASSWORD" "MLFLOW_FLASK_SERVER_SECRET_KEY"))
-  "judge" (list "HOME" "USER" "XDG_CACHE_HOME" "HF_HOME" "VLLM_CACHE_ROOT" "TRITON_CACHE_DIR" "NUMBA_CACHE_DIR" "VLLM_NO_USAGE_STATS" "VLLM_API_KEY" "HF_TOKEN")
+  "judge" (list "HOME" "USER" "XDG_CACHE_HOME" "HF_HOME" "VLLM_CACHE_ROOT" "TRITON_CACHE_DIR" "NUMBA_CACHE_DIR" "VLLM_NO_USAGE_STATS" "VLLM_API_KEY" "HF_TOKEN" "HF_HUB_OFFLINE")
   "test-mlflow" (list "MLFLOW_URL" "MLFLOW_TRACKING_USERNAME" "MLFLOW_TRACKING_PASSWORD")
   "test-judge" (list "JUDGE_URL" "JUDGE_MODEL" "OPENAI_API_KEY")
   "steps" (list "RLOO_PLATFORM") -}}
@@ -272,24 +276,42 @@ imagePullSecrets:
 {{/* The S3 endpoint every component uses: SeaweedFS's S3 gateway, or s3.endpoint (empty: AWS). */}}
 {{- define "rloo-kfp.s3Endpoint" -}}
 {{- if .Values.seaweedfs.enabled -}}
-{{- printf "http://%s-seaweedfs.%s.svc:8333" (include "rloo-kfp.fullname" .) .Release.Namespace -}}
+{{- printf "http://%s:8333" (include "rloo-kfp.serviceHost" (dict "ctx" . "component" "seaweedfs")) -}}
 {{- else -}}
 {{- .Values.s3.endpoint -}}
 {{- end -}}
 {{- end -}}
 
-{{/* AWS_* credentials from the referenced Secret (never a literal value). */}}
+{{/* Whether the S3 client finds its credentials in a workload identity, "true" or empty: s3.workloadIdentity,
+or the chart's ServiceAccount annotated for IRSA (eks.amazonaws.com/role-arn: boto3 reads the web identity token
+EKS mounts). Never with SeaweedFS, whose only identity is the keys. GKE's iam.gke.io/gcp-service-account gives
+Google credentials, which boto3 does not use. */}}
+{{- define "rloo-kfp.s3WorkloadIdentity" -}}
+{{- $annotated := hasKey (.Values.serviceAccount.annotations | default dict) "eks.amazonaws.com/role-arn" -}}
+{{- if and (not .Values.seaweedfs.enabled) (or .Values.s3.workloadIdentity $annotated) }}true{{ end -}}
+{{- end -}}
+
+{{/* AWS_* credentials from the referenced Secret (never a literal value); optional with a workload identity
+(rloo-kfp.s3WorkloadIdentity): a pod without the Secret or its keys starts, and boto3 falls back to the
+identity's credentials. */}}
 {{- define "rloo-kfp.s3CredentialsEnv" -}}
+{{- $optional := eq (include "rloo-kfp.s3WorkloadIdentity" .) "true" -}}
 - name: AWS_ACCESS_KEY_ID
   valueFrom:
     secretKeyRef:
       name: {{ .Values.s3.existingSecret }}
       key: {{ .Values.s3.accessKeyIdKey }}
+      {{- if $optional }}
+      optional: true
+      {{- end }}
 - name: AWS_SECRET_ACCESS_KEY
   valueFrom:
     secretKeyRef:
       name: {{ .Values.s3.existingSecret }}
       key: {{ .Values.s3.secretAccessKeyKey }}
+      {{- if $optional }}
+      optional: true
+      {{- end }}
 {{- end -}}
 
 {{/* Database ------------------------------------------------------------------------------------- */}}
@@ -343,12 +365,20 @@ authenticating proxy such as nginx's auth-url). "true" or empty. */}}
 
 {{/* URLs ------------------------------------------------------------------------------------------ */}}
 
+{{/* A Service of the chart by its fully-qualified name, <fullname>-<component>.<namespace>.svc.<clusterDomain>:
+KFP's driver appends the API server's proxy variables to every step's environment after the step's own, and
+its default NO_PROXY bypasses only .svc.<cluster domain> (backend/src/apiserver/config/proxy/config.go), so a
+shorter name would go to the proxy. (dict "ctx" $ "component" "mlflow") */}}
+{{- define "rloo-kfp.serviceHost" -}}
+{{- printf "%s-%s.%s.svc.%s" (include "rloo-kfp.fullname" .ctx) .component .ctx.Release.Namespace .ctx.Values.clusterDomain -}}
+{{- end -}}
+
 {{- define "rloo-kfp.mlflowUrl" -}}
-{{- printf "http://%s-mlflow.%s.svc:%d" (include "rloo-kfp.fullname" .) .Release.Namespace (int .Values.mlflow.service.port) -}}
+{{- printf "http://%s:%d" (include "rloo-kfp.serviceHost" (dict "ctx" . "component" "mlflow")) (int .Values.mlflow.service.port) -}}
 {{- end -}}
 
 {{- define "rloo-kfp.judgeUrl" -}}
-{{- printf "http://%s-judge.%s.svc:8000/v1" (include "rloo-kfp.fullname" .) .Release.Namespace -}}
+{{- printf "http://%s:8000/v1" (include "rloo-kfp.serviceHost" (dict "ctx" . "component" "judge")) -}}
 {{- end -}}
 
 {{- define "rloo-kfp.judgeModelName" -}}
@@ -366,13 +396,23 @@ authenticating proxy such as nginx's auth-url). "true" or empty. */}}
 {{- if and .Values.externalDatabase.host (not .Values.externalDatabase.existingSecret) -}}
 {{- fail "externalDatabase.existingSecret is empty: name the existing Secret holding the database password (key externalDatabase.passwordKey)" -}}
 {{- end -}}
+{{- if and .Values.seaweedfs.enabled .Values.s3.workloadIdentity -}}
+{{- fail "s3.workloadIdentity is true with seaweedfs.enabled, whose only identity is the keys of s3.existingSecret: set s3.workloadIdentity=false, or use an external S3 that trusts the identity (s3.endpoint, seaweedfs.enabled=false)" -}}
+{{- end -}}
 {{- if and .Values.seaweedfs.enabled .Values.s3.endpoint -}}
 {{- fail "both object stores enabled: seaweedfs.enabled is true and s3.endpoint is set; set seaweedfs.enabled=false to use the external S3 endpoint, or clear s3.endpoint to use the in-chart SeaweedFS" -}}
 {{- end -}}
 {{- if and .Values.mlflow.ingress.enabled (not .Values.mlflow.ingress.host) -}}
 {{- fail "mlflow.ingress.enabled is true but mlflow.ingress.host is empty: set the host name the Ingress serves" -}}
 {{- end -}}
-{{- /* images: pinned, one digest each */ -}}
+{{- /* images: published, pinned, one digest each */ -}}
+{{- if not .Values.images.allowDefaultRegistry -}}
+{{- range $name := list "slim" "train" "eval" -}}
+{{- if hasPrefix "ghcr.io/rloo-kfp/" (include "rloo-kfp.projectImage" (dict "ctx" $ "name" $name)) -}}
+{{- fail (printf "images.%s is %s, which no release has published: build and push the images to your registry first (make push-images RLOO_IMAGE_REGISTRY=registry.example.com/ml) and set images.registry to it (helm/README.md, Install), or set images.allowDefaultRegistry=true where a mirror serves that name" $name (include "rloo-kfp.projectImage" (dict "ctx" $ "name" $name))) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
 {{- if eq .Values.images.tag "latest" -}}
 {{- fail "images.tag is latest, which names a different image over time: set a release tag (empty: the chart's appVersion), or pin images.<name>.digest" -}}
 {{- end -}}
@@ -416,6 +456,23 @@ authenticating proxy such as nginx's auth-url). "true" or empty. */}}
 {{- if and (regexMatch "(PASSWORD|SECRET|TOKEN|API_KEY|ACCESS_KEY)" $name) (not (regexMatch "_(PATH|FILE|DIR)$" $name)) -}}
 {{- fail (printf "%s.%s looks like a credential, and %s takes literal values: secrets only by reference. Remove it; put it in a Secret and read it from there (mlflow.extraEnv or judge.extraEnv valueFrom.secretKeyRef; the pipeline's own Secrets for the steps)" $value $name $value) -}}
 {{- end -}}
+{{- end -}}
+{{- end -}}
+{{- /* no credentials in a URL: platform.json puts every value into the pipeline spec (KFP's UI) and every pod;
+the value itself is never printed */ -}}
+{{- $literal := list -}}
+{{- range $name, $value := .Values.extraEnv }}{{ $literal = append $literal (list "extraEnv" $name (toString $value)) }}{{ end -}}
+{{- range $name, $value := .Values.pipeline.extraEnv }}{{ $literal = append $literal (list "pipeline.extraEnv" $name (toString $value)) }}{{ end -}}
+{{- range $block := list "mlflow" "judge" -}}
+{{- range (index $.Values $block).extraEnv -}}
+{{- if hasKey . "value" }}{{ $literal = append $literal (list (printf "%s.extraEnv" $block) .name (toString .value)) }}{{ end -}}
+{{- end -}}
+{{- end -}}
+{{- range $entry := $literal -}}
+{{- $name := index $entry 1 -}}
+{{- $pattern := ternary "^\\s*([A-Za-z][A-Za-z0-9+.-]*://)?[^/?#@\\s]*@" "^\\s*[A-Za-z][A-Za-z0-9+.-]*://[^/?#@\\s]*@" (regexMatch "(?i)^(https?|all|ftp)_proxy$" $name) -}}
+{{- if regexMatch $pattern (index $entry 2) -}}
+{{- fail (printf "%s.%s has credentials in its URL (user:password@), which would be stored in plain text in the ConfigMap, the pipeline spec (KFP's UI), every pod spec and the training job: remove them, and let the proxy admit the cluster by its source addresses, or run an in-cluster forwarding proxy that adds them from a Secret (helm/README.md, \"Proxy credentials\")" (index $entry 0) $name) -}}
 {{- end -}}
 {{- end -}}
 {{- $merged := include "rloo-kfp.stepEnv" . | fromJson -}}

@@ -62,8 +62,30 @@ def variant_values(variant: str) -> dict[str, Any]:
 def render(
     values: dict[str, Any] | None = None, *, namespace: str = NAMESPACE, release: str = RELEASE
 ) -> dict[str, str]:
-    """Template path -> rendered text, as `helm template` would produce (schema validated first)."""
-    return chart().render(values or {}, name=release, namespace=namespace)
+    """Template path -> rendered text, as `helm template` would produce (schema validated first), with
+    :data:`TEST_VALUES` under ``values``."""
+    return chart().render(with_test_values(values), name=release, namespace=namespace)
+
+
+# What every test render adds under its values: the chart refuses images at the default registry, where no release
+# has published them (images.allowDefaultRegistry); the tests render the chart without images. A test that sets
+# the value itself keeps its own.
+TEST_VALUES: dict[str, Any] = {"images": {"allowDefaultRegistry": True}}
+
+
+def with_test_values(values: dict[str, Any] | None) -> dict[str, Any]:
+    """``values`` over :data:`TEST_VALUES` (maps merged key by key, as Helm coalesces ``-f`` files)."""
+    return _merged(TEST_VALUES, values or {})
+
+
+def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merged(out[key], value)
+        else:
+            out[key] = value
+    return out
 
 
 def documents(rendered: dict[str, str]) -> list[dict[str, Any]]:

@@ -369,7 +369,7 @@ def test_seaweedfs_serves_s3_with_the_referenced_keys() -> None:
     config = next(v for v in spec["volumes"] if v["name"] == "config")
     assert config["emptyDir"]["medium"] == "Memory"
     assert sts["spec"]["volumeClaimTemplates"][0]["spec"]["storageClassName"] == "standard"
-    endpoint = "http://rel-rloo-kfp-seaweedfs.rloo.svc:8333"
+    endpoint = "http://rel-rloo-kfp-seaweedfs.rloo.svc.cluster.local:8333"
     mlflow_env = env_of(_container(find(docs, "Deployment", "-mlflow")))
     assert mlflow_env["MLFLOW_S3_ENDPOINT_URL"]["value"] == endpoint
     bucket_job = find(docs, "Job", "-bucket")
@@ -421,7 +421,7 @@ def test_judge_is_a_gpu_vllm_server() -> None:
     assert spec["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec["tolerations"]
     notes = _notes(variant_values("judge-values.yaml"))
-    assert "--param judge_base_url=http://rel-rloo-kfp-judge.rloo.svc:8000/v1" in notes
+    assert "--param judge_base_url=http://rel-rloo-kfp-judge.rloo.svc.cluster.local:8000/v1" in notes
     assert "--param judge_model=judge" in notes
 
 
@@ -483,7 +483,7 @@ def test_notes_explain_secrets_mlflow_and_submit() -> None:
         assert f"create secret generic {secret}" in notes, secret
         for key in keys:
             assert f"--from-literal={key}=" in notes, key
-    assert "MLFLOW_TRACKING_URI='http://rel-rloo-kfp-mlflow.rloo.svc:5000'" in notes
+    assert "MLFLOW_TRACKING_URI='http://rel-rloo-kfp-mlflow.rloo.svc.cluster.local:5000'" in notes
     # One rloo-s3 when the chart's S3 Secret is the pipeline's, in the same namespace.
     assert notes.count("create secret generic rloo-s3") == 1
     other = _notes(variant_values("external-db-values.yaml"))

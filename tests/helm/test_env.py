@@ -30,6 +30,7 @@ from tests.helm.helpers import (
     pod_spec,
     render,
     variant_values,
+    with_test_values,
 )
 
 PROXY = "http://proxy.corp:3128"
@@ -76,7 +77,7 @@ def _everything(**more: Any) -> dict[str, Any]:
     """Values that render every pod and every variable the chart can set itself."""
     values: dict[str, Any] = {
         "seaweedfs": {"enabled": True},
-        "judge": {"enabled": True, "hfTokenSecret": "hf"},
+        "judge": {"enabled": True, "hfTokenSecret": "hf", "offline": True},
         "mlflow": {"auth": {"enabled": True}},
         "caBundle": {"configMap": "corp-ca", "key": "bundle.pem"},
     }
@@ -212,7 +213,7 @@ def _own_env() -> dict[str, list[str]]:
             '{{ include "rloo-kfp.ownEnv" . }}'
         )
         with helm.Chart.load(Path(tmp) / "rloo-kfp") as copy:
-            rendered = copy.render({}, name="rel", namespace="rloo")
+            rendered = copy.render(with_test_values({}), name="rel", namespace="rloo")
     return json.loads(rendered["rloo-kfp/templates/own-env.json"])
 
 
@@ -443,7 +444,7 @@ def test_the_chart_refuses_what_platform_json_would_be_refused_for(
     with pytest.raises((helm.HelmValuesError, helm.HelmRenderError)):
         render(values)
     with helm.Chart.load(unchecked_chart) as unchecked:
-        docs = documents(unchecked.render(values, name="rel", namespace="rloo"))
+        docs = documents(unchecked.render(with_test_values(values), name="rel", namespace="rloo"))
     data = json.loads(find(docs, "ConfigMap", "-pipeline")["data"]["platform.json"])
     with pytest.raises(UserError):
         platform.parse(data, "platform.json")

@@ -25,6 +25,7 @@ from tests.helm.helpers import (
     pod_spec,
     render,
     variant_values,
+    with_test_values,
 )
 
 DIGEST = "sha256:" + "1" * 64
@@ -115,7 +116,7 @@ def test_the_project_images_have_one_source() -> None:
 # platform.json -----------------------------------------------------------------------------------------
 
 
-def test_platform_json_always_has_its_four_keys() -> None:
+def test_platform_json_always_has_its_six_keys() -> None:
     docs = _docs()
     cm = find(docs, "ConfigMap", "-pipeline")
     assert set(cm["data"]) == {"rloo_pipeline.yaml", "platform.json"}
@@ -126,6 +127,8 @@ def test_platform_json_always_has_its_four_keys() -> None:
         "imagePullSecrets": [],
         "env": {},
         "caBundle": None,
+        "kueue": {"queueName": "", "pytorchJobIntegration": False},
+        "s3WorkloadIdentity": False,
     }
     # helm template shows it as JSON, on one line of its own
     text = render()["rloo-kfp/templates/pipeline-configmap.yaml"]
@@ -155,6 +158,8 @@ def test_platform_json_carries_pull_secrets_env_and_the_ca() -> None:
             "QUOTE": 'it\'s "x" & <y>',
         },
         "caBundle": {"configMap": "corp-ca", "key": "bundle.pem"},
+        "kueue": {"queueName": "", "pytorchJobIntegration": False},
+        "s3WorkloadIdentity": False,
     }
     # pipeline.extraEnv is for the steps only: not in the chart's own containers
     upload = env_of(_container(find(_docs(values), "Job", "-upload")))
@@ -322,7 +327,7 @@ def test_pod_labels_never_replace_selector_labels(tmp_path: Path) -> None:
     for component in ("mlflow", "postgresql", "seaweedfs", "judge", "jobs"):
         values[component] = {**values.get(component, {}), "podLabels": hostile}
     with helm.Chart.load(tmp_path / "rloo-kfp") as bare:
-        rendered = bare.render(values, name="rel", namespace="rloo")
+        rendered = bare.render(with_test_values(values), name="rel", namespace="rloo")
     for text in rendered.values():
         for match in re.finditer(r"^( *)labels:\n((?:\1  .*\n)+)", text, flags=re.M):
             keys = re.findall(r"^ *([^\s:]+):", match.group(2), flags=re.M)

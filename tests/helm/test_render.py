@@ -73,6 +73,7 @@ def test_ci_variants_cover_the_switches() -> None:
     assert any(m["judge"]["enabled"] and m["judge"]["runtimeClassName"] for m in merged)
     assert any(m["seaweedfs"]["enabled"] and m["seaweedfs"]["image"]["digest"] for m in merged)
     assert any(m["mlflow"]["service"]["annotations"] and m["serviceAccount"]["annotations"] for m in merged)
+    assert any(m["pipeline"]["kueue"]["queueName"] for m in merged)
 
 
 @pytest.mark.parametrize("variant_name", VARIANTS)

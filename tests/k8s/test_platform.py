@@ -1,10 +1,12 @@
-"""The platform's settings (images, pull secrets, environment, CA bundle) as read from platform.json and from a
-pod's RLOO_PLATFORM, and given to the multi-node job's pods: one-line errors for what a cluster would refuse,
-and no change at all to the job when there is nothing to give."""
+"""The platform's settings (images, pull secrets, environment, CA bundle, Kueue, an S3 workload identity) as read
+from platform.json and from a pod's RLOO_PLATFORM, and given to the multi-node job's pods: one-line errors for
+what a cluster would refuse (and for credentials in a URL), and no change at all to the job when there is nothing
+to give."""
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -141,3 +143,99 @@ def test_without_a_platform_the_job_is_as_before() -> None:
     assert build_trainjob(job_spec(Platform())) == build_trainjob(
         _spec(image=SETTINGS["images"]["train"], num_nodes=2, env={"KFP_RUN_ID": "abc"})
     )
+
+
+# Kueue and S3 workload identity: the settings the steps read from RLOO_PLATFORM ----------------------------
+
+
+def test_kueue_and_workload_identity_travel_in_rloo_platform() -> None:
+    """The validate step reads ``from_env(os.environ).kueue.pytorchjob_integration`` (to accept ``queue_name``
+    with a PyTorchJob: Kueue ships its ``kubeflow.org/pytorchjob`` integration commented out in
+    kubernetes-sigs/kueue ``config/components/manager/controller_manager_config.yaml``) and
+    ``s3_workload_identity``: both must survive platform.json -> RLOO_PLATFORM -> the pod."""
+    data = {
+        **SETTINGS,
+        "kueue": {"pytorchJobIntegration": True, "queueName": "gpu-queue"},
+        "s3WorkloadIdentity": True,
+    }
+    p = platform.parse(data, "t", image_kinds=KINDS)
+    assert p.kueue == platform.Kueue(pytorchjob_integration=True, queue_name="gpu-queue")
+    assert p.s3_workload_identity and not p.is_empty()
+    pod = platform.from_env({PLATFORM_ENV: json.dumps(p.pod_settings())})
+    assert pod.kueue.pytorchjob_integration and pod.kueue.queue_name == "gpu-queue"
+    assert pod.s3_workload_identity and pod == replace(p, images={})
+    # at their defaults they change nothing: not written, and a platform of defaults is empty
+    defaults = {"kueue": {"pytorchJobIntegration": False, "queueName": ""}, "s3WorkloadIdentity": False}
+    assert platform.parse(defaults, "t", image_kinds=KINDS) == Platform()
+    assert Platform().pod_settings() == {"imagePullSecrets": [], "env": {}}
+    assert platform.from_env({}).kueue == platform.Kueue() and not platform.from_env({}).s3_workload_identity
+    only_kueue = Platform(kueue=platform.Kueue(pytorchjob_integration=True))
+    assert not only_kueue.is_empty() and only_kueue.pod_settings()["kueue"]["pytorchJobIntegration"] is True
+
+
+@pytest.mark.parametrize(
+    ("data", "says"),
+    [
+        ({"kueue": "gpu"}, 'kueue must be {"pytorchJobIntegration"'),
+        (
+            {"kueue": {"queue": "gpu"}},
+            "kueue: unknown key 'queue'; the keys are pytorchJobIntegration, queueName",
+        ),
+        ({"kueue": {"pytorchJobIntegration": "yes"}}, "kueue.pytorchJobIntegration must be true or false"),
+        ({"kueue": {"queueName": "GPU_Queue"}}, "kueue.queueName 'GPU_Queue' is not a Kueue LocalQueue name"),
+        ({"kueue": {"queueName": "q" * 64}}, "is not a Kueue LocalQueue name"),
+        ({"s3WorkloadIdentity": "true"}, "s3WorkloadIdentity must be true or false"),
+    ],
+)
+def test_bad_kueue_and_identity_settings_are_one_line(data: Any, says: str) -> None:
+    for kinds in (KINDS, ()):  # platform.json, and RLOO_PLATFORM
+        with pytest.raises(UserError, match=re.escape(says)) as e:
+            platform.parse(data, "--platform p.json", image_kinds=kinds)
+        assert "\n" not in str(e.value)
+
+
+# No credentials in a URL -----------------------------------------------------------------------------------
+
+PASSWORD = "s3cr3t-Pa55"
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("HTTPS_PROXY", f"http://alice:{PASSWORD}@proxy.corp:3128"),
+        ("https_proxy", f"https://alice:{PASSWORD}@proxy.corp:3128/"),
+        ("HTTP_PROXY", f"alice:{PASSWORD}@proxy.corp:3128"),  # no scheme: curl, Go and Python take it as http
+        ("ALL_PROXY", f"socks5://alice:{PASSWORD}@proxy.corp:1080"),
+        ("HTTP_PROXY", f"http://{PASSWORD}@proxy.corp:3128"),  # a token as the user name
+        ("HF_ENDPOINT", f"https://bot:{PASSWORD}@hf-mirror.corp"),
+    ],
+)
+def test_a_url_with_credentials_is_refused_without_echoing_it(name: str, value: str) -> None:
+    """Every env value lands in plain text in the pipeline spec (KFP's UI shows it), each pod spec and the
+    TrainJob: kubeflow/pipelines ``backend/src/v2/driver/driver.go`` copies the container's env into the pod
+    spec patch as literal values. One line naming the variable, never its value."""
+    for kinds in (KINDS, ()):
+        with pytest.raises(UserError) as e:
+            platform.parse({"env": {name: value}}, "--platform p.json", image_kinds=kinds)
+        message = str(e.value)
+        assert message.startswith(f"--platform p.json: env: {name} has credentials in its URL")
+        assert "\n" not in message and PASSWORD not in message and "alice" not in message
+        assert "Proxy credentials" in message  # where to read how to pass them instead
+    with pytest.raises(UserError) as e:
+        platform.from_env({PLATFORM_ENV: json.dumps({"env": {name: value}})})
+    assert PASSWORD not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("HTTPS_PROXY", "http://proxy.corp:3128"),
+        ("HTTP_PROXY", "proxy.corp:3128"),
+        ("NO_PROXY", ".svc,.cluster.local,10.0.0.0/8"),
+        ("HF_ENDPOINT", "https://hf-mirror.corp/path@v2"),  # an @ in the path is not userinfo
+        ("GIT_REMOTE", "git@github.com:org/repo.git"),  # not a URL with a scheme
+        ("NCCL_SOCKET_IFNAME", "eth0"),
+    ],
+)
+def test_values_without_credentials_pass(name: str, value: str) -> None:
+    assert platform.parse({"env": {name: value}}, "t", image_kinds=KINDS).env == {name: value}

@@ -1,7 +1,7 @@
-"""The platform's settings (images, pull secrets, environment, CA bundle) applied to the compiled pipeline: as
-kfp.kubernetes writes them, readable by the backend's protobuf schema, handed on to the multi-node launcher
-for its job's pods, and no change at all when there is nothing to apply. What the job's pods make of them:
-tests/k8s/test_platform.py."""
+"""The platform's settings (images, pull secrets, environment, CA bundle, Kueue's queue, an S3 workload identity)
+applied to the compiled pipeline: as kfp.kubernetes writes them, readable by the backend's protobuf schema,
+handed on to the multi-node launcher for its job's pods, and no change at all when there is nothing to apply.
+What the job's pods make of them: tests/k8s/test_platform.py."""
 
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ from rloo.pipeline import platform
 from rloo.pipeline.compile import default_yaml
 from rloo.pipeline.images import IMAGE_EXTRAS
 from rloo.pipeline.platform import EXECUTOR_IMAGES
+from rloo.stages.constants import S3_SECRET_KEYS
 from tests.k8s.test_builders import _trainjob_pod
 from tests.k8s.test_platform import SETTINGS, check_pod, job_spec
 
@@ -260,3 +261,89 @@ def test_upload_applies_the_platform_through_the_real_kfp_client(
     out = [line for line in capsys.readouterr().out.splitlines() if not line.startswith("Pipeline details")]
     assert out[0].startswith("created pipeline rloo-rlhf") and out[1].startswith("unchanged")
     assert out[2].startswith("added version rloo-rlhf / sha256-")
+
+
+# Kueue's queue label on the GPU steps, S3 keys optional with a workload identity ---------------------------
+
+KUEUE = {"kueue": {"queueName": "gpu-queue", "pytorchJobIntegration": True}}
+
+
+def _k8s_executors(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    return docs[1]["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+
+
+def test_the_gpu_steps_get_kueues_queue_label_as_add_pod_label_writes_it(committed: str) -> None:
+    """kfp.kubernetes ``add_pod_label`` (kubeflow/pipelines ``kubernetes_platform/python/kfp/kubernetes/
+    pod_metadata.py``) writes ``podMetadata.labels``; KFP's Argo compiler (``backend/src/v2/compiler/argocompiler/
+    container.go``, ``extendPodMetadata``) puts them on the step's pod, where Kueue's pod webhook
+    (kubernetes-sigs/kueue ``pkg/controller/jobs/pod/pod_webhook.go``) reads ``kueue.x-k8s.io/queue-name``. Only
+    the single-node train and evaluate pods: the launcher's job carries its own label, and a queued CPU step would
+    wait for quota it does not need."""
+    tasks = []
+
+    @dsl.pipeline(name="p")
+    def reference():  # type: ignore[no-untyped-def]
+        task = _noop()
+        kubernetes.add_pod_label(task, "kueue.x-k8s.io/queue-name", "gpu-queue")
+        tasks.append(task)
+
+    expected = tasks[0].platform_config["kubernetes"]["podMetadata"]
+    applied = _docs(platform.apply(committed, platform.parse(KUEUE, "t")))
+    before = _k8s_executors(_docs(committed))
+    for name, config in _k8s_executors(applied).items():
+        if name in platform.QUEUED_EXECUTORS:
+            assert config["podMetadata"] == expected, name
+        else:
+            assert "podMetadata" not in config, name
+        rest = {k: v for k, v in config.items() if k != "podMetadata"}
+        assert rest == before.get(name, {}), name
+        parsed = json_format.ParseDict(config, kubernetes_executor_config_pb2.KubernetesExecutorConfig())
+        labels = dict(parsed.pod_metadata.labels)
+        assert labels == (
+            {"kueue.x-k8s.io/queue-name": "gpu-queue"} if name in platform.QUEUED_EXECUTORS else {}
+        )
+    assert set(platform.QUEUED_EXECUTORS) == {"exec-train-rloo", "exec-evaluate"} <= set(EXECUTOR_IMAGES)
+
+
+def test_the_validate_step_reads_the_kueue_setting(committed: str) -> None:
+    """RLOO_PLATFORM reaches every step, the validate step included, with only the Kueue setting set: that step
+    reads ``from_env(os.environ).kueue.pytorchjob_integration`` to accept ``queue_name`` with a PyTorchJob."""
+    applied = _docs(platform.apply(committed, platform.parse(KUEUE, "t")))
+    for executor in applied[0]["deploymentSpec"]["executors"].values():
+        env = {e["name"]: e["value"] for e in executor["container"].get("env") or []}
+        settings = k8s_platform.from_env(env)
+        assert settings.kueue.pytorchjob_integration and settings.kueue.queue_name == "gpu-queue"
+    assert platform.apply(committed, platform.parse({"kueue": {"queueName": ""}}, "t")) == committed
+
+
+def test_a_workload_identity_makes_every_steps_s3_keys_optional(committed: str) -> None:
+    """KFP's driver (kubeflow/pipelines ``backend/src/v2/driver/k8s.go``) sets the pod's ``secretKeyRef.optional``
+    from ``secretAsEnv.optional`` when the field is present: with ``optional: true`` a pod whose S3 Secret (or key)
+    is missing starts and its S3 client uses the service account's identity (IRSA), instead of sitting in
+    CreateContainerConfigError. Only the S3 Secret changes; the judge's stays required."""
+    applied = _docs(platform.apply(committed, platform.parse({"s3WorkloadIdentity": True}, "t")))
+    before = _k8s_executors(_docs(committed))
+    s3_keys = set(S3_SECRET_KEYS.values())
+    changed = 0
+    for name, config in _k8s_executors(applied).items():
+        parsed = json_format.ParseDict(config, kubernetes_executor_config_pb2.KubernetesExecutorConfig())
+        for entry, message, original in zip(
+            config.get("secretAsEnv") or [],
+            parsed.secret_as_env,
+            before[name].get("secretAsEnv") or [],
+            strict=True,
+        ):
+            names = {k["envVar"] for k in entry["keyToEnv"]}
+            if names == s3_keys:
+                assert message.HasField("optional") and message.optional, name
+                changed += not original.get("optional")
+            else:
+                assert entry == original, (name, names)
+        assert {k: v for k, v in config.items() if k != "secretAsEnv"} == {
+            k: v for k, v in before[name].items() if k != "secretAsEnv"
+        }, name
+    # the steps that mount the S3 keys required: fetch, train (both), evaluate, push
+    assert changed >= 5
+    # the launcher finds the setting for its job's pods
+    launcher = applied[0]["deploymentSpec"]["executors"]["exec-train-rloo-multinode"]["container"]
+    assert k8s_platform.from_env({e["name"]: e["value"] for e in launcher["env"]}).s3_workload_identity

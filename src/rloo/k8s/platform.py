@@ -1,5 +1,6 @@
 """What a cluster's platform adds to every pod: its images, its pull secrets, its proxies and other environment,
-its CA bundle.
+its CA bundle; and what the cluster runs that the steps must know: Kueue (its queue for the GPU steps, whether
+its PyTorchJob integration is on), S3 credentials from a workload identity rather than a Secret.
 
 A platform team installs the chart with its own registry, proxy and CA; the chart renders these settings as
 ``platform.json``, which :func:`read` and :func:`parse` read. Every pod then gets the image pull secrets, the
@@ -9,6 +10,9 @@ it); a pod that starts pods of its own (the multi-node launcher) finds the setti
 
 Which images there are is the caller's to say (``image_kinds``): this module only checks that each is an
 image reference. A setting that is not there changes nothing.
+
+Every value lands in plain text in the uploaded pipeline spec (the KFP UI shows it), every pod spec and the
+training job: a URL with credentials in it (``user:password@``) is refused (:func:`parse`).
 """
 
 from __future__ import annotations
@@ -34,8 +38,19 @@ CA_ENV = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "AWS_CA_BUNDLE", "CURL_CA_BUNDL
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 _KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _RESERVED_ENV = frozenset({PLATFORM_ENV, *CA_ENV})
-_POD_KEYS = ("imagePullSecrets", "env", "caBundle")
+_POD_KEYS = ("imagePullSecrets", "env", "caBundle", "kueue", "s3WorkloadIdentity")
+_KUEUE_KEYS = ("pytorchJobIntegration", "queueName")
+# A URL's userinfo (RFC 3986: scheme "://" userinfo "@" host); a proxy variable may leave the scheme out
+# (curl, Go and Python read "user:pass@proxy:3128" as http).
+_URL_USERINFO = re.compile(r"^\s*[A-Za-z][A-Za-z0-9+.-]*://[^/?#@\s]*@")
+_PROXY_USERINFO = re.compile(r"^\s*([A-Za-z][A-Za-z0-9+.-]*://)?[^/?#@\s]*@")
+_PROXY_ENV = re.compile(r"(?i)^(https?|all|ftp)_proxy$")
+_CREDENTIALS_HELP = (
+    "let the proxy admit the cluster by its source addresses, or run an in-cluster forwarding proxy that adds "
+    'them from a Secret (helm/README.md, "Proxy credentials")'
+)
 
 
 @dataclass(frozen=True)
@@ -51,13 +66,32 @@ class CABundle:
 
 
 @dataclass(frozen=True)
+class Kueue:
+    """Kueue as the cluster runs it. ``queue_name``: the LocalQueue (in the pipeline's namespace) whose quota
+    admits the single-node GPU steps' pods (Kueue's ``pod`` integration reads their ``kueue.x-k8s.io/queue-name``
+    label); empty: they bypass Kueue. ``pytorchjob_integration``: Kueue's ``kubeflow.org/pytorchjob``
+    integration is enabled (it ships disabled, and a PyTorchJob it does not manage never leaves the suspension
+    a queue label asks for)."""
+
+    pytorchjob_integration: bool = False
+    queue_name: str = ""
+
+    def settings(self) -> dict[str, Any]:
+        return {"pytorchJobIntegration": self.pytorchjob_integration, "queueName": self.queue_name}
+
+
+@dataclass(frozen=True)
 class Platform:
-    """The platform's settings (every field optional; see the module docstring)."""
+    """The platform's settings (every field optional; see the module docstring). ``s3_workload_identity``: the
+    pods' service account carries a cloud identity that the S3 client uses (IRSA, EKS Pod Identity), so the S3
+    key Secret is optional."""
 
     images: dict[str, str] = field(default_factory=dict)  # image kind (the caller's) -> reference
     image_pull_secrets: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
     ca_bundle: CABundle | None = None
+    kueue: Kueue = Kueue()
+    s3_workload_identity: bool = False
 
     def all_env(self) -> dict[str, str]:
         """The environment a pod gets: ``env``, and the CA variables when there is a bundle."""
@@ -67,14 +101,19 @@ class Platform:
         return out
 
     def pod_settings(self) -> dict[str, Any]:
-        """What the multi-node job's pods need (``RLOO_PLATFORM``): the images are the launcher's business."""
+        """What the steps and the multi-node job's pods need (``RLOO_PLATFORM``): the images are the launcher's
+        business. A setting at its default is left out."""
         out: dict[str, Any] = {"imagePullSecrets": list(self.image_pull_secrets), "env": dict(self.env)}
         if self.ca_bundle is not None:
             out["caBundle"] = {"configMap": self.ca_bundle.config_map, "key": self.ca_bundle.key}
+        if self.kueue != Kueue():
+            out["kueue"] = self.kueue.settings()
+        if self.s3_workload_identity:
+            out["s3WorkloadIdentity"] = True
         return out
 
     def is_empty(self) -> bool:
-        return not (self.images or self.image_pull_secrets or self.env or self.ca_bundle)
+        return not self.images and self.pod_settings() == Platform().pod_settings()
 
 
 def parse(data: Any, where: str, *, image_kinds: Collection[str]) -> Platform:
@@ -107,9 +146,14 @@ def parse(data: Any, where: str, *, image_kinds: Collection[str]) -> Platform:
         raise UserError(f"{where}: env must map variable names to string values.")
     for name, value in env.items():
         if not _ENV_NAME.match(name) or not isinstance(value, str):
-            raise UserError(f"{where}: env: {name!r}={value!r} is not NAME=string.")
+            raise UserError(f"{where}: env: {name!r} is not NAME=string.")
         if name in _RESERVED_ENV:
             raise UserError(f"{where}: env: {name} is set from the other settings; remove it from env.")
+        if has_credentials(name, value):  # the value is never echoed: it holds a password
+            raise UserError(
+                f"{where}: env: {name} has credentials in its URL (user:password@), which every pod spec and "
+                f"the pipeline spec in KFP's UI would show in plain text: remove them, and {_CREDENTIALS_HELP}."
+            )
     ca = data.get("caBundle")
     bundle = None
     if ca:
@@ -119,7 +163,45 @@ def parse(data: Any, where: str, *, image_kinds: Collection[str]) -> Platform:
         if not _DNS1123.match(ca["configMap"]) or not isinstance(key, str) or not _KEY.match(key):
             raise UserError(f"{where}: caBundle {ca!r}: not a ConfigMap name and key.")
         bundle = CABundle(ca["configMap"], key)
-    return Platform(dict(images), tuple(dict.fromkeys(secrets)), dict(env), bundle)
+    identity = data.get("s3WorkloadIdentity", False)
+    if not isinstance(identity, bool):
+        raise UserError(f"{where}: s3WorkloadIdentity must be true or false.")
+    return Platform(
+        dict(images),
+        tuple(dict.fromkeys(secrets)),
+        dict(env),
+        bundle,
+        _kueue(data.get("kueue"), where),
+        identity,
+    )
+
+
+def has_credentials(name: str, value: str) -> bool:
+    """Whether environment variable ``name``'s ``value`` is a URL with userinfo (``user[:password]@``); a proxy
+    variable's value with or without its scheme."""
+    pattern = _PROXY_USERINFO if _PROXY_ENV.match(name) else _URL_USERINFO
+    return bool(pattern.match(value))
+
+
+def _kueue(data: Any, where: str) -> Kueue:
+    """The ``kueue`` setting: ``{"pytorchJobIntegration": bool, "queueName": LocalQueue name}``."""
+    if data is None:
+        return Kueue()
+    if not isinstance(data, dict):
+        raise UserError(f'{where}: kueue must be {{"pytorchJobIntegration": true|false, "queueName": NAME}}.')
+    unknown = sorted(data.keys() - set(_KUEUE_KEYS))
+    if unknown:
+        raise UserError(f"{where}: kueue: unknown key {unknown[0]!r}; the keys are {', '.join(_KUEUE_KEYS)}.")
+    integration = data.get("pytorchJobIntegration", False)
+    if not isinstance(integration, bool):
+        raise UserError(f"{where}: kueue.pytorchJobIntegration must be true or false.")
+    queue = data.get("queueName") or ""
+    if not isinstance(queue, str) or len(queue) > 63 or (queue and not _DNS_LABEL.match(queue)):
+        raise UserError(
+            f"{where}: kueue.queueName {queue!r} is not a Kueue LocalQueue name (a-z, 0-9, '-', at most 63; "
+            "empty: none)."
+        )
+    return Kueue(integration, queue)
 
 
 def read(path: str | os.PathLike[str], *, image_kinds: Collection[str]) -> Platform:

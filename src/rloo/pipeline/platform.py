@@ -1,5 +1,6 @@
 """The cluster's platform applied to the compiled pipeline: its images, its pull secrets, its proxies and other
-environment, its CA bundle (the settings themselves, and what they give a pod: :mod:`rloo.k8s.platform`).
+environment, its CA bundle, its Kueue queue, S3 credentials from a workload identity (the settings themselves,
+and what they give a pod: :mod:`rloo.k8s.platform`).
 
 A platform team installs the chart with its own registry, proxy and CA; the chart renders these settings as
 ``platform.json`` (the same file ``rloo pipeline compile|upload|submit --platform FILE`` reads: :func:`read`)
@@ -11,7 +12,14 @@ and the upload applies them to the compiled pipeline before KFP sees it (:func:`
   :data:`~rloo.k8s.platform.CA_DIR`, with :data:`~rloo.k8s.platform.CA_ENV` pointing at it), written exactly
   as ``kfp.kubernetes`` writes them, so KFP's driver reads them as it reads its own;
 - every step also gets ``RLOO_PLATFORM``, the settings as JSON: the multi-node launcher gives its TrainJob or
-  PyTorchJob pods the same pull secrets, environment and CA (:func:`rloo.k8s.platform.from_env`).
+  PyTorchJob pods the same pull secrets, environment and CA (:func:`rloo.k8s.platform.from_env`), and the
+  validate step reads the Kueue and S3 settings there;
+- with a Kueue queue, the single-node GPU steps (:data:`QUEUED_EXECUTORS`) get Kueue's queue label, as
+  ``kfp.kubernetes.add_pod_label`` writes it (KFP's Argo compiler puts ``podMetadata`` on the step's pod), so
+  Kueue's ``pod`` integration admits them against the queue's quota like the multi-node job;
+- with a workload identity for S3, every step's S3 key Secret becomes optional (``secretAsEnv`` ``optional:
+  true``, which KFP's driver copies to the pod's ``secretKeyRef``): a pod without the Secret starts, and its
+  S3 client takes the identity's credentials.
 
 A setting that is not there changes nothing: a default platform leaves the package byte for byte as it was.
 """
@@ -28,8 +36,10 @@ import yaml
 
 from rloo.errors import UserError
 from rloo.k8s import platform as k8s_platform
+from rloo.k8s.builders import QUEUE_LABEL
 from rloo.k8s.platform import CA_DIR, PLATFORM_ENV, Platform
 from rloo.pipeline.images import IMAGE_EXTRAS
+from rloo.stages.constants import S3_SECRET_KEYS
 
 # The image each of the pipeline's executors runs (a test compiles the pipeline with a distinct image per kind
 # and checks this table against it).
@@ -43,6 +53,10 @@ EXECUTOR_IMAGES = {
     "exec-finish-run": "slim",
 }
 TRAIN_IMAGE_INPUT = "train_image"  # the launcher's input naming the multi-node job's image
+# The steps that hold GPUs in pods of their own (the multi-node launcher's job is queued by its own label).
+QUEUED_EXECUTORS = ("exec-train-rloo", "exec-evaluate")
+# The variables of the S3 key Secret that a workload identity replaces (its S3_ENDPOINT_URL stays readable).
+_S3_KEY_ENV = frozenset({"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"}) & set(S3_SECRET_KEYS.values())
 
 
 def parse(data: Any, where: str) -> Platform:
@@ -79,7 +93,7 @@ def apply(package: str, platform: Platform) -> str:
     k8s = docs[1].setdefault("platforms", {}).setdefault("kubernetes", {})
     k8s_executors = k8s.setdefault("deploymentSpec", {}).setdefault("executors", {})
     env = platform.all_env()
-    if platform.image_pull_secrets or platform.env or platform.ca_bundle:
+    if platform.pod_settings() != Platform().pod_settings():
         env[PLATFORM_ENV] = json.dumps(platform.pod_settings(), sort_keys=True)
     for name, executor in executors.items():
         container = executor["container"]
@@ -90,6 +104,9 @@ def apply(package: str, platform: Platform) -> str:
             kept = [e for e in container.get("env") or [] if e.get("name") not in env]
             container["env"] = kept + [{"name": k, "value": v} for k, v in sorted(env.items())]
         _apply_kubernetes(k8s_executors.setdefault(name, {}), platform)
+        if platform.kueue.queue_name and name in QUEUED_EXECUTORS:
+            labels = k8s_executors[name].setdefault("podMetadata", {}).setdefault("labels", {})
+            labels[QUEUE_LABEL] = platform.kueue.queue_name
     if platform.images.get("train"):
         for task_input in _task_inputs(spec, TRAIN_IMAGE_INPUT):
             task_input["runtimeValue"] = {"constant": platform.images["train"]}
@@ -123,6 +140,10 @@ def _apply_kubernetes(config: dict[str, Any], platform: Platform) -> None:
             }
         )
         config["configMapAsVolume"] = volumes
+    if platform.s3_workload_identity:
+        for secret in config.get("secretAsEnv") or []:
+            if _S3_KEY_ENV & {k.get("envVar") for k in secret.get("keyToEnv") or []}:
+                secret["optional"] = True
 
 
 def _task_inputs(spec: dict[str, Any], parameter: str) -> Iterator[dict[str, Any]]:
