@@ -400,3 +400,20 @@ def test_bad_tolerations_are_refused_before_any_pod(tolerations: Any, message: s
     )
     ClusterConfig(gpu_tolerations=[{"operator": "Exists"}])  # tolerates every taint
     ClusterConfig(gpu_tolerations=[{"key": "x", "effect": "NoExecute", "tolerationSeconds": 300}])
+
+
+def test_a_workload_identity_needs_no_s3_keys() -> None:
+    """The platform says the pods' service account carries a cloud identity (IRSA): the steps mount the S3
+    keys optionally (``rloo.pipeline.platform.apply``), so the validate step does not ask for them; the judge's
+    key is still needed."""
+    from rloo.errors import UserError
+    from rloo.k8s.platform import PLATFORM_ENV
+    from rloo.stages.validate import check_secrets
+    from tests.stages.test_validate import good
+
+    irsa = {PLATFORM_ENV: json.dumps({"s3WorkloadIdentity": True})}
+    check_secrets(good(), _pod_env(OPENAI_API_KEY="k", **irsa))
+    with pytest.raises(UserError, match="rloo-s3"):
+        check_secrets(good(), _pod_env(OPENAI_API_KEY="k"))
+    with pytest.raises(UserError, match="rloo-judge"):
+        check_secrets(good(), _pod_env(**irsa))

@@ -194,3 +194,15 @@ def test_the_train_step_bounds_the_wait_for_kueue(
     assert fake.deleted == [name]
     recorded = recorded_failure(RunLayout(plan.run.output_uri, run_id).root, "train-multinode")
     assert (recorded is not None) == (code == 2)
+
+
+def test_the_jobs_pods_mount_s3_keys_optionally_under_a_workload_identity() -> None:
+    """With IRSA (the platform's ``s3WorkloadIdentity``) the S3 key Secret may not exist: a key mounted with
+    optional: false would keep every job pod in CreateContainerConfigError (kubelet
+    ``pkg/kubelet/kubelet_pods.go``, ``makeEnvironmentVariables``). The other Secrets keep their own rule."""
+    plan = _plan()
+    keyed = {e.env: e.optional for e in _spec(plan).secret_env}  # type: ignore[attr-defined]
+    irsa = {e.env: e.optional for e in _spec(plan, Platform(s3_workload_identity=True)).secret_env}  # type: ignore[attr-defined]
+    s3 = {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "S3_ENDPOINT_URL"}
+    assert not any(keyed[k] for k in s3) and all(irsa[k] for k in s3)
+    assert {k: v for k, v in keyed.items() if k not in s3} == {k: v for k, v in irsa.items() if k not in s3}

@@ -107,7 +107,10 @@ def multinode_spec(
         service_account=cluster.train_service_account,
         env={**pod_platform.all_env(), **plan.run_env(run_id, run_name)},
         secret_env=constants.secret_env(
-            s3_secret=cluster.s3_secret, mlflow_secret=cluster.mlflow_secret, hf_secret=cluster.hf_secret
+            s3_secret=cluster.s3_secret,
+            mlflow_secret=cluster.mlflow_secret,
+            hf_secret=cluster.hf_secret,
+            s3_optional=pod_platform.s3_workload_identity,
         ),
         # the GPU taint every pool of the common providers carries, then the pools' own (gpu_tolerations): the
         # single-node steps get the same two (pipelines/rloo_pipeline.py)
