@@ -146,7 +146,53 @@ def _api_calls_of_the_training_step(backend: str, runtime: str, monkeypatch: pyt
     calls: set[Call] = set()
     for existing, owner in (([failed], None), (None, OwnerPod("launcher-2", "uid-2", NAMESPACE))):
         calls |= _calls_of_one_step(backend, runtime, existing, owner, monkeypatch)
-    return calls
+    return calls | _calls_of_a_queued_step(backend, runtime, monkeypatch)
+
+
+def _calls_of_a_queued_step(backend: str, runtime: str, monkeypatch: pytest.MonkeyPatch) -> set[Call]:
+    """A job with a ``queue_name`` that Kueue refuses: the step reads the job's Workload for Kueue's reason
+    (kubernetes-sigs/kueue ``pkg/controller/core/workload_controller.go``), then deletes the job."""
+    import kubernetes
+
+    from rloo.errors import UserError
+    from rloo.k8s.builders import TrainJobSpec, build_job
+    from rloo.k8s.jobs import run_multi_node
+
+    fake = FakeKubeAPI(outcome=None)
+    monkeypatch.setattr(kubernetes.client, "CustomObjectsApi", lambda *a, **k: fake)
+    monkeypatch.setattr(kubernetes.client, "CoreV1Api", lambda *a, **k: fake)
+    monkeypatch.setattr(kubernetes.config, "load_incluster_config", lambda *a, **k: None)
+    monkeypatch.setattr(kubernetes.config, "load_kube_config", lambda *a, **k: None)
+    if runtime.startswith("TrainingRuntime/"):
+        fake.namespaced_runtimes[runtime.partition("/")[2]] = fake.runtimes["torch-distributed"]
+    spec = TrainJobSpec(
+        name="rloo-train-r1",
+        namespace=NAMESPACE,
+        image="img",
+        command=["python", "-m", "node"],
+        num_nodes=2,
+        gpus_per_node=1,
+        queue_name="team-q",
+    )
+    missing = {"type": "QuotaReserved", "status": "False", "reason": "Inadmissible"}
+    missing |= {"message": "LocalQueue team-q doesn't exist", "lastTransitionTime": "2026-01-01T00:00:02Z"}
+    fake.workloads = [
+        {
+            "metadata": {
+                "name": "w",
+                "namespace": NAMESPACE,
+                "labels": {"kueue.x-k8s.io/job-uid": "uid-rloo-train-r1"},
+            },
+            "spec": {"queueName": "team-q", "active": True},
+            "status": {"conditions": [missing]},
+        }
+    ]
+    with pytest.raises(UserError, match="doesn't exist"):
+        run_multi_node(
+            build_job(spec, backend, runtime), poll_seconds=0.05, timeout_s=60, admission_timeout_s=30
+        )
+    assert fake.deleted == ["rloo-train-r1"]
+    return set(fake.calls)
 
 
 def _calls_of_one_step(
@@ -222,6 +268,7 @@ def test_rbac_grants_exactly_what_the_training_step_calls(
     )
     expected = {(NAMESPACE, *job_resource, verb) for verb in ("create", "get", "delete", "patch")}
     expected |= {(NAMESPACE, "", "pods", "list"), (NAMESPACE, "", "pods/log", "get")}
+    expected.add((NAMESPACE, "kueue.x-k8s.io", "workloads", "list"))  # why Kueue does not admit a queued job
     if backend == "trainjob":
         expected.add((NAMESPACE, "trainer.kubeflow.org", "trainingruntimes", "get"))
         if not runtime.startswith("TrainingRuntime/"):
