@@ -1,8 +1,12 @@
-"""Prompt datasets from a local directory laid out like a Hub dataset repository, or an s3:// upload of one."""
+"""Prompt datasets from a local directory laid out like a Hub dataset repository, or an s3:// prefix holding
+one, written by rloo's storage upload or any other tool."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import random
+import re
 import tempfile
 import uuid
 from pathlib import Path
@@ -14,6 +18,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from rloo.data import (
+    DatasetRecord,
     PromptDataset,
     check_dataset_source,
     dataset_record,
@@ -56,7 +61,10 @@ def test_jsonl_extra_columns_and_shards(tmp_path: Path) -> None:
     rows = [{"prompt": f"p{i}", "label": i, "meta": {"src": f"s{i}"}} for i in range(5)]
     write_jsonl(tmp_path / "data" / "train-00000-of-00002.jsonl", rows[:3])
     write_jsonl(tmp_path / "data" / "train-00001-of-00002.jsonl", rows[3:])
-    write_jsonl(tmp_path / "data" / "validation.jsonl", [{"prompt": "v", "label": 9, "meta": None}])
+    # sharded names throughout: next to them a plain data/validation.jsonl is no split (datasets' rule)
+    write_jsonl(
+        tmp_path / "data" / "validation-00000-of-00001.jsonl", [{"prompt": "v", "label": 9, "meta": None}]
+    )
     assert sorted(local_splits(tmp_path)) == ["train", "validation"]
     ds = load_prompt_dataset(str(tmp_path), "train")
     assert ds.prompts == ["p0", "p1", "p2", "p3", "p4"]  # shards concatenated in order
@@ -211,24 +219,232 @@ def test_s3_dataset_with_a_tampered_file_is_refused(s3_dataset: tuple[S3Server, 
     assert str(err.value).startswith(f"--dataset_name {uri}: ") and "\n" not in str(err.value)
 
 
-def test_s3_prefix_without_manifest_is_refused_in_one_line(
-    s3_server: S3Server, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
+# --- datasets written with any tool ---------------------------------------------------------------------------
+# Which files form which split follows huggingface/datasets src/datasets/data_files.py (get_data_patterns:
+# SPLIT_PATTERN_SHARDED, then the split-keyword directory and file name patterns, then everything as train;
+# hidden files, __special__ directories and FILES_TO_IGNORE never data). The installed datasets library
+# itself is the reference: each layout is resolved by it and by rloo, on the same directory.
+
+LAYOUTS = {
+    "sharded names with a stray plain file": [
+        "data/train-00000-of-00002.jsonl",
+        "data/train-00001-of-00002.jsonl",
+        "data/validation.jsonl",
+    ],
+    "aws s3 cp of two files": ["train.parquet", "test.parquet", "README.md"],
+    "spark, one directory per split": [
+        "train/part-00000-3f1c-c000.snappy.parquet",
+        "train/part-00001-3f1c-c000.snappy.parquet",
+        "train/_SUCCESS",
+        "train/.part-00000-3f1c-c000.snappy.parquet.crc",
+        "test/part-00000-9a2b-c000.snappy.parquet",
+    ],
+    "spark, no split name": ["part-00000-3f1c.snappy.parquet", "_SUCCESS"],
+    "keywords inside file names": ["my_train.csv", "my_test.csv", "notes.txt"],
+    "no keyword at all": ["data/descriptiveness.jsonl"],
+    "nested split directories": ["data/train/shard_0.csv", "data/train/shard_1.csv", "data/valid/x.json"],
+    "numbered shards and aliases": ["train_0.jsonl", "train_1.jsonl", "dev.jsonl", "eval.jsonl"],
+    "special and nested names": ["__pycache__/train.jsonl", "x/train.jsonl", "training-data/a.parquet"],
+    "directory names win over file names": ["a/b/train-1.parquet", "a/test/z.parquet"],
+}
+
+
+@pytest.mark.parametrize("files", LAYOUTS.values(), ids=LAYOUTS.keys())
+def test_splits_are_the_datasets_librarys(tmp_path: Path, files: list[str]) -> None:
+    """huggingface/datasets src/datasets/data_files.py (get_data_patterns, resolve_pattern): a directory
+    splits here exactly as load_dataset splits it (same splits, same files, same order)."""
+    from datasets.data_files import DataFilesDict, get_data_patterns
+
+    from rloo.data import DATA_SUFFIXES
+
+    for rel in files:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("x")
+    patterns = get_data_patterns(str(tmp_path))
+    resolved = DataFilesDict.from_patterns(patterns, str(tmp_path), allowed_extensions=list(DATA_SUFFIXES))
+    theirs = {str(k): [Path(f).relative_to(tmp_path).as_posix() for f in v] for k, v in resolved.items() if v}
+    ours = {k: [f.relative_to(tmp_path).as_posix() for f in v] for k, v in local_splits(tmp_path).items()}
+    assert ours == theirs and ours
+
+
+def _put(server: S3Server, key: str, body: bytes) -> str:
+    """One object written with plain boto3, as `aws s3 cp` writes it (no manifest, no metadata); its ETag."""
+    response = server.client().put_object(Bucket=server.bucket, Key=key, Body=body)
+    return str(response["ETag"]).strip('"')
+
+
+def _parquet_bytes(table: pa.Table, tmp_path: Path) -> bytes:
+    path = tmp_path / f"{uuid.uuid4().hex}.parquet"
+    pq.write_table(table, path)  # snappy, as Spark writes it
+    return path.read_bytes()
+
+
+@pytest.fixture
+def raw_s3(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> tuple[S3Server, str]:
+    """A fresh prefix nothing of rloo wrote to, and a private download cache."""
     server = use_s3(s3_server, monkeypatch)
-    prefix = f"raw-{uuid.uuid4().hex[:8]}"
-    rows = b'{"prompt": "hi"}\n'
-    server.client().put_object(Bucket=server.bucket, Key=f"{prefix}/data/train.jsonl", Body=rows)
+    cache = tmp_path / "tmp"
+    cache.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(cache))
+    return server, f"raw-{uuid.uuid4().hex[:8]}"
+
+
+def test_s3_dataset_copied_with_plain_boto3_is_read_and_recorded(raw_s3: tuple[S3Server, str]) -> None:
+    """An s3:// prefix written as `aws s3 cp` writes it (train.jsonl and test.csv, no _MANIFEST.json) is
+    read, and the record lists each file read with its key, size, ETag (as ListObjectsV2 returns it: an
+    opaque entity tag, an MD5 of the bytes only for single-part uploads without SSE-KMS, AWS S3 API
+    reference, mpUploadComplete / Object ETag) and the SHA-256 of the bytes read. Split rules:
+    huggingface/datasets src/datasets/data_files.py (keywords in file names)."""
+    server, prefix = raw_s3
+    train = b'{"prompt": "a", "n": 1}\n{"prompt": "b", "n": 2}\n'
+    test = b"prompt,completion\nq,r\n"
+    etags = {"train.jsonl": _put(server, f"{prefix}/train.jsonl", train)}
+    etags["test.csv"] = _put(server, f"{prefix}/test.csv", test)
+    _put(server, f"{prefix}/README.md", b"# not data")
     uri = f"s3://{server.bucket}/{prefix}"
-    for read in (lambda: load_prompt_dataset(uri, "train"), lambda: check_dataset_source(uri)):
-        with pytest.raises(UserError) as err:
-            read()
-        message = str(err.value)
-        assert message.startswith(f"--dataset_name {uri}: no _MANIFEST.json at this prefix; upload")
-        assert f"upload_dir('DATASET_DIR', '{uri}')" in message and "\n" not in message
-    # a missing bucket says so, not "no manifest"
-    with pytest.raises(UserError, match="no-such-bucket") as err:
+    check_dataset_source(uri)
+    ds = load_prompt_dataset(uri, "train")
+    assert ds.prompts == ["a", "b"] and ds.extra == {"n": [1, 2]}
+    record = ds.record
+    assert record is not None and (record.kind, record.source, record.num_rows) == ("s3", uri, 2)
+    (read,) = record.files
+    assert (read.path, read.key, read.size) == ("train.jsonl", f"{prefix}/train.jsonl", len(train))
+    assert read.etag == etags["train.jsonl"] and read.sha256 == hashlib.sha256(train).hexdigest()
+    test_rows = load_eval_rows(uri, "test")  # csv, the evaluation's reader
+    assert test_rows.record is not None and test_rows.record.files[0].etag == etags["test.csv"]
+    # the digest covers every split's files, the same as for the same files in a local directory
+    local = Path(tempfile.gettempdir()) / "same"
+    local.mkdir()
+    (local / "train.jsonl").write_bytes(train)
+    (local / "test.csv").write_bytes(test)
+    assert dataset_record(str(local), "train").digest == record.digest
+    # recorded beside the model and read back unchanged
+    assert DatasetRecord.from_json(record.to_json()) == record
+
+
+def test_s3_spark_part_files_are_read_in_order(raw_s3: tuple[S3Server, str], tmp_path: Path) -> None:
+    """Spark's output (train/part-NNNNN-<uuid>-c000.snappy.parquet, _SUCCESS, hidden .crc files): the
+    directory names the split, only the part files are data (huggingface/datasets
+    src/datasets/data_files.py: KEYWORDS_IN_DIR_NAME_BASE_PATTERNS, hidden files ignored)."""
+    server, prefix = raw_s3
+    job = uuid.uuid4()
+    parts = [pa.table({"prompt": [f"p{i}" for i in range(j * 3, j * 3 + 3)]}) for j in range(2)]
+    for j, table in enumerate(parts):
+        name = f"part-{j:05d}-{job}-c000.snappy.parquet"
+        _put(server, f"{prefix}/train/{name}", _parquet_bytes(table, tmp_path))
+        _put(server, f"{prefix}/train/.{name}.crc", b"crc")
+    _put(server, f"{prefix}/train/_SUCCESS", b"")
+    _put(server, f"{prefix}/test/part-00000-{job}-c000.snappy.parquet", _parquet_bytes(parts[0], tmp_path))
+    uri = f"s3://{server.bucket}/{prefix}/"  # a trailing slash is the same prefix
+    ds = load_prompt_dataset(uri, "train")
+    assert ds.prompts == [f"p{i}" for i in range(6)]
+    assert ds.record is not None and [f.path for f in ds.record.files] == [
+        f"train/part-{j:05d}-{job}-c000.snappy.parquet" for j in range(2)
+    ]
+    assert load_prompt_dataset(uri, "test").prompts == ["p0", "p1", "p2"]
+
+
+def test_s3_dataset_written_by_datasets_to_parquet(raw_s3: tuple[S3Server, str], tmp_path: Path) -> None:
+    """`datasets.Dataset.to_parquet` output copied up with boto3's managed upload (multipart above its
+    threshold, as `aws s3 cp` does: its ETag is then no MD5 of the bytes, AWS S3 API reference
+    mpUploadComplete) under data/train-00000-of-00001.parquet (huggingface/datasets
+    src/datasets/data_files.py SPLIT_PATTERN_SHARDED)."""
+    import boto3.s3.transfer
+    import datasets
+
+    server, prefix = raw_s3
+    rng = random.Random(0)  # incompressible prompts: the file is above the 5 MiB multipart minimum
+    rows = {"prompt": [rng.randbytes(100).hex() for _ in range(40_000)], "target": list(range(40_000))}
+    local = tmp_path / "train.parquet"
+    datasets.Dataset.from_dict(rows).to_parquet(str(local))
+    config = boto3.s3.transfer.TransferConfig(
+        multipart_threshold=1024 * 1024, multipart_chunksize=1024 * 1024
+    )
+    key = f"{prefix}/data/train-00000-of-00001.parquet"
+    server.client().upload_file(str(local), server.bucket, key, Config=config)
+    uri = f"s3://{server.bucket}/{prefix}"
+    ds = load_prompt_dataset(uri, "train")
+    assert ds.prompts == rows["prompt"] and ds.extra["target"] == rows["target"]
+    (read,) = ds.record.files  # type: ignore[union-attr]
+    assert read.etag is not None and "-" in read.etag  # a multipart upload's entity tag
+    assert read.sha256 == hashlib.sha256(local.read_bytes()).hexdigest() and read.size == local.stat().st_size
+
+
+def test_s3_dataset_read_once_and_again_after_a_change(
+    raw_s3: tuple[S3Server, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A prefix read before is not downloaded again while the store lists the same keys, sizes and ETags; a
+    file replaced by one of the same size (only its ETag tells) is read again, and the record follows."""
+    from rloo.storage.backends import S3Backend
+
+    server, prefix = raw_s3
+    downloads: list[int] = []
+    real = S3Backend.get_files
+    monkeypatch.setattr(
+        S3Backend,
+        "get_files",
+        lambda self, items, bar: (downloads.append(len(items)), real(self, items, bar))[1],
+    )
+    _put(server, f"{prefix}/train.jsonl", b'{"prompt": "a"}\n')
+    uri = f"s3://{server.bucket}/{prefix}"
+    first = load_prompt_dataset(uri, "train").record
+    assert load_prompt_dataset(uri, "train").record == first and downloads == [1]
+    _put(server, f"{prefix}/train.jsonl", b'{"prompt": "b"}\n')
+    again = load_prompt_dataset(uri, "train")
+    assert again.prompts == ["b"] and downloads == [1, 1]
+    assert again.record is not None and first is not None and again.record.digest != first.digest
+
+
+def test_s3_dataset_changed_while_read_is_retried_not_mixed(
+    raw_s3: tuple[S3Server, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer still at work (an object replaced between the listing and the download) fails the read with
+    exit 75, so that the retried step reads one version, never a mix."""
+    from rloo.storage.backends import S3Backend
+
+    server, prefix = raw_s3
+    _put(server, f"{prefix}/train.jsonl", b'{"prompt": "old"}\n')
+    real = S3Backend.get_files
+
+    def rewritten_meanwhile(self: S3Backend, items: list[Any], bar: Any) -> None:
+        _put(server, f"{prefix}/train.jsonl", b'{"prompt": "new!"}\n')
+        real(self, items, bar)
+
+    monkeypatch.setattr(S3Backend, "get_files", rewritten_meanwhile)
+    uri = f"s3://{server.bucket}/{prefix}"
+    with pytest.raises(UserError, match="changed while it was read") as err:
+        load_prompt_dataset(uri, "train")
+    assert err.value.exit_code == 75 and str(err.value).startswith(f"--dataset_name {uri}: ")
+
+
+def test_s3_dataset_refusals_are_one_line_with_their_exit_code(
+    raw_s3: tuple[S3Server, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An empty prefix or one without data files: exit 2, one line naming the flag; a missing bucket says so;
+    a store that cannot be reached: exit 75 (a retry may heal it)."""
+    from tests.fixtures.servers import free_port
+
+    server, prefix = raw_s3
+    empty = f"s3://{server.bucket}/{prefix}/nothing"
+    _put(server, f"{prefix}/docs/README.md", b"#")
+    _put(server, f"{prefix}/docs/notes.txt", b"not data")
+    for uri, message in (
+        (empty, "no objects under this prefix"),
+        (f"s3://{server.bucket}/{prefix}/docs", "no data files found (saw notes.txt)"),
+    ):
+        for read in (lambda u=uri: load_prompt_dataset(u, "train"), lambda u=uri: check_dataset_source(u)):
+            with pytest.raises(UserError, match=re.escape(message)) as err:
+                read()
+            assert str(err.value).startswith(f"--dataset_name {uri}: ") and "\n" not in str(err.value)
+            assert err.value.exit_code == 2
+    with pytest.raises(UserError, match=r"no-such-bucket.*does not exist") as err:
         load_prompt_dataset("s3://no-such-bucket/x", "train")
-    assert "_MANIFEST" not in str(err.value)
+    assert err.value.exit_code == 2
+    monkeypatch.setenv("S3_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+    with pytest.raises(UserError, match="cannot connect") as err:
+        check_dataset_source(empty)
+    assert err.value.exit_code == 75 and str(err.value).startswith(f"--dataset_name {empty}: ")
 
 
 def test_local_dataset_digest_is_of_its_files(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ import pytest
 
 from rloo.errors import UserError
 from rloo.storage.location import source_kind
+from tests.fixtures.servers import S3Server, use_s3
 
 HUB = ["gpt2", "EleutherAI/pythia-14m", "trl-lib/tldr", "distilbert-base-uncased", "org/name.v2"]
 LOCAL = ["./gpt2", "/x/gpt2", "~/models/gpt2", "file:///x/gpt2", "a/b/c", "org/name/", "my model", "org//x"]
@@ -44,17 +45,20 @@ def test_an_existing_directory_shaped_like_a_hub_id_is_local(
 # --- every stage and command applies it ----------------------------------------------------------------
 
 
-def test_train_takes_a_bare_hub_id_and_refuses_missing_paths(tmp_path: Path) -> None:
+def test_train_takes_a_bare_hub_id_and_refuses_missing_paths(
+    tmp_path: Path, s3_server: S3Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from rloo.models import check_model_source
 
     check_model_source("model_name_or_path", "gpt2")  # a Hub id: left to transformers
     for local in ("./gpt2", str(tmp_path / "gpt2"), "a/b/c"):
         with pytest.raises(UserError, match=r"no such directory; pass a model directory or a Hub id\.$"):
             check_model_source("model_name_or_path", local)
-    with pytest.raises(
-        UserError, match=r"--model_name_or_path s3://b/p: an s3:// model is not loaded directly"
-    ):
-        check_model_source("model_name_or_path", "s3://b/p")
+    # an s3:// model is fetched before loading: the prefix must hold one (tests/storage/test_any_upload.py)
+    server = use_s3(s3_server, monkeypatch)
+    empty = f"s3://{server.bucket}/{tmp_path.name}/none"
+    with pytest.raises(UserError, match=rf"--model_name_or_path {empty}: no objects under this prefix"):
+        check_model_source("model_name_or_path", empty)
 
 
 def test_datasets_follow_the_same_rule(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -56,10 +56,11 @@ class RLOOConfig:
     )
     reward_model_path: str | None = option(
         None,
-        "Sequence-classification reward model (Hub id or local dir); scored with its own tokenizer.",
+        "Sequence-classification reward model (Hub id, local dir or s3:// prefix: fetched into this machine's "
+        "temp dir first, any tool's upload); scored with its own tokenizer.",
         pipeline=Exposed(
             "reward_model_path",
-            help="Reward model (Hub id or directory); or give --reward_funcs in extra_train_args.",
+            help="Reward model (Hub id, directory or s3:// prefix); or give --reward_funcs in extra_train_args.",
         ),
     )
     reward_funcs: list[str] = option(
@@ -75,14 +76,15 @@ class RLOOConfig:
     # --- data ---------------------------------------------------------------------------------------
     dataset_name: str | None = option(
         None,
-        "Hub dataset id, local directory laid out like one (data/<split>-*.parquet|jsonl) or s3:// upload "
-        "of such a directory (made with rloo.storage.upload_dir: every file's SHA-256 is checked).",
+        "Hub dataset id, local directory laid out like one (split files as the datasets library finds them: "
+        "data/train-00000-of-00001.parquet, train.jsonl, train/part-*.parquet, .csv) or s3:// prefix holding "
+        "such files, written by any tool (an rloo upload's manifest SHA-256s are checked).",
         pipeline=Exposed(
             "dataset_name",
             required=True,
-            help="Training prompts: Hub id (name or org/name), directory in the 'rloo train' layout, or "
-            "s3://bucket/prefix holding one uploaded with rloo.storage.upload_dir (its manifest's SHA-256s are "
-            "checked). Recorded as the train run's MLflow dataset.",
+            help="Training prompts: Hub id (name or org/name), directory in a Hub dataset layout, or "
+            "s3://bucket/prefix holding one, written by any tool (aws s3 cp, Spark, to_parquet; an rloo "
+            "upload's manifest is checked). Recorded, file by file, as the train run's MLflow dataset.",
         ),
     )
     dataset_config: str | None = option(
@@ -779,8 +781,14 @@ class RLOOConfig:
             except UserError as e:
                 raise UserError(f"--checkpoint_uri: {e}") from None
         hub_hint = "give a Hub id or a local directory (download an s3:// upload first, e.g. 'aws s3 sync')."
-        for name in ("model_name_or_path", "sft_model_path", "reward_model_path"):
+        for name in ("model_name_or_path", "sft_model_path"):
             require_local_path(f"--{name}", getattr(self, name), hub_hint)
+        # fetched into each machine's scratch before loading (rloo.models.local_model_path): no Hub needed
+        require_local_or_s3(
+            "--reward_model_path",
+            self.reward_model_path,
+            "give a Hub id, a local directory or s3://bucket/prefix.",
+        )
         require_local_or_s3(
             "--dataset_name", self.dataset_name, "give a Hub id, a local directory or s3://bucket/prefix."
         )

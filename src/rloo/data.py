@@ -1,17 +1,21 @@
 """Prompt datasets: a Hub id, a local directory laid out like a Hub dataset repository, or an ``s3://`` prefix
-holding such a directory as uploaded by :func:`rloo.storage.upload_dir`.
+holding such a directory, whoever wrote it (rloo's storage upload, ``aws s3 cp``, Spark, ``to_parquet``).
 
-Local layout (what ``huggingface-cli download --repo-type dataset`` leaves behind)::
-
-    <dir>/data/<split>-00000-of-00001.parquet   (or .jsonl / .json; any split name, e.g. descriptiveness)
+Which files form which split follows the Hugging Face ``datasets`` library (``get_data_patterns`` in
+huggingface/datasets ``src/datasets/data_files.py``), so a directory splits here as ``load_dataset`` splits
+it: ``data/<split>-00000-of-00002.parquet`` (any split name), else directories named after a split
+(``train/part-00000-*.snappy.parquet``), else file names holding one (``train.jsonl``, ``my_test_0.csv``),
+else everything is ``train``. Hidden files, ``__special__`` directories, ``README.md`` and the like are
+never data; the ``.parquet``, ``.jsonl``, ``.json`` and ``.csv`` files of a split are read.
 
 Only the ``prompt`` column is required: plain text, or chat messages (a list of ``{"role", "content"}``)
 to which the tokenizer's chat template is applied. Every other column is passed to reward functions.
 
-An ``s3://`` dataset is read like a model: downloaded (once per machine, into a per-URI directory under the
-system temp dir) with every file checked against the SHA-256 of the upload's manifest; a prefix without a
-manifest is refused. Every split read is recorded as a :class:`DatasetRecord` (name, source, digest), which
-the MLflow sink logs as the run's dataset input.
+An ``s3://`` dataset is downloaded once per machine (into a per-URI directory under the system temp dir):
+an upload with rloo's ``_MANIFEST.json`` has every file checked against its SHA-256; a prefix without one
+has its data files read as listed (see :mod:`rloo.storage.prefix`). Every split read is recorded as a
+:class:`DatasetRecord` (name, source, digest, and each file read with its key, size, ETag and SHA-256),
+which the MLflow sink logs as the run's dataset input.
 """
 
 from __future__ import annotations
@@ -21,26 +25,172 @@ import functools
 import hashlib
 import json
 import logging
+import os
 import re
-import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rloo.errors import UserError
 from rloo.storage.location import SourceKind, local_source_path, source_kind
+from rloo.storage.prefix import ReadFile, ReadPrefix
 
 log = logging.getLogger(__name__)
-
-_DATA_SUFFIXES = (".parquet", ".jsonl", ".json")
-# "<split>-00000-of-00001.parquet", "<split>-foo.jsonl" or "<split>.jsonl"
-_SPLIT_RE = re.compile(r"^(?P<split>[A-Za-z0-9_.]+?)(?:-[^/]*)?\.(?:parquet|jsonl|json)$")
 
 # MLflow keeps at most 36 characters of a dataset digest; the runs table shows it next to the name.
 MLFLOW_DIGEST_CHARS = 12
 # Beside the trained model: the training split as the trainer read it (the model card names it from here).
 TRAINING_DATASET_FILE = "training_dataset.json"
+# The formats read (the last suffix decides: "part-0.snappy.parquet" is parquet; compressed files are not read)
+DATA_SUFFIXES = (".parquet", ".jsonl", ".json", ".csv")
+
+# --- which files form which split: huggingface/datasets src/datasets/data_files.py ----------------------------
+# In order, the first stage that matches any file decides: the sharded names (their split names taken from
+# the file names), then each dict of split -> patterns (a split is there when one of its patterns matches).
+_SHARDED = "data/{split}-[0-9][0-9][0-9][0-9][0-9]-of-[0-9][0-9][0-9][0-9][0-9]*.*"
+_DEFAULT_SPLITS = ("train", "validation", "test")
+_SPLIT_KEYWORDS = {
+    "train": ("train", "training"),
+    "validation": ("validation", "valid", "dev", "val"),
+    "test": ("test", "testing", "eval", "evaluation"),
+}
+_SEP = "-._ 0-9"  # NON_WORDS_CHARS
+_IN_FILENAME = ("**/{keyword}[{sep}]*", "**/*[{sep}]{keyword}[{sep}]*")  # fsspec >= 2023.12's patterns
+_IN_DIR_NAME = (
+    "**/{keyword}/**",
+    "**/{keyword}[{sep}]*/**",
+    "**/*[{sep}]{keyword}/**",
+    "**/*[{sep}]{keyword}[{sep}]*/**",
+)
+
+
+def _by_keyword(bases: tuple[str, ...]) -> dict[str, list[str]]:
+    return {
+        split: [b.format(keyword=k, sep=_SEP) for k in _SPLIT_KEYWORDS[split] for b in bases]
+        for split in _DEFAULT_SPLITS
+    }
+
+
+_PATTERN_STAGES: tuple[dict[str, list[str]], ...] = (
+    {"logs": ["**/*.eval"]},  # DEFAULT_PATTERNS_LOGS
+    {"test": ["**/task.toml", "**/instruction.md"]},  # DEFAULT_PATTERNS_HARBOR
+    _by_keyword(_IN_DIR_NAME),
+    _by_keyword(_IN_FILENAME),
+    {"train": ["**"]},  # DEFAULT_PATTERNS_ALL
+)
+_FILES_TO_IGNORE = frozenset(
+    (
+        "README.md",
+        "config.json",
+        "dataset_info.json",
+        "dataset_infos.json",
+        "dummy_data.zip",
+        "dataset_dict.json",
+    )
+)
+_SPLIT_NAME_RE = re.compile(r"^\w+(\.\w+)*$")  # datasets.naming._split_re
+
+
+@functools.lru_cache(maxsize=128)
+def _glob(pattern: str) -> re.Pattern[str]:
+    """A glob as fsspec (>= 2023.12) matches it against relative paths: a ``**`` segment spans any number of
+    directories (none included), ``*`` and ``[...]`` stay within one name."""
+    out = []
+    segments = pattern.split("/")
+    for i, seg in enumerate(segments):
+        last = i == len(segments) - 1
+        if seg == "**":
+            out.append(".*" if last else "(?:.+/)?")
+            continue
+        for piece in re.split(r"(\*|\?|\[[^]]*\])", seg):
+            if piece == "*":
+                out.append("[^/]*")
+            elif piece == "?":
+                out.append("[^/]")
+            elif piece.startswith("[") and piece.endswith("]") and len(piece) > 2:
+                body = piece[1:-1]
+                neg = body.startswith("!")
+                body = body[1:] if neg else body
+                out.append("[" + ("^" if neg else "") + body.replace("\\", "\\\\").replace("^", "\\^") + "]")
+            else:
+                out.append(re.escape(piece))
+        if not last:
+            out.append("/")
+    return re.compile("".join(out) + r"\Z", re.S)
+
+
+def _visible(rel: str) -> bool:
+    """What datasets' resolve_pattern considers at all: no hidden part (``.x``), no ``__special__`` parent
+    directory, not one of its FILES_TO_IGNORE; rloo's own manifest is metadata too."""
+    parts = rel.split("/")
+    if any(p.startswith(".") and set(p) != {"."} for p in parts) or any(
+        p.startswith("__") for p in parts[:-1]
+    ):
+        return False
+    return parts[-1] not in _FILES_TO_IGNORE and rel != _manifest_name()
+
+
+def _manifest_name() -> str:
+    from rloo.storage.manifest import MANIFEST_NAME
+
+    return MANIFEST_NAME
+
+
+def _split_patterns(paths: Sequence[str]) -> dict[str, list[str]]:
+    """datasets' ``_get_data_files_patterns``: split -> its patterns, from the first stage that matches."""
+    sharded = _glob(_SHARDED.replace("{split}", "*"))
+    # datasets.utils.py_utils.string_to_dict: "{split}" becomes a greedy group of the file name's pattern
+    name_rx = re.compile(re.sub(r"{([^}]+)}", r"(?P<_\1>.+)", _SHARDED.rsplit("/", 1)[-1]))
+    names = {
+        m.group("_split") for p in paths if sharded.match(p) and (m := name_rx.search(p.rsplit("/", 1)[-1]))
+    }
+    if names:
+        bad = sorted(n for n in names if not _SPLIT_NAME_RE.match(n))
+        if bad:
+            raise UserError(
+                f"split name {bad[0]!r} (from data/{bad[0]}-NNNNN-of-NNNNN file names) is not a valid split "
+                "name: use letters, digits and '_' (dots between words)."
+            )
+        ordered = [s for s in _DEFAULT_SPLITS if s in names] + sorted(names - set(_DEFAULT_SPLITS))
+        return {s: [_SHARDED.format(split=s)] for s in ordered}
+    for stage in _PATTERN_STAGES:
+        found = {s: pats for s, pats in stage.items() if any(_glob(p).match(x) for p in pats for x in paths)}
+        if found:
+            return found
+    return {}
+
+
+def hub_splits(rel_paths: Iterable[str]) -> dict[str, list[str]]:
+    """Split name -> its data files (paths relative to the dataset's root, in the order ``datasets`` reads
+    them), from every file's relative path, by the rules of huggingface/datasets ``data_files.py`` (see the
+    module docstring). Splits whose files are all in other formats are left out. A sharded split name that
+    datasets refuses is a one-line UserError."""
+    paths = sorted(p for p in set(rel_paths) if _visible(p))
+    out: dict[str, list[str]] = {}
+    for split, patterns in _split_patterns(paths).items():
+        files: list[str] = []
+        for pattern in patterns:
+            rx = _glob(pattern)
+            files += [p for p in paths if rx.match(p) and p.endswith(DATA_SUFFIXES) and p not in files]
+        if files:
+            out[split] = files
+    return out
+
+
+def data_file_paths(rel_paths: Iterable[str]) -> list[str]:
+    """The data files among relative paths (a listing's or a manifest's): those of every split
+    (:func:`hub_splits`), in path order."""
+    return sorted({f for files in hub_splits(rel_paths).values() for f in files})
+
+
+def _no_data_files(name: str, flag: str, paths: Sequence[str]) -> UserError:
+    seen = ", ".join(sorted(p for p in paths if _visible(p))[:3]) or "nothing"
+    return UserError(
+        f"{flag} {name}: no data files found (saw {seen}); expected a Hub dataset layout: "
+        f"{', '.join(DATA_SUFFIXES)} files such as data/train-00000-of-00001.parquet, train.jsonl or "
+        "train/part-00000.parquet."
+    )
 
 
 @dataclass(frozen=True)
@@ -49,7 +199,8 @@ class DatasetRecord:
 
     ``digest``: ``sha256:<hex>`` over the data files of a local or ``s3://`` dataset (every split: each
     file's path, size and SHA-256, the same for the same files wherever they are stored), the resolved
-    commit of a Hub dataset when the Hub said which, else None.
+    commit of a Hub dataset when the Hub said which, else None. ``files``: each data file of the split read,
+    with its key (object key, or absolute path), size, SHA-256 and (``s3://``) the store's ETag.
     """
 
     name: str  # as the user gave it
@@ -59,6 +210,7 @@ class DatasetRecord:
     digest: str | None
     config: str | None = None
     num_rows: int | None = None
+    files: tuple[ReadFile, ...] = ()
 
     @property
     def display_name(self) -> str:
@@ -79,7 +231,9 @@ class DatasetRecord:
     @classmethod
     def from_json(cls, text: str) -> DatasetRecord:
         fields = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in json.loads(text).items() if k in fields})
+        values = {k: v for k, v in json.loads(text).items() if k in fields}
+        values["files"] = tuple(ReadFile(**f) for f in values.get("files") or ())
+        return cls(**values)
 
     def describe(self) -> str:
         """One line for a model card: name, split and digest."""
@@ -102,32 +256,26 @@ def files_digest(entries: Iterable[tuple[str, int, str]]) -> str:
     return "sha256:" + h.hexdigest()
 
 
-def data_file_paths(rel_paths: Iterable[str]) -> list[str]:
-    """The data files among relative paths (a manifest's): those :func:`local_splits` reads, under
-    ``data/`` or, when there are none there, at the top."""
-    rels = sorted(rel_paths)
-    for base in ("data/", ""):
-        found = [
-            r
-            for r in rels
-            if r.startswith(base) and "/" not in r[len(base) :] and _SPLIT_RE.match(r[len(base) :])
-        ]
-        if found:
-            return found
-    return []
-
-
-def _local_digest(root: Path, splits: dict[str, list[Path]], known: dict[str, str] | None = None) -> str:
-    """:func:`files_digest` of a local dataset's data files; ``known``: SHA-256s already verified (a download)."""
+def _local_files(
+    root: Path, splits: dict[str, list[Path]], read: ReadPrefix | None = None
+) -> dict[str, ReadFile]:
+    """Every data file of a local dataset (or of a downloaded ``s3://`` one: ``read`` says what its store
+    listed, SHA-256s already verified), by path relative to ``root``."""
     from rloo.storage.manifest import sha256_file
 
-    entries = []
+    known = {f.path: f for f in read.files} if read is not None else {}
+    out = {}
     for files in splits.values():
         for f in files:
             rel = f.relative_to(root).as_posix()
-            sha = (known or {}).get(rel) or sha256_file(f)
-            entries.append((rel, f.stat().st_size, sha))
-    return files_digest(entries)
+            out[rel] = known.get(rel) or ReadFile(
+                rel, f.stat().st_size, sha256_file(f), None, str(f.resolve())
+            )
+    return out
+
+
+def _digest_of(files: dict[str, ReadFile]) -> str:
+    return files_digest((f.path, f.size, f.sha256) for f in files.values())
 
 
 @dataclass
@@ -150,47 +298,58 @@ class PromptDataset:
         return {c: [vals[i] for i in indices] for c, vals in self.extra.items()}
 
 
+def _scan(root: Path) -> list[str]:
+    """Every file below ``root`` (symlinked files followed), as relative POSIX paths."""
+    out = []
+    for here, _dirs, files in os.walk(root):
+        for name in files:
+            path = Path(here, name)
+            if path.is_file():
+                out.append(path.relative_to(root).as_posix())
+    return out
+
+
 def local_splits(root: Path) -> dict[str, list[Path]]:
-    """Map split name -> its data files, found under ``root/data`` (or ``root`` itself)."""
-    found: dict[str, list[Path]] = {}
-    for base in (root / "data", root):
-        if not base.is_dir():
-            continue
-        for path in sorted(base.iterdir()):
-            m = _SPLIT_RE.match(path.name)
-            if path.is_file() and m:
-                found.setdefault(m.group("split"), []).append(path)
-        if found:
-            break
-    return found
+    """Map split name -> its data files below ``root`` (:func:`hub_splits`)."""
+    return {split: [root / rel for rel in rels] for split, rels in hub_splits(_scan(root)).items()}
+
+
+def _read_table(path: Path) -> Any:
+    import pyarrow as pa
+    import pyarrow.csv as pcsv
+    import pyarrow.parquet as pq
+
+    if path.suffix == ".parquet":
+        return pq.read_table(path)
+    if path.suffix == ".csv":
+        return pcsv.read_csv(path)
+    text = path.read_text()
+    rows = json.loads(text) if path.suffix == ".json" and text.lstrip().startswith("[") else None
+    if rows is None:
+        rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+    return pa.Table.from_pylist(rows)
 
 
 def _read_files(files: list[Path]) -> dict[str, list[Any]]:
+    """The rows of ``files`` as columns; a column some files lack is None in their rows."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
-    tables = []
+    columns: dict[str, list[Any]] = {}
+    rows = 0
     for path in files:
         try:
-            if path.suffix == ".parquet":
-                tables.append(pq.read_table(path))
-            else:
-                text = path.read_text()
-                rows = json.loads(text) if path.suffix == ".json" and text.lstrip().startswith("[") else None
-                if rows is None:
-                    rows = [json.loads(line) for line in text.splitlines() if line.strip()]
-                tables.append(pa.Table.from_pylist(rows))
+            table = _read_table(path)
         except (OSError, ValueError, pa.ArrowException) as e:
             raise UserError(
                 f"cannot read dataset file {path}: {type(e).__name__}: {e}".splitlines()[0]
             ) from None
-    columns: dict[str, list[Any]] = {}
-    for table in tables:
         for name in table.column_names:
-            columns.setdefault(name, [])
-        n = table.num_rows
-        for name in columns:
-            columns[name].extend(table.column(name).to_pylist() if name in table.column_names else [None] * n)
+            columns.setdefault(name, [None] * rows)
+        for name, values in columns.items():
+            values.extend(
+                table.column(name).to_pylist() if name in table.column_names else [None] * table.num_rows
+            )
+        rows += table.num_rows
     return columns
 
 
@@ -217,76 +376,60 @@ def _load_hub(name: str, config: str | None, split: str) -> dict[str, list[Any]]
     return ds.to_dict()
 
 
-def _upload_hint(uri: str) -> str:
-    return (
-        "upload the dataset directory with rloo's storage upload, which records every file's SHA-256: "
-        f"python -c \"from rloo.storage import upload_dir; upload_dir('DATASET_DIR', '{uri}')\""
-    )
-
-
-def _s3_manifest(name: str) -> Any:
-    """The manifest of an ``s3://`` dataset; one line when there is none (not an rloo upload)."""
-    from rloo.storage import Location, Manifest
-    from rloo.storage.backends import backend_for
+def _s3_paths(name: str, flag: str) -> tuple[list[str], bool]:
+    """The relative paths of an ``s3://`` dataset's files (its manifest's, else the store's listing) and
+    whether it has a manifest; one line naming ``flag`` for a missing bucket, bad credentials (exit 2) or an
+    unreachable store (75)."""
+    from rloo.storage import Location, read_manifest
+    from rloo.storage.errors import prefixed
     from rloo.storage.manifest import MANIFEST_NAME
+    from rloo.storage.prefix import list_objects
 
     try:
         loc = Location.parse(name)
-        backend = backend_for(loc)
-        data = backend.read_bytes(MANIFEST_NAME)
-        if data is None:
-            backend.check_access(create=False)  # a missing bucket or bad credentials say so
-        manifest = None if data is None else Manifest.from_json(data, loc.uri)
+        listed = list_objects(loc)
+        if MANIFEST_NAME in listed:
+            return [f.path for f in read_manifest(loc).files], True
     except UserError as e:
-        raise UserError(f"--dataset_name {name}: {e}") from None
-    if manifest is None:
-        raise UserError(f"--dataset_name {name}: no {MANIFEST_NAME} at this prefix; {_upload_hint(name)}")
-    return manifest
+        raise prefixed(e, f"{flag} {name}") from None
+    if not listed:
+        raise UserError(
+            f"{flag} {name}: no objects under this prefix; check the URI (keys are case-sensitive)."
+        )
+    return list(listed), False
 
 
 def check_dataset_source(name: str, *, flag: str = "--dataset_name") -> None:
-    """Without reading any rows: a local dataset directory must exist and an ``s3://`` prefix must hold a
-    complete upload (its manifest, with data files); a Hub id passes. One-line UserErrors naming ``flag``."""
+    """Without reading any rows: a local dataset directory must exist and an ``s3://`` prefix must hold data
+    files in a Hub layout (an upload's manifest is read, not checked: the read checks it); a Hub id passes.
+    One-line UserErrors naming ``flag``."""
     kind = source_kind(name)
     if kind == "hub":
         return
+    if kind == "s3":
+        paths, _ = _s3_paths(name, flag)
+        if not data_file_paths(paths):
+            raise _no_data_files(name, flag, paths)
+        return
+    if not local_source_path(name).is_dir():
+        raise UserError(
+            f"{flag} {name}: no such directory; pass a local dataset directory, an s3:// prefix or a Hub id."
+        )
+
+
+def fetch_s3_dataset(name: str) -> tuple[Path, ReadPrefix]:
+    """Download an ``s3://`` dataset's data files into this machine's cache directory for that URI, once:
+    processes of one machine share it (a file lock), later reads of an unchanged prefix reuse it. An upload
+    with a manifest is verified against it (SHA-256 of every file); a prefix without one is read as listed.
+    Returns the directory and what was read."""
+    from rloo.storage.errors import prefixed
+    from rloo.storage.prefix import cached_prefix
+
+    check_dataset_source(name)  # one line for an empty prefix or one without data files
     try:
-        if kind == "s3":
-            manifest = _s3_manifest(name)
-            if not data_file_paths(f.path for f in manifest.files):
-                raise UserError(
-                    f"--dataset_name {name}: the upload holds no data files; expected data/<split>-*.parquet or "
-                    ".jsonl files."
-                )
-            return
-        if not local_source_path(name).is_dir():
-            raise UserError(
-                f"--dataset_name {name}: no such directory; pass a local dataset directory, an s3:// upload or "
-                "a Hub id."
-            )
-    except UserError as e:
-        raise UserError(str(e).replace("--dataset_name", flag, 1)) from None
-
-
-def fetch_s3_dataset(name: str) -> tuple[Path, dict[str, str]]:
-    """Download an ``s3://`` dataset (verified against its manifest) into this machine's cache directory for
-    that URI, once: processes of one machine share it (a file lock), later reads find the verified copy.
-    Returns the directory and the verified SHA-256 of each file."""
-    import fcntl
-
-    from rloo.storage import download_dir
-
-    _s3_manifest(name)  # a prefix without one is refused in one line, with how to upload it
-    uri = name.strip().rstrip("/")
-    dest = Path(tempfile.gettempdir()) / "rloo-datasets" / hashlib.sha256(uri.encode()).hexdigest()[:16]
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    with open(dest.parent / f"{dest.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            manifest = download_dir(uri, dest, progress=False, overwrite=True)
-        except UserError as e:  # a tampered or damaged file: its SHA-256 does not match the manifest
-            raise UserError(f"--dataset_name {name}: {e}") from None
-    return dest, {f.path: f.sha256 for f in manifest.files}
+        return cached_prefix(name.strip().rstrip("/"), "rloo-datasets", select=data_file_paths)
+    except UserError as e:  # a tampered or damaged file (its SHA-256 does not match the manifest), ...
+        raise prefixed(e, f"--dataset_name {name}") from None
 
 
 @functools.lru_cache(maxsize=64)
@@ -326,9 +469,9 @@ def read_split(
             columns = _load_hub(name, config, split)
         _remember(DatasetRecord(name, split, "hub", name, _hub_commit(name), config, num_rows(columns)))
         return columns, split
-    known: dict[str, str] | None = None
+    read: ReadPrefix | None = None
     if kind == "s3":
-        root, known = fetch_s3_dataset(name)
+        root, read = fetch_s3_dataset(name)
         source = name.strip().rstrip("/")
     else:
         check_dataset_source(name)  # the directory must be there
@@ -336,9 +479,7 @@ def read_split(
         source = str(root.resolve())
     splits = local_splits(root)
     if not splits:
-        raise UserError(
-            f"--dataset_name {name}: no data files found; expected data/<split>-*.parquet or .jsonl files."
-        )
+        raise _no_data_files(name, "--dataset_name", _scan(root))
     if split not in splits:
         if fallback_split is None or fallback_split not in splits:
             raise UserError(
@@ -348,12 +489,26 @@ def read_split(
         log.warning("dataset has no split %r; using %r for it", split, fallback_split)
         split = fallback_split
     columns = _read_files(splits[split])
-    _remember(
-        DatasetRecord(
-            name, split, kind, source, _local_digest(root, splits, known), config, num_rows(columns)
-        )
-    )
+    _remember(_described(name, split, kind, source, root, splits, read, config, num_rows(columns)))
     return columns, split
+
+
+def _described(
+    name: str,
+    split: str,
+    kind: SourceKind,
+    source: str,
+    root: Path,
+    splits: dict[str, list[Path]],
+    read: ReadPrefix | None,
+    config: str | None,
+    rows: int | None = None,
+) -> DatasetRecord:
+    """The record of split ``split`` of the dataset in directory ``root`` (``read``: what its store listed,
+    for a downloaded one): the digest over every split's files, the files of this split."""
+    files = _local_files(root, splits, read)
+    mine = tuple(files[f.relative_to(root).as_posix()] for f in splits.get(split, []))
+    return DatasetRecord(name, split, kind, source, _digest_of(files), config, rows, mine)
 
 
 def num_rows(columns: dict[str, list[Any]]) -> int:
@@ -377,15 +532,31 @@ def dataset_record(name: str, split: str, *, config: str | None = None) -> Datas
     if kind == "hub":
         return DatasetRecord(name, split, "hub", name, None, config)
     if kind == "s3":
-        manifest = _s3_manifest(name)
-        sha = {f.path: (f.size, f.sha256) for f in manifest.files}
-        entries = [(p, *sha[p]) for p in data_file_paths(sha)]
-        return DatasetRecord(name, split, "s3", name.strip().rstrip("/"), files_digest(entries), config)
+        return _s3_record(name, split, config)
     check_dataset_source(name)
     root = local_source_path(name)
-    return DatasetRecord(
-        name, split, "local", str(root.resolve()), _local_digest(root, local_splits(root)), config
-    )
+    return _described(name, split, "local", str(root.resolve()), root, local_splits(root), None, config)
+
+
+def _s3_record(name: str, split: str, config: str | None) -> DatasetRecord:
+    """The record of an ``s3://`` dataset not read in this process: an upload's manifest says every SHA-256
+    without a download; a prefix without one is read (into the machine's cache) to learn them."""
+    from rloo.storage import Location, read_manifest
+
+    uri = name.strip().rstrip("/")
+    paths, manifested = _s3_paths(name, "--dataset_name")
+    if not manifested:
+        root, read = fetch_s3_dataset(name)
+        return _described(name, split, "s3", uri, root, local_splits(root), read, config)
+    loc = Location.parse(uri)
+    manifest = read_manifest(loc)
+    below = f"{manifest.root}/" if manifest.root else ""
+    files = {
+        p: ReadFile(p, manifest.by_path[p].size, manifest.by_path[p].sha256, None, loc.object_key(below + p))
+        for p in data_file_paths(paths)
+    }
+    mine = tuple(files[p] for p in hub_splits(paths).get(split, []))
+    return DatasetRecord(name, split, "s3", uri, _digest_of(files), config, None, mine)
 
 
 def load_prompt_dataset(

@@ -115,18 +115,81 @@ def local_model_dir(
 
 def check_model_source(flag: str, path: str) -> None:
     """The loader's check: one line for a model argument that cannot be loaded from where it points. A Hub id
-    passes (transformers resolves it), an ``s3://`` prefix is refused (it is not loaded directly), a local
-    path must be a model directory or LoRA adapter (:func:`local_model_dir`). Which of the three ``path`` is:
+    passes (transformers resolves it), an ``s3://`` prefix must hold a model (:func:`check_model_prefix`; it
+    is fetched into this machine's scratch before loading), a local path must be a model directory or LoRA
+    adapter (:func:`local_model_dir`). Which of the three ``path`` is:
     :func:`rloo.storage.location.source_kind` (``gpt2`` and ``org/name`` are Hub ids, ``./gpt2`` a path)."""
     kind = source_kind(path)
     if kind == "hub":
         return  # transformers resolves it (and reports its own failure, wrapped below)
     if kind == "s3":
-        raise UserError(
-            f"--{flag} {path}: an s3:// model is not loaded directly; give a Hub id or a local directory "
-            "(download the upload first, e.g. with rloo.storage.download_dir)."
-        )
+        check_model_prefix(flag, path)
+        return
     local_model_dir(flag, path)
+
+
+def model_files(paths: Iterable[str]) -> list[str]:
+    """What ``from_pretrained`` reads of a model prefix, from its objects' relative paths: the top-level files
+    but hidden ones. Nested prefixes (a run's ``checkpoint-N/``, a Hub repo's ``original/`` weights) stay
+    where they are."""
+    return sorted(p for p in paths if "/" not in p and not p.startswith("."))
+
+
+def check_model_prefix(flag: str, uri: str, *, adapter: bool = True) -> None:
+    """An ``s3://`` model, whoever wrote it: an rloo upload must match its manifest (every file there with its
+    size); a prefix without one (``aws s3 cp --recursive`` of a ``save_pretrained`` directory) must hold a
+    ``config.json`` (or, with ``adapter``, an ``adapter_config.json``) at its top. Lists the prefix, reads no
+    weights. One line naming ``--flag``: exit 2 for a bad or missing prefix, 75 for a store out of reach."""
+    from rloo.storage import MANIFEST_NAME, verify_prefix
+    from rloo.storage.errors import prefixed
+    from rloo.storage.prefix import list_objects
+
+    try:
+        listed = list_objects(uri)
+        names = [f.path for f in verify_prefix(uri).files] if MANIFEST_NAME in listed else list(listed)
+    except UserError as e:
+        raise prefixed(e, f"--{flag} {uri}") from None
+    if not names:
+        raise UserError(
+            f"--{flag} {uri}: no objects under this prefix; check the URI (keys are case-sensitive)."
+        )
+    if not holds_model_config(model_files(names), adapter=adapter):
+        what = f"config.json or {ADAPTER_CONFIG}" if adapter else "config.json"
+        raise UserError(
+            f"--{flag} {uri}: no {what} at the top of this prefix: not a transformers model; copy a "
+            f"save_pretrained directory there (aws s3 cp --recursive DIR {uri.rstrip('/')}/)."
+        )
+
+
+# Where fetched s3:// models are kept on a machine (below its scratch: the step's emptyDir in a pod)
+MODEL_CACHE_AREA = "rloo-models"
+
+
+def local_model_path(flag: str, path: str) -> str:
+    """``path`` itself for a Hub id or a local directory; for an ``s3://`` model, the directory on this
+    machine it is fetched into first (:func:`check_model_prefix`, then :func:`rloo.storage.prefix.
+    cached_prefix`: once per machine, the ranks of a node share it; an rloo upload verified against its
+    manifest, any other prefix read as listed)."""
+    if source_kind(path) != "s3":
+        return path
+    from rloo.storage.errors import prefixed
+    from rloo.storage.prefix import cached_prefix
+
+    check_model_prefix(flag, path)
+    try:
+        local, read = cached_prefix(path.strip().rstrip("/"), MODEL_CACHE_AREA, select=model_files)
+    except UserError as e:  # a damaged upload (SHA-256), a prefix rewritten during the read (75), ...
+        raise prefixed(e, f"--{flag} {path}") from None
+    log.info(
+        "--%s %s: read %d files (%.1f MB, %s) into %s",
+        flag,
+        path,
+        len(read.files),
+        sum(f.size for f in read.files) / 1e6,
+        "verified against its manifest" if read.manifest else "no manifest: sizes checked as listed",
+        local,
+    )
+    return str(local)
 
 
 def check_model_files(
@@ -140,9 +203,10 @@ def check_model_files(
     import json
 
     check_model_source(flag, path)
-    if source_kind(path) != "local":
+    kind = source_kind(path)
+    if kind == "hub":
         return
-    p = local_source_path(path)
+    p = Path(local_model_path(flag, path)) if kind == "s3" else local_source_path(path)
     for name in ("config.json", ADAPTER_CONFIG):
         if (p / name).is_file():
             try:
@@ -167,7 +231,9 @@ def check_model_files(
         load_tokenizer(path, flag=flag, trust_remote_code=trust_remote_code)
 
 
-def _wrap_load(flag: str, path: str, fn: Any) -> Any:
+def _wrap_load(flag: str, path: str, fn: Any, *, shown: str | None = None) -> Any:
+    """``fn()``, which loads from ``path``, with its failures as one line naming ``--flag`` and ``shown``
+    (where the user's argument pointed: the ``s3://`` URI of a fetched copy)."""
     check_model_source(flag, path)
     try:
         return fn()
@@ -176,8 +242,8 @@ def _wrap_load(flag: str, path: str, fn: Any) -> Any:
     except Exception as e:  # corrupt weights, missing files, network: all one line for the user
         first = (str(e).strip().splitlines() or [""])[0][:300]
         raise UserError(
-            f"--{flag} {path}: cannot load it ({type(e).__name__}: {first}); check that it is a complete, "
-            "uncorrupted save_pretrained output (re-download or re-save it)."
+            f"--{flag} {shown or path}: cannot load it ({type(e).__name__}: {first}); check that it is a "
+            "complete, uncorrupted save_pretrained output (re-download or re-save it)."
         ) from None
 
 
@@ -185,10 +251,14 @@ def load_tokenizer(path: str, *, flag: str = "model_name_or_path", trust_remote_
     """The tokenizer, left-padding (for generation), with pad = eos when it has no pad token."""
     from transformers import AutoTokenizer
 
+    local = local_model_path(flag, path)
     tok = _wrap_load(
         flag,
-        path,
-        lambda: AutoTokenizer.from_pretrained(path, padding_side="left", trust_remote_code=trust_remote_code),
+        local,
+        lambda: AutoTokenizer.from_pretrained(
+            local, padding_side="left", trust_remote_code=trust_remote_code
+        ),
+        shown=path,
     )
     if tok.eos_token_id is None:
         raise UserError(
@@ -222,14 +292,16 @@ def load_causal_lm(
     what ``rloo train --use_peft`` writes) loads its base model and merges the adapter in."""
     from transformers import AutoModelForCausalLM
 
-    if (Path(path).expanduser() / ADAPTER_CONFIG).is_file():
-        return _load_adapter(path, flag=flag, trust_remote_code=trust_remote_code, dtype=dtype)
+    local = local_model_path(flag, path)
+    if (Path(local).expanduser() / ADAPTER_CONFIG).is_file():
+        return _load_adapter(local, flag=flag, trust_remote_code=trust_remote_code, dtype=dtype)
     model = _wrap_load(
         flag,
-        path,
+        local,
         lambda: AutoModelForCausalLM.from_pretrained(
-            path, dtype=dtype, trust_remote_code=trust_remote_code, **from_pretrained
+            local, dtype=dtype, trust_remote_code=trust_remote_code, **from_pretrained
         ),
+        shown=path,
     )
     check_finite_weights(model, flag=flag, path=path)
     disable_dropout(model)
@@ -272,34 +344,39 @@ def load_reward_model(
     from transformers import AutoModelForSequenceClassification
 
     flag = "reward_model_path"
+    local = local_model_path(flag, path)  # an s3:// reward model: fetched into this machine's scratch first
     model = _wrap_load(
         flag,
-        path,
+        local,
         lambda: AutoModelForSequenceClassification.from_pretrained(
-            path, num_labels=1, dtype=dtype, trust_remote_code=trust_remote_code
+            local, num_labels=1, dtype=dtype, trust_remote_code=trust_remote_code
         ),
+        shown=path,
     )
     check_finite_weights(model, flag=flag, path=path)
-    tok = load_reward_tokenizer(path, flag=flag, trust_remote_code=trust_remote_code)
+    tok = load_reward_tokenizer(local, flag=flag, trust_remote_code=trust_remote_code, shown=path)
     model.config.pad_token_id = tok.pad_token_id
     model.eval().requires_grad_(False)
     return model, tok
 
 
 def load_reward_tokenizer(
-    path: str, *, flag: str = "reward_model_path", trust_remote_code: bool = False
+    path: str, *, flag: str = "reward_model_path", trust_remote_code: bool = False, shown: str | None = None
 ) -> Any:
     """A reward model's tokenizer: right padding (:func:`last_token_scores` reads each row's last real
     token), pad = eos when it has no pad token, and long inputs cut on the left: the completion, which is
-    what is being scored, sits at the end."""
+    what is being scored, sits at the end. ``shown``: the argument to name in errors, when ``path`` is the
+    local copy of it."""
     from transformers import AutoTokenizer
 
+    local = local_model_path(flag, path)
     tok = _wrap_load(
         flag,
-        path,
+        local,
         lambda: AutoTokenizer.from_pretrained(
-            path, padding_side="right", trust_remote_code=trust_remote_code
+            local, padding_side="right", trust_remote_code=trust_remote_code
         ),
+        shown=shown or path,
     )
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token

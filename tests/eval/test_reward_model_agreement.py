@@ -8,6 +8,8 @@ import contextlib
 import io
 import json
 import math
+import tempfile
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,7 @@ from rloo.eval.reward_model import scoring_text
 from rloo.eval.runner import run_eval
 from rloo.eval.stats import rm_agreement, rm_agreement_record, summarize_reward_model
 from rloo.pipeline.reports import eval_markdown
+from tests.fixtures.servers import S3Server, use_s3
 
 NUM_EXAMPLES = 12
 NEW_KEYS = {"judge_rm_agreement"}  # top level of eval_results.json
@@ -206,8 +209,79 @@ def test_a_missing_reward_model_fails_in_one_line_before_generation(
         run_eval(cfg, engine=NoGeneration())
     assert "\n" not in str(err.value) and judge.requests == asked  # not even the judge's preflight
     assert not (tmp_path / "out").exists()
-    with pytest.raises(UserError, match=r"^--reward_model_path 's3://b/rm': object storage"):
-        EvalConfig(**{**cfg.to_dict(), "reward_model_path": "s3://b/rm"})
+    with pytest.raises(UserError, match=r"^--reward_model_path 'gs://b/rm': only s3:// URIs and local paths"):
+        EvalConfig(**{**cfg.to_dict(), "reward_model_path": "gs://b/rm"})
+
+
+def _copy_up(server: S3Server, local: Path, prefix: str) -> str:
+    """``local``'s files put one by one with plain boto3, as `aws s3 cp --recursive` does: no manifest."""
+    client = server.client()
+    for f in sorted(local.rglob("*")):
+        if f.is_file():
+            client.upload_file(str(f), server.bucket, f"{prefix}/{f.relative_to(local).as_posix()}")
+    return f"s3://{server.bucket}/{prefix}"
+
+
+def test_an_s3_reward_model_scores_as_the_local_one(
+    runs: dict,
+    tiny_setup: TinySetup,
+    toy_eval: Path,
+    judge: Any,
+    s3_server: S3Server,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    """An air-gapped cluster's reward model lives in object storage, copied there with any tool: the evaluation
+    fetches it into the machine's scratch before it loads it (the top-level files that transformers'
+    from_pretrained reads, huggingface/transformers src/transformers/modeling_utils.py) and scores every pair
+    exactly as the local directory does."""
+    server = use_s3(s3_server, monkeypatch)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "scratch"))
+    (tmp_path / "scratch").mkdir()
+    uri = _copy_up(server, tiny_setup.reward_model, f"rm-{uuid.uuid4().hex[:8]}")
+    out = tmp_path / "out"
+    assert main(argv(tiny_setup, toy_eval, judge.base_url, out, "--reward_model_path", uri)) == 0
+    results, lines = read(out)
+    want_results, want_lines = read(runs["with"])
+    assert [ex["rm_scores"] for ex in lines] == [ex["rm_scores"] for ex in want_lines]
+    got, want = results["judge_rm_agreement"], want_results["judge_rm_agreement"]
+    assert got.pop("reward_model") == uri  # the store's name, not the scratch copy's
+    assert want.pop("reward_model") == str(tiny_setup.reward_model) and got == want
+    assert results["settings"]["reward_model_path"] == uri
+    (copy,) = [p for p in (tmp_path / "scratch" / "rloo-models").iterdir() if p.is_dir()]
+    assert {p.name for p in copy.iterdir()} >= {"config.json", "model.safetensors"}
+
+
+def test_an_s3_reward_model_that_is_none_fails_before_generation(
+    tiny_setup: TinySetup,
+    toy_eval: Path,
+    judge: Any,
+    s3_server: S3Server,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    """A prefix without config.json at its top (weights copied without their config): one line, exit 2,
+    before the judge or the generation is asked anything."""
+    server = use_s3(s3_server, monkeypatch)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    prefix = f"rm-{uuid.uuid4().hex[:8]}"
+    server.client().put_object(Bucket=server.bucket, Key=f"{prefix}/model.safetensors", Body=b"w")
+    uri = f"s3://{server.bucket}/{prefix}"
+    cfg = EvalConfig(
+        model_name_or_path=str(tiny_setup.policy),
+        dataset_name=str(toy_eval),
+        judge_base_url=judge.base_url,
+        judge_model=MODEL,
+        output_dir=str(tmp_path / "out"),
+        report_to="none",
+        reward_model_path=uri,
+    )
+    asked = judge.requests
+    with pytest.raises(
+        UserError, match=rf"^--reward_model_path {uri}: no config\.json or adapter_config\.json at the top"
+    ) as err:
+        run_eval(cfg, engine=NoGeneration())
+    assert err.value.exit_code == 2 and judge.requests == asked
 
 
 def test_agreement_counts_decided_pairs_only() -> None:

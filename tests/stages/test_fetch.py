@@ -1,14 +1,18 @@
-"""The fetch step: the SFT model copied to the run's store as a verified upload, a Hub id pinned to a commit."""
+"""The fetch step: the SFT model copied to the run's store as a verified upload, a Hub id pinned to a commit,
+an s3:// prefix read whoever wrote it."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import uuid
 from pathlib import Path
 
 import pytest
 
 from rloo.errors import UserError
 from rloo.stages.fetch import fetch_model, manifest_digest
+from tests.fixtures.servers import S3Server, use_s3
 from tests.stages.test_validate import PinnedHub
 
 
@@ -65,3 +69,82 @@ def test_fetch_pins_a_hub_model_to_its_resolved_commit(tmp_path: Path) -> None:
     from rloo.pipeline.reports import fetch_markdown
 
     assert tag in fetch_markdown({"source": "org/sft", "revision": tag})
+
+
+def test_fetch_an_s3_model_copied_with_plain_boto3(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, s3_server: S3Server
+) -> None:
+    """A save_pretrained directory copied up as `aws s3 cp --recursive` does (plain PutObject per file, no
+    _MANIFEST.json) is fetched: its top-level files, which transformers' from_pretrained reads
+    (huggingface/transformers src/transformers/modeling_utils.py), not the nested checkpoint-N/ of the run
+    that wrote it nor hidden files. The artifact records each file read with its key, size, SHA-256 and ETag
+    (ListObjectsV2's entity tag, AWS S3 API reference: an MD5 only for single-part unencrypted uploads, so
+    recorded, never compared); the published copy is the same model as a fetch of the same local files."""
+    server = use_s3(s3_server, monkeypatch)
+    client, prefix = server.client(), f"copied-{uuid.uuid4().hex[:8]}"
+    files = {
+        "config.json": b'{"model_type": "gpt2"}',
+        "model.safetensors": b"w" * 1000,
+        "tokenizer.json": b"{}",
+    }
+    etags = {
+        name: client.put_object(Bucket=server.bucket, Key=f"{prefix}/{name}", Body=body)["ETag"].strip('"')
+        for name, body in files.items()
+    }
+    client.put_object(Bucket=server.bucket, Key=f"{prefix}/checkpoint-5/model.safetensors", Body=b"old" * 500)
+    client.put_object(Bucket=server.bucket, Key=f"{prefix}/.cache/lock", Body=b"")
+    source = f"s3://{server.bucket}/{prefix}"
+    meta = fetch_model(source, str(tmp_path / "store" / "sft"))
+    assert sorted(p.name for p in (tmp_path / "store" / "sft").iterdir()) == [
+        "_MANIFEST.json",
+        *sorted(files),
+    ]
+    assert (
+        meta["source_manifest"] is False
+        and meta["num_files"] == 3
+        and meta["total_bytes"] == sum(map(len, files.values()))
+    )
+    assert meta["source_files"] == [
+        {
+            "path": name,
+            "size": len(files[name]),
+            "sha256": hashlib.sha256(files[name]).hexdigest(),
+            "etag": etags[name],
+            "key": f"{prefix}/{name}",
+        }
+        for name in sorted(files)
+    ]
+    local = tmp_path / "local"
+    local.mkdir()
+    for name, body in files.items():
+        (local / name).write_bytes(body)
+    assert (
+        fetch_model(str(local), str(tmp_path / "store2" / "sft"))["manifest_digest"]
+        == meta["manifest_digest"]
+    )
+    assert json.loads(json.dumps(meta)) == meta  # the KFP artifact's metadata is JSON
+
+
+def test_fetch_an_s3_prefix_that_holds_no_model_or_a_damaged_upload(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, s3_server: S3Server
+) -> None:
+    """No config.json at the prefix's top: one line, exit 2, before any download. An rloo upload whose file
+    was changed after publishing still fails its SHA-256 check against the manifest."""
+    server = use_s3(s3_server, monkeypatch)
+    client, prefix = server.client(), f"bad-{uuid.uuid4().hex[:8]}"
+    client.put_object(Bucket=server.bucket, Key=f"{prefix}/weights/model.safetensors", Body=b"w")
+    with pytest.raises(
+        UserError, match=r"^--model s3://\S+: no config\.json at the top of this prefix"
+    ) as err:
+        fetch_model(f"s3://{server.bucket}/{prefix}", str(tmp_path / "out"))
+    assert err.value.exit_code == 2 and not (tmp_path / "out").exists()
+    src = tmp_path / "sft"
+    src.mkdir()
+    (src / "config.json").write_text("{}")
+    (src / "model.safetensors").write_bytes(b"w" * 100)
+    published = f"s3://{server.bucket}/{prefix}/published"
+    fetch_model(str(src), published)
+    key = f"{prefix}/published/model.safetensors"
+    client.put_object(Bucket=server.bucket, Key=key, Body=b"x" * 100)  # same size: only the SHA-256 tells
+    with pytest.raises(UserError, match="fails its SHA-256 check"):
+        fetch_model(published, str(tmp_path / "out2"))

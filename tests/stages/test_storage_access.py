@@ -97,7 +97,7 @@ def test_fetch_step_fails_in_one_line_without_a_traceback(
 def test_the_validate_step_refuses_an_s3_dataset_that_is_not_a_complete_upload(
     aws: S3Server, tmp_path: Path
 ) -> None:
-    """A dataset prefix without its manifest fails in the validate step, naming the parameter, before any GPU."""
+    """A dataset prefix that holds no data fails in the validate step, naming the parameter, before any GPU."""
     from rloo.storage import upload_dir
 
     data = tmp_path / "prompts" / "data"
@@ -110,5 +110,5 @@ def test_the_validate_step_refuses_an_s3_dataset_that_is_not_a_complete_upload(
     build_plan(good(output_uri=output, dataset_name=uploaded, eval_dataset_name=uploaded))
     bare = f"s3://{aws.bucket}/validate-datasets/{tmp_path.name}/bare"
     for name in ("dataset_name", "eval_dataset_name"):
-        with pytest.raises(UserError, match=rf"^{name} {bare}: no _MANIFEST.json at this prefix"):
+        with pytest.raises(UserError, match=rf"^{name} {bare}: no objects under this prefix"):
             build_plan(good(output_uri=output, **{name: bare}))

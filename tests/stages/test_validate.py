@@ -173,18 +173,50 @@ def test_model_source_checks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     check_pipeline_model("org/model", hub=True, hub_api=FakeHub(ConnectionError("no route")))  # logged only
 
 
-def test_model_source_s3_needs_a_complete_upload(
+def test_model_source_s3_holds_a_model_whoever_wrote_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, s3_server: S3Server
 ) -> None:
+    """An s3:// SFT model copied up with plain boto3 (`aws s3 cp --recursive` of a save_pretrained
+    directory: no _MANIFEST.json) passes when config.json is at its top, as transformers'
+    PreTrainedModel.from_pretrained reads it (huggingface/transformers src/transformers/modeling_utils.py:
+    CONFIG_NAME in the directory given); an rloo upload must still match its manifest (a file lost after
+    publishing is caught); an empty prefix or one without config.json is one line, exit 2."""
     server = use_s3(s3_server, monkeypatch)
+    client, base = server.client(), f"{tmp_path.name}-{id(tmp_path):x}"
+    copied = f"s3://{server.bucket}/{base}/copied"
+    with pytest.raises(UserError, match=r"^model s3://\S+/copied: no objects under this prefix") as err:
+        check_pipeline_model(copied)
+    assert err.value.exit_code == 2
+    client.put_object(Bucket=server.bucket, Key=f"{base}/copied/model.safetensors", Body=b"w")
+    client.put_object(Bucket=server.bucket, Key=f"{base}/copied/nested/config.json", Body=b"{}")
+    with pytest.raises(UserError, match=r"^model s3://\S+/copied: no config\.json at the top of this prefix"):
+        check_pipeline_model(copied)
+    client.put_object(Bucket=server.bucket, Key=f"{base}/copied/config.json", Body=b"{}")
+    check_pipeline_model(copied)
+    # an rloo upload: verified against its manifest
     src = tmp_path / "sft"
     src.mkdir()
     (src / "config.json").write_text("{}")
-    target = f"s3://{server.bucket}/{tmp_path.name}/sft"
-    with pytest.raises(UserError, match=r"has no _MANIFEST\.json"):
-        check_pipeline_model(target)
-    fetch_model(str(src), target)
-    check_pipeline_model(target)
+    (src / "model.safetensors").write_bytes(b"w" * 10)
+    published = f"s3://{server.bucket}/{base}/published"
+    fetch_model(str(src), published)
+    check_pipeline_model(published)
+    client.delete_object(Bucket=server.bucket, Key=f"{base}/published/model.safetensors")
+    with pytest.raises(
+        UserError,
+        match=r"^model s3://\S+/published: .* does not match its manifest \(missing: model\.safetensors\)",
+    ):
+        check_pipeline_model(published)
+
+
+def test_an_s3_reward_model_is_trained_with_and_monitored() -> None:
+    """An air-gapped cluster keeps its reward model in object storage: training takes the s3:// prefix (each
+    pod fetches it into its scratch) and the evaluation scores the judged pairs with it too. The plan is built
+    without asking the store (rloo pipeline submit builds it where the cluster's store is out of reach)."""
+    plan = build_plan(good(reward_model_path="s3://models/rm"), check_paths=False)
+    assert plan.train["reward_model_path"] == "s3://models/rm" == plan.eval["reward_model_path"]
+    with pytest.raises(UserError, match=r"^reward_model_path: invalid S3 bucket name"):
+        build_plan(good(reward_model_path="s3://Bad_Bucket/rm"), check_paths=False)
 
 
 def test_evaluation_scores_with_the_training_reward_model() -> None:

@@ -63,7 +63,18 @@ def test_train_run_records_its_s3_dataset(
     assert record.digest is not None and record.digest.startswith("sha256:")
     assert dataset.name == "toy:train" and dataset.digest == record.digest.removeprefix("sha256:")[:12]
     assert dataset.source_type == "s3" and json.loads(dataset.source) == {"uri": uri}
-    assert json.loads(dataset.profile) == {"split": "train", "num_rows": 16, "digest": record.digest}
+    profile = json.loads(dataset.profile)
+    assert profile == {
+        "split": "train",
+        "num_rows": 16,
+        "digest": record.digest,
+        "files": [f.to_dict() for f in record.files],
+    }
+    # the upload's files as its manifest lists them, with the keys and ETags the store holds them under
+    (only,) = profile["files"]
+    head = server.client().head_object(Bucket=server.bucket, Key=only["key"])
+    assert only["path"] == "data/train-00000-of-00001.parquet" and only["etag"] == head["ETag"].strip('"')
+    assert only["size"] == head["ContentLength"]
     assert tags == {"mlflow.data.context": "training"}
     # beside the model, for its card: the record as the trainer read it, whatever the config says later
     from rloo.data import TRAINING_DATASET_FILE, DatasetRecord
@@ -104,3 +115,40 @@ def test_hub_and_local_datasets_are_recorded_too(tracking_env: MlflowServer, tmp
             assert (dataset.name, dataset.source_type) == ("prompts:test", "local")
             assert json.loads(dataset.source) == {"uri": local.resolve().as_uri()}
             assert record.digest is not None and dataset.digest == record.digest[len("sha256:") :][:12]
+
+
+def test_an_s3_dataset_copied_without_rloo_is_recorded_file_by_file(
+    tracking_env: MlflowServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A dataset a data team copied up with plain boto3 (`aws s3 cp`: no _MANIFEST.json) is the run's dataset
+    input all the same: source s3 (mlflow/data/artifact_dataset_sources.py's {"uri": ...}), the profile
+    listing each file read with its key, size, ETag (ListObjectsV2's entity tag, AWS S3 API reference) and
+    SHA-256. Its split is the datasets library's (huggingface/datasets src/datasets/data_files.py: a
+    keyword in the file name)."""
+    import hashlib
+
+    server = use_s3(tracking_env.s3, monkeypatch)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    prefix = f"copied-{uuid.uuid4().hex[:8]}"
+    body = b'{"prompt": "p", "completion": "c"}\n'
+    etag = server.client().put_object(Bucket=server.bucket, Key=f"{prefix}/eval.jsonl", Body=body)["ETag"]
+    uri = f"s3://{server.bucket}/{prefix}"
+    sink = MlflowSink(experiment=f"test-{uuid.uuid4().hex[:8]}", system_metrics_interval=None)
+    sink.open(tmp_path / "run")
+    sink.log_params({"dataset_name": uri, "dataset_config": None, "dataset_split": "test"})
+    sink.finish()
+    dataset, tags = _only_input(MlflowClient(tracking_env.uri), sink.run_id)  # type: ignore[arg-type]
+    assert tags == {"mlflow.data.context": "evaluation"}
+    assert (dataset.name, dataset.source_type, json.loads(dataset.source)) == (
+        f"{prefix}:test",
+        "s3",
+        {"uri": uri},
+    )
+    (read,) = json.loads(dataset.profile)["files"]
+    assert read == {
+        "path": "eval.jsonl",
+        "key": f"{prefix}/eval.jsonl",
+        "size": len(body),
+        "etag": etag.strip('"'),
+        "sha256": hashlib.sha256(body).hexdigest(),
+    }

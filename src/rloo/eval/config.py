@@ -30,13 +30,13 @@ class EvalConfig:
     )
     dataset_name: str | None = option(
         None,
-        "Hub dataset id, local directory or s3:// upload of one, made with rloo.storage.upload_dir (prompt + "
-        "completion columns, or chat 'messages').",
+        "Hub dataset id, local directory or s3:// prefix in a Hub dataset layout, written by any tool (prompt "
+        "+ completion columns, or chat 'messages').",
         pipeline=Exposed(
             "eval_dataset_name",
             required=True,
-            help="Evaluation prompts with reference completions: Hub id, directory, or s3://bucket/prefix upload "
-            "of one (rloo.storage.upload_dir). Recorded as the eval run's MLflow dataset.",
+            help="Evaluation prompts with reference completions: Hub id, directory, or s3://bucket/prefix in a "
+            "Hub dataset layout (any tool's upload). Recorded, file by file, as the eval run's MLflow dataset.",
         ),
     )
     dataset_config: str | None = option(None, "Dataset configuration (subset) name, for Hub datasets.")
@@ -50,7 +50,8 @@ class EvalConfig:
     )
     reward_model_path: str | None = option(
         None,
-        "Sequence-classification reward model (Hub id or local dir, as 'rloo train --reward_model_path'): scores "
+        "Sequence-classification reward model (Hub id, local dir or s3:// prefix, as 'rloo train "
+        "--reward_model_path'): scores "
         "both sides of every judged pair (in batches of --generation_batch_size) and reports how often it "
         "agrees with the judge (judge_rm_agreement), a reward-hacking monitor. The pipeline uses training's.",
     )
@@ -127,8 +128,14 @@ class EvalConfig:
         from rloo.storage.location import require_local_or_s3, require_local_path
 
         fetch = "give a Hub id or a local directory (download an s3:// upload first, e.g. 'aws s3 sync')."
-        for name in ("model_name_or_path", "baseline_model", "reward_model_path"):
+        for name in ("model_name_or_path", "baseline_model"):
             require_local_path(f"--{name}", getattr(self, name), fetch)
+        # fetched into this machine's scratch before scoring (rloo.models.local_model_path), as training does
+        require_local_or_s3(
+            "--reward_model_path",
+            self.reward_model_path,
+            "give a Hub id, a local directory or s3://bucket/prefix.",
+        )
         require_local_or_s3(
             "--dataset_name", self.dataset_name, "give a Hub id, a local directory or s3://bucket/prefix."
         )

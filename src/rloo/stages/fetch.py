@@ -1,5 +1,5 @@
-"""The fetch step: the SFT model (a Hub id pinned to one commit, an ``s3://`` upload or a local directory)
-copied to the run's object storage as a verified upload, whose record the later steps read.
+"""The fetch step: the SFT model (a Hub id pinned to one commit, an ``s3://`` prefix written by any tool or a
+local directory) copied to the run's object storage as a verified upload, whose record the later steps read.
 """
 
 from __future__ import annotations
@@ -37,19 +37,25 @@ def fetch_model(
     commit once, and exactly that commit is downloaded and recorded, so a re-run or a later reader knows which
     weights were trained even if the repo moves on. ``hub_api``: an ``HfApi`` (tests pass a stand-in).
 
+    An ``s3://`` source may come from any tool: an rloo upload is verified against its manifest (every
+    SHA-256), a prefix without one (``aws s3 cp --recursive`` of a ``save_pretrained`` directory) is read as
+    listed, its top-level files only (:func:`rloo.models.model_files`).
+
     Returns the metadata of the KFP ``Model`` artifact: source, revision (the Hub commit, None for other
-    sources), uri, manifest digest, file count, bytes.
+    sources), uri, manifest digest, file count, bytes; for an ``s3://`` source also ``source_files`` (each
+    file read: key, size, the store's ETag, SHA-256) and ``source_manifest`` (whether it had one).
     """
     from rloo.models import holds_model_config
-    from rloo.storage import download_dir, upload_dir, verify_prefix
+    from rloo.storage import upload_dir, verify_prefix
     from rloo.storage.location import source_kind
 
     commit: str | None = None
+    read: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(dir=work) as tmp:
         kind = source_kind(source)
         if kind == "s3":
             local = Path(tmp) / "model"
-            download_dir(source, local, progress=False)  # verifies every SHA-256 against the manifest
+            read = _fetch_s3_model(source, local)
         elif kind == "local":
             from rloo.stages.validate import local_sft_model
 
@@ -76,7 +82,24 @@ def fetch_model(
         "manifest_digest": manifest_digest(manifest),
         "num_files": len(manifest.files),
         "total_bytes": manifest.total_bytes,
+        **read,
     }
+
+
+def _fetch_s3_model(source: str, local: Path) -> dict[str, Any]:
+    """Download the ``s3://`` model ``source`` into ``local``, whoever wrote it; what was read, for the
+    artifact's metadata. One line naming the ``model`` parameter: exit 2 for a prefix that holds no model, 75
+    for a store out of reach or a prefix rewritten during the read."""
+    from rloo.models import check_model_prefix, model_files
+    from rloo.storage.errors import prefixed
+    from rloo.storage.prefix import fetch_prefix
+
+    check_model_prefix("model", source, adapter=False)
+    try:
+        read = fetch_prefix(source, local, select=model_files)
+    except UserError as e:
+        raise prefixed(e, f"--model {source}") from None
+    return {"source_files": [f.to_dict() for f in read.files], "source_manifest": read.manifest}
 
 
 def _hf_api() -> Any:

@@ -68,14 +68,17 @@ def build_plan(params: dict[str, Any], *, check_paths: bool = True, check_hub: b
 
 
 def _reachable_from_every_step(model: str | None) -> bool:
-    """A Hub id, or a directory this step sees too. A directory baked into the training image only (not in
-    this step's) would fail the evaluation after training: the monitor is left out rather than risk that."""
+    """A Hub id, an ``s3://`` prefix (every step reads the run's store, and fetches the model into its own
+    scratch before loading it), or a directory this step sees too. A directory baked into the training image
+    only (not in this step's) would fail the evaluation after training: the monitor is left out rather than
+    risk that. Asks no store: ``rloo pipeline submit`` builds the plan where the cluster's store is out of
+    reach."""
     from rloo.storage.location import local_source_path, source_kind
 
     if not model:
         return False
     kind = source_kind(model)
-    return kind == "hub" or (kind == "local" and local_source_path(model).is_dir())
+    return kind in ("hub", "s3") or (kind == "local" and local_source_path(model).is_dir())
 
 
 def _part(cls: type, part: str, values: dict[str, Any], **fixed: Any) -> Any:
@@ -153,8 +156,10 @@ def _in_pipeline_terms(message: str, *, has_reward_model: bool) -> str:
 
 
 def _check_datasets(params: dict[str, Any]) -> None:
-    """An s3:// dataset must be a complete upload (its manifest there) before any GPU is requested; Hub ids and
-    directories are read by the stages themselves (a directory names a path inside the pods)."""
+    """An s3:// dataset must hold data files in a Hub dataset layout, whoever wrote it, before any GPU is
+    requested (:func:`rloo.data.check_dataset_source`: exit 2 for a bad or empty prefix, 75 for a store out
+    of reach); Hub ids and directories are read by the stages themselves (a directory names a path inside the
+    pods)."""
     from rloo.data import check_dataset_source
     from rloo.storage.location import source_kind
 
@@ -167,20 +172,21 @@ def check_pipeline_model(
     model: str, *, hub: bool = False, hub_api: Any = None, revision: str | None = None
 ) -> None:
     """Fail in one line when the SFT model cannot be fetched: a local path that is no model directory
-    (:func:`rloo.models.local_model_dir`, the rule of every stage), an ``s3://`` prefix without a complete
-    upload, or (``hub``) a Hub id the Hub does not know or will not serve. A Hub that cannot be reached is only
-    logged: the fetch step retries, and it may be a mirror. Which of the three ``model`` is:
-    :func:`rloo.storage.location.source_kind` (``gpt2`` is a Hub id)."""
+    (:func:`rloo.models.local_model_dir`, the rule of every stage), an ``s3://`` prefix that holds no model
+    (:func:`rloo.models.check_model_prefix`: an rloo upload that does not match its manifest, or any other
+    prefix without a ``config.json`` at its top), or (``hub``) a Hub id the Hub does not know or will not
+    serve. A Hub that cannot be reached is only logged: the fetch step retries, and it may be a mirror. Which
+    of the three ``model`` is: :func:`rloo.storage.location.source_kind` (``gpt2`` is a Hub id)."""
     from rloo.storage.location import source_kind
 
     kind = source_kind(model)
     if kind == "s3":
-        from rloo.storage import read_manifest
+        from rloo.models import check_model_prefix
 
         try:
-            read_manifest(model)
-        except UserError as e:
-            raise UserError(f"model {model}: {e}") from None
+            check_model_prefix("model", model, adapter=False)
+        except UserError as e:  # the same class: an unreachable store still exits 75
+            raise type(e)(_as_parameters(str(e), {"model": "model"})) from None
         return
     if kind == "local":
         local_sft_model(model)

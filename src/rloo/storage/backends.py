@@ -101,6 +101,10 @@ class LocalBackend:
                 out[p.relative_to(self.root).as_posix()] = p.stat().st_size
         return out
 
+    def listing(self) -> dict[str, tuple[int, str | None]]:
+        """Every file below the root: relative path -> (size, None); a directory tree has no ETags."""
+        return {rel: (size, None) for rel, size in self.sizes().items()}
+
     def children(self) -> list[str]:
         if not self.root.is_dir():
             return []
@@ -231,14 +235,19 @@ class S3Backend:
         return aborted
 
     def sizes(self) -> dict[str, int]:
+        return {rel: size for rel, (size, _etag) in self.listing().items()}
+
+    def listing(self) -> dict[str, tuple[int, str | None]]:
+        """Every object below the prefix: relative key -> (size, ETag without its quotes)."""
         prefix = self._key("")
-        out: dict[str, int] = {}
+        out: dict[str, tuple[int, str | None]] = {}
         with s3_errors("listing", self.loc, self.client):
             for page in self.client.get_paginator("list_objects_v2").paginate(
                 Bucket=self.loc.bucket, Prefix=prefix
             ):
                 for obj in page.get("Contents", []):
-                    out[obj["Key"][len(prefix) :]] = int(obj["Size"])
+                    etag = str(obj.get("ETag") or "").strip('"') or None
+                    out[obj["Key"][len(prefix) :]] = (int(obj["Size"]), etag)
         return out
 
     def children(self) -> list[str]:

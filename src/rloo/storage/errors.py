@@ -26,3 +26,12 @@ class StorageUnavailable(StorageError):
 
 class IncompleteArtifactError(StorageError):
     """A prefix has no manifest, or its files do not match it: it is not a complete, verified upload."""
+
+
+def prefixed(error: UserError, context: str) -> UserError:
+    """``error`` with ``context`` (such as ``--dataset_name s3://b/x``) before its message, of the same class:
+    a store that could not be reached still exits 75 (a retry may heal it), a bad prefix 2."""
+    try:
+        return type(error)(f"{context}: {error}")
+    except TypeError:  # a subclass with another signature: the message matters more than the class
+        return UserError(f"{context}: {error}")

@@ -2,9 +2,10 @@
 
 One entity per dataset split a stage read (:class:`rloo.data.DatasetRecord`): its name is the Hub id (or the
 directory's or prefix's name) and the split, its digest the start of the content digest (the Hub commit for
-a Hub dataset), its source what MLflow's own dataset sources write (``hugging_face``: the Hub id, config,
-split and commit, which ``mlflow.data`` can load again; ``s3`` or ``local``: the URI), and the input's
-``mlflow.data.context`` tag says what the run did with it (``training``, ``evaluation``).
+a Hub dataset), its profile the split's row count and every file read (key, size, SHA-256, the store's ETag),
+its source what MLflow's own dataset sources write (``hugging_face``: the Hub id, config, split and commit,
+which ``mlflow.data`` can load again; ``s3`` or ``local``: the URI), and the input's ``mlflow.data.context``
+tag says what the run did with it (``training``, ``evaluation``).
 """
 
 from __future__ import annotations
@@ -44,18 +45,36 @@ def _source(record: DatasetRecord) -> tuple[str, dict[str, Any]]:
     return "local", {"uri": Path(record.source).as_uri()}
 
 
+# MLflow's limit on a dataset profile (mlflow.utils.validation.MAX_DATASET_PROFILE_SIZE: a MEDIUMTEXT column)
+MAX_PROFILE_CHARS = 16_777_215
+
+
+def _profile(record: DatasetRecord) -> str:
+    """Split, rows, digest and each file read (key, size, SHA-256, the store's ETag): what the run read,
+    exactly. A file list beyond MLflow's limit keeps its first files and says how many it left out."""
+    files = [f.to_dict() for f in record.files]
+    profile: dict[str, Any] = {"split": record.split, "num_rows": record.num_rows, "digest": record.digest}
+    if files:
+        profile["files"] = files
+    text = json.dumps(profile)
+    while len(text) > MAX_PROFILE_CHARS:
+        files = files[: len(files) // 2]
+        profile |= {"files": files, "files_left_out": len(record.files) - len(files)}
+        text = json.dumps(profile)
+    return text
+
+
 def dataset_entity(record: DatasetRecord, context: str) -> Any:
     """The ``mlflow.entities.DatasetInput`` of ``record``, tagged with ``context``."""
     from mlflow.entities import Dataset, DatasetInput, InputTag
 
     source_type, source = _source(record)
-    profile = {"split": record.split, "num_rows": record.num_rows, "digest": record.digest}
     dataset = Dataset(
         name=record.display_name,
         digest=record.short_digest,
         source_type=source_type,
         source=json.dumps(source),
-        profile=json.dumps(profile),
+        profile=_profile(record),
     )
     return DatasetInput(dataset, tags=[InputTag(CONTEXT_TAG, context)])
 
