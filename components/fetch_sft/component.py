@@ -23,7 +23,7 @@ def fetch_sft(plan: str, kfp_run_id: str, sft_model: Output[Model], summary: Out
         meta = fetch.run(StagePlan.from_json(plan), kfp_run_id)
     except UserError as e:  # credentials, bucket, a bad model: one line, not a traceback
         print(f"fetching the SFT model failed: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
+        raise SystemExit(e.exit_code) from None  # 75 (a store out of reach) is retried, 2 is not
     # The weights stay in our bucket (metadata "uri"); the KFP artifact itself is only this small record, so
     # the KFP launcher never copies gigabytes between its own store and ours.
     sft_model.metadata.update(meta)

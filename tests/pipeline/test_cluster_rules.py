@@ -417,3 +417,38 @@ def test_a_workload_identity_needs_no_s3_keys() -> None:
         check_secrets(good(), _pod_env(OPENAI_API_KEY="k"))
     with pytest.raises(UserError, match="rloo-judge"):
         check_secrets(good(), _pod_env(**irsa))
+
+
+def test_the_fetch_step_exits_75_when_the_store_is_out_of_reach(tmp_path: Path, monkeypatch: Any) -> None:
+    """Argo retries the fetch step by its exit status only through KFP's retry policy, and this project's
+    steps stop every later attempt after exit 2 (``rloo.stages.retry``): a store out of reach must exit 75, a
+    retry may heal it. The real ``fetch_sft`` component through ``kfp.dsl.executor.Executor`` (what
+    ``kfp.dsl.executor_main`` runs, ``backend/src/v2/component/launcher_v2.go`` handing it its inputs)."""
+    from kfp.dsl.executor import Executor
+
+    from rloo.pipeline.compile import load_pipeline
+    from rloo.stages.validate import build_plan
+    from tests.stages.test_validate import good
+
+    load_pipeline()
+    from components.fetch_sft.component import fetch_sft
+
+    plan = build_plan(good(model="s3://models/sft", output_uri="s3://runs/rloo"), check_paths=False)
+    for key, value in {**S3_KEYS, "S3_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_MAX_ATTEMPTS": "1"}.items():
+        monkeypatch.setenv(key, value)
+    artifact = {"type": {"schemaTitle": "system.Model"}, "metadata": {}}
+    executor_input = {
+        "inputs": {"parameterValues": {"plan": plan.to_json(), "kfp_run_id": "r-1"}},
+        "outputs": {
+            "artifacts": {
+                name: {"artifacts": [{**artifact, "name": name, "uri": str(tmp_path / name)}]}
+                for name in ("sft_model", "summary")
+            },
+            "outputFile": str(tmp_path / "executor_output.json"),
+        },
+    }
+    err = io.StringIO()
+    with redirect_stderr(err), pytest.raises(SystemExit) as exit_:
+        Executor(executor_input=executor_input, function_to_execute=fetch_sft.python_func).execute()
+    assert exit_.value.code == 75, err.getvalue()
+    assert err.getvalue().startswith("fetching the SFT model failed: ")

@@ -219,6 +219,24 @@ def test_an_s3_reward_model_is_trained_with_and_monitored() -> None:
         build_plan(good(reward_model_path="s3://Bad_Bucket/rm"), check_paths=False)
 
 
+def test_an_s3_reward_model_without_a_model_fails_the_validate_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, s3_server: S3Server
+) -> None:
+    """The validate step looks into an s3:// reward model prefix before any GPU is requested (the training
+    pod would otherwise find it empty after the fetch): transformers loads a directory with config.json at its
+    top (huggingface/transformers src/transformers/modeling_utils.py, CONFIG_NAME)."""
+    server = use_s3(s3_server, monkeypatch)
+    rm = f"s3://{server.bucket}/{tmp_path.name}-{id(tmp_path):x}/rm"
+    with pytest.raises(
+        UserError, match=r"^reward_model_path s3://\S+/rm: no objects under this prefix"
+    ) as err:
+        build_plan(good(reward_model_path=rm))
+    assert err.value.exit_code == 2
+    key = rm.removeprefix(f"s3://{server.bucket}/")
+    server.client().put_object(Bucket=server.bucket, Key=f"{key}/config.json", Body=b"{}")
+    assert build_plan(good(reward_model_path=rm)).train["reward_model_path"] == rm
+
+
 def test_evaluation_scores_with_the_training_reward_model() -> None:
     """The judge/reward-model agreement uses the reward model training optimised: the parameter, or
     --reward_model_path in extra_train_args; no reward model in training, none in evaluation."""

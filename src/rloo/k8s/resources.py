@@ -172,3 +172,50 @@ def check_scheduling(queue_name: str, priority_class: str, backend: str | None =
             "(Trainer v2.3's pod patch has none), so the priority is Kueue's WorkloadPriorityClass label; set "
             "queue_name, or use multinode_backend=pytorchjob for a plain PriorityClass."
         )
+
+
+_TOLERATION_KEYS = frozenset({"key", "operator", "value", "effect", "tolerationSeconds"})
+_TOLERATION_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+
+
+def check_tolerations(name: str, value: Any) -> None:
+    """A list of pod tolerations as the API server validates them (Kubernetes ``ValidateTolerations``): a bad
+    one is otherwise refused only when the GPU pod is created, after the steps before it ran."""
+    if not isinstance(value, list):
+        raise UserError(
+            f'{name} must be a list of tolerations, e.g. [{{"key": "nvidia.com/gpu", "operator": "Exists", '
+            '"effect": "NoSchedule"}] ([] for none).'
+        )
+    for i, t in enumerate(value):
+        where = f"{name}[{i}]"
+        if not isinstance(t, dict):
+            raise UserError(f"{where} must be a mapping with key, operator, value, effect (got {t!r}).")
+        unknown = sorted(set(t) - _TOLERATION_KEYS)
+        if unknown:
+            raise UserError(
+                f"{where}: unknown field {unknown[0]!r}; a toleration has {', '.join(sorted(_TOLERATION_KEYS))}."
+            )
+        key, operator = t.get("key", ""), t.get("operator", "Equal")
+        if operator not in ("Equal", "Exists"):
+            raise UserError(f"{where}: operator must be Equal or Exists (got {operator!r}).")
+        if key and (not isinstance(key, str) or not _qualified_name(key)):
+            raise UserError(f"{where}: key {key!r} is not a label key ([prefix/]name, e.g. nvidia.com/gpu).")
+        if not key and operator != "Exists":
+            raise UserError(f"{where}: an empty key tolerates every taint only with operator Exists.")
+        val = t.get("value", "")
+        if not isinstance(val, str) or (operator == "Exists" and val):
+            raise UserError(f"{where}: value must be text, and empty with operator Exists (got {val!r}).")
+        if val and (len(val) > 63 or not _LABEL.match(val)):
+            raise UserError(
+                f"{where}: value {val!r} is not a label value (up to 63 a-z, A-Z, 0-9, '-', '_', '.')."
+            )
+        effect = t.get("effect", "")
+        if effect and effect not in _TOLERATION_EFFECTS:
+            raise UserError(
+                f"{where}: effect must be one of {', '.join(_TOLERATION_EFFECTS)} or empty (got {effect!r})."
+            )
+        seconds = t.get("tolerationSeconds")
+        if seconds is not None and (
+            effect != "NoExecute" or not isinstance(seconds, int) or isinstance(seconds, bool)
+        ):
+            raise UserError(f"{where}: tolerationSeconds (whole seconds) applies only to effect NoExecute.")

@@ -32,7 +32,8 @@ class RunConfig:
 
     model: str = option(
         "",
-        "SFT checkpoint: Hub id, s3://bucket/prefix (an rloo upload with its manifest) or a directory.",
+        "SFT checkpoint: Hub id, s3://bucket/prefix (written by any tool; an rloo upload's manifest is "
+        "checked) or a directory.",
         pipeline=Exposed("model", required=True),
     )
     model_revision: str = option(

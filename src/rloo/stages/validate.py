@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from rloo.errors import UserError
+from rloo.k8s.builders import check_queue_backend
+from rloo.k8s.platform import from_env as platform_from_env
 from rloo.stages.constants import STEP_SECRETS
 from rloo.stages.plan import (
     ClusterConfig,
@@ -53,6 +55,8 @@ def build_plan(params: dict[str, Any], *, check_paths: bool = True, check_hub: b
         check_storage_access(run.output_uri, what="output_uri")
         _check_datasets(params)
     train = train_values(params, run.extra_train_args)
+    if check_paths:
+        _check_reward_model(train.get("reward_model_path"))
     eval_values = config_values("eval", params)
     weights = train.get("reward_weights") or [1.0]  # the reward model's weight first
     if float(weights[0]) != 0 and _reachable_from_every_step(train.get("reward_model_path")):
@@ -65,6 +69,21 @@ def build_plan(params: dict[str, Any], *, check_paths: bool = True, check_hub: b
     push_values = config_values("push", params)
     _part(PushConfig, "push", push_values, model_path=_PLACEHOLDER_MODEL)
     return StagePlan(run=run, cluster=cluster, train=train, eval=eval_values, push=push_values)
+
+
+def _check_reward_model(path: str | None) -> None:
+    """An ``s3://`` reward model (an air-gapped cluster's) must hold a model before any GPU is requested; Hub ids
+    and directories are checked where they are loaded."""
+    from rloo.storage.location import source_kind
+
+    if not path or source_kind(path) != "s3":
+        return
+    from rloo.models import check_model_prefix
+
+    try:
+        check_model_prefix("reward_model_path", path, adapter=False)
+    except UserError as e:  # the same class: a store out of reach stays exit 75
+        raise type(e)(_as_parameters(str(e), {"reward_model_path": "reward_model_path"})) from None
 
 
 def _reachable_from_every_step(model: str | None) -> bool:
@@ -313,4 +332,5 @@ def run(params: dict[str, Any], env: Mapping[str, str] | None = None) -> StagePl
     """The validate step: the Secrets later steps mount (``env``: this pod's, default ``os.environ``), then
     :func:`build_plan` with every check (the Hub included)."""
     check_secrets(params, os.environ if env is None else env)
+    check_queue_backend(params, platform_from_env(os.environ if env is None else env))
     return build_plan(params, check_paths=True, check_hub=True)
