@@ -1,3 +1,3 @@
 """rloo-kfp: RLHF with REINFORCE Leave-One-Out (RLOO), shipped as a Kubeflow pipeline."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -50,7 +50,7 @@ def test_upload_job_is_an_idempotent_post_install_hook() -> None:
     assert ann["helm.sh/hook"] == "post-install,post-upgrade"
     assert ann["helm.sh/hook-delete-policy"] == "before-hook-creation,hook-succeeded"
     c = _container(job)
-    assert c["image"] == "ghcr.io/rloo-kfp/rloo-slim:0.1.0"
+    assert c["image"] == "ghcr.io/rloo-kfp/rloo-slim:0.2.0"
     assert c["command"] + c["args"] == [
         "rloo",
         "pipeline",
@@ -106,7 +106,7 @@ def test_the_upload_takes_a_pipeline_compiled_for_your_images() -> None:
     package = (
         (CHART / "files" / "rloo_pipeline.yaml")
         .read_text()
-        .replace("ghcr.io/rloo-kfp/rloo-slim:0.1.0", pinned)
+        .replace("ghcr.io/rloo-kfp/rloo-slim:0.2.0", pinned)
     )
     docs = _docs({"upload": {"pipelinePackage": package}})
     assert find(docs, "ConfigMap", "-pipeline")["data"]["rloo_pipeline.yaml"] == package

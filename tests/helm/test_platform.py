@@ -183,7 +183,7 @@ def test_the_upload_applies_platform_json_and_reruns_when_it_changes() -> None:
     base = checksum({})
     for changed in (
         {"images": {"train": {"digest": DIGEST}}},
-        {"images": {"tag": "0.2.0"}},
+        {"images": {"tag": "0.3.0"}},
         {"imagePullSecrets": ["corp-registry"]},
         {"extraEnv": {"HTTPS_PROXY": "http://proxy:3128"}},
         {"pipeline": {"extraEnv": {"NCCL_DEBUG": "INFO"}}},
@@ -813,7 +813,7 @@ def test_readme_images_snippet(tmp_path: Path) -> None:
     (tmp_path / "build").mkdir()
     record = tmp_path / "build" / "images.json"
     d1, d2 = "sha256:" + "1" * 64, "sha256:" + "2" * 64
-    env = {"PATH": "/usr/bin:/bin", "RLOO_IMAGE_TAG": "0.1.0-corp1"}
+    env = {"PATH": "/usr/bin:/bin", "RLOO_IMAGE_TAG": "0.2.0-corp1"}
 
     def run() -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -825,7 +825,7 @@ def test_readme_images_snippet(tmp_path: Path) -> None:
             {
                 "slim": f"reg.corp/ml/rloo-slim@{d1}",
                 "train-cpu": f"reg.corp/ml/rloo-train-cpu@{d2}",
-                "eval": "reg.corp/ml/rloo-eval:0.1.0-corp1",  # built, not pushed
+                "eval": "reg.corp/ml/rloo-eval:0.2.0-corp1",  # built, not pushed
             }
         )
     )
@@ -834,17 +834,17 @@ def test_readme_images_snippet(tmp_path: Path) -> None:
     values = yaml.safe_load(proc.stdout)
     assert values == {
         "images": {
-            "slim": {"repository": "reg.corp/ml/rloo-slim", "digest": d1, "tag": "0.1.0-corp1"},
-            "train": {"repository": "reg.corp/ml/rloo-train-cpu", "digest": d2, "tag": "0.1.0-corp1"},
+            "slim": {"repository": "reg.corp/ml/rloo-slim", "digest": d1, "tag": "0.2.0-corp1"},
+            "train": {"repository": "reg.corp/ml/rloo-train-cpu", "digest": d2, "tag": "0.2.0-corp1"},
         }
     }
-    values["images"] |= {"registry": "reg.corp/ml", "tag": "0.1.0-corp1"}  # the guide's --set
+    values["images"] |= {"registry": "reg.corp/ml", "tag": "0.2.0-corp1"}  # the guide's --set
     assert _platform(_docs(values))["images"] == {
-        "slim": f"reg.corp/ml/rloo-slim:0.1.0-corp1@{d1}",
-        "train": f"reg.corp/ml/rloo-train-cpu:0.1.0-corp1@{d2}",
-        "eval": "reg.corp/ml/rloo-eval:0.1.0-corp1",
+        "slim": f"reg.corp/ml/rloo-slim:0.2.0-corp1@{d1}",
+        "train": f"reg.corp/ml/rloo-train-cpu:0.2.0-corp1@{d2}",
+        "eval": "reg.corp/ml/rloo-eval:0.2.0-corp1",
     }
-    record.write_text(json.dumps({"slim": "reg.corp/ml/rloo-slim:0.1.0-corp1"}))
+    record.write_text(json.dumps({"slim": "reg.corp/ml/rloo-slim:0.2.0-corp1"}))
     proc = run()
     assert proc.returncode != 0 and proc.stdout == "" and "run make push-images" in proc.stderr
 

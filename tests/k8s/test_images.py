@@ -13,7 +13,7 @@ DIGEST = "sha256:" + "0123456789abcdef" * 4
     "ref",
     [
         "busybox",
-        "ghcr.io/rloo-kfp/rloo-train:0.1.0",
+        "ghcr.io/rloo-kfp/rloo-train:0.2.0",
         "registry.corp:5000/ml/rloo-slim:1.2",
         f"registry.corp:5000/ml/rloo-slim@{DIGEST}",
         f"reg/ml/rloo-slim:1@{DIGEST}",

@@ -193,3 +193,16 @@ def test_images_flag_misuse_is_one_line(
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert says in err and err.count("\n") == 1, err
+
+
+def test_the_images_tag_is_the_packages_version() -> None:
+    """The pipeline names images tagged with the package's version (pyproject.toml, the version pip records
+    and ``rloo --version`` prints): a pipeline compiled from this code runs only in images built from it."""
+    from importlib.metadata import version
+    from pathlib import Path
+
+    import rloo
+
+    pyproject = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
+    declared = re.search(r'^version = "([^"]+)"$', pyproject, re.MULTILINE)
+    assert declared and declared[1] == rloo.__version__ == DEFAULT_TAG == version("rloo-kfp")

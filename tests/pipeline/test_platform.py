@@ -127,7 +127,7 @@ def test_the_backend_reads_it(applied: list[dict[str, Any]]) -> None:
 
 def test_nothing_to_apply_changes_nothing_and_applying_twice_is_once(committed: str) -> None:
     assert platform.apply(committed, Platform()) == committed
-    same = {"images": {k: e for k, e in (("slim", "ghcr.io/rloo-kfp/rloo-slim:0.1.0"),)}}
+    same = {"images": {k: e for k, e in (("slim", "ghcr.io/rloo-kfp/rloo-slim:0.2.0"),)}}
     assert platform.apply(committed, platform.parse(same, "t")) == committed  # the images it already names
     settings = platform.parse(SETTINGS, "test")
     once = platform.apply(committed, settings)

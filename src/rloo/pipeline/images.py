@@ -13,10 +13,13 @@ import os
 import sys
 from pathlib import Path
 
+from rloo import __version__
 from rloo.k8s.images import is_reference
 
 DEFAULT_REGISTRY = "ghcr.io/rloo-kfp"
-DEFAULT_TAG = "0.1.0"
+# the package's version: a pipeline compiled from this code runs only in images built from it (the steps read
+# the plan this version's validate step writes)
+DEFAULT_TAG = __version__
 
 # image name -> the package extras its Dockerfile must install (kfp: the executor of lightweight components,
 # since they are built with install_kfp_package=False).
