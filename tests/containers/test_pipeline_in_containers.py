@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from rloo import __version__
 from rloo.k8s.images import is_pinned
 from tests.fixtures.servers import free_port
 
@@ -175,7 +176,7 @@ def test_images_run_as_non_root_on_a_read_only_root(built: Built, registry: Regi
     out = _podman(
         registry, "run", "--rm", "--read-only", "--tmpfs", "/tmp", ref, "sh", "-c", "id -u; rloo --version"
     )
-    assert out.split() == ["1000", "rloo", "0.1.0"], out
+    assert out.split() == ["1000", "rloo", __version__], out
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -197,7 +198,7 @@ def test_the_sbom_lists_exactly_what_the_image_has_installed(
     installed = {key(d["name"], d["version"]) for d in listed}
     components = {key(c["name"], c["version"]) for c in document["components"]}
     assert components == installed
-    assert ("rloo-kfp", "0.1.0") in components and any(n == "torch" for n, _ in components)
+    assert ("rloo-kfp", __version__) in components and any(n == "torch" for n, _ in components)
     assert not any(n.startswith("cyclonedx") for n, _ in components)  # the generator is not in the image
 
 
@@ -306,7 +307,7 @@ def test_the_charts_upload_job_runs_in_the_slim_image(
             job = find(docs, "Job", "-upload")
             (c,) = job["spec"]["template"]["spec"]["containers"]
             # the chart keeps the tag beside the digest (repo:tag@digest); the runtime pulls by the digest
-            assert c["image"] == f"{slim_repo}:0.1.0@{slim_digest}"
+            assert c["image"] == f"{slim_repo}:{__version__}@{slim_digest}"
             chart_images = json.loads(find(docs, "ConfigMap", "-pipeline")["data"]["platform.json"])["images"]
             mount = next(m["mountPath"] for m in c["volumeMounts"] if m["name"] == "pipeline")
             config = tmp_path / "pipeline"
@@ -329,7 +330,7 @@ def test_the_charts_upload_job_runs_in_the_slim_image(
     assert quits == ["/quitquitquit"]
     spec, k8s = (d for d in yaml.safe_load_all(stored) if d)
     images = {e["container"]["image"] for e in spec["deploymentSpec"]["executors"].values()}
-    assert images == set(chart_images.values()) == {c["image"], f"{cpu_repo}:0.1.0@{cpu_digest}"}
+    assert images == set(chart_images.values()) == {c["image"], f"{cpu_repo}:{__version__}@{cpu_digest}"}
     for config_of in k8s["platforms"]["kubernetes"]["deploymentSpec"]["executors"].values():
         assert [p["secretName"] for p in config_of["imagePullSecret"]] == ["corp-registry"]
     launcher = spec["deploymentSpec"]["executors"]["exec-train-rloo-multinode"]["container"]
