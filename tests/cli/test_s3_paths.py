@@ -24,11 +24,11 @@ S3 = f"s3://{MISSING}/x"
 EVAL = ["--model_name_or_path", "m", "--dataset_name", "d", "--judge_base_url", "http://127.0.0.1:9"]
 EVAL += ["--judge_model", "j"]
 
-# (argv, the flag the error line must name): refused before anything is read or written
+# (argv, the flag the error line must name): refused before anything is read or written. --reward_model_path
+# takes s3:// (fetched into the machine's temp dir: tests/storage/test_any_upload.py)
 REFUSED: dict[str, tuple[list[str], str]] = {
     "train --model_name_or_path": (["train", "--model_name_or_path", S3], "--model_name_or_path"),
     "train --sft_model_path": (["train", "--sft_model_path", S3], "--sft_model_path"),
-    "train --reward_model_path": (["train", "--reward_model_path", S3], "--reward_model_path"),
     "train --local_dir": (["train", "--output_dir", S3, "--local_dir", S3], "--local_dir"),
     "train --resume_from_checkpoint": (["train", "--resume_from_checkpoint", S3], "--resume_from_checkpoint"),
     "train --config": (["train", "--config", f"{S3}/run.yaml"], "--config"),
