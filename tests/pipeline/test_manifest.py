@@ -63,6 +63,11 @@ def test_manifest_command_prints_the_job_for_either_backend(capsys: pytest.Captu
         ([], r"^rloo pipeline: error: the multi-node job is for num_nodes >= 2 \(got 1\)"),
         (["--param", "num_nodes=2", "--param", "multinode_backend=mpi"], "multinode_backend must be one of"),
         (["--param", "num_node=2"], r"unknown pipeline parameter\(s\) num_node \(did you mean num_nodes\?\)"),
+        # a queued PyTorchJob Kueue does not manage (its integration ships disabled) would stay suspended
+        (
+            ["--param", "num_nodes=2", "--param", "multinode_backend=pytorchjob", "--param", "queue_name=q"],
+            r"Kueue ships its kubeflow.org/pytorchjob integration disabled",
+        ),
     ],
 )
 def test_manifest_command_refuses_in_one_line(
@@ -129,3 +134,13 @@ def test_the_parameters_check_refuses_what_the_job_would(backend: str, runtime: 
         check_multinode(backend, runtime)
     with pytest.raises(UserError, match=f"^{re.escape(str(job.value))}$"):
         ClusterConfig(multinode_backend=backend, training_runtime=runtime)
+
+
+def test_the_manifest_has_no_yaml_anchors() -> None:
+    """The PyTorchJob's Master and Worker share their pod spec in memory; the YAML a person reviews (and
+    kubectl applies) spells both out instead of an ``&id001`` anchor and its ``*id001`` alias."""
+    from rloo.pipeline.manifest import manifest_yaml
+
+    text = manifest_yaml({"num_nodes": 2, "multinode_backend": "pytorchjob"})
+    assert "&id" not in text and "*id" not in text
+    assert text.count("restartPolicy") >= 2

@@ -252,8 +252,9 @@ def test_cli_upload_to_an_unreachable_api_is_one_line(capsys: pytest.CaptureFixt
     from rloo.cli.pipeline_cmd import main
     from rloo.pipeline.compile import default_yaml
 
-    # the real kfp.Client against a closed port (its own retries take about a second)
-    assert main(["upload", "--host", "http://127.0.0.1:9", "--package", str(default_yaml())]) == 2
+    # the real kfp.Client against a closed port (its own retries take about a second); 75: a script that retries
+    # on it gets past an API server restarting, as it does past object storage or MLflow down
+    assert main(["upload", "--host", "http://127.0.0.1:9", "--package", str(default_yaml())]) == 75
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("rloo pipeline: error: Kubeflow Pipelines") and "http://127.0.0.1:9" in err
 
@@ -383,3 +384,28 @@ def test_a_cluster_run_needs_an_s3_output_uri() -> None:
     params = parse_params([], str(repo_root() / "pipelines" / "params.example.yaml"))
     with pytest.raises(UserError, match=r"^output_uri '/tmp/runs': a cluster run needs s3://bucket/prefix"):
         params_for_submit({**params, "output_uri": "/tmp/runs"})
+
+
+def test_submit_refuses_a_queue_kueue_does_not_manage_before_contacting_kfp(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The validate step's Kueue check, run by submit with the platform it uploads (``--platform``): a queued
+    PyTorchJob is refused unless the platform says Kueue's kubeflow.org/pytorchjob integration is on
+    (kubernetes-sigs/kueue config/components/manager/controller_manager_config.yaml ships it disabled)."""
+    import json
+
+    from rloo.cli.pipeline_cmd import main
+
+    required = [f"{k}={v}" for k, v in GOOD.items()]
+    queued = ["num_nodes=2", "gpu_count=8", "multinode_backend=pytorchjob", "queue_name=gpu-q"]
+    argv = ["submit", "--host", "http://127.0.0.1:9"]
+    for pair in [*required, *queued]:
+        argv += ["--param", pair]
+    off = tmp_path / "off.json"
+    off.write_text(json.dumps({"kueue": {"pytorchJobIntegration": False}}))
+    assert main([*argv, "--platform", str(off)]) == 2
+    assert "kubeflow.org/pytorchjob" in capsys.readouterr().err
+    on = tmp_path / "on.json"
+    on.write_text(json.dumps({"kueue": {"pytorchJobIntegration": True}}))
+    assert main([*argv, "--platform", str(on)]) == 75  # past the check: KFP itself is out of reach
+    assert "Kubeflow Pipelines at http://127.0.0.1:9 is unreachable" in capsys.readouterr().err

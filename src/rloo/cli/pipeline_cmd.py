@@ -285,7 +285,7 @@ def _dispatch_action(ns: argparse.Namespace) -> int:
     from rloo.pipeline import submit as S
 
     if ns.action == "submit":
-        params = S.params_for_submit(params)  # before contacting anything
+        params = S.params_for_submit(params, settings)  # before contacting anything
     with tempfile.TemporaryDirectory(prefix="rloo-pipeline-") as tmp:
         package = ns.package
         if package is None:

@@ -47,7 +47,8 @@ def manifest(
     params: dict[str, Any], *, run_id: str = "manual", platform: Platform | None = None
 ) -> dict[str, Any]:
     """The job (TrainJob or PyTorchJob, by ``multinode_backend``) for ``params`` (pipeline parameters)."""
-    from rloo.k8s.builders import OwnerPod
+    from rloo.k8s.builders import OwnerPod, check_queue_backend
+    from rloo.k8s.platform import Platform
     from rloo.pipeline.images import TRAIN_IMAGE
     from rloo.pipeline.params import check_params, with_defaults
     from rloo.stages.layout import RunLayout
@@ -59,6 +60,7 @@ def manifest(
     if not _has_reward_source(p):
         p["reward_model_path"] = "<reward_model_path>"  # a reward source is required; none was given
     plan = build_plan(p, check_paths=False)
+    check_queue_backend(p, platform or Platform())  # the validate step's own check, with the same platform
     if not plan.cluster.multinode:
         raise UserError(
             f"the multi-node job is for num_nodes >= 2 (got {p['num_nodes']}): pass --param num_nodes=N."
@@ -104,7 +106,8 @@ def manifest_yaml(params: dict[str, Any], *, run_id: str = "manual", platform: P
     import yaml
 
     class Dumper(yaml.SafeDumper):
-        pass
+        def ignore_aliases(self, data: Any) -> bool:
+            return True  # a job read by people and kubectl: the same value twice, not an &id001 anchor
 
     def represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
         style = '"' if _NOT_A_STRING_IN_YAML_12.fullmatch(value) else None

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rloo.errors import UserError
+from rloo.errors import ServiceUnavailable, UserError
+from rloo.k8s.platform import Platform
 
 DESCRIPTION = "RLHF with RLOO: fetch SFT, train, judge, push (rloo-kfp)."
 
@@ -181,20 +182,25 @@ def connect(
             warnings.simplefilter("ignore", FutureWarning)  # "only works with KFP v2.0.0-beta.2 and later"
             return Client(host=host, namespace=namespace or "kubeflow", ui_host=ui_host)
     except Exception as e:  # urllib3 / kfp_server_api errors: one line, not a traceback
-        raise UserError(
-            f"Kubeflow Pipelines at {host} is unreachable ({type(e).__name__}): check --host."
+        # exit 75: an API server restarting or a port-forward not yet up heals; a wrong --host does not, but
+        # looks the same from here
+        raise ServiceUnavailable(
+            f"Kubeflow Pipelines at {host} is unreachable ({type(e).__name__}): check --host, or try again."
         ) from None
 
 
-def params_for_submit(params: dict[str, Any]) -> dict[str, Any]:
-    """Check parameters against the pipeline (names, required ones, types, the validate step's checks)
-    before anything is sent; returns them converted to the parameters' types."""
+def params_for_submit(params: dict[str, Any], platform: Platform | None = None) -> dict[str, Any]:
+    """Check parameters against the pipeline (names, required ones, types, the validate step's checks, with
+    ``platform``: the settings the run's steps get) before anything is sent; returns them converted to the
+    parameters' types."""
+    from rloo.k8s.builders import check_queue_backend
     from rloo.pipeline.params import check_params, with_defaults
     from rloo.stages.validate import build_plan
 
     params = check_params(params, required=True)
     # check_paths=False: a local path names a path inside the cluster's pods
     plan = build_plan(with_defaults(params), check_paths=False)
+    check_queue_backend(with_defaults(params), platform or Platform())
     if not plan.run.output_uri.startswith("s3://"):
         raise UserError(
             f"output_uri {plan.run.output_uri!r}: a cluster run needs s3://bucket/prefix (each step runs in a "
