@@ -17,7 +17,7 @@ import pytest
 
 from rloo.pipeline.compile import PIPELINE_NAME
 from rloo.stages.constants import HF_SECRET_KEYS, JUDGE_SECRET_KEYS, MLFLOW_SECRET_KEYS
-from tests.fixtures.kube_api import Call, FakeKubeAPI
+from tests.fixtures.kube_api import Call, install_fake_api
 from tests.fixtures.servers import free_port, stop_process
 from tests.helm.helpers import CHART, NAMESPACE, documents, env_of, find, pod_spec, render, variant_values
 
@@ -152,17 +152,12 @@ def _api_calls_of_the_training_step(backend: str, runtime: str, monkeypatch: pyt
 def _calls_of_a_queued_step(backend: str, runtime: str, monkeypatch: pytest.MonkeyPatch) -> set[Call]:
     """A job with a ``queue_name`` that Kueue refuses: the step reads the job's Workload for Kueue's reason
     (kubernetes-sigs/kueue ``pkg/controller/core/workload_controller.go``), then deletes the job."""
-    import kubernetes
 
     from rloo.errors import UserError
     from rloo.k8s.builders import TrainJobSpec, build_job
     from rloo.k8s.jobs import run_multi_node
 
-    fake = FakeKubeAPI(outcome=None)
-    monkeypatch.setattr(kubernetes.client, "CustomObjectsApi", lambda *a, **k: fake)
-    monkeypatch.setattr(kubernetes.client, "CoreV1Api", lambda *a, **k: fake)
-    monkeypatch.setattr(kubernetes.config, "load_incluster_config", lambda *a, **k: None)
-    monkeypatch.setattr(kubernetes.config, "load_kube_config", lambda *a, **k: None)
+    fake = install_fake_api(monkeypatch, outcome=None)
     if runtime.startswith("TrainingRuntime/"):
         fake.namespaced_runtimes[runtime.partition("/")[2]] = fake.runtimes["torch-distributed"]
     spec = TrainJobSpec(
@@ -200,16 +195,12 @@ def _calls_of_one_step(
 ) -> set[Call]:
     """``existing``: the conditions of a job an earlier attempt left (replaced when failed); None with an
     ``owner``: a running job of an earlier attempt's pod, adopted."""
-    import kubernetes
 
     from rloo.k8s.builders import OwnerPod, TrainJobSpec, build_job
     from rloo.k8s.jobs import run_multi_node
 
-    fake = FakeKubeAPI(outcome="Complete" if backend == "trainjob" else "Succeeded", existing=existing)
-    monkeypatch.setattr(kubernetes.client, "CustomObjectsApi", lambda *a, **k: fake)
-    monkeypatch.setattr(kubernetes.client, "CoreV1Api", lambda *a, **k: fake)
-    monkeypatch.setattr(kubernetes.config, "load_incluster_config", lambda *a, **k: None)
-    monkeypatch.setattr(kubernetes.config, "load_kube_config", lambda *a, **k: None)
+    outcome = "Complete" if backend == "trainjob" else "Succeeded"
+    fake = install_fake_api(monkeypatch, outcome=outcome, existing=existing)
     if runtime.startswith("TrainingRuntime/"):  # the namespace's own runtime, found there
         fake.namespaced_runtimes[runtime.partition("/")[2]] = fake.runtimes["torch-distributed"]
     spec = TrainJobSpec(

@@ -11,22 +11,16 @@ import pytest
 
 from rloo.k8s.builders import OwnerPod, build_job, build_pytorchjob, build_trainjob, owner_from_env
 from rloo.k8s.jobs import run_multi_node
-from tests.fixtures.kube_api import FakeKubeAPI
+from tests.fixtures.kube_api import FakeKubeAPI, install_fake_api
 from tests.k8s.test_builders import OWNER_REF, POD_ENV, _spec
 
 
 @pytest.fixture
 def kube(monkeypatch: pytest.MonkeyPatch) -> Any:
     """Install a FakeKubeAPI (made by the returned function) in place of the Kubernetes client's APIs."""
-    import kubernetes
 
     def install(**kw: Any) -> FakeKubeAPI:
-        fake = FakeKubeAPI(**kw)
-        monkeypatch.setattr(kubernetes.client, "CustomObjectsApi", lambda *a, **k: fake)
-        monkeypatch.setattr(kubernetes.client, "CoreV1Api", lambda *a, **k: fake)
-        monkeypatch.setattr(kubernetes.config, "load_incluster_config", lambda *a, **k: None)
-        monkeypatch.setattr(kubernetes.config, "load_kube_config", lambda *a, **k: None)
-        return fake
+        return install_fake_api(monkeypatch, **kw)
 
     return install
 
@@ -119,6 +113,7 @@ def test_sigterm_deletes_the_job_and_exits_143(
     """KFP terminating the run sends the step's pod SIGTERM: the job goes with it, not 48 hours later."""
     import signal
     import threading
+    import time
 
     fake = kube(outcome=None)  # a job that would run on
 
@@ -128,8 +123,16 @@ def test_sigterm_deletes_the_job_and_exits_143(
     def previous(signum: int, frame: Any) -> None:
         raise Previous()
 
+    def terminate_once_the_job_runs() -> None:
+        # not after a fixed delay: importing the Kubeflow SDK alone can take longer than that on a busy machine
+        deadline = time.monotonic() + 60
+        while not fake.created and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.2)
+        os.kill(os.getpid(), signal.SIGTERM)
+
     before = signal.signal(signal.SIGTERM, previous)
-    timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM))
+    timer = threading.Thread(target=terminate_once_the_job_runs, daemon=True)
     try:
         timer.start()
         with pytest.raises(SystemExit) as info:
@@ -139,7 +142,7 @@ def test_sigterm_deletes_the_job_and_exits_143(
         assert info.value.code == 143
         assert signal.getsignal(signal.SIGTERM) is previous  # the step's handler is gone again
     finally:
-        timer.cancel()
+        timer.join(timeout=60)
         signal.signal(signal.SIGTERM, before)
     assert fake.deleted == ["rloo-train-abc"] and fake.objects == {}
     assert fake.delete_policies == ["Foreground"]  # the pods go first

@@ -17,7 +17,7 @@ from rloo.stages.plan import StagePlan
 from rloo.stages.retry import recorded_failure
 from rloo.stages.train import job_manifest, multinode_spec
 from rloo.stages.validate import build_plan
-from tests.fixtures.kube_api import FakeKubeAPI
+from tests.fixtures.kube_api import FakeKubeAPI, install_fake_api
 from tests.fixtures.servers import S3Server, use_s3
 from tests.stages.test_validate import good
 
@@ -122,15 +122,9 @@ def test_the_jobs_pods_tolerate_the_plans_gpu_taints(backend: str) -> None:
 @pytest.fixture
 def kube(monkeypatch: pytest.MonkeyPatch) -> Any:
     """The Kubernetes API boundary in place of the client's APIs (tests.k8s.test_jobs' fixture)."""
-    import kubernetes
 
     def install(**kw: Any) -> FakeKubeAPI:
-        fake = FakeKubeAPI(**kw)
-        monkeypatch.setattr(kubernetes.client, "CustomObjectsApi", lambda *a, **k: fake)
-        monkeypatch.setattr(kubernetes.client, "CoreV1Api", lambda *a, **k: fake)
-        monkeypatch.setattr(kubernetes.config, "load_incluster_config", lambda *a, **k: None)
-        monkeypatch.setattr(kubernetes.config, "load_kube_config", lambda *a, **k: None)
-        return fake
+        return install_fake_api(monkeypatch, **kw)
 
     for name in (POD_NAME_ENV, POD_UID_ENV, POD_NAMESPACE_ENV):
         monkeypatch.delenv(name, raising=False)
