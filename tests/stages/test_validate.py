@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shlex
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -280,3 +281,16 @@ def test_a_reward_model_training_weighs_0_is_not_the_evaluation_monitor() -> Non
         good(extra_train_args="--reward_weights 0.5 1 --reward_funcs rloo.demo.toy:letter_reward")
     )
     assert half.eval["reward_model_path"] == "org/rm"
+
+
+def test_a_single_node_runs_queue_name_is_noted(caplog: pytest.LogCaptureFixture, tiny_setup: Any) -> None:
+    """queue_name labels the multi-node job for Kueue (kubernetes-sigs/kueue pkg/controller/jobframework
+    reconciler.go reads the job's queue-name label); a single-node run creates no job, so the value would
+    do nothing without a word."""
+    import logging
+
+    from rloo.stages.validate import run
+
+    with caplog.at_level(logging.WARNING, logger="rloo.stages.validate"):
+        run(good(model=str(tiny_setup.policy), queue_name="gpu-q"), env={})
+    assert "queue_name 'gpu-q' queues the multi-node job only" in caplog.text

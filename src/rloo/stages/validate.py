@@ -333,4 +333,11 @@ def run(params: dict[str, Any], env: Mapping[str, str] | None = None) -> StagePl
     :func:`build_plan` with every check (the Hub included)."""
     check_secrets(params, os.environ if env is None else env)
     check_queue_backend(params, platform_from_env(os.environ if env is None else env))
-    return build_plan(params, check_paths=True, check_hub=True)
+    plan = build_plan(params, check_paths=True, check_hub=True)
+    if plan.cluster.queue_name and not plan.cluster.multinode:
+        log.warning(
+            "queue_name %r queues the multi-node job only; this run trains on one node, whose pod Kueue queues "
+            "only through the platform's kueue.queueName (the chart's pipeline.kueue.queueName).",
+            plan.cluster.queue_name,
+        )
+    return plan
