@@ -213,15 +213,6 @@ def test_a_missing_reward_model_fails_in_one_line_before_generation(
         EvalConfig(**{**cfg.to_dict(), "reward_model_path": "gs://b/rm"})
 
 
-def _copy_up(server: S3Server, local: Path, prefix: str) -> str:
-    """``local``'s files put one by one with plain boto3, as `aws s3 cp --recursive` does: no manifest."""
-    client = server.client()
-    for f in sorted(local.rglob("*")):
-        if f.is_file():
-            client.upload_file(str(f), server.bucket, f"{prefix}/{f.relative_to(local).as_posix()}")
-    return f"s3://{server.bucket}/{prefix}"
-
-
 def test_an_s3_reward_model_scores_as_the_local_one(
     runs: dict,
     tiny_setup: TinySetup,
@@ -238,7 +229,7 @@ def test_an_s3_reward_model_scores_as_the_local_one(
     server = use_s3(s3_server, monkeypatch)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "scratch"))
     (tmp_path / "scratch").mkdir()
-    uri = _copy_up(server, tiny_setup.reward_model, f"rm-{uuid.uuid4().hex[:8]}")
+    uri = server.copy_up(tiny_setup.reward_model, f"rm-{uuid.uuid4().hex[:8]}")
     out = tmp_path / "out"
     assert main(argv(tiny_setup, toy_eval, judge.base_url, out, "--reward_model_path", uri)) == 0
     results, lines = read(out)

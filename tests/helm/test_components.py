@@ -17,7 +17,7 @@ import pytest
 
 from rloo.pipeline.compile import PIPELINE_NAME
 from rloo.stages.constants import HF_SECRET_KEYS, JUDGE_SECRET_KEYS, MLFLOW_SECRET_KEYS
-from tests.fixtures.kube_api import Call, install_fake_api
+from tests.fixtures.kube_api import Call, FakeKubeAPI, install_fake_api
 from tests.fixtures.servers import free_port, stop_process
 from tests.helm.helpers import CHART, NAMESPACE, documents, env_of, find, pod_spec, render, variant_values
 
@@ -149,16 +149,15 @@ def _api_calls_of_the_training_step(backend: str, runtime: str, monkeypatch: pyt
     return calls | _calls_of_a_queued_step(backend, runtime, monkeypatch)
 
 
-def _calls_of_a_queued_step(backend: str, runtime: str, monkeypatch: pytest.MonkeyPatch) -> set[Call]:
-    """A job with a ``queue_name`` that Kueue refuses: the step reads the job's Workload for Kueue's reason
-    (kubernetes-sigs/kueue ``pkg/controller/core/workload_controller.go``), then deletes the job."""
+def _step_cluster(
+    monkeypatch: pytest.MonkeyPatch, runtime: str, *, owner: Any = None, queue_name: str = "", **fake_kw: Any
+) -> tuple[FakeKubeAPI, Any]:
+    """The fake API in place (``fake_kw``: its arguments), with the namespace's own runtime when ``runtime``
+    names one, and the two-node job spec of run r1 a recorded step launches."""
+    from rloo.k8s.builders import TrainJobSpec
 
-    from rloo.errors import UserError
-    from rloo.k8s.builders import TrainJobSpec, build_job
-    from rloo.k8s.jobs import run_multi_node
-
-    fake = install_fake_api(monkeypatch, outcome=None)
-    if runtime.startswith("TrainingRuntime/"):
+    fake = install_fake_api(monkeypatch, **fake_kw)
+    if runtime.startswith("TrainingRuntime/"):  # the namespace's own runtime, found there
         fake.namespaced_runtimes[runtime.partition("/")[2]] = fake.runtimes["torch-distributed"]
     spec = TrainJobSpec(
         name="rloo-train-r1",
@@ -167,8 +166,21 @@ def _calls_of_a_queued_step(backend: str, runtime: str, monkeypatch: pytest.Monk
         command=["python", "-m", "node"],
         num_nodes=2,
         gpus_per_node=1,
-        queue_name="team-q",
+        owner=owner,
+        queue_name=queue_name,
     )
+    return fake, spec
+
+
+def _calls_of_a_queued_step(backend: str, runtime: str, monkeypatch: pytest.MonkeyPatch) -> set[Call]:
+    """A job with a ``queue_name`` that Kueue refuses: the step reads the job's Workload for Kueue's reason
+    (kubernetes-sigs/kueue ``pkg/controller/core/workload_controller.go``), then deletes the job."""
+
+    from rloo.errors import UserError
+    from rloo.k8s.builders import build_job
+    from rloo.k8s.jobs import run_multi_node
+
+    fake, spec = _step_cluster(monkeypatch, runtime, queue_name="team-q", outcome=None)
     missing = {"type": "QuotaReserved", "status": "False", "reason": "Inadmissible"}
     missing |= {"message": "LocalQueue team-q doesn't exist", "lastTransitionTime": "2026-01-01T00:00:02Z"}
     fake.workloads = [
@@ -196,22 +208,11 @@ def _calls_of_one_step(
     """``existing``: the conditions of a job an earlier attempt left (replaced when failed); None with an
     ``owner``: a running job of an earlier attempt's pod, adopted."""
 
-    from rloo.k8s.builders import OwnerPod, TrainJobSpec, build_job
+    from rloo.k8s.builders import OwnerPod, build_job
     from rloo.k8s.jobs import run_multi_node
 
     outcome = "Complete" if backend == "trainjob" else "Succeeded"
-    fake = install_fake_api(monkeypatch, outcome=outcome, existing=existing)
-    if runtime.startswith("TrainingRuntime/"):  # the namespace's own runtime, found there
-        fake.namespaced_runtimes[runtime.partition("/")[2]] = fake.runtimes["torch-distributed"]
-    spec = TrainJobSpec(
-        name="rloo-train-r1",
-        namespace=NAMESPACE,
-        image="img",
-        command=["python", "-m", "node"],
-        num_nodes=2,
-        gpus_per_node=1,
-        owner=owner,
-    )
+    fake, spec = _step_cluster(monkeypatch, runtime, owner=owner, outcome=outcome, existing=existing)
     if owner is not None:  # the first attempt's job, owned by its pod, still running
         first = build_job(replace(spec, owner=OwnerPod("launcher-1", "uid-1", NAMESPACE)), backend, runtime)
         fake.put(first["kind"].lower() + "s", first, resourceVersion="7")

@@ -22,15 +22,6 @@ from tests.fixtures.servers import S3Server
 from tests.fixtures.train_cli import train_argv
 
 
-def _copy_up(server: S3Server, local: Path, prefix: str) -> str:
-    """Every file of ``local`` put with plain boto3's managed upload, as `aws s3 cp --recursive` does."""
-    client = server.client()
-    for f in sorted(local.rglob("*")):
-        if f.is_file():
-            client.upload_file(str(f), server.bucket, f"{prefix}/{f.relative_to(local).as_posix()}")
-    return f"s3://{server.bucket}/{prefix}"
-
-
 def _count_downloads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """How many files each S3 download of this test transferred (the real download runs)."""
     counts: list[int] = []
@@ -62,7 +53,7 @@ def test_a_reward_model_in_object_storage_trains_like_the_local_one(
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "scratch"))
     (tmp_path / "scratch").mkdir()
-    uri = _copy_up(s3_env, tiny_setup.reward_model, f"rm-{uuid.uuid4().hex[:8]}")
+    uri = s3_env.copy_up(tiny_setup.reward_model, f"rm-{uuid.uuid4().hex[:8]}")
     runs = {}
     for name, rm in (("local", str(tiny_setup.reward_model)), ("s3", uri)):
         argv = train_argv(tiny_setup, toy_dataset, tmp_path / name, max_steps=1)
