@@ -331,8 +331,9 @@ def eval_gpu_limit(cluster: ClusterConfig) -> str:
 def run(params: dict[str, Any], env: Mapping[str, str] | None = None) -> StagePlan:
     """The validate step: the Secrets later steps mount (``env``: this pod's, default ``os.environ``), then
     :func:`build_plan` with every check (the Hub included)."""
-    check_secrets(params, os.environ if env is None else env)
-    check_queue_backend(params, platform_from_env(os.environ if env is None else env))
+    env = os.environ if env is None else env
+    check_secrets(params, env)
+    check_queue_backend(params, platform_from_env(env))
     plan = build_plan(params, check_paths=True, check_hub=True)
     if plan.cluster.queue_name and not plan.cluster.multinode:
         log.warning(
