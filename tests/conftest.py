@@ -45,3 +45,14 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowSe
     server = shared_mlflow(tmp_path_factory.mktemp("servers"))
     yield server
     release("mlflow")
+
+
+@pytest.fixture(autouse=True)
+def _own_environment() -> Iterator[None]:
+    """Each test gets the process environment as it found it: code under test that sets a variable (a stage
+    exporting its settings for a child process) must not change what a later test sees."""
+    saved = dict(os.environ)
+    yield
+    if os.environ != saved:
+        os.environ.clear()
+        os.environ.update(saved)

@@ -45,7 +45,7 @@ def test_example_params_file_is_accepted_by_submit(capsys: pytest.CaptureFixture
     from rloo.cli.pipeline_cmd import main
 
     # a closed port: the parameters were accepted when the error is about the connection
-    assert main(["submit", "--host", "http://127.0.0.1:9", "--params", str(EXAMPLE)]) == 2
+    assert main(["submit", "--host", "http://127.0.0.1:9", "--params", str(EXAMPLE)]) == 75
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("rloo pipeline: error: Kubeflow Pipelines") and "127.0.0.1:9" in err
 

@@ -36,7 +36,6 @@ def run(
     (the ``namespace`` pipeline parameter; empty: this pod's own, from the downward API). Returns what the
     MLflow run was closed as, or why nothing was closed."""
     delete_leftover_job(run_id, namespace)
-    os.environ["MLFLOW_EXPERIMENT_NAME"] = experiment
     if not os.environ.get("MLFLOW_TRACKING_URI"):
         return "no tracking server"  # nothing was tracked, nothing to close
     from rloo.tracking import finish_pipeline_run
