@@ -4,52 +4,63 @@ Conventions: B completions, T response length, P prompts, K completions per prom
 prompt-major (flat index ``p * K + k``). Masks are bool tensors. Invalid arguments raise ``ValueError``.
 """
 
-from .advantages import (
-    SCALE_REWARDS_MODES,
-    group_reward_stats,
-    informative_groups,
-    leave_one_out_advantages,
-    leave_one_out_baseline,
-    scale_advantages,
-)
-from .importance import IS_MODES, SamplingMismatchStats, truncated_importance_weights
-from .kl import KL_ESTIMATORS, per_token_kl, sequence_kl
-from .logprobs import (
-    entropy_from_logits,
-    entropy_quantile_threshold,
-    entropy_with_grad,
-    selective_log_softmax,
-    top_entropy_mask,
-)
-from .losses import (
-    IMPORTANCE_SAMPLING_LEVELS,
-    LOSS_AGG_MODES,
-    PolicyLossStats,
-    agg_loss,
-    kl_loss,
-    policy_loss,
-)
-from .masking import (
-    completion_mask,
-    first_true_index,
-    masked_mean,
-    masked_sum,
-    masked_var,
-    masked_whiten,
-    truncate_after_stop,
-    truncated_completions,
-)
-from .monitors import pearson_correlation
-from .rewards import (
-    apply_missing_eos_penalty,
-    combine_reward_sources,
-    normalize_advantages,
-    normalize_and_clip_scores,
-    sequence_level_rewards,
-    soft_overlong_penalty,
-    token_level_advantages,
-)
+from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# The names below, by the module that defines them, are imported on first use (PEP 562), not with the
+# package: rloo.algo.intervals is stdlib only, and what imports it (the evaluation's statistics, the push
+# gate, and through their configs the pipeline's parameters that 'rloo pipeline compile/submit' read) must
+# not pull torch in with the tensor modules: a client install has no torch.
+_EXPORTS = {
+    "advantages": (
+        "SCALE_REWARDS_MODES",
+        "group_reward_stats",
+        "informative_groups",
+        "leave_one_out_advantages",
+        "leave_one_out_baseline",
+        "scale_advantages",
+    ),
+    "importance": ("IS_MODES", "SamplingMismatchStats", "truncated_importance_weights"),
+    "kl": ("KL_ESTIMATORS", "per_token_kl", "sequence_kl"),
+    "logprobs": (
+        "entropy_from_logits",
+        "entropy_quantile_threshold",
+        "entropy_with_grad",
+        "selective_log_softmax",
+        "top_entropy_mask",
+    ),
+    "losses": (
+        "IMPORTANCE_SAMPLING_LEVELS",
+        "LOSS_AGG_MODES",
+        "PolicyLossStats",
+        "agg_loss",
+        "kl_loss",
+        "policy_loss",
+    ),
+    "masking": (
+        "completion_mask",
+        "first_true_index",
+        "masked_mean",
+        "masked_sum",
+        "masked_var",
+        "masked_whiten",
+        "truncate_after_stop",
+        "truncated_completions",
+    ),
+    "monitors": ("pearson_correlation",),
+    "rewards": (
+        "apply_missing_eos_penalty",
+        "combine_reward_sources",
+        "normalize_advantages",
+        "normalize_and_clip_scores",
+        "sequence_level_rewards",
+        "soft_overlong_penalty",
+        "token_level_advantages",
+    ),
+}
+_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = [
     "IMPORTANCE_SAMPLING_LEVELS",
     "IS_MODES",
@@ -91,3 +102,59 @@ __all__ = [
     "truncated_completions",
     "truncated_importance_weights",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
+    globals()[name] = value  # once: later lookups find it without this function
+    return value
+
+
+if TYPE_CHECKING:  # what the names are, for the type checker
+    from .advantages import (
+        SCALE_REWARDS_MODES,
+        group_reward_stats,
+        informative_groups,
+        leave_one_out_advantages,
+        leave_one_out_baseline,
+        scale_advantages,
+    )
+    from .importance import IS_MODES, SamplingMismatchStats, truncated_importance_weights
+    from .kl import KL_ESTIMATORS, per_token_kl, sequence_kl
+    from .logprobs import (
+        entropy_from_logits,
+        entropy_quantile_threshold,
+        entropy_with_grad,
+        selective_log_softmax,
+        top_entropy_mask,
+    )
+    from .losses import (
+        IMPORTANCE_SAMPLING_LEVELS,
+        LOSS_AGG_MODES,
+        PolicyLossStats,
+        agg_loss,
+        kl_loss,
+        policy_loss,
+    )
+    from .masking import (
+        completion_mask,
+        first_true_index,
+        masked_mean,
+        masked_sum,
+        masked_var,
+        masked_whiten,
+        truncate_after_stop,
+        truncated_completions,
+    )
+    from .monitors import pearson_correlation
+    from .rewards import (
+        apply_missing_eos_penalty,
+        combine_reward_sources,
+        normalize_advantages,
+        normalize_and_clip_scores,
+        sequence_level_rewards,
+        soft_overlong_penalty,
+        token_level_advantages,
+    )

@@ -56,8 +56,10 @@ def _train(argv: list[str]) -> int:
 
 def _setup_logging() -> None:
     from rloo.cli.output import setup_logging
+    from rloo.parsing.base import quiet_without_torch
 
-    setup_logging()
+    with quiet_without_torch():  # the first import of transformers
+        setup_logging()
 
 
 def _demo(argv: list[str]) -> int:
@@ -130,6 +132,24 @@ def _say(line: str) -> None:
     sys.stderr.flush()
 
 
+# The extra that brings PyTorch for each command that runs models. The client extra has none: it compiles,
+# checks parameters, uploads and submits (rloo pipeline compile/upload/submit/manifest).
+_TORCH_EXTRA = {
+    "train": "train",
+    "demo": "train",
+    "eval": "eval",
+    "push": "tracking",
+    "pipeline": "train,eval",
+}
+
+
+def _needs_torch(command: str) -> str:
+    return (
+        "this command needs PyTorch, which is not installed (the client extra compiles, uploads and submits "
+        f"only): pip install -c constraints.txt -e '.[{_TORCH_EXTRA.get(command, 'train')}]', or make install."
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
@@ -154,6 +174,11 @@ def main(argv: list[str] | None = None) -> int:
         _say(f"rloo {command}: error: {e}")
         _tell_the_launcher(e)
         return e.exit_code
+    except ModuleNotFoundError as e:
+        if (e.name or "").partition(".")[0] != "torch":
+            raise
+        _say(f"rloo {command}: error: {_needs_torch(command)}")
+        return 2
     except SystemExit as e:  # argparse exits after printing --help: return its status, don't raise
         return e.code if isinstance(e.code, int) else 0 if e.code is None else 2
     except KeyboardInterrupt:

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
+import importlib.util
+import os
 import re
 import typing
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from rloo.errors import UserError
@@ -65,3 +68,21 @@ class OneLineErrors(argparse.ArgumentParser):
 
 class OneLineParser(OneLineErrors):
     """For commands with their own hand-written flags."""
+
+
+_ADVICE = "TRANSFORMERS_NO_ADVISORY_WARNINGS"
+
+
+@contextlib.contextmanager
+def quiet_without_torch() -> Iterator[None]:
+    """Around the first import of transformers: imported without torch (the client install, which only parses
+    configs), it logs "PyTorch was not found. Models won't be available ..." at import, nothing that user needs
+    or can act on. Its own switch for advisory lines quiets that, for the import only."""
+    quiet = importlib.util.find_spec("torch") is None and _ADVICE not in os.environ
+    if quiet:
+        os.environ[_ADVICE] = "1"
+    try:
+        yield
+    finally:
+        if quiet:
+            os.environ.pop(_ADVICE, None)

@@ -27,12 +27,14 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from transformers import HfArgumentParser
 
 from rloo.errors import UserError
 from rloo.options import PIPELINE, aliases_of
-from rloo.parsing.base import OneLineErrors, did_you_mean, parse_bool
+from rloo.parsing.base import OneLineErrors, did_you_mean, parse_bool, quiet_without_torch
 from rloo.storage.location import require_local_path
+
+with quiet_without_torch():
+    from transformers import HfArgumentParser
 
 _NONE = {"none", "null"}
 # the parser that is parsing right now records each option it meets here: (field, flag as typed, value after
