@@ -369,6 +369,11 @@ def _load_hub(name: str, config: str | None, split: str) -> dict[str, list[Any]]
             ) from None
         raise UserError(f"--dataset_name {name}: {str(e).splitlines()[0]}") from None
     except Exception as e:  # network, auth, missing repo: all user-fixable, none worth a traceback
+        from rloo.storage.hub import hub_error
+
+        hub = hub_error(e, f"--dataset_name {name}")
+        if hub is not None:  # the Hub out of reach exits 75 (a retry may heal it), a missing repo 2
+            raise hub from None
         raise UserError(
             f"--dataset_name {name}: could not load it from the Hub ({type(e).__name__}); check the id, your "
             "network and HF_TOKEN, or pass a local directory."

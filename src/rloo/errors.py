@@ -25,3 +25,11 @@ class ServiceUnavailable(UserError):
     (rloo.stages.retry tells the two apart by the status)."""
 
     exit_code = 75
+
+
+def reworded(error: UserError, message: str) -> UserError:
+    """``message`` as an error that exits as ``error`` does: a caller that adds context to a failure (which
+    flag, which step) must not turn a service out of reach (75, a retry may heal it) into a mistake (2)."""
+    if error.exit_code == ServiceUnavailable.exit_code:
+        return ServiceUnavailable(message)
+    return UserError(message)

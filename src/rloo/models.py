@@ -121,7 +121,10 @@ def check_model_source(flag: str, path: str) -> None:
     :func:`rloo.storage.location.source_kind` (``gpt2`` and ``org/name`` are Hub ids, ``./gpt2`` a path)."""
     kind = source_kind(path)
     if kind == "hub":
-        return  # transformers resolves it (and reports its own failure, wrapped below)
+        from rloo.storage.hub import check_hub_model
+
+        check_hub_model(f"--{flag} {path}", path)  # once per process: an unreachable Hub is one line, exit 75
+        return
     if kind == "s3":
         check_model_prefix(flag, path)
         return
@@ -240,6 +243,11 @@ def _wrap_load(flag: str, path: str, fn: Any, *, shown: str | None = None) -> An
     except UserError:
         raise
     except Exception as e:  # corrupt weights, missing files, network: all one line for the user
+        from rloo.storage.hub import hub_error
+
+        hub = hub_error(e, f"--{flag} {shown or path}")
+        if hub is not None:  # the Hub out of reach (75) or refusing the repo: no advice to re-save anything
+            raise hub from None
         first = (str(e).strip().splitlines() or [""])[0][:300]
         raise UserError(
             f"--{flag} {shown or path}: cannot load it ({type(e).__name__}: {first}); check that it is a "

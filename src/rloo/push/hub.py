@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from rloo.errors import UserError
+from rloo.errors import ServiceUnavailable, UserError
 from rloo.push.config import HF_TOKEN_ENV
 from rloo.storage.redact import redact
 
@@ -51,6 +51,11 @@ def upload_to_hub(
     except UserError:
         raise
     except Exception as e:  # HfHubHTTPError, connection errors: one line, token never shown
+        from rloo.storage.hub import hub_error
+
+        unreachable = hub_error(e, f"Hub upload to {repo_id}")
+        if isinstance(unreachable, ServiceUnavailable):  # exit 75: a retried push step may get through
+            raise unreachable from None
         raise UserError(
             f"Hub upload to {repo_id} failed ({redact(' '.join(str(e).split()), [token])[:200]}); check "
             f"{HF_TOKEN_ENV} has write access and the network reaches the Hub."

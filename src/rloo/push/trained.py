@@ -21,6 +21,7 @@ from rloo.models import (
     local_model_dir,
 )
 from rloo.storage import Location, download_dir, read_manifest
+from rloo.storage.errors import prefixed
 from rloo.storage.location import source_kind
 
 FLAG = "model_path"
@@ -38,8 +39,8 @@ def check_trained_model(model_path: str) -> Path | None:
         loc = Location.parse(model_path)  # a malformed URI says so itself, naming the URI
         try:
             manifest = read_manifest(loc)
-        except UserError as e:
-            raise UserError(f"--{FLAG} {model_path}: {e}") from None
+        except UserError as e:  # a store out of reach still exits 75: a retried push step may succeed
+            raise prefixed(e, f"--{FLAG} {model_path}") from None
         _check_training_files(model_path, {f for f in manifest.by_path if "/" not in f})
         return None
     # resolved: a relative path's name (the model card's fallback model name) is its directory's

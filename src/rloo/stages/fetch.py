@@ -61,12 +61,11 @@ def fetch_model(
 
             local = local_sft_model(source)
         else:
-            commit = resolve_hub_commit(source, revision, hub_api)
-            api = hub_api or _hf_api()
-            from rloo.storage.progress import quiet_library_bars
+            from rloo.storage.hub import hub_errors
 
-            quiet_library_bars()  # a step's log is no terminal: no bars redrawn into one huge line
-            local = Path(api.snapshot_download(source, revision=commit, local_dir=Path(tmp) / "model"))
+            with hub_errors(f"model {source}"):  # the Hub out of reach: one line, exit 75 (a retry may heal)
+                commit = resolve_hub_commit(source, revision, hub_api)
+                local = _download_hub_model(hub_api or _hf_api(), source, commit, Path(tmp) / "model")
         if revision and commit is None:
             raise UserError(
                 f"--model_revision {revision!r} only applies to a Hugging Face Hub id, and {source!r} is not one."
@@ -100,6 +99,13 @@ def _fetch_s3_model(source: str, local: Path) -> dict[str, Any]:
     except UserError as e:
         raise prefixed(e, f"--model {source}") from None
     return {"source_files": [f.to_dict() for f in read.files], "source_manifest": read.manifest}
+
+
+def _download_hub_model(api: Any, source: str, commit: str, local: Path) -> Path:
+    from rloo.storage.progress import quiet_library_bars
+
+    quiet_library_bars()  # a step's log is no terminal: no bars redrawn into one huge line
+    return Path(api.snapshot_download(source, revision=commit, local_dir=local))
 
 
 def _hf_api() -> Any:

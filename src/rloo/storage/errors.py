@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rloo.errors import UserError
+from rloo.errors import ServiceUnavailable, UserError, reworded
 from rloo.storage.redact import redact
 
 
@@ -16,12 +16,13 @@ class StorageError(UserError):
         super().__init__(redact(message))
 
 
-class StorageUnavailable(StorageError):
+class StorageUnavailable(StorageError, ServiceUnavailable):
     """The store could not be reached, or kept failing or throttling through every attempt: nothing about the
-    request is wrong. Exits 75 (``EX_TEMPFAIL`` of sysexits.h) instead of 2, so a retried pipeline step tries
-    again later (rloo.stages.retry tells the two apart by the status)."""
+    request is wrong. A :class:`rloo.errors.ServiceUnavailable` (exit 75, ``EX_TEMPFAIL`` of sysexits.h), the
+    one class of every transient failure, so a retried pipeline step tries again later (rloo.stages.retry
+    tells the two apart by the status)."""
 
-    exit_code = 75
+    exit_code = ServiceUnavailable.exit_code
 
 
 class IncompleteArtifactError(StorageError):
@@ -33,5 +34,5 @@ def prefixed(error: UserError, context: str) -> UserError:
     a store that could not be reached still exits 75 (a retry may heal it), a bad prefix 2."""
     try:
         return type(error)(f"{context}: {error}")
-    except TypeError:  # a subclass with another signature: the message matters more than the class
-        return UserError(f"{context}: {error}")
+    except TypeError:  # a subclass with another signature: the exit code matters more than the class
+        return reworded(error, f"{context}: {error}")
