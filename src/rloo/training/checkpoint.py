@@ -204,14 +204,24 @@ def checkpoint_problem(path: Path) -> str | None:
     return None
 
 
-def latest_checkpoint(output_dir: Path) -> Path | None:
-    """The newest complete checkpoint; broken ones are skipped with a warning."""
+def newest_intact_checkpoint(output_dir: Path) -> tuple[Path | None, list[tuple[Path, str]]]:
+    """The newest checkpoint that matches its manifest (None if none does), and the newer ones that do not,
+    newest first, each with what is wrong with it."""
+    damaged: list[tuple[Path, str]] = []
     for _, path in list_checkpoints(output_dir):
         problem = checkpoint_problem(path)
         if problem is None:
-            return path
-        log.warning("skipping %s: %s", path, problem)
-    return None
+            return path, damaged
+        damaged.append((path, problem))
+    return None, damaged
+
+
+def latest_checkpoint(output_dir: Path) -> Path | None:
+    """The newest complete checkpoint; broken ones are skipped with a warning."""
+    path, damaged = newest_intact_checkpoint(output_dir)
+    for broken, problem in damaged:
+        log.warning("skipping %s: %s", broken, problem)
+    return path
 
 
 def load_checkpoint(

@@ -36,8 +36,8 @@ from rloo.training.checkpoint import (
     checkpoint_problem,
     engine_world_size,
     engine_zero_stage,
-    latest_checkpoint,
     load_checkpoint,
+    newest_intact_checkpoint,
     save_checkpoint,
     save_engine_state,
     temporary_dir,
@@ -99,6 +99,7 @@ class CheckpointManager:
         self.comm = comm or Collectives(accelerator)
         self.world = self.comm.world
         self.reference = reference
+        self._last_saved: tuple[int, Path] | None = None
 
     def check_weights(self, update: int, state_dict: dict[str, Any] | None = None) -> None:
         """Never write a model holding NaN/inf (or overflowing) weights: a reader would take it as trained."""
@@ -158,7 +159,14 @@ class CheckpointManager:
 
         self.on_main(write)
         self.accelerator.wait_for_everyone()
+        self._last_saved = (update, path)
         return path
+
+    def saved(self, update: int) -> Path | None:
+        """The checkpoint this run saved last, when it was taken at ``update`` and is still there."""
+        if self._last_saved is None or self._last_saved[0] != update or not self._last_saved[1].is_dir():
+            return None
+        return self._last_saved[1]
 
     def _gathered_policy_state(self) -> dict[str, Any] | None:
         """The policy's full state dict under ZeRO-3 (on the main process; {} elsewhere), None otherwise."""
@@ -316,9 +324,7 @@ class CheckpointManager:
         if choice == "none":
             return None
         if choice == "latest":
-            path = latest_checkpoint(out_dir)
-            if path is None and self.cfg.mirror_uri:
-                path = self._restore_from_mirror(out_dir)
+            path = self.latest_intact(out_dir)
             if path is None:
                 return None
         else:
@@ -403,7 +409,28 @@ class CheckpointManager:
                 "over."
             )
 
-    def _restore_from_mirror(self, out_dir: Path) -> Path | None:
+    def latest_intact(self, out_dir: Path) -> Path | None:
+        """The newest checkpoint in out_dir that matches its manifest, else the mirror's newest (fetched), else
+        None. A damaged checkpoint is never a reason to start over: with an earlier intact one that one is used
+        (one warning line saying so); with none, a UserError names the damaged file."""
+        path, damaged = newest_intact_checkpoint(out_dir)
+        if path is None and self.cfg.mirror_uri:
+            self._restore_from_mirror(out_dir)
+            path, damaged = newest_intact_checkpoint(out_dir)
+        if not damaged:
+            return path
+        newest, problem = damaged[0]
+        if path is None:
+            raise UserError(
+                f"cannot resume from {newest}: {problem}, and no earlier checkpoint is intact; put the file back "
+                "as it was written, or pass --resume_from_checkpoint none to start over."
+            )
+        log.warning(
+            "%s is damaged (%s): resuming from %s, the newest intact checkpoint", newest, problem, path
+        )
+        return path
+
+    def _restore_from_mirror(self, out_dir: Path) -> None:
         """A fresh machine: fetch the newest complete mirrored checkpoint (and its metrics) into out_dir."""
         restored = None
         if self.accelerator.is_main_process and self.mirror is not None:
@@ -414,4 +441,3 @@ class CheckpointManager:
                 if snapshot.is_file() and not (out_dir / METRICS_FILE).is_file():
                     shutil.copy2(snapshot, out_dir / METRICS_FILE)
         self.accelerator.wait_for_everyone()
-        return latest_checkpoint(out_dir)

@@ -266,6 +266,27 @@ class RLOOTrainer:
             fallback_split=self.train_ds.split,
         )
         self.plan: BatchPlan = cfg.batch_plan(self.accelerator.num_processes, num_prompts=len(self.train_ds))
+        self._warn_if_batch_exceeds_prompts()
+
+    def _warn_if_batch_exceeds_prompts(self) -> None:
+        """One warning when an update takes more prompts than the split holds: the sampler then draws some
+        prompts twice in one update, with the same seeds and so the same completions, which weighs them
+        double and teaches nothing new (it trains; the batch is just larger than the data can fill)."""
+        per_update = self.plan.batch_size // self.cfg.rloo_k
+        have = len(self.train_ds)
+        if per_update > have and self.accelerator.is_main_process:
+            log.warning(
+                "each update takes %d prompts (batch %d / rloo_k %d) but the %r split holds %d: some prompts are "
+                "drawn twice per update and sample the same completions twice; use a batch of at most %d "
+                "completions (per_device_train_batch_size x gradient_accumulation_steps x num_mini_batches x "
+                "processes), or more prompts.",
+                per_update,
+                self.plan.batch_size,
+                self.cfg.rloo_k,
+                self.train_ds.split,
+                have,
+                have * self.cfg.rloo_k,
+            )
 
     def _setup_models(self) -> None:
         """Tokenizer, policy (with LoRA adapters if asked), reference policy and stop token."""
@@ -458,6 +479,9 @@ class RLOOTrainer:
         self._num_tokens = 0.0
         self._length_corr_streak = 0
         self._warned_nothing_kept = False
+        # the update whose sample table is owed: set from its safe point until the table is logged, so that a
+        # preemption in between checkpoints it as owed and the resumed run logs it first
+        self._samples_due: int | None = None
         self.sample_freq = (
             max(1, self.num_updates // cfg.num_sample_generations) if cfg.num_sample_generations > 0 else 0
         )
@@ -1132,20 +1156,28 @@ class RLOOTrainer:
         if self.world == 1:  # in-loop checks would desynchronise ranks: multi-process checks between phases
             self.generator.should_stop = preemption.requested
         status: Status = "FAILED"
-        update = resumed or 0
+        # the updates whose weights are in the model: a preemption checkpoints the run at this point
+        position = resumed or 0
         try:
+            if self._samples_due is not None:  # preempted before its sample table: owed first
+                self._sample_table(logger, self._samples_due, preemption)
             for update in range(resumed or 0, self.num_updates):
-                metrics, samples = self._update(update, preemption)
-                self._report(
-                    logger, update, metrics, samples, out_dir, first_of_run=resumed is None and update == 0
-                )
+                metrics = self._update(update, preemption)
+                position = update + 1
+                self._report(logger, update, metrics, out_dir, first_of_run=resumed is None and update == 0)
+                if self.sample_freq and update % self.sample_freq == 0:
+                    self._sample_table(logger, update + 1, preemption)
                 if cfg.save_steps and (update + 1) % cfg.save_steps == 0 and update + 1 < self.num_updates:
                     self.checkpoints.save(out_dir, update + 1)
+            # a signal during the last update's reports: the checkpoint spares the final save's grace period
+            self._phase("finish", self.num_updates, preemption)
             self._finish(out_dir, logger)
             status = "FINISHED"
+            if self.comm.any(preemption.requested(), self.device):
+                self._finished_when_preempted(out_dir, preemption)
         except _Preempted:
             status = "KILLED"
-            self._checkpoint_preempted(out_dir, logger, update, preemption)
+            self._checkpoint_preempted(out_dir, logger, position, preemption)
             raise SystemExit(preemption.exit_code) from None
         finally:
             preemption.uninstall()
@@ -1193,10 +1225,9 @@ class RLOOTrainer:
             logger.open(out_dir, keep_until_update=resumed)
         return logger
 
-    def _update(
-        self, update: int, preemption: _Preemption
-    ) -> tuple[dict[str, Any], list[dict[str, Any]] | None]:
-        """One RLOO update: rollout, optimization, scheduler step; its metrics and sample generations."""
+    def _update(self, update: int, preemption: _Preemption) -> dict[str, Any]:
+        """One RLOO update: rollout, optimization, scheduler step; its metrics. A preemption before the
+        optimization leaves the run where this update started (_Preempted)."""
         cfg = self.cfg
         timer = _Timer(self.device)
         t0 = time.perf_counter()
@@ -1253,12 +1284,21 @@ class RLOOTrainer:
             * cfg.num_ppo_epochs
             / max(timer.seconds["optimization"], 1e-9),
         }
-        samples = (
-            self.sample_generations(update + 1)
-            if self.sample_freq and update % self.sample_freq == 0
-            else None
-        )
-        return metrics, samples
+        return metrics
+
+    def _sample_table(self, logger: MetricsLogger, step: int, preemption: _Preemption) -> None:
+        """The sample generations after update ``step``, logged. A preemption before or during them
+        checkpoints the run after update ``step`` with the table owed (_Preempted): the resumed run, holding
+        the same weights, generates and logs it before its next update."""
+        self._samples_due = step
+        self._phase("samples", step - 1, preemption)
+        try:
+            rows = self.sample_generations(step)
+        except GenerationInterrupted:
+            raise _Preempted from None
+        if self.accelerator.is_main_process:
+            logger.samples(step, rows)
+        self._samples_due = None
 
     def _watch_length_correlation(self, update: int, corr: float) -> None:
         """One warning when the score-length correlation has stayed above the threshold for
@@ -1284,18 +1324,15 @@ class RLOOTrainer:
         logger: MetricsLogger,
         update: int,
         metrics: dict[str, Any],
-        samples: list[dict[str, Any]] | None,
         out_dir: Path,
         *,
         first_of_run: bool,
     ) -> None:
-        """Metrics every ``logging_steps`` (and the last), samples, the progress bar: main process only."""
+        """Metrics every ``logging_steps`` (and the last), the progress bar: main process only."""
         if not self.accelerator.is_main_process:
             return
         if (update + 1) % self.cfg.logging_steps == 0 or update + 1 == self.num_updates:
             logger.log(metrics)
-        if samples is not None:
-            logger.samples(update + 1, samples)
         if first_of_run:
             logger.open(out_dir)  # the first update succeeded: from here on, output is kept
         logger.progress(1, reward=metrics["objective/scores"], kl=metrics["objective/kl"])
@@ -1318,11 +1355,12 @@ class RLOOTrainer:
     def _checkpoint_preempted(
         self, out_dir: Path, logger: MetricsLogger, update: int, preemption: _Preemption
     ) -> None:
-        """SIGTERM or Ctrl-C: checkpoint the state update ``update`` started from (after SIGTERM within the
-        grace period)."""
+        """SIGTERM or Ctrl-C: checkpoint the run after ``update`` updates (after SIGTERM within the grace
+        period); the periodic checkpoint of that update serves when nothing has happened since."""
         if self.accelerator.is_main_process and logger.output_dir is None:
             logger.open(out_dir, keep_until_update=update)
-        path = self.checkpoints.save(out_dir, update)
+        path = self.checkpoints.saved(update) if self._samples_due is None else None
+        path = path or self.checkpoints.save(out_dir, update)
         if self.mirror is not None:
             self.mirror.wait()  # a fresh pod resumes from the mirror: it must hold this checkpoint
         preemption.cancel_deadline()
@@ -1333,6 +1371,17 @@ class RLOOTrainer:
             update,
             self.num_updates,
         )
+
+    def _finished_when_preempted(self, out_dir: Path, preemption: _Preemption) -> None:
+        """SIGTERM or Ctrl-C while the final model was written: it is complete, so that is the checkpoint;
+        exit as a preempted run does (the same command then finds nothing to do)."""
+        preemption.cancel_deadline()
+        log.warning(
+            "%s: the run had finished: the model is in %s",
+            "Ctrl-C" if preemption.signal_name == "SIGINT" else "SIGTERM",
+            self.cfg.publish_uri or (self.remote.uri if self.remote is not None else out_dir),
+        )
+        raise SystemExit(preemption.exit_code)
 
     # ------------------------------------------------------------------------------------------------
     # checkpoints, resume, preemption
@@ -1351,6 +1400,7 @@ class RLOOTrainer:
             "episode": self.state.episode,
             "num_tokens": self._num_tokens,
             "length_corr_streak": self._length_corr_streak,
+            "samples_due": self._samples_due,
             **self.sampler.state_dict(),
             "world_size": self.world,
             "seed": self.cfg.seed,
@@ -1365,6 +1415,8 @@ class RLOOTrainer:
         self.state.episode = int(st["episode"])
         self._num_tokens = float(st["num_tokens"])
         self._length_corr_streak = int(st.get("length_corr_streak", 0))  # older checkpoints: none
+        due = st.get("samples_due")
+        self._samples_due = None if due is None else int(due)
         self.sampler.load_state_dict(st)
         return int(st["update"])
 

@@ -1,0 +1,245 @@
+"""SIGTERM or Ctrl-C at every point of a run: each ends in a checkpoint (or the finished model) and exit 130 / 143,
+and the same command then ends where an uninterrupted run ends, weights, metrics and sample tables alike.
+
+Kubernetes evicts a pod with SIGTERM and SIGKILLs it ``terminationGracePeriodSeconds`` later
+(kubernetes/kubernetes pkg/kubelet/kuberuntime/kuberuntime_container.go, ``killContainer``), whatever the
+process is doing then: rolling out, optimizing, drawing its sample table, writing metrics, a checkpoint, the plots
+or the final model. The signal is delivered to this process (``os.kill``) from inside the phase named, as the
+kubelet's would arrive there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from rloo.config import RLOOConfig
+from rloo.demo.tiny import TinySetup
+from rloo.training import checkpoint_manager, trainer
+from rloo.training.checkpoint import checkpoint_problem, list_checkpoints
+from rloo.training.metrics import MetricsLogger
+
+pytestmark = pytest.mark.slow
+
+TIMING = ("time/", "memory/", "throughput/", "eps", "timestamp")  # measurements, not results
+UPDATES = 4
+
+
+def _config(tiny: TinySetup, data: Path, out: Path) -> RLOOConfig:
+    # a sample table after every update, a periodic checkpoint after update 2
+    return RLOOConfig(
+        model_name_or_path=str(tiny.policy),
+        reward_funcs=["rloo.demo.toy:letter_reward"],
+        dataset_name=str(data),
+        output_dir=str(out),
+        per_device_train_batch_size=8,
+        rloo_k=4,
+        num_ppo_epochs=1,
+        response_length=6,
+        learning_rate=5e-3,
+        temperature=1.0,
+        max_steps=UPDATES,
+        save_steps=2,
+        num_sample_generations=UPDATES,
+        per_device_eval_batch_size=2,
+        disable_tqdm=True,
+        preemption_grace_seconds=3600,
+        seed=3,
+    )
+
+
+def _metrics(out: Path) -> list[dict[str, Any]]:
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if not k.startswith(TIMING)} for r in rows]
+
+
+def _samples(out: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tiny: TinySetup, toy_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("straight") / "out"
+    trainer.train(_config(tiny, toy_data, out))
+    return out
+
+
+@pytest.fixture
+def ctrl_c_handled() -> Iterator[None]:
+    """Ctrl-C reaches the trainer even where the tests run with SIGINT ignored (a background job)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def _signal(signum: int) -> None:
+    os.kill(os.getpid(), signum)
+
+
+# Each phase: how to deliver the signal from inside it (patching the trainer t, or the classes it uses).
+def _in_rollout(t: trainer.RLOOTrainer, mp: pytest.MonkeyPatch, signum: int) -> None:
+    generate, calls = t.generator.generate, []
+
+    def wrapped(*args: Any, **kw: Any) -> Any:
+        if not args[3].greedy:  # the rollout's sampling, not the sample table's
+            calls.append(1)
+            if len(calls) == 3:
+                _signal(signum)
+        return generate(*args, **kw)
+
+    mp.setattr(t.generator, "generate", wrapped)
+
+
+def _in_optimization(t: trainer.RLOOTrainer, mp: pytest.MonkeyPatch, signum: int) -> None:
+    optimize = t.optimize
+
+    def wrapped(ro: Any, update: int) -> Any:
+        if update == 1:
+            _signal(signum)
+        return optimize(ro, update)
+
+    mp.setattr(t, "optimize", wrapped)
+
+
+def _in_sample_table(t: trainer.RLOOTrainer, mp: pytest.MonkeyPatch, signum: int) -> None:
+    generate, calls = t.generator.generate, []
+
+    def wrapped(*args: Any, **kw: Any) -> Any:
+        if args[3].greedy:  # between decode steps of the sample table's generation
+            calls.append(1)
+            if len(calls) == 2:
+                _signal(signum)
+        return generate(*args, **kw)
+
+    mp.setattr(t.generator, "generate", wrapped)
+
+
+def _logger_method(
+    name: str, at_update: int
+) -> Callable[[trainer.RLOOTrainer, pytest.MonkeyPatch, int], None]:
+    def patch(t: trainer.RLOOTrainer, mp: pytest.MonkeyPatch, signum: int) -> None:
+        original = getattr(MetricsLogger, name)
+
+        def wrapped(self: MetricsLogger, first: Any, *args: Any) -> Any:
+            step = first["update"] if isinstance(first, dict) else first
+            if step == at_update:
+                _signal(signum)
+            return original(self, first, *args)
+
+        mp.setattr(MetricsLogger, name, wrapped)
+
+    return patch
+
+
+def _in_checkpoint_write(t: trainer.RLOOTrainer, mp: pytest.MonkeyPatch, signum: int) -> None:
+    save, calls = checkpoint_manager.save_checkpoint, []
+
+    def wrapped(out_dir: Path, update: int, **kw: Any) -> Any:
+        calls.append(update)
+        if len(calls) == 1:  # the periodic checkpoint after update 2
+            _signal(signum)
+        return save(out_dir, update, **kw)
+
+    mp.setattr(checkpoint_manager, "save_checkpoint", wrapped)
+
+
+def _in_final_model_write(t: trainer.RLOOTrainer, mp: pytest.MonkeyPatch, signum: int) -> None:
+    write = t.checkpoints._write_final
+
+    def wrapped(*args: Any) -> Any:
+        _signal(signum)
+        return write(*args)
+
+    mp.setattr(t.checkpoints, "_write_final", wrapped)
+
+
+def _in_plots(t: trainer.RLOOTrainer, mp: pytest.MonkeyPatch, signum: int) -> None:
+    from rloo.tracking import plots
+
+    draw = plots.plot_training_curves
+
+    def wrapped(*args: Any, **kw: Any) -> Any:
+        _signal(signum)
+        return draw(*args, **kw)
+
+    mp.setattr(plots, "plot_training_curves", wrapped)
+
+
+PHASES = {
+    "rollout": _in_rollout,
+    "optimization": _in_optimization,
+    "sample_table": _in_sample_table,
+    "metrics_write": _logger_method("log", 2),
+    "last_metrics_write": _logger_method("log", UPDATES),
+    "sample_table_write": _logger_method("samples", 2),
+    "checkpoint_write": _in_checkpoint_write,
+    "final_model_write": _in_final_model_write,
+    "plots": _in_plots,
+}
+
+
+def _interrupted_then_resumed(
+    tiny: TinySetup, data: Path, out: Path, phase: str, signum: int, mp: pytest.MonkeyPatch
+) -> None:
+    t = trainer.RLOOTrainer(_config(tiny, data, out))
+    with mp.context() as patched:
+        PHASES[phase](t, patched, signum)
+        with pytest.raises(SystemExit) as stopped:
+            t.train()
+    assert stopped.value.code == 128 + signum
+    # what the run stopped at is whole: a checkpoint that matches its manifest, or the finished model
+    newest = list_checkpoints(out)[0][1] if list_checkpoints(out) else None
+    finished = (out / "training_complete.json").is_file()
+    assert finished or (newest is not None and checkpoint_problem(newest) is None)
+    assert not list(out.glob(".checkpoint-*"))
+    trainer.train(_config(tiny, data, out))  # the same command
+
+
+@pytest.mark.parametrize("phase", sorted(PHASES))
+def test_ctrl_c_in_each_phase_checkpoints_and_resumes_exactly(
+    tiny: TinySetup,
+    toy_data: Path,
+    tmp_path: Path,
+    uninterrupted: Path,
+    ctrl_c_handled: None,
+    monkeypatch: pytest.MonkeyPatch,
+    phase: str,
+) -> None:
+    out = tmp_path / "out"
+    _interrupted_then_resumed(tiny, toy_data, out, phase, signal.SIGINT, monkeypatch)
+    straight, resumed = (
+        load_file(str(uninterrupted / "model.safetensors")),
+        load_file(str(out / "model.safetensors")),
+    )
+    assert all(torch.equal(straight[k], resumed[k]) for k in straight)
+    assert _metrics(out) == _metrics(uninterrupted)
+    assert _samples(out) == _samples(uninterrupted)
+    assert [m["update"] for m in _metrics(out)] == list(range(1, UPDATES + 1))
+
+
+@pytest.mark.parametrize("phase", ["sample_table", "optimization", "last_metrics_write", "plots"])
+def test_sigterm_in_a_phase_exits_143_and_resumes_exactly(
+    tiny: TinySetup,
+    toy_data: Path,
+    tmp_path: Path,
+    uninterrupted: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    phase: str,
+) -> None:
+    out = tmp_path / "out"
+    _interrupted_then_resumed(tiny, toy_data, out, phase, signal.SIGTERM, monkeypatch)
+    straight, resumed = (
+        load_file(str(uninterrupted / "model.safetensors")),
+        load_file(str(out / "model.safetensors")),
+    )
+    assert all(torch.equal(straight[k], resumed[k]) for k in straight)
+    assert _metrics(out) == _metrics(uninterrupted)
+    assert _samples(out) == _samples(uninterrupted)
