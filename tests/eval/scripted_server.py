@@ -6,7 +6,9 @@ It reads the two responses out of the default judge template and answers:
 - ``E429xN`` / ``E500xN`` / ``STALLxN``: the first N requests with that exact body get HTTP 429 / 500 / no
   answer for ``stall_seconds`` (longer than the client's timeout);
 - HTTP 401 for a key other than ``API_KEY`` and 404 for a model other than ``MODEL``;
-- with ``context_chars``, HTTP 400 with vLLM's context-length message for a longer request.
+- with ``context_chars``, HTTP 400 with vLLM's context-length message for a longer request;
+- ``GET /models``: ``MODEL``'s card, with ``max_model_len`` when given (as vLLM's
+  vllm/entrypoints/openai/models/serving.py, show_available_models, lists it).
 """
 
 from __future__ import annotations
@@ -29,9 +31,12 @@ def _responses(content: str) -> tuple[str, str]:
 
 
 class ScriptedJudge:
-    def __init__(self, stall_seconds: float = 3.0, context_chars: int | None = None) -> None:
+    def __init__(
+        self, stall_seconds: float = 3.0, context_chars: int | None = None, max_model_len: int | None = None
+    ) -> None:
         self.stall_seconds = stall_seconds
         self.context_chars = context_chars
+        self.max_model_len = max_model_len
         self.seen: Counter[str] = Counter()  # request body -> times received
         self.requests = 0
         self.lock = threading.Lock()
@@ -51,6 +56,16 @@ class ScriptedJudge:
                 self.end_headers()
                 self.wfile.write(data)
 
+            def do_GET(self) -> None:
+                if self.headers.get("Authorization") != f"Bearer {API_KEY}":
+                    return self._send(401, {"error": {"message": "bad key", "type": "invalid_api_key"}})
+                if not self.path.rstrip("/").endswith("/v1/models"):
+                    return self._send(404, {"error": {"message": "no such route"}})
+                card: dict[str, Any] = {"id": MODEL, "object": "model", "created": 0, "owned_by": "test"}
+                if owner.max_model_len is not None:
+                    card["max_model_len"] = owner.max_model_len
+                self._send(200, {"object": "list", "data": [card]})
+
             def do_POST(self) -> None:
                 raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 with owner.lock:
@@ -59,7 +74,7 @@ class ScriptedJudge:
                     nth = owner.seen[raw.decode()]
                 if self.headers.get("Authorization") != f"Bearer {API_KEY}":
                     return self._send(401, {"error": {"message": "bad key", "type": "invalid_api_key"}})
-                if not self.path.endswith("/chat/completions"):
+                if not self.path.endswith("/v1/chat/completions"):
                     return self._send(404, {"error": {"message": "no such route"}})
                 req = json.loads(raw)
                 if req.get("model") != MODEL:

@@ -165,10 +165,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rloo: unknown command {command!r}; choose one of: {', '.join(COMMANDS)}.", file=sys.stderr)
         return 2
     try:
-        # Before any command reads it: a password in the URI would be printed by MLflow's own log lines.
+        # Before any command reads it: a password in the URI would be printed by MLflow's own log lines, and
+        # a URI MLflow has no store for would leave the run untracked without a word.
         from rloo.tracking.runs import refuse_credentials_in_uri
+        from rloo.tracking.uri import check_tracking_uri
 
         refuse_credentials_in_uri(os.environ.get("MLFLOW_TRACKING_URI"))
+        check_tracking_uri(os.environ.get("MLFLOW_TRACKING_URI"))
         return COMMANDS[command](rest)
     except UserError as e:
         _say(f"rloo {command}: error: {e}")

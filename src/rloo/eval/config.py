@@ -7,6 +7,7 @@ and validation raises a one-line :class:`rloo.errors.UserError` naming the field
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -125,6 +126,11 @@ class EvalConfig:
         for name in ("model_name_or_path", "dataset_name", "judge_base_url", "judge_model"):
             if not getattr(self, name):
                 raise UserError(f"--{name} is required.")
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            # nan passes every comparison below unnoticed, and inf is recorded as 'Infinity', which is no JSON
+            if isinstance(value, float) and not math.isfinite(value):
+                raise UserError(f"--{f.name} must be a finite number (got {value}).")
         from rloo.storage.location import require_local_or_s3, require_local_path
 
         fetch = "give a Hub id or a local directory (download an s3:// upload first, e.g. 'aws s3 sync')."
@@ -177,6 +183,10 @@ class EvalConfig:
             raise UserError(f"--report_to must be 'mlflow' or 'none' (got {self.report_to!r}).")
         if self.judge_template is not None:
             load_template(self.judge_template)
+        from rloo.eval.endpoint import check_base_url
+
+        assert self.judge_base_url is not None  # required above
+        check_base_url(self.judge_base_url)
 
     @property
     def greedy(self) -> bool:

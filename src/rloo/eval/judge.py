@@ -19,13 +19,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from rloo.errors import ServiceUnavailable, UserError
+from rloo.eval.endpoint import failure_hint, retryable_status
 from rloo.eval.stats import MODEL, REFERENCE
 
 log = logging.getLogger(__name__)
 
 OK, INVALID, ERROR, BUDGET = "ok", "invalid", "error", "budget"
 ORDERS = ("model_first", "reference_first")
-_RETRY_STATUS = {408, 409, 429}
 _MAX_BACKOFF = 30.0
 # The letter alone, optionally wrapped in quotes/markdown/brackets and followed by a period.
 _ANSWER = re.compile(r"^[\s\"'`*_\[(]*(?:response\s+)?([AB])[\s\"'`*_\])]*[.!]?[\s\"'`*_]*$", re.IGNORECASE)
@@ -174,7 +174,7 @@ class PairwiseJudge:
                 raise self._fatal from None
             except openai.APIStatusError as e:
                 j.error = f"HTTP {e.status_code}"
-                if not _retryable_status(e.status_code):
+                if not retryable_status(e.status_code):
                     # the server's own reason ("maximum context length is 512 tokens ..."): what to fix
                     j.error += f": {_server_message(e)}"
                     j.status = ERROR
@@ -263,15 +263,16 @@ class PairwiseJudge:
         self.stats.preflight_requests += self.stats.requests - before[0]
         self.stats.requests, self.stats.retries = before
         if j.status == ERROR:
-            message = (
-                f"the judge at {self.s.base_url} is unreachable or failing ({j.error} after {j.attempts} "
-                "attempt(s)); check --judge_base_url and that the server is up."
-            )
             # Down, overloaded or still starting (the chart's vLLM judge loads its model for minutes): exit 75,
             # so a retried pipeline step tries again; a refused request (another 4xx) is the caller's to fix.
             if _transient(j.error):
-                raise ServiceUnavailable(message)
-            raise UserError(message)
+                raise ServiceUnavailable(
+                    f"the judge at {self.s.base_url} is unreachable or failing ({j.error} after {j.attempts} "
+                    f"attempt(s)): {failure_hint(j.error)}."
+                )
+            raise UserError(
+                f"the judge at {self.s.base_url} refused the request ({j.error}): {failure_hint(j.error)}."
+            )
 
 
 def _transient(error: str | None) -> bool:
@@ -279,12 +280,7 @@ def _transient(error: str | None) -> bool:
     if error in ("APIConnectionError", "APITimeoutError"):
         return True
     m = re.match(r"HTTP (\d+)", error or "")
-    return m is not None and _retryable_status(int(m[1]))
-
-
-def _retryable_status(code: int) -> bool:
-    """An HTTP status worth retrying: 408/409/429 and every 5xx."""
-    return code in _RETRY_STATUS or code >= 500
+    return m is not None and retryable_status(int(m[1]))
 
 
 def _server_message(e: Any) -> str:

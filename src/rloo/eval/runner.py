@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,10 @@ def run_eval(
     models were downloaded from; ``output``: where the output directory is published), for callers that
     evaluate temporary copies, such as the pipeline's evaluate step."""
     assert cfg.model_name_or_path and cfg.dataset_name  # validated
+    from rloo.tracking.uri import check_tracking_uri
+
+    # a tracking URI MLflow cannot use fails now, before anything loads
+    check_tracking_uri(os.environ.get("MLFLOW_TRACKING_URI"))
     rows = load_eval_rows(
         cfg.dataset_name, cfg.dataset_split, config=cfg.dataset_config, num_examples=cfg.num_examples
     )
@@ -224,13 +229,20 @@ def _evaluate(
         }
         for i in range(n)
     ]
-    (out / RESULTS_FILE).write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
+    (out / RESULTS_FILE).write_text(strict_json(results, indent=2, sort_keys=True) + "\n")
     with open(out / JUDGEMENTS_FILE, "w") as f:
         for ex in examples:
-            f.write(json.dumps(ex, ensure_ascii=False) + "\n")
+            f.write(strict_json(ex, ensure_ascii=False) + "\n")
     (out / REPORT_FILE).write_text(render_html(results, examples, cfg.report_examples))
-    (out / KFP_METRICS_FILE).write_text(json.dumps(kfp_metrics(results), indent=2, sort_keys=True) + "\n")
+    (out / KFP_METRICS_FILE).write_text(strict_json(kfp_metrics(results), indent=2, sort_keys=True) + "\n")
     return results
+
+
+def strict_json(value: Any, **kw: Any) -> str:
+    """JSON that every parser reads: Python's default writes NaN and Infinity, which are not JSON (RFC 8259;
+    JavaScript's JSON.parse, which the KFP and MLflow UIs use, refuses them). Non-finite numbers are refused
+    where they come in (the config, the reward model's scores), so one here is a bug to surface, not to write."""
+    return json.dumps(value, allow_nan=False, **kw)
 
 
 def recorded_settings(cfg: EvalConfig, sources: dict[str, str] | None) -> dict[str, Any]:

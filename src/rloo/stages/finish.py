@@ -13,6 +13,8 @@ what decides: KFP's driver leaves it empty, failure or not.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 # The success spellings above, each backend's enum name (compared upper-cased).
 SUCCEEDED_STATES = frozenset({"COMPLETE", "CACHED", "SUCCEEDED", "SKIPPED"})
@@ -36,21 +38,71 @@ def run(
     (the ``namespace`` pipeline parameter; empty: this pod's own, from the downward API). Returns what the
     MLflow run was closed as, or why nothing was closed."""
     delete_leftover_job(run_id, namespace)
-    if not os.environ.get("MLFLOW_TRACKING_URI"):
+    uri = os.environ.get("MLFLOW_TRACKING_URI")
+    if not uri:
         return "no tracking server"  # nothing was tracked, nothing to close
-    from rloo.tracking import finish_pipeline_run
-
     closed = closed_as(state)
-    finish_pipeline_run(
-        closed,
-        pipeline_run_id=run_id,
-        pipeline_run_name=run_name,
-        experiment=experiment,
-        error=(error or f"the pipeline run ended {state or 'in an unknown state'}")
-        if closed == "FAILED"
-        else None,
-    )
+    try:
+        _close_run(uri, closed, run_id, run_name, experiment, error, state)
+    except Exception as e:  # whatever MLflow raised: one line, never a traceback (KFP decided the outcome)
+        from rloo.errors import UserError
+        from rloo.storage.redact import redact
+
+        reason = (
+            str(e) if isinstance(e, UserError) else f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
+        )
+        print(
+            f"[rloo] warning: the pipeline's MLflow run was not closed {closed} ({redact(reason).rstrip('.')}); it stays "
+            "RUNNING in MLflow until it is closed there (the run's own outcome is KFP's)",
+            flush=True,
+        )
+        return "not closed"
     return closed
+
+
+# The exit handler's whole MLflow part is bounded: one reachability check, then each request once more at
+# most, each within this many seconds. MLflow's own defaults (mlflow/environment_variables.py:
+# MLFLOW_HTTP_REQUEST_MAX_RETRIES=7 with backoff factor 2, MLFLOW_HTTP_REQUEST_TIMEOUT=120) keep an exit
+# handler whose server is down retrying for minutes.
+MLFLOW_TIMEOUT_S = 10
+MLFLOW_MAX_RETRIES = 1
+
+
+def _close_run(
+    uri: str, closed: str, run_id: str, run_name: str, experiment: str, error: str | None, state: str
+) -> None:
+    from rloo.tracking import check_tracking_server, finish_pipeline_run
+    from rloo.tracking.uri import check_tracking_uri
+
+    check_tracking_uri(uri)
+    check_tracking_server(uri, timeout=MLFLOW_TIMEOUT_S)
+    with _bounded_mlflow_http():
+        finish_pipeline_run(
+            closed,
+            pipeline_run_id=run_id,
+            pipeline_run_name=run_name,
+            experiment=experiment,
+            error=(error or f"the pipeline run ended {state or 'in an unknown state'}")
+            if closed == "FAILED"
+            else None,
+        )
+
+
+@contextmanager
+def _bounded_mlflow_http() -> Iterator[None]:
+    """MLflow's HTTP retries and timeout set to this step's bounds while it runs (a user's own setting
+    wins), as they were after."""
+    bounds = {
+        "MLFLOW_HTTP_REQUEST_MAX_RETRIES": str(MLFLOW_MAX_RETRIES),
+        "MLFLOW_HTTP_REQUEST_TIMEOUT": str(MLFLOW_TIMEOUT_S),
+    }
+    added = [name for name in bounds if name not in os.environ]
+    os.environ.update({name: bounds[name] for name in added})
+    try:
+        yield
+    finally:
+        for name in added:
+            os.environ.pop(name, None)
 
 
 def delete_leftover_job(run_id: str, namespace: str) -> None:

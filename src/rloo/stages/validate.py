@@ -328,10 +328,17 @@ def eval_gpu_limit(cluster: ClusterConfig) -> str:
     return "1" if cluster.gpu_count > 0 else "0"
 
 
-def run(params: dict[str, Any], env: Mapping[str, str] | None = None) -> StagePlan:
-    """The validate step: the Secrets later steps mount (``env``: this pod's, default ``os.environ``), then
-    :func:`build_plan` with every check (the Hub included)."""
+def run(
+    params: dict[str, Any], env: Mapping[str, str] | None = None, *, check_judge: bool | None = None
+) -> StagePlan:
+    """The validate step: the tracking URI and the Secrets later steps mount (``env``: this pod's, default
+    ``os.environ``), then :func:`build_plan` with every check (the Hub included), then the judge
+    (:func:`check_judge_endpoint`). ``check_judge`` None: on a cluster (where the evaluation follows hours of
+    GPU training), unless the ``judge_check`` parameter is false; a local run serves its own judge."""
+    from rloo.tracking.uri import check_tracking_uri
+
     env = os.environ if env is None else env
+    check_tracking_uri(env.get("MLFLOW_TRACKING_URI"))
     check_secrets(params, env)
     check_queue_backend(params, platform_from_env(env))
     plan = build_plan(params, check_paths=True, check_hub=True)
@@ -341,4 +348,33 @@ def run(params: dict[str, Any], env: Mapping[str, str] | None = None) -> StagePl
             "only through the platform's kueue.queueName (the chart's pipeline.kueue.queueName).",
             plan.cluster.queue_name,
         )
+    if check_judge is None:
+        check_judge = KFP_POD_ENV in env and bool(params.get(JUDGE_CHECK_PARAM, True))
+    if check_judge:
+        check_judge_endpoint(plan.eval, env)
     return plan
+
+
+# The pipeline parameter that turns the judge check off (a judge started after the run is submitted)
+JUDGE_CHECK_PARAM = "judge_check"
+
+
+def check_judge_endpoint(eval_values: Mapping[str, Any], env: Mapping[str, str]) -> None:
+    """The judge, before any GPU is requested: it answers, accepts the key the evaluate step will send
+    (``judge_secret``'s, mounted here too), serves ``judge_model`` and has context for the evaluation's
+    requests as far as they are known here (:func:`rloo.eval.endpoint.request_floor_tokens`: this image
+    reads no dataset; the evaluate step checks the largest request before it generates)."""
+    from rloo.eval.config import EvalConfig
+    from rloo.eval.endpoint import check_judge_server, request_floor_tokens
+
+    cfg = EvalConfig(**{"model_name_or_path": _PLACEHOLDER_MODEL, "report_to": "none", **eval_values})
+    assert cfg.judge_base_url and cfg.judge_model  # required
+    key = env.get(cfg.judge_api_key_env) or "EMPTY"  # a self-hosted judge may need none (rloo.eval.judge)
+    check_judge_server(
+        cfg.judge_base_url,
+        cfg.judge_model,
+        api_key=key,
+        min_context_tokens=request_floor_tokens(
+            cfg.template_text(), cfg.max_new_tokens, cfg.judge_max_tokens
+        ),
+    )
