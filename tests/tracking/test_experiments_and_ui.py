@@ -42,9 +42,10 @@ def test_experiments_have_the_results_view_and_ui_links_open_it(tmp_path: Path) 
     ours = get_or_create_experiment(client, "ours")
     view = json.loads(client.get_experiment(ours).tags["mlflow.sharedViewState.rloo-results"])
     assert view["name"] == "RLOO results"
-    assert json.loads(view["state"])["selectedColumns"][:3] == [
+    assert json.loads(view["state"])["selectedColumns"][:4] == [
+        "tags.`rloo.promotion`",
         "metrics.`Result/win_rate`",
-        "metrics.`Result/win_rate_minus_sft`",
+        "metrics.`Result/gain_vs_sft`",
         "metrics.`Result/final_reward`",
     ]
     # a view someone changed in the UI is theirs; an experiment made elsewhere gets it when rloo uses it
@@ -98,7 +99,8 @@ def test_closing_a_pipeline_run_copies_its_stages_results(tmp_path: Path) -> Non
         "diff_trained_minus_baseline/estimate": 0.2,
         # the headline: first in the UI's sort, the final reward a mean of the last updates
         "Result/win_rate": 0.6,
-        "Result/win_rate_minus_sft": 0.2,
+        "Result/gain_vs_sft": 0.2,
+        "Result/win_rate_minus_sft": 0.2,  # its earlier name
         "Result/final_reward": pytest.approx(0.45),
     }
     assert parent.data.tags["rloo.promotion"] == "candidate"

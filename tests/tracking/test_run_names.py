@@ -169,6 +169,8 @@ def test_two_demo_runs_differ_where_they_were_set_differently(
     columns = json.loads(envelope["state"])["selectedColumns"]
     for column in columns:
         kind, name = column.split(".", 1)
+        if kind == "tags":
+            continue  # the promotion: these runs have no push stage
         assert name.startswith("`") and name.endswith("`")
         found = parents[0].data.metrics if kind == "metrics" else parents[0].data.params
         assert name[1:-1] in found, column

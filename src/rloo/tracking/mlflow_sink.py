@@ -31,6 +31,7 @@ from rloo.tracking.base import Status
 from rloo.tracking.datasets import dataset_input
 from rloo.tracking.params import flatten_params, sanitize_key, split_locations
 from rloo.tracking.runs import (
+    PARENT_CURVES,
     TAG_LOCATION_PREFIX,
     TAG_OUTPUT_DIR,
     TRAIN_STAGE,
@@ -149,6 +150,7 @@ class MlflowSink:
         self._disabled = False
         self._warned_drop = False
         self._dataset_logged = False
+        self._mirror_refused = False
 
     # ------------------------------------------------------------------------------------------------
     @property
@@ -486,12 +488,35 @@ class MlflowSink:
         except (KeyError, AttributeError, IndexError, TypeError, ValueError) as e:
             log.warning("could not name the MLflow run after its settings: %s", e)
 
+    def _mirror_curves(self, metrics: list[Any]) -> None:
+        """A training stage's :data:`~rloo.tracking.runs.PARENT_CURVES` on its pipeline's parent run too,
+        with their steps and times, so that the chart view overlays the pipeline runs' curves while they
+        train. (Sent again after an outage, a point is stored once: MLflow keeps one row per key, step,
+        time and value.) A parent that refuses them (deleted) costs the copy only, with a warning."""
+        if self.stage != TRAIN_STAGE or not self.parent_run_id or self._mirror_refused:
+            return
+        curves = [m for m in metrics if m.key in PARENT_CURVES]
+        if not curves:
+            return
+        try:
+            self._client.log_batch(self.parent_run_id, metrics=curves)
+        except Exception as e:
+            if not _is_permanent(e):
+                raise  # an outage: the batch is sent again
+            self._mirror_refused = True
+            log.warning(
+                "MLflow refused the training curves on pipeline run %s (%s): they stay on the train run",
+                self.parent_run_id,
+                redact(" ".join(str(e).split()))[:300],
+            )
+
     def _execute(self, batch: list[_Op]) -> bool:
         """Send one batch; True when it was the final status (the worker is done)."""
         client, run_id, kind = self._client, self.run_id, batch[0].kind
         items = [item for op in batch for item in op.items]
         if kind == "metrics":
             client.log_batch(run_id, metrics=items)
+            self._mirror_curves(items)
         elif kind == "params":
             client.log_batch(run_id, params=items)
         elif kind == "tags":

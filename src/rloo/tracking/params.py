@@ -197,15 +197,47 @@ def run_label(
     suffix: str,
     run_ids: Collection[str] = (),
     defaults: Mapping[str, str] | None = None,
+    first: Collection[str] = (),
 ) -> str:
-    """A training run's name that says what differs, the settings first (what the runs table shows of a long
-    name): ``lr=5e-4 k=4 on Qwen2.5-0.5B (1a2b3c4d)``."""
+    """A training run's name that says what differs, the settings first (what the runs table, a chart's
+    legend and the runs list beside the charts show of a long name): ``lr=5e-4 k=4 on Qwen2.5-0.5B
+    (1a2b3c4d)``. ``first``: the settings that tell this run from the others it is compared with
+    (:func:`distinguishing_settings`), named before the ones merely changed from the defaults, so that
+    two runs that differ only in their seed read ``seed=1 lr=5e-4 ...`` and ``seed=2 lr=5e-4 ...``."""
     changed = changed_settings(settings, training_defaults() if defaults is None else defaults)
+    labels = dict(NAME_SETTINGS)
+    leading = [key for key in (*labels, *sorted(first)) if key in first and key in settings]
+    rest = [key for key in labels if key in changed and key not in leading]
     shown = [
-        f"{label}={compact_number(changed[key])}" if changed[key] not in ("True", "False") else label
-        for key, label in NAME_SETTINGS
-        if key in changed and changed[key] != "False"
-    ][:NAME_SETTINGS_MAX]
+        _setting_label(labels.get(key, key), settings[key])
+        for key in dict.fromkeys(leading + rest)
+        if key in leading or changed[key] != "False"
+    ][: max(NAME_SETTINGS_MAX, len(leading))]
     model = model_short_name(settings, locations, run_ids)
     words = [*(shown or ["defaults"]), *(["on", model] if model else []), f"({suffix})"]
     return " ".join(words)
+
+
+def _setting_label(label: str, value: str) -> str:
+    """``lr=5e-4``; a switch by its label alone when on (``lora``), ``lora=off`` when off."""
+    if value == "True":
+        return label
+    if value == "False":
+        return f"{label}=off"
+    return f"{label}={compact_number(value)}"
+
+
+def distinguishing_settings(runs: Collection[Mapping[str, str]]) -> set[str]:
+    """The training settings whose values are not the same in all of ``runs`` (their settings, flattened
+    params), the bookkeeping, sources and locations aside (:func:`changed_settings`'s rules); a setting a
+    run does not have counts as a value of its own."""
+    keys = {key for run in runs for key in run}
+    return {
+        key
+        for key in keys
+        if len({run.get(key) for run in runs}) > 1
+        and key not in _BOOKKEEPING
+        and key not in _SOURCES
+        and not key.startswith("model/")
+        and not any(is_location(key, run[key]) for run in runs if key in run)
+    }

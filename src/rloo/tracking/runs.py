@@ -37,6 +37,7 @@ from rloo.errors import ServiceUnavailable, UserError
 from rloo.storage.redact import redact
 from rloo.tracking.params import (
     changed_settings,
+    distinguishing_settings,
     human_count,
     run_label,
     split_locations,
@@ -79,29 +80,50 @@ _GENERATED_KFP_NAME = re.compile(
 )
 
 # The headline results of a pipeline run, on its parent run: capitalised, so that they sort before every
-# other metric (MLflow's UI orders chart sections and metrics by code point: 'Result' before 'baseline').
+# other metric (MLflow's UI orders chart sections and metrics by code point: 'Result' before 'baseline'),
+# and distinct within the first characters that a narrow column header or chart title shows.
 METRIC_WIN_RATE = "Result/win_rate"  # the trained model's win rate against the references
-METRIC_WIN_RATE_GAIN = "Result/win_rate_minus_sft"  # paired difference, trained minus SFT
+METRIC_GAIN_VS_SFT = "Result/gain_vs_sft"  # paired difference of win rates, trained minus SFT
 METRIC_FINAL_REWARD = "Result/final_reward"  # mean reward of the last FINAL_UPDATES updates
-HEADLINE_METRICS = (METRIC_WIN_RATE, METRIC_WIN_RATE_GAIN, METRIC_FINAL_REWARD)
+HEADLINE_METRICS = (METRIC_WIN_RATE, METRIC_GAIN_VS_SFT, METRIC_FINAL_REWARD)
+# The gain's earlier name, still written for whoever reads it (the same value); not in the results view.
+METRIC_WIN_RATE_GAIN = "Result/win_rate_minus_sft"
 FINAL_UPDATES = 3  # one update's batch is noisy (the KFP UI's final_score is the same mean)
 # Stage metrics not copied onto the parent: utilisation over time (meaningless as one number) and the SFT
 # model's results, the same in every run of one SFT model (identical charts first in the chart view);
-# they stay on the eval run, and the difference to them is METRIC_WIN_RATE_GAIN.
+# they stay on the eval run, and the difference to them is METRIC_GAIN_VS_SFT.
 _NOT_COPIED = ("system/", "baseline/")
+TRAIN_STAGE = "train"
+EVAL_STAGE = "eval"
+TAG_PROMOTION = "rloo.promotion"  # champion | candidate | superseded | rejected, set by the push stage
+REWARD_SOURCE = "objective/scores"  # the train run's mean reward of an update's completions
+GAIN_SOURCE = "diff_trained_minus_baseline/estimate"  # the eval run's paired difference, trained - SFT
+# The training curves a pipeline's parent run gets with every step, so that the chart view, which draws the
+# rows of the runs table (parents; their nested runs folded), overlays the runs' curves.
+PARENT_CURVES = (REWARD_SOURCE, "objective/kl")
+# How a stage run nested under a pipeline run is named: '<pipeline run's name> · train', so that a chart
+# legend or a list of runs says whose stage it is.
+STAGE_NAME_SEPARATOR = " · "
 
 # MLflow 3.17 keeps an experiment's saved views (the runs page's "Views" menu) in experiment tags
 # 'mlflow.sharedViewState.<id>': {"name", "createdAt", "updatedAt", "state": JSON of the page's state}; the
-# page opens one with ?viewStateShareKey=<id>. Every experiment rloo makes has this one.
+# page opens one with ?viewStateShareKey=<id>, in the chart view with &compareRunsMode=CHART. Every
+# experiment rloo makes has this one.
 VIEW_TAG_PREFIX = "mlflow.sharedViewState."
 RESULTS_VIEW_ID = "rloo-results"
 RESULTS_VIEW_NAME = "RLOO results"
-RESULTS_VIEW_PARAMS = ("learning_rate", "rloo_k", "kl_coef")
+RESULTS_VIEW_PARAMS = ("learning_rate", "rloo_k", "kl_coef", "seed")
+# The query of the runs page that opens the results view in the chart view: the runs' reward curves
+# overlaid, what differs between them (the promotion among the tags), the headline results.
+RESULTS_VIEW_QUERY = f"compareRunsMode=CHART&viewStateShareKey={RESULTS_VIEW_ID}"
+# The digest of the view state rloo wrote: a view someone changed in the UI is theirs, one rloo wrote is
+# brought up to date.
+TAG_VIEW_DIGEST = "rloo.results_view_digest"
 EXPERIMENT_NOTE = (
     "RLOO runs: one row per pipeline run, its train, eval and push runs nested under it. The "
     f"'{RESULTS_VIEW_NAME}' view (Views menu) shows the headline results: "
     + ", ".join(f"`{m}`" for m in HEADLINE_METRICS)
-    + "."
+    + f", and which run is the champion (`{TAG_PROMOTION}`); its chart view overlays the reward curves."
 )
 # Written into a stage's output directory when its run could not be closed (MLflow unreachable at exit):
 # the run id and the status it should get; the next run on that directory applies it.
@@ -262,27 +284,129 @@ def get_or_create_experiment(client: Any, name: str, artifact_location: str | No
     have = exp.tags or {}
     if TAG_EXPERIMENT_KIND not in have:  # one made elsewhere; a kind someone chose is kept
         client.set_experiment_tag(exp.experiment_id, TAG_EXPERIMENT_KIND, EXPERIMENT_KIND)
-    for key, value in results_view_tag().items():
-        if (
-            key not in have
-        ):  # one made by an earlier rloo, or elsewhere; the view as a user changed it is kept
-            client.set_experiment_tag(exp.experiment_id, key, value)
+    view_key = f"{VIEW_TAG_PREFIX}{RESULTS_VIEW_ID}"
+    if view_key not in have or _written_by_rloo(have[view_key], have.get(TAG_VIEW_DIGEST)):
+        # none yet (an experiment made elsewhere), or one an earlier rloo wrote: this rloo's view; one a
+        # user changed in the UI is kept
+        current = results_view_tag()
+        if _view_state(have.get(view_key, "")) != _view_state(current[view_key]):
+            for key, value in current.items():
+                client.set_experiment_tag(exp.experiment_id, key, value)
     return exp.experiment_id
 
 
-def results_view_tag() -> dict[str, str]:
-    """The experiment tag of the saved view :data:`RESULTS_VIEW_NAME`: the runs table with the headline
-    results and the main settings as columns (the rest of the page as MLflow sets it by default)."""
-    columns = [f"metrics.`{m}`" for m in HEADLINE_METRICS]
-    columns += [f"params.`{p}`" for p in RESULTS_VIEW_PARAMS]
-    now = int(time.time() * 1000)
-    envelope = {
-        "name": RESULTS_VIEW_NAME,
-        "createdAt": now,
-        "updatedAt": now,
-        "state": json.dumps({"selectedColumns": columns}),
+# The saved view's state as the first rloo wrote it: an experiment that still has it gets the current one.
+_FIRST_VIEW_STATE = {
+    "selectedColumns": [
+        "metrics.`Result/win_rate`",
+        "metrics.`Result/win_rate_minus_sft`",
+        "metrics.`Result/final_reward`",
+        "params.`learning_rate`",
+        "params.`rloo_k`",
+        "params.`kl_coef`",
+    ]
+}
+
+
+def _view_state(tag_value: str) -> Any:
+    """The page state a saved view's tag holds (its envelope's ``state``, decoded), or None."""
+    try:
+        return json.loads(json.loads(tag_value)["state"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _written_by_rloo(tag_value: str, digest: str | None) -> bool:
+    """Whether the saved view is still as rloo wrote it (not changed in the UI since)."""
+    state = _view_state(tag_value)
+    if state is None:
+        return False
+    return state == _FIRST_VIEW_STATE or _digest(json.dumps(state, sort_keys=True)) == digest
+
+
+def results_view_state() -> dict[str, Any]:
+    """The runs page's state in the saved view :data:`RESULTS_VIEW_NAME` (its fields are MLflow's
+    ``ExperimentPageUIState``): in the table, the promotion, the headline results and the main settings as
+    columns, wide enough for their names; in the chart view, first the reward curves and what differs
+    between the runs (parameters and tags: the promotion), then the headline results, then every other
+    metric as MLflow lays them out."""
+    promotion = f"tags.`{TAG_PROMOTION}`"
+    metrics = [f"metrics.`{m}`" for m in HEADLINE_METRICS]
+    params = [f"params.`{p}`" for p in RESULTS_VIEW_PARAMS]
+    name = "attributes.`Run Name`"
+    # MLflow applies a width only to a column of columnOrder; ~8 px a character of a header
+    widths = {name: 320, promotion: 130, **{m: 16 + 8 * len(m.split("`")[1]) for m in metrics}}
+    compare, result = "rloo-compare", "rloo-result"
+
+    def card(uuid: str, section: str, kind: str, **fields: Any) -> dict[str, Any]:
+        return {
+            "uuid": uuid,
+            "type": kind,
+            "metricSectionId": section,
+            "isGenerated": False,
+            "deleted": False,
+            "runsCountToCompare": 10,
+            **fields,
+        }
+
+    charts = [
+        card(
+            "rloo-reward",
+            compare,
+            "LINE",
+            metricKey=REWARD_SOURCE,
+            selectedMetricKeys=[REWARD_SOURCE],
+            xAxisKey="step",
+            xAxisScaleType="linear",
+            scaleType="linear",
+            selectedXAxisMetricKey="",
+            lineSmoothness=0,
+            useGlobalXaxisKey=False,
+            useGlobalLineSmoothing=False,
+        ),
+        card(
+            "rloo-difference",
+            compare,
+            "DIFFERENCE",
+            chartName="What differs",
+            compareGroups=["Parameters", "Tags"],
+            showChangeFromBaseline=False,
+            showDifferencesOnly=True,
+            baselineColumnUuid="",
+        ),
+        *(card(f"rloo-{m}", result, "BAR", metricKey=m) for m in HEADLINE_METRICS),
+    ]
+    return {
+        "selectedColumns": [promotion, *metrics, *params],
+        "columnOrder": [name, promotion, *metrics, *params],
+        "columnWidths": widths,
+        "compareRunCharts": charts,
+        "compareRunSections": [
+            {
+                "uuid": compare,
+                "name": "Compare",
+                "display": True,
+                "isReordered": True,
+                "columns": 2,
+                "cardHeight": 640,
+            },
+            {"uuid": result, "name": "Result", "display": True, "isReordered": True, "columns": 3},
+        ],
+        # the sections in this order, MLflow's own (one per metric prefix) after them
+        "isAccordionReordered": True,
     }
-    return {f"{VIEW_TAG_PREFIX}{RESULTS_VIEW_ID}": json.dumps(envelope)}
+
+
+def results_view_tag() -> dict[str, str]:
+    """The experiment tags of the saved view :data:`RESULTS_VIEW_NAME` (:func:`results_view_state`) and of
+    the digest that tells it from one changed in the UI."""
+    state = results_view_state()
+    now = int(time.time() * 1000)
+    envelope = {"name": RESULTS_VIEW_NAME, "createdAt": now, "updatedAt": now, "state": json.dumps(state)}
+    return {
+        f"{VIEW_TAG_PREFIX}{RESULTS_VIEW_ID}": json.dumps(envelope),
+        TAG_VIEW_DIGEST: _digest(json.dumps(state, sort_keys=True)),
+    }
 
 
 def filter_value(value: str) -> str:
@@ -358,7 +482,8 @@ def start_stage_run(
     found or created. With ``supersede_running``, runs of the same stage still marked RUNNING (their process
     died) under the same parent, or without a parent with the same ``rloo.output_dir`` tag, are marked FAILED
     and named in this run's ``rloo.resumed_from`` tag; parallel tasks of one pipeline must therefore use
-    distinct stage names.
+    distinct stage names. A nested run not given a name of its own (``run_name`` None or the stage) is named
+    ``<pipeline run's name> · <stage>`` (:func:`stage_run_name`).
     """
     from mlflow.tracking import MlflowClient
 
@@ -400,6 +525,10 @@ def start_stage_run(
             client.set_terminated(old.info.run_id, status=status)
         if stale:
             run_tags[TAG_RESUMED_FROM] = ",".join(r.info.run_id for r in stale)
+    if parent_run_id and run_name in (None, stage):
+        # the stage's own name, which says whose stage it is (renamed with its pipeline run)
+        run_name = stage_run_name(client.get_run(parent_run_id).info.run_name, stage)
+        run_tags[TAG_GENERATED_NAME] = run_name
     run = client.create_run(exp_id, run_name=run_name or stage, tags=run_tags, start_time=start_time_ms)
     if parent_run_id:
         # KFP starts a stage only after the stages before it succeeded, so an earlier stage's run still
@@ -501,20 +630,14 @@ def finish_pipeline_run(
     return run_id
 
 
-TRAIN_STAGE = "train"
-EVAL_STAGE = "eval"
-TAG_PROMOTION = "rloo.promotion"
-REWARD_SOURCE = "objective/scores"  # the train run's mean reward of an update's completions
-GAIN_SOURCE = "diff_trained_minus_baseline/estimate"  # the eval run's paired difference, trained - SFT
-
-
 def copy_stage_results(client: Any, experiment_id: str, parent_run_id: str) -> dict[str, int]:
     """Copy the stages' settings and final metric values onto their pipeline (parent) run, so that one row
     per pipeline run in the MLflow UI's table compares runs: training settings under their own names (the
     pipeline's parameter names), other stages' as ``<stage>.<name>``; their locations as ``rloo.location.*``
     tags (named the same way), never params; metrics under their names (the stages' names do not overlap; a
     clash is prefixed with the stage), the SFT model's (``baseline/*``) left on the eval run; the headline
-    results (:data:`HEADLINE_METRICS`); the push decision as a tag; the run's name and description.
+    results (:data:`HEADLINE_METRICS`); the training curves of :data:`PARENT_CURVES` with every step (the
+    chart view overlays them); the push decision as a tag; the run's name and description.
 
     Params are immutable in MLflow: ones the parent already has are left alone (a retried exit handler).
     Returns how many params and metrics were copied."""
@@ -547,8 +670,8 @@ def copy_stage_results(client: Any, experiment_id: str, parent_run_id: str) -> d
         for name, value in locations.items():
             tags[TAG_LOCATION_PREFIX + (name if stage == TRAIN_STAGE else f"{stage}.{name}")] = value
         for name, value in run.data.metrics.items():
-            if name.startswith(_NOT_COPIED):
-                continue
+            if name.startswith(_NOT_COPIED) or (stage == TRAIN_STAGE and name in PARENT_CURVES):
+                continue  # the curves are copied whole, below
             metrics[name if name not in metrics else f"{stage}.{name}"] = value
         if run.data.tags.get(TAG_PROMOTION):
             tags[TAG_PROMOTION] = run.data.tags[TAG_PROMOTION]
@@ -557,6 +680,8 @@ def copy_stage_results(client: Any, experiment_id: str, parent_run_id: str) -> d
     for i in range(0, len(items), 100):  # MLflow takes at most 100 params per batch
         client.log_batch(parent_run_id, params=[Param(k, v) for k, v in items[i : i + 100]])
     values = [Metric(k, float(v), now, 0) for k, v in metrics.items()]
+    if TRAIN_STAGE in stages:
+        values += missing_curve_points(client, stages[TRAIN_STAGE][0].info.run_id, parent_run_id)
     for i in range(0, len(values), 1000):
         client.log_batch(parent_run_id, metrics=values[i : i + 1000])
     tag_items = [RunTag(k, v[:8000]) for k, v in tags.items()]
@@ -594,7 +719,9 @@ def headline_metrics(client: Any, stages: Mapping[str, tuple[Any, Any, Any]]) ->
     out: dict[str, float] = {}
     if EVAL_STAGE in stages:
         found = stages[EVAL_STAGE][0].data.metrics
-        for name, source in ((METRIC_WIN_RATE, "trained/win_rate"), (METRIC_WIN_RATE_GAIN, GAIN_SOURCE)):
+        sources = {METRIC_WIN_RATE: "trained/win_rate", METRIC_GAIN_VS_SFT: GAIN_SOURCE}
+        sources[METRIC_WIN_RATE_GAIN] = GAIN_SOURCE
+        for name, source in sources.items():
             if source in found:
                 out[name] = float(found[source])
     if TRAIN_STAGE in stages:
@@ -606,8 +733,28 @@ def headline_metrics(client: Any, stages: Mapping[str, tuple[Any, Any, Any]]) ->
     return out
 
 
+def missing_curve_points(client: Any, train_run_id: str, parent_run_id: str) -> list[Any]:
+    """The points of the train run's :data:`PARENT_CURVES` that its pipeline's parent run lacks (the train
+    stage's sink sends them as they come: :meth:`rloo.tracking.mlflow_sink.MlflowSink.log_metrics`; what
+    an outage or an older rloo left out comes here), with their steps and times."""
+    from mlflow.entities import Metric
+
+    out = []
+    for key in PARENT_CURVES:
+        have = {(m.step, m.timestamp, m.value) for m in client.get_metric_history(parent_run_id, key)}
+        for m in client.get_metric_history(train_run_id, key):
+            if (m.step, m.timestamp, m.value) not in have:
+                out.append(Metric(key, m.value, m.timestamp, m.step))
+    return out
+
+
 # ----------------------------------------------------------------------------------------------------
 # Names and descriptions
+def stage_run_name(parent_name: str | None, stage: str) -> str:
+    """The name of a pipeline run's stage run: ``lr=5e-4 k=4 ... (1a2b3c4d) · train``."""
+    return f"{parent_name}{STAGE_NAME_SEPARATOR}{stage}" if parent_name else stage
+
+
 def is_generated_kfp_name(name: str | None) -> bool:
     """Whether a KFP run name is one nobody chose (a timestamp): see :data:`_GENERATED_KFP_NAME`."""
     return bool(name) and _GENERATED_KFP_NAME.fullmatch(str(name)) is not None
@@ -618,14 +765,104 @@ def _user_run_name(settings: Mapping[str, str]) -> str | None:
     return name if name not in (None, "", "None") else None
 
 
-def _rename(client: Any, run: Any, name: str, replaceable: set[str]) -> None:
-    """Name ``run`` ``name`` if it still has a name rloo gave it or one of ``replaceable``."""
+def _rename(client: Any, run: Any, name: str, replaceable: set[str]) -> bool:
+    """Name ``run`` ``name`` if it still has a name rloo gave it or one of ``replaceable``; whether it has
+    ``name`` now."""
     current = run.info.run_name
     if current == name:
-        return
+        return True
     if current in replaceable or current == run.data.tags.get(TAG_GENERATED_NAME):
         client.update_run(run.info.run_id, name=name)
         client.set_tag(run.info.run_id, TAG_GENERATED_NAME, name)
+        return True
+    return False
+
+
+def _rename_pipeline_run(client: Any, parent: Any, name: str, replaceable: set[str]) -> None:
+    """Name a pipeline's parent run ``name`` (as :func:`_rename`) and its stage runs after it, those that
+    still have the name rloo gave them (or their stage's)."""
+    if not _rename(client, parent, name, replaceable):
+        name = parent.info.run_name  # the user's: the stages are named after it all the same
+    children = client.search_runs(
+        [parent.info.experiment_id],
+        filter_string=f"tags.`{TAG_PARENT}` = '{filter_value(parent.info.run_id)}'",
+        max_results=200,
+    )
+    for child in children:
+        stage = child.data.tags.get(TAG_STAGE)
+        if stage:
+            _rename(client, child, stage_run_name(name, stage), {stage})
+
+
+# Peers a run's name is told apart from: the latest training runs of its experiment.
+_MAX_PEERS = 50
+
+
+def _training_peers(client: Any, experiment_id: str) -> list[Any]:
+    """The latest training runs of an experiment (a pipeline's train stage, or a training run alone)."""
+    return list(
+        client.search_runs(
+            [experiment_id],
+            filter_string=f"tags.`{TAG_STAGE}` = '{TRAIN_STAGE}'",
+            order_by=["attributes.start_time DESC"],
+            max_results=_MAX_PEERS,
+        )
+    )
+
+
+def _peer_label(run: Any, parent: Any | None, first: set[str]) -> str | None:
+    """The name a training run's peer (its train run ``run``, its pipeline's parent run ``parent``) gets
+    among runs that differ in ``first``; None where its user named it."""
+    tags = (parent or run).data.tags
+    kfp_id = tags.get(TAG_PIPELINE_RUN_ID)
+    settings, locations = stage_settings(run, [kfp_id] if kfp_id else [])
+    if _user_run_name(settings):
+        return None
+    suffix = (kfp_id or parent.info.run_id)[:8] if parent is not None else run.info.run_id[:8]
+    return run_label(settings, locations, suffix=suffix, run_ids=[kfp_id] if kfp_id else [], first=first)
+
+
+def name_apart(client: Any, experiment_id: str, settings: Mapping[str, str], me: str) -> set[str]:
+    """The training settings that tell the runs of an experiment apart (:func:`distinguishing_settings`
+    over ``settings``, the run being named, and its peers, :func:`_training_peers`), and the peers renamed
+    to start with them too, those that still have the name rloo gave them: two runs compared side by side
+    read differently in the first words of their names. ``me``: the run being named (its train run or its
+    parent run), not a peer."""
+    peers = [
+        r
+        for r in _training_peers(client, experiment_id)
+        if me not in (r.info.run_id, r.data.tags.get(TAG_PARENT))
+    ]
+    first = distinguishing_settings(
+        [dict(settings), *(stage_settings(r, _pipeline_ids(r.data.tags))[0] for r in peers)]
+    )
+    if not first:
+        return first
+    parent_ids = {r.data.tags[TAG_PARENT] for r in peers if r.data.tags.get(TAG_PARENT)}
+    parents = {}
+    if parent_ids:
+        found = client.search_runs(
+            [experiment_id],
+            filter_string=f"tags.`{TAG_KIND}` = 'pipeline'",
+            order_by=["attributes.start_time DESC"],
+            max_results=_MAX_PEERS * 2,
+        )
+        parents = {p.info.run_id: p for p in found if p.info.run_id in parent_ids}
+    for run in peers:
+        parent = parents.get(run.data.tags.get(TAG_PARENT, ""))
+        if run.data.tags.get(TAG_PARENT) and parent is None:
+            continue  # its pipeline run is gone, or older than the ones looked at
+        label = _peer_label(run, parent, first)
+        target = parent or run
+        if label is None or label == target.info.run_name:
+            continue
+        if target.info.run_name != target.data.tags.get(TAG_GENERATED_NAME):
+            continue  # named by its user (or renamed in the UI)
+        if parent is not None:
+            _rename_pipeline_run(client, parent, label, set())
+        else:
+            _rename(client, run, label, set())
+    return first
 
 
 def _digest(text: str) -> str:
@@ -697,12 +934,16 @@ def describe_pipeline_run(
     if train is not None:
         settings, locations = train
         name = _user_run_name(settings) or run_label(
-            settings, locations, suffix=(kfp_id or parent_run_id)[:8], run_ids=run_ids
+            settings,
+            locations,
+            suffix=(kfp_id or parent_run_id)[:8],
+            run_ids=run_ids,
+            first=name_apart(client, parent.info.experiment_id, settings, parent_run_id),
         )
         replaceable = {f"pipeline-{(kfp_id or '')[:8]}"}
         if kfp_name and is_generated_kfp_name(kfp_name):
             replaceable.add(kfp_name)
-        _rename(client, parent, name, replaceable)
+        _rename_pipeline_run(client, parent, name, replaceable)
     lines = training_note(*train) if train is not None else []
     if evaluation is not None:
         judge, data = evaluation.get("judge_model", "?"), evaluation.get("dataset_name", "?")
@@ -727,7 +968,8 @@ def describe_training_run(
     caller named it, or the config's ``run_name`` did) and describe it."""
     run = client.get_run(run_id)
     if not keep_name:
-        name = _user_run_name(settings) or run_label(settings, locations, suffix=run_id[:8])
+        first = name_apart(client, run.info.experiment_id, settings, run_id)
+        name = _user_run_name(settings) or run_label(settings, locations, suffix=run_id[:8], first=first)
         _rename(client, run, name, {TRAIN_STAGE})
         run = client.get_run(run_id)
     _describe(client, run, "\n".join(training_note(settings, locations)))
