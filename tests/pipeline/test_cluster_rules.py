@@ -260,13 +260,18 @@ def test_a_missing_secret_fails_the_validate_step_in_one_line(
 
 
 def test_with_every_secret_the_validate_step_writes_its_outputs(tmp_path: Path, tiny_setup: Any) -> None:
-    """The same step, every Secret there: it goes on to the plan and writes each output file the launcher
-    reads back, the evaluation's GPU count among them (none on a CPU cluster)."""
+    """The same step, every Secret there and the judge up (the step asks it: tests/stages/test_validate_judge.py):
+    it goes on to the plan and writes each output file the launcher reads back, the evaluation's GPU count among
+    them (none on a CPU cluster)."""
+    from rloo.demo.judge import MODEL, ToyJudge
     from tests.stages.test_validate import good
 
     env = _pod_env(**S3_KEYS, OPENAI_API_KEY="")  # a key may be empty (a judge without a login): it exists
-    params = good(model=str(tiny_setup.policy), gpu_count=0)
-    code, err = _validate_as_launched(tmp_path, params, env)
+    with ToyJudge() as judge:
+        params = good(
+            model=str(tiny_setup.policy), gpu_count=0, judge_base_url=judge.base_url, judge_model=MODEL
+        )
+        code, err = _validate_as_launched(tmp_path, params, env)
     assert code == 0, err
     out = json.loads((tmp_path / "executor_output.json").read_text())
     assert out["parameterValues"]["eval_gpu_limit"] == "0"
