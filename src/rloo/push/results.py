@@ -67,11 +67,20 @@ class PushResult:
     mlflow: MlflowRecord | None = None
     hub: dict[str, str | None] | None = None
 
+    @property
+    def published(self) -> bool:
+        """Whether the model went anywhere: a stored or production copy, a registered version or the Hub (a
+        push with no destination still decides, and says that it published nothing)."""
+        registered = self.mlflow is not None and self.mlflow.registered is not None
+        return any(t is not None for t in (self.storage, self.production, self.hub)) or registered
+
     def to_dict(self) -> dict[str, Any]:
-        """The ``push_result.json`` document."""
+        """The ``push_result.json`` document. ``promoted``: the gate's verdict was champion *and* the model was
+        published somewhere (a champion copied nowhere is promoted nowhere)."""
         return {
             "decision": self.decision.decision,
-            "promoted": self.decision.promoted,
+            "promoted": self.decision.promoted and self.published,
+            "published": self.published,
             "reason": self.decision.reason,
             "against_champion": self.decision.against_champion_dict(),
             "promotion_margin": self.promotion_margin,

@@ -37,6 +37,7 @@ Where each part lives: the trained model's checks, :mod:`rloo.push.trained`; ste
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -64,6 +65,10 @@ from rloo.storage import Location
 log = logging.getLogger("rloo.push")
 
 RESULT_FILE = "push_result.json"
+NOTHING_PUBLISHED = (
+    "nothing was published: give --storage_uri, --production_uri or --hub_repo_id, or a tracking server "
+    "(MLFLOW_TRACKING_URI) to register the model in"
+)
 # What a push writes under output_dir besides push_result.json; removed again when the push fails.
 WORK_DIRS = ("publish", "production", "mlflow_model", "model", "champion", "previous_champion")
 
@@ -100,7 +105,12 @@ def run_push(cfg: PushConfig, *, hub_api: Any = None, mlflow_client: Any = None)
         raise_mlflow_as_user_error(e)
         raise
     _clean_work(out, existed=True)  # published: the staged copies and downloads are done with
-    log.info("push decision: %s (%s)", result.decision.decision, result.decision.reason)
+    log.log(
+        logging.INFO if result.published else logging.WARNING,
+        "push decision: %s (%s)",
+        result.decision.decision,
+        result.decision.reason,
+    )
     return result
 
 
@@ -165,6 +175,8 @@ def publish(cfg: PushConfig, prepared: StagedPush, run: PushRun | None, hub_api:
     result.production = promote(cfg, prepared, decision, registry, version, storage)
     if run is not None and result.mlflow is not None:
         record_outcome(run, result.mlflow, decision, version)
+    if not result.published:  # the gate's verdict alone: say so where the decision is read
+        result.decision = dataclasses.replace(decision, reason=f"{decision.reason}; {NOTHING_PUBLISHED}")
     return result
 
 
