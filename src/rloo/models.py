@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import math
 from collections.abc import Callable, Collection, Iterable
@@ -84,6 +85,115 @@ def check_safetensors_weights(model_dir: Path, *, flag: str, shown: str | None =
             raise UserError(
                 f"--{flag} {shown or model_dir}: {f.name} is not readable safetensors ({e}); re-save it."
             ) from None
+
+
+# --- the weights files' headers, read without loading a tensor ----------------------------------------------
+# safetensors (huggingface/safetensors safetensors/src/tensor.rs, SafeTensors::read_metadata and
+# Metadata::validate): 8 bytes little-endian header length N (at most 100 MB), N bytes of UTF-8 JSON (tensor name
+# -> dtype, shape, data_offsets; "__metadata__" free text), then the tensors' bytes, which the offsets must
+# cover end to end: the last offset is the end of the file.
+_ST_MAX_HEADER = 100_000_000
+_ST_DTYPE_BYTES = {
+    **dict.fromkeys(("BOOL", "U8", "I8", "F8_E5M2", "F8_E4M3", "F8_E8M0"), 1),
+    **dict.fromkeys(("U16", "I16", "F16", "BF16"), 2),
+    **dict.fromkeys(("U32", "I32", "F32"), 4),
+    **dict.fromkeys(("U64", "I64", "F64", "C64"), 8),
+}
+# torch.save (torch/serialization.py): a zip archive (local header "PK\x03\x04" first, _is_zipfile) holding
+# <name>/data.pkl, or the legacy format, which begins with the pickled MAGIC_NUMBER (protocol 2)
+_ZIP_MAGIC = b"PK\x03\x04"
+_LEGACY_TORCH_MAGIC = b"\x80\x02\x8a\x0a" + (0x1950A86A20F9469CFC6C).to_bytes(10, "little")
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+
+
+def safetensors_header_problem(path: Path) -> str | None:
+    """What is wrong with the header of the safetensors file ``path`` (as safetensors' ``read_metadata``
+    would refuse it: length, JSON, offsets covering the data exactly), or None when it is sound."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            return f"{size} bytes: too short for a safetensors header"
+        n = int.from_bytes(head, "little")
+        if n > _ST_MAX_HEADER or 8 + n > size:
+            return f"its header claims {n} bytes, the file has {size}: truncated or not safetensors"
+        raw = f.read(n)
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return "its header is not JSON: overwritten or not safetensors"
+    if not isinstance(header, dict):
+        return "its header is not a JSON object"
+    spans = []
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            begin, end = (int(x) for x in info["data_offsets"])
+            elements = math.prod(int(d) for d in info["shape"])
+            width = _ST_DTYPE_BYTES.get(str(info["dtype"]))
+        except (KeyError, TypeError, ValueError):
+            return f"tensor {name!r} has no valid dtype, shape and data_offsets"
+        if width is not None and end - begin != elements * width:
+            return f"tensor {name!r} spans {end - begin} bytes, its shape and dtype need {elements * width}"
+        spans.append((begin, end, name))
+    at = 0
+    for begin, end, name in sorted(spans):
+        if begin != at or end < begin:
+            return f"tensor {name!r} starts at byte {begin} of the data, expected {at}"
+        at = end
+    if 8 + n + at != size:
+        return f"its tensors need {8 + n + at} bytes, the file has {size}: truncated or padded"
+    return None
+
+
+def torch_pickle_problem(path: Path) -> str | None:
+    """What is wrong with the ``torch.save`` file ``path`` (a zip archive with a data.pkl whose central
+    directory reads, or the legacy pickle format by its magic number), or None when it is sound."""
+    import zipfile
+
+    with open(path, "rb") as f:
+        start = f.read(len(_LEGACY_TORCH_MAGIC))
+    if start.startswith(_ZIP_MAGIC):
+        try:
+            with zipfile.ZipFile(path) as z:
+                names = z.namelist()
+        except (zipfile.BadZipFile, OSError, ValueError) as e:
+            return f"its zip archive does not read ({e}): truncated or damaged"
+        if not any(n == "data.pkl" or n.endswith("/data.pkl") for n in names):
+            return "its zip archive holds no data.pkl: not a torch.save file"
+        return None
+    if start == _LEGACY_TORCH_MAGIC:
+        return None
+    return "it starts with neither a zip header nor torch's pickle magic number: not a torch.save file"
+
+
+def check_weight_headers(model_dir: Path, *, shown: str) -> None:
+    """Refuse a model directory whose weights cannot be what ``from_pretrained`` reads, by their headers only
+    (seconds for any size): a ``*.safetensors`` (:func:`safetensors_header_problem`) or ``*.bin``/``*.pt``
+    (:func:`torch_pickle_problem`) that is truncated or overwritten, or a shard that an ``*.index.json``
+    names but that is missing. One line naming ``shown`` (the user's argument, never a
+    temporary copy): exit 2, the files must be written again. Which files a model needs is the loader's to say."""
+    model_dir = Path(model_dir)
+    hint = "re-download or re-save the model (save_pretrained)"
+    for index in sorted(model_dir.glob("*.index.json")):
+        try:
+            shards = set(json.loads(index.read_text())["weight_map"].values())
+        except (ValueError, KeyError, TypeError, AttributeError):
+            raise UserError(
+                f"{shown}: {index.name} is not a weights index (no weight_map); {hint}."
+            ) from None
+        missing = sorted(s for s in shards if not (model_dir / s).is_file())
+        if missing:
+            raise UserError(
+                f"{shown}: {index.name} names {len(missing)} missing shard(s) ({', '.join(missing[:3])}); {hint}."
+            )
+    for f in sorted(f for f in model_dir.iterdir() if f.is_file() and f.suffix in WEIGHT_SUFFIXES):
+        safetensors = f.suffix == ".safetensors"
+        problem = safetensors_header_problem(f) if safetensors else torch_pickle_problem(f)
+        if problem is not None:
+            what = "readable safetensors" if safetensors else "a readable torch.save file"
+            raise UserError(f"{shown}: {f.name} is not {what} ({problem}); {hint}.")
 
 
 def holds_model_config(names: Collection[str], *, adapter: bool = True) -> bool:
@@ -203,8 +313,6 @@ def check_model_files(
     reads and matches their size, and the tokenizer loads (``reward_model``: as :func:`load_reward_model`
     loads it, no EOS token required). For stages that contact other services before they load the model: a
     corrupt model must be reported as one, not as the failure of something else."""
-    import json
-
     check_model_source(flag, path)
     kind = source_kind(path)
     if kind == "hub":
@@ -218,16 +326,7 @@ def check_model_files(
                 raise UserError(
                     f"--{flag} {path}: {name} is not valid JSON ({type(e).__name__}); re-save the model."
                 ) from None
-    from safetensors import SafetensorError, safe_open
-
-    for f in sorted(p.glob("*.safetensors")):
-        try:
-            with safe_open(str(f), framework="pt") as st:
-                st.keys()
-        except (SafetensorError, OSError) as e:
-            raise UserError(
-                f"--{flag} {path}: {f.name} is not readable safetensors ({e}); re-save or re-download it."
-            ) from None
+    check_weight_headers(p, shown=f"--{flag} {path}")
     if reward_model:
         load_reward_tokenizer(path, flag=flag, trust_remote_code=trust_remote_code)
     else:
@@ -249,6 +348,8 @@ def _wrap_load(flag: str, path: str, fn: Any, *, shown: str | None = None) -> An
         if hub is not None:  # the Hub out of reach (75) or refusing the repo: no advice to re-save anything
             raise hub from None
         first = (str(e).strip().splitlines() or [""])[0][:300]
+        if shown and shown != path:  # the user's argument, not this machine's copy of it
+            first = first.replace(str(Path(path).expanduser()), shown).replace(path, shown)
         raise UserError(
             f"--{flag} {shown or path}: cannot load it ({type(e).__name__}: {first}); check that it is a "
             "complete, uncorrupted save_pretrained output (re-download or re-save it)."
@@ -317,8 +418,6 @@ def load_causal_lm(
 
 
 def _load_adapter(path: str, *, flag: str, trust_remote_code: bool, dtype: torch.dtype) -> Any:
-    import json
-
     try:
         from peft import PeftModel
     except ImportError:

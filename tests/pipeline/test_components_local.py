@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from rloo.pipeline.compile import repo_root
+from tests.fixtures.weights import safetensors_bytes
 
 local = pytest.importorskip("kfp.local")
 
@@ -96,14 +97,15 @@ def test_fetch_publishes_the_model_with_its_digest(components: Any, tmp_path: Pa
     src = tmp_path / "sft"
     src.mkdir()
     (src / "config.json").write_text("{}")
-    (src / "model.safetensors").write_bytes(b"weights")
+    weights = safetensors_bytes(b"weights")  # the fetch step reads the header of what it publishes
+    (src / "model.safetensors").write_bytes(weights)
     plan = build_plan(
         {**_good(), "model": str(src), "output_uri": str(tmp_path / "store")}, check_paths=False
     )
     task = fetch_sft(plan=plan.to_json(), kfp_run_id="run-1")
     meta = task.outputs["sft_model"].metadata
     dest = tmp_path / "store" / "run-1" / "sft"
-    assert meta["uri"] == str(dest) and (dest / "model.safetensors").read_bytes() == b"weights"
+    assert meta["uri"] == str(dest) and (dest / "model.safetensors").read_bytes() == weights
     assert meta["manifest_digest"] == manifest_digest(read_manifest(dest))
 
 

@@ -13,6 +13,7 @@ import pytest
 from rloo.errors import UserError
 from rloo.stages.fetch import fetch_model, manifest_digest
 from tests.fixtures.servers import S3Server, use_s3
+from tests.fixtures.weights import safetensors_bytes
 from tests.stages.test_validate import PinnedHub
 
 
@@ -20,15 +21,15 @@ def test_fetch_local_model_publishes_verified_copy(tmp_path: Path) -> None:
     src = tmp_path / "sft"
     src.mkdir()
     (src / "config.json").write_text("{}")
-    (src / "model.safetensors").write_bytes(b"w" * 100)
+    (src / "model.safetensors").write_bytes(safetensors_bytes(b"w" * 100))
     meta = fetch_model(str(src), str(tmp_path / "store" / "sft"))
     assert (tmp_path / "store" / "sft" / "config.json").is_file()
-    assert meta["num_files"] == 2 and meta["total_bytes"] == 102
+    assert meta["num_files"] == 2 and meta["total_bytes"] == 2 + len(safetensors_bytes(b"w" * 100))
     # the digest ignores the manifest timestamp: publishing the same files again gives the same digest
     again = fetch_model(str(src), str(tmp_path / "store2" / "sft"))
     assert again["manifest_digest"] == meta["manifest_digest"]
     assert meta["manifest_digest"].startswith("sha256:")
-    (src / "model.safetensors").write_bytes(b"x" * 100)
+    (src / "model.safetensors").write_bytes(safetensors_bytes(b"x" * 100))
     changed = fetch_model(str(src), str(tmp_path / "store3" / "sft"))
     assert changed["manifest_digest"] != meta["manifest_digest"]
 
@@ -84,7 +85,7 @@ def test_fetch_an_s3_model_copied_with_plain_boto3(
     client, prefix = server.client(), f"copied-{uuid.uuid4().hex[:8]}"
     files = {
         "config.json": b'{"model_type": "gpt2"}',
-        "model.safetensors": b"w" * 1000,
+        "model.safetensors": safetensors_bytes(b"w" * 1000),
         "tokenizer.json": b"{}",
     }
     etags = {
@@ -141,10 +142,11 @@ def test_fetch_an_s3_prefix_that_holds_no_model_or_a_damaged_upload(
     src = tmp_path / "sft"
     src.mkdir()
     (src / "config.json").write_text("{}")
-    (src / "model.safetensors").write_bytes(b"w" * 100)
+    (src / "model.safetensors").write_bytes(safetensors_bytes(b"w" * 100))
     published = f"s3://{server.bucket}/{prefix}/published"
     fetch_model(str(src), published)
     key = f"{prefix}/published/model.safetensors"
-    client.put_object(Bucket=server.bucket, Key=key, Body=b"x" * 100)  # same size: only the SHA-256 tells
+    # same size, header intact: only the SHA-256 tells
+    client.put_object(Bucket=server.bucket, Key=key, Body=safetensors_bytes(b"x" * 100))
     with pytest.raises(UserError, match="fails its SHA-256 check"):
         fetch_model(published, str(tmp_path / "out2"))

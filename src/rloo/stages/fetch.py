@@ -45,7 +45,7 @@ def fetch_model(
     sources), uri, manifest digest, file count, bytes; for an ``s3://`` source also ``source_files`` (each
     file read: key, size, the store's ETag, SHA-256) and ``source_manifest`` (whether it had one).
     """
-    from rloo.models import holds_model_config
+    from rloo.models import check_weight_headers, holds_model_config
     from rloo.storage import upload_dir, verify_prefix
     from rloo.storage.location import source_kind
 
@@ -72,6 +72,8 @@ def fetch_model(
             )
         if not holds_model_config([p.name for p in local.iterdir()], adapter=False):
             raise UserError(f"model {source!r} has no config.json: not a transformers model directory.")
+        # damaged weights are refused here, naming the user's model, not by the train step naming a scratch copy
+        check_weight_headers(local, shown=f"model {source}")
         upload_dir(local, dest_uri, progress=False, exclude=[".cache", ".cache/*"])
     manifest = verify_prefix(dest_uri)  # what readers will see, not what we meant to write
     return {
