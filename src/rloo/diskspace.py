@@ -108,6 +108,22 @@ def write_bytes_atomic(path: Path, data: bytes, what: str) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def append_bytes(path: Path, data: bytes, what: str) -> None:
+    """Append ``data`` to ``path`` whole or not at all: a full disk part-way truncates the file back to its
+    length before (a reader of a JSON-lines file never meets half a line) and is one :class:`DiskFullError`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "ab") as f:
+        before = f.tell()
+        try:
+            with disk_full_as_one_line(path, len(data), what):
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+        except BaseException:
+            f.truncate(before)  # shrinking needs no space: what was there stays, nothing half-written
+            raise
+
+
 def current_umask() -> int:
     """The process's umask, read without changing it where Linux says it (``os.umask`` can only set it)."""
     try:
