@@ -147,7 +147,11 @@ class RLOOConfig:
         pipeline=Exposed("total_episodes", default=10000, help="Completions to train on in total."),
     )
     num_train_epochs: float = option(3.0, "Passes over the training prompts when total_episodes is not set.")
-    max_steps: int = option(-1, "If > 0: number of RLOO updates to run (overrides total_episodes).")
+    max_steps: int = option(
+        -1,
+        "RLOO updates to run, overriding total_episodes and num_train_epochs; -1 (the default) lets those decide "
+        "(0 is refused: it would train nothing).",
+    )
     local_rollout_forward_batch_size: int = option(
         64, "Completions per no-grad forward (generation, log-probs, reward)."
     )
@@ -413,6 +417,11 @@ class RLOOConfig:
         "latest",
         "'latest' resumes from the newest complete checkpoint in output_dir, 'none' starts over, or a path.",
     )
+    overwrite_output_dir: bool = option(
+        False,
+        "Start again in an output_dir that holds another run (other settings, or a finished model): its "
+        "checkpoints and finished model are replaced. Without it such a run is refused in one line.",
+    )
     preemption_grace_seconds: float = option(
         25.0, "On SIGTERM, checkpoint and exit within this many seconds (Kubernetes waits 30 by default)."
     )
@@ -499,6 +508,11 @@ class RLOOConfig:
             raise UserError(
                 f"--rloo_k must be >= 2 (got {self.rloo_k}): the leave-one-out baseline needs at least "
                 "two completions per prompt."
+            )
+        if self.max_steps == 0 or self.max_steps < -1:
+            raise UserError(
+                f"--max_steps must be a positive number of updates, or -1 to let --total_episodes or "
+                f"--num_train_epochs decide (got {self.max_steps}: 0 would train nothing)."
             )
         if self.total_episodes is not None and self.total_episodes < 1:
             raise UserError(f"--total_episodes must be >= 1 (got {self.total_episodes}).")
@@ -872,6 +886,47 @@ class RLOOConfig:
     @classmethod
     def field_names(cls) -> list[str]:
         return [f.name for f in dataclasses.fields(cls)]
+
+
+# Settings a run may change when it resumes (or extends) an output_dir: where and how often it reports,
+# logs and saves, its sample tables and monitors, and how the same work is laid out in memory and time.
+# Every other field decides what is trained and must match the run's rloo_config.json
+# (rloo.training.run_record); a new field is such a setting unless it is named here.
+RESUMABLE_SETTINGS = (
+    "output_dir",
+    "local_dir",
+    "model_source",
+    "publish_uri",
+    "exp_name",
+    "run_name",
+    "per_device_eval_batch_size",
+    "dataset_test_split",
+    "num_sample_generations",
+    "local_rollout_forward_batch_size",
+    "trust_remote_code",
+    "length_corr_warn_threshold",
+    "length_corr_warn_updates",
+    "cache_implementation",
+    "compile_generation",
+    "ds3_gather_for_generation",
+    "vllm_gpu_memory_utilization",
+    "vllm_enable_sleep_mode",
+    "gradient_checkpointing",
+    "torch_compile",
+    "offload_ref_model",
+    "logging_steps",
+    "save_steps",
+    "save_total_limit",
+    "resume_from_checkpoint",
+    "overwrite_output_dir",
+    "preemption_grace_seconds",
+    "disable_tqdm",
+    "report_to",
+    "checkpoint_uri",
+)
+# The run's length: compared as the number of updates they give, which a finished run may grow (it is
+# extended) and an unfinished one may change to anything not below the updates it has trained.
+RUN_LENGTH_SETTINGS = ("max_steps", "total_episodes", "num_train_epochs")
 
 
 # current-trainer name -> classic name, as the fields declare them. Users bring either; the classic name is

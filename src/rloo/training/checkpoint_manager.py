@@ -25,17 +25,20 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rloo.config import RLOOConfig
 from rloo.diskspace import disk_full_as_one_line, honour_umask, tensor_bytes, write_bytes_atomic
 from rloo.errors import UserError
 from rloo.models import MERGED_SUBDIR, describe_value, find_bad_tensor
-from rloo.training import deepspeed_utils, lora, ref_sync
+from rloo.training import deepspeed_utils, lora, ref_sync, run_record
 from rloo.training.checkpoint import (
     ENGINE_DIR,
     PREFIX,
+    STATE,
     begin_checkpoint,
     checkpoint_problem,
     engine_world_size,
     engine_zero_stage,
+    list_checkpoints,
     load_checkpoint,
     newest_intact_checkpoint,
     save_checkpoint,
@@ -43,7 +46,7 @@ from rloo.training.checkpoint import (
     temporary_dir,
 )
 from rloo.training.collectives import Collectives
-from rloo.training.metrics import METRICS_FILE
+from rloo.training.metrics import METRICS_FILE, PLOTS_DIR, SAMPLES_DIR, SAMPLES_FILE
 from rloo.training.output_lock import LOCK_NAME
 
 log = logging.getLogger(__name__)
@@ -100,6 +103,7 @@ class CheckpointManager:
         self.world = self.comm.world
         self.reference = reference
         self._last_saved: tuple[int, Path] | None = None
+        self._started_over = False  # --overwrite_output_dir removed the previous run: nothing to resume
 
     def check_weights(self, update: int, state_dict: dict[str, Any] | None = None) -> None:
         """Never write a model holding NaN/inf (or overflowing) weights: a reader would take it as trained."""
@@ -287,17 +291,110 @@ class CheckpointManager:
 
     def already_complete(self, out_dir: Path) -> bool:
         """True when this run is already done (then nothing is trained). Decided on the main process (it alone
-        writes) and shared, so every rank takes the same branch."""
-        if self.cfg.resume_from_checkpoint != "latest":
+        writes) and shared, so every rank takes the same branch.
+
+        A finished run in out_dir is never trained over without being asked: other settings are refused in
+        one line (--overwrite_output_dir starts again), a longer run extends it from its newest checkpoint, and
+        a shorter one is refused."""
+        verdict, refusal = (
+            self._settle_finished(out_dir) if self.accelerator.is_main_process else (None, None)
+        )
+        verdict, refusal = self.comm.broadcast((verdict, refusal))
+        if refusal is not None:
+            raise UserError(refusal)
+        if verdict == "start_over":
+            self._start_over(out_dir)
             return False
-        verdict = self._completion(out_dir) if self.accelerator.is_main_process else None
-        verdict = self.comm.broadcast(verdict)
         if verdict == "unpublished":  # trained here, but the upload did not finish: upload, don't train again
             self.publish(out_dir)
         if verdict is not None:
             where = self.remote.uri if self.remote is not None else out_dir
             log.info("%s already holds a completed run of %d updates: nothing to do", where, self.num_updates)
         return verdict is not None
+
+    def _settle_finished(self, out_dir: Path) -> tuple[str | None, str | None]:
+        """(verdict, refusal) on the main process: "done" or "unpublished" (nothing to train), "start_over"
+        (--overwrite_output_dir over a finished run), None (train: resume decides from where), or a one-line
+        refusal."""
+        choice = self.cfg.resume_from_checkpoint
+        finished = self._finished_run(out_dir)
+        if finished is None:
+            return (self._completion(out_dir) if choice == "latest" else None), None
+        settings, trained = finished
+        if getattr(self.cfg, "overwrite_output_dir", False):
+            return "start_over", None
+        where = self.remote.uri if self.remote is not None else out_dir
+        if choice == "none":
+            return None, (
+                f"{where} holds a finished run, which --resume_from_checkpoint none would train again over its "
+                f"model; {run_record.START_AGAIN}."
+            )
+        if choice != "latest":  # a checkpoint named: resume compares its settings
+            return None, None
+        changes = run_record.changed_settings(settings, self.cfg) if settings and self._compares() else []
+        if changes:
+            return None, (
+                f"{where} holds a finished run trained with other settings ({run_record.describe(changes)}), "
+                f"which cannot change within a run; {run_record.START_AGAIN}."
+            )
+        if trained == self.num_updates:
+            return self._completion(out_dir), None
+        lengths = (
+            run_record.changed_settings(settings or {}, self.cfg, lengths=True) if self._compares() else []
+        )
+        asked = f"{self.num_updates} ({run_record.describe(lengths)})" if lengths else str(self.num_updates)
+        if trained > self.num_updates:
+            return None, (
+                f"{where} holds a finished run of {trained} updates and this command asks for {asked}: a finished "
+                f"run can be extended, not shortened; {run_record.START_AGAIN}."
+            )
+        if newest_intact_checkpoint(out_dir)[0] is None and (
+            self.mirror is None or self.mirror.latest() is None
+        ):
+            return None, (
+                f"{where} holds a finished run of {trained} updates and this command asks for {asked}, but the run "
+                f"kept no checkpoint to continue from (one every --save_steps {self.cfg.save_steps} updates); "
+                f"{run_record.START_AGAIN}."
+            )
+        log.info("extending the finished run of %d updates in %s to %s", trained, where, asked)
+        return None, None
+
+    def _compares(self) -> bool:
+        # a whole config: tests build managers over a stand-in holding only what checkpoints read
+        return isinstance(self.cfg, RLOOConfig)
+
+    def _finished_run(self, out_dir: Path) -> tuple[dict[str, Any] | None, int] | None:
+        """(settings, updates) of a finished run in out_dir (for an s3:// output_dir: at its prefix when the
+        staging directory holds none), or None."""
+        marker_path = out_dir / COMPLETE_MARKER
+        marker = run_record.read_json(marker_path.read_bytes()) if marker_path.is_file() else None
+        settings = run_record.recorded_settings(out_dir)
+        if (marker is None or not marker.get("complete")) and self.remote is not None:
+            from rloo.storage.backends import backend_for
+
+            backend = backend_for(self.remote)
+            marker = run_record.read_json(backend.read_bytes(COMPLETE_MARKER))
+            settings = run_record.read_json(backend.read_bytes(run_record.CONFIG_FILE))
+        if marker is None or not marker.get("complete") or not isinstance(marker.get("num_updates"), int):
+            return None
+        return settings, int(marker["num_updates"])
+
+    def _start_over(self, out_dir: Path) -> None:
+        """--overwrite_output_dir: the previous run's checkpoints, completion marker, sample tables and plots go
+        (its model files are replaced when this run finishes; metrics.jsonl when its first update is logged)."""
+        if self.accelerator.is_main_process:
+            for _, path in list_checkpoints(out_dir):
+                shutil.rmtree(path)
+            for name in (COMPLETE_MARKER, SAMPLES_FILE):
+                (out_dir / name).unlink(missing_ok=True)
+            for name in (SAMPLES_DIR, PLOTS_DIR):
+                shutil.rmtree(out_dir / name, ignore_errors=True)
+            log.warning(
+                "--overwrite_output_dir: starting again in %s; the previous run's checkpoints are removed",
+                out_dir,
+            )
+        self.accelerator.wait_for_everyone()
+        self._started_over = True
 
     def _completion(self, out_dir: Path) -> str | None:
         """ "done", "unpublished" (s3:// output_dir: complete in the staging directory only) or None."""
@@ -321,10 +418,16 @@ class CheckpointManager:
         """Restore the newest (or the given) checkpoint into the model, optimizer and scheduler; return the
         trainer state saved with it, or None for a fresh run."""
         choice = self.cfg.resume_from_checkpoint
-        if choice == "none":
+        if choice == "none" or self._started_over:
             return None
         if choice == "latest":
-            path = self.latest_intact(out_dir)
+            try:
+                path = self.latest_intact(out_dir)
+            except UserError:
+                if not getattr(self.cfg, "overwrite_output_dir", False):
+                    raise
+                self._start_over(out_dir)
+                return None
             if path is None:
                 return None
         else:
@@ -346,6 +449,13 @@ class CheckpointManager:
                 "%s was written with --sync_ref_model: this run keeps the original reference model", path
             )
         self._check_layout(path)
+        verdict = self._resumable(path) if self.accelerator.is_main_process else None
+        verdict = self.comm.broadcast(verdict)
+        if verdict == "start_over":
+            self._start_over(out_dir)
+            return None
+        if verdict is not None:
+            raise UserError(verdict)
         try:
             st = load_checkpoint(
                 path,
@@ -374,6 +484,31 @@ class CheckpointManager:
             )
         log.info("resumed from %s (update %d of %d)", path, st["update"], self.num_updates)
         return st
+
+    def _resumable(self, path: Path) -> str | None:
+        """None when this command may resume ``path``; "start_over" (--overwrite_output_dir) or a one-line
+        refusal when the checkpoint was written with other settings, or holds more updates than asked for."""
+        if not self._compares():
+            return None
+        settings = run_record.recorded_settings(path) or {}
+        changes = run_record.changed_settings(settings, self.cfg)
+        state = run_record.read_json((path / STATE).read_bytes()) or {}
+        trained = int(state.get("update", 0))
+        if not changes and trained <= self.num_updates:
+            return None
+        if getattr(self.cfg, "overwrite_output_dir", False):
+            return "start_over"
+        if changes:
+            return (
+                f"cannot resume {path} with other settings ({run_record.describe(changes)}), which cannot change "
+                f"within a run; {run_record.START_AGAIN}."
+            )
+        lengths = run_record.changed_settings(settings, self.cfg, lengths=True)
+        return (
+            f"cannot resume {path}: it has trained {trained} updates and this command asks for {self.num_updates}"
+            f"{f' ({run_record.describe(lengths)})' if lengths else ''}; ask for at least {trained}, or "
+            f"{run_record.START_AGAIN}."
+        )
 
     def _check_layout(self, path: Path) -> None:
         """A one-line UserError for a checkpoint this run cannot read: one written with DeepSpeed (its optimizer
