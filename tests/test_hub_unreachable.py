@@ -120,3 +120,20 @@ def test_the_fetch_step_with_the_hub_out_of_reach(
         in out
     )
     assert "Traceback" not in out
+
+
+def test_train_offline_with_a_hub_model_not_in_the_cache(
+    tiny_setup: TinySetup, toy_dataset: Path, tmp_path: Path
+) -> None:
+    """``HF_HUB_OFFLINE=1`` with the model not in the cache: nothing to retry (exit 2), and the line says the
+    cache lacks it, not that a save is corrupt. huggingface_hub raises ``LocalEntryNotFoundError`` with no
+    cause here (``file_download.py``, ``_raise_on_head_call_error`` with ``local_files_only``)."""
+    env, _ = _hub_env(tmp_path)
+    env["HF_HUB_OFFLINE"] = "1"
+    proc = _train(env, "org/sft-model", str(toy_dataset), tmp_path / "out")
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert last.startswith(
+        "rloo train: error: --model_name_or_path org/sft-model: not in this machine's Hub cache"
+    )
+    assert "HF_HUB_OFFLINE" in last and "re-download" not in last and "Retrying" not in proc.stderr

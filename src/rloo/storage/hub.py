@@ -80,6 +80,7 @@ def hub_error(e: BaseException, what: str) -> UserError | None:
     from huggingface_hub.errors import (
         GatedRepoError,
         HfHubHTTPError,
+        LocalEntryNotFoundError,
         OfflineModeIsEnabled,
         RepositoryNotFoundError,
         RevisionNotFoundError,
@@ -98,8 +99,11 @@ def hub_error(e: BaseException, what: str) -> UserError | None:
                 f"{what}: not found on the Hugging Face Hub at {hub_endpoint()} (a private repo needs HF_TOKEN); "
                 "check the id, or give a local directory or an s3:// prefix."
             )
+    # offline, huggingface_hub raises LocalEntryNotFoundError without a cause (file_download.py,
+    # _raise_on_head_call_error with local_files_only)
+    offline_miss = hub_offline() and any(isinstance(err, LocalEntryNotFoundError) for err in chain)
     for err in chain:
-        if isinstance(err, OfflineModeIsEnabled):
+        if isinstance(err, OfflineModeIsEnabled) or offline_miss:
             return UserError(
                 f"{what}: not in this machine's Hub cache, and HF_HUB_OFFLINE is set: download it first "
                 "('hf download'), unset HF_HUB_OFFLINE, or give a local directory or an s3:// prefix."
@@ -135,7 +139,7 @@ def check_hub_model(what: str, repo_id: str, revision: str | None = None) -> Non
     whose model is in this machine's cache passes with a warning (the loaders fall back to the cache).
     Skipped in offline mode, where the loaders read the cache only."""
     if hub_offline():
-        return
+        return  # the loaders read the cache only; a model not in it is hub_error's one line
     from huggingface_hub import get_hf_file_metadata, hf_hub_url, try_to_load_from_cache
     from huggingface_hub.errors import EntryNotFoundError
 
