@@ -26,6 +26,7 @@ def validate_params(
     response_length: int,
     seed: int,
     extra_train_args: str,
+    judge_check: bool,
     eval_dataset_name: str,
     eval_max_new_tokens: int,
     judge_base_url: str,
@@ -79,7 +80,7 @@ def validate_params(
         plan = validate.run(params)
     except UserError as e:
         print(f"invalid pipeline parameters: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
+        raise SystemExit(e.exit_code) from None
     with open(summary.path, "w") as f:
         f.write(plan_markdown(plan))
     return (plan.to_json(), str(gpu_count), validate.eval_gpu_limit(plan.cluster))  # the annotation's order

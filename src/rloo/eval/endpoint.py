@@ -134,11 +134,11 @@ def check_judge_server(
     url_name = names[0]
     check_base_url(base_url, url_name)
     where = f"the judge at {base_url}"
-    base = base_url.rstrip("/")
-    cards = _model_cards(where, base, api_key, timeout, names)
+    api_root = base_url.rstrip("/")
+    cards = _model_cards(where, api_root, api_key, timeout, names)
     card = next((c for c in cards or [] if str(c.get("id")) == model), None)
     if card is None:
-        _ask_for_one_token(where, base, model, api_key, names, _not_served(where, model, cards, names))
+        _ask_for_one_token(where, api_root, model, api_key, names, _not_served(where, model, cards, names))
         return
     context = card.get("max_model_len")
     if min_context_tokens and isinstance(context, int) and context < min_context_tokens:
@@ -156,7 +156,7 @@ FIRST_ANSWER_TIMEOUT_S = 120.0
 
 def _not_served(where: str, model: str, cards: list[dict[str, Any]] | None, names: tuple[str, str]) -> str:
     """Why a 404 to a chat request for ``model`` is: a name the server does not serve, or (no model list
-    either) a base URL whose path is not the API's."""
+    either) a api_root URL whose path is not the API's."""
     url_name, model_name = names
     if cards is None:
         return (
@@ -173,7 +173,7 @@ def _not_served(where: str, model: str, cards: list[dict[str, Any]] | None, name
 
 
 def _ask_for_one_token(
-    where: str, base: str, model: str, api_key: str, names: tuple[str, str], not_served: str
+    where: str, api_root: str, model: str, api_key: str, names: tuple[str, str], not_served: str
 ) -> None:
     """One chat request for one token: what a server that lists no such model says of it."""
     body = {
@@ -186,18 +186,18 @@ def _ask_for_one_token(
         where,
         "POST /chat/completions",
         names,
-        lambda: _call(f"{base}/chat/completions", api_key, FIRST_ANSWER_TIMEOUT_S, body),
+        lambda: _call(f"{api_root}/chat/completions", api_key, FIRST_ANSWER_TIMEOUT_S, body),
         not_found=not_served,
     )
 
 
 def _model_cards(
-    where: str, base: str, api_key: str, timeout: float, names: tuple[str, str]
+    where: str, api_root: str, api_key: str, timeout: float, names: tuple[str, str]
 ) -> list[dict[str, Any]] | None:
     """The model cards ``GET /models`` lists; None where the server gives no list (404, 5xx, not JSON): the
     chat request settles it then. A server out of reach, or one refusing the key, fails here."""
     try:
-        answer = _call(f"{base}/models", api_key, timeout)
+        answer = _call(f"{api_root}/models", api_key, timeout)
     except urllib.error.HTTPError as e:
         if e.code in (401, 403):
             raise _refusal(where, "GET /models", e, names) from None

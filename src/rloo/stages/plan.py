@@ -57,6 +57,12 @@ class RunConfig:
         "Any other 'rloo train' flags, shell-quoted (e.g. \"--bf16 --gradient_checkpointing\").",
         pipeline="extra_train_args",
     )
+    judge_check: bool = option(
+        True,
+        "Ask the judge in the validate step, before any GPU is requested (it answers, takes judge_secret's key, "
+        "serves judge_model, its context fits); false for a judge started after the run is submitted.",
+        pipeline="judge_check",
+    )
 
     def __post_init__(self) -> None:
         from rloo.storage.location import source_kind

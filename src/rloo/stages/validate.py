@@ -349,14 +349,10 @@ def run(
             plan.cluster.queue_name,
         )
     if check_judge is None:
-        check_judge = KFP_POD_ENV in env and bool(params.get(JUDGE_CHECK_PARAM, True))
+        check_judge = KFP_POD_ENV in env and plan.run.judge_check
     if check_judge:
         check_judge_endpoint(plan.eval, env)
     return plan
-
-
-# The pipeline parameter that turns the judge check off (a judge started after the run is submitted)
-JUDGE_CHECK_PARAM = "judge_check"
 
 
 def check_judge_endpoint(eval_values: Mapping[str, Any], env: Mapping[str, str]) -> None:
