@@ -25,7 +25,7 @@ def require_peft() -> Any:
         import peft
     except ImportError:
         raise UserError(
-            "--use_peft needs the peft package: pip install 'rloo-kfp[peft]' (or pip install peft)."
+            "--use_peft needs the peft package: pip install 'rloo-kfp[train]' (or pip install peft)."
         ) from None
     return peft
 
