@@ -6,6 +6,7 @@ checkout this package is installed from (an editable install), or from ``RLOO_RE
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import sys
@@ -60,16 +61,24 @@ def compile_pipeline(output: str | os.PathLike[str] | None = None) -> list[Path]
     """Write the compiled pipeline YAML to ``output``; by default to the committed file and, when the chart
     is there, the chart's copy, and refresh the parameter table of ``pipelines/README.md``. Returns the
     paths written."""
+    import tempfile
+
     from kfp import compiler
 
     out = Path(output) if output else default_yaml()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    compiler.Compiler().compile(pipeline_func=load_pipeline(), package_path=str(out))
+    if out.suffix not in (".yaml", ".yml", ".json"):  # the compiler writes by the suffix, or raises
+        raise UserError(f"--output {out}: name a .yaml file (or .json).")
+    func = load_pipeline()
+    with tempfile.TemporaryDirectory(prefix="rloo-compile-") as tmp:
+        # compiled aside (the compiler picks YAML or JSON by the name's suffix), then put in place whole
+        built = Path(tmp) / f"pipeline{out.suffix}"
+        compiler.Compiler().compile(pipeline_func=func, package_path=str(built))
+        data = built.read_bytes()
+    write_whole(out, data, "--output" if output else "the compiled pipeline")
     written = [out]
     chart = chart_copy()
     if output is None and (chart.parent.parent / "Chart.yaml").is_file():
-        chart.parent.mkdir(exist_ok=True)
-        chart.write_bytes(out.read_bytes())
+        write_whole(chart, data, "the chart's copy of the pipeline")
         written.append(chart)
     readme = readme_path()
     if output is None and readme.is_file():
@@ -77,9 +86,25 @@ def compile_pipeline(output: str | os.PathLike[str] | None = None) -> list[Path]
 
         text = readme.read_text()
         if readme_with_table(text) != text:
-            readme.write_text(readme_with_table(text))
+            write_whole(readme, readme_with_table(text).encode(), "pipelines/README.md")
             written.append(readme)
     return written
+
+
+def write_whole(path: Path, data: bytes, what: str) -> None:
+    """Write ``data`` to ``path`` through a temporary file beside it and a rename: readers see the old file
+    or the new one, never a part. A place that cannot be written is one line (exit 2), with nothing left."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise UserError(
+            f"{what} {path}: cannot write it ({e.strerror or e}); give a path you can write."
+        ) from None
 
 
 def load_yaml(path: str | os.PathLike[str]) -> list[dict[str, Any]]:

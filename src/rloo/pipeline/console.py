@@ -23,6 +23,10 @@ from rloo.pipeline.failure import plain
 _KEEP_CHARS = 1_000_000  # of the run's output: plenty for the failed step's last lines
 _START = re.compile(r"Executing task '([^']+)'")
 _END = re.compile(r"Task '([^']+)' finished with status (\w+)")
+# kfp.local names a run '<pipeline>-<time>' (kfp/local/executor_input_utils.py,
+# get_local_pipeline_resource_name) and says it nowhere but in each task's executor input, which the task
+# prints: the file of its outputs, '<pipeline_root>/<run>/<task>/executor_output.json'
+_OUTPUT_FILE = re.compile(r'"outputFile":\s*"([^"]+)/[^/"]+/executor_output\.json"')
 
 
 class StepConsole:
@@ -38,6 +42,7 @@ class StepConsole:
         self._tail: list[str] = []
         self._size = 0
         self.failed_logs: dict[str, Path] = {}
+        self.run_dirs: set[Path] = set()  # the directories of step outputs this run's tasks named
 
     # the file API print() and logging.StreamHandler use
     def write(self, text: str) -> int:
@@ -73,6 +78,9 @@ class StepConsole:
     def _line(self, line: str) -> None:
         clean = plain(line)
         self._all.write(clean)
+        outputs = _OUTPUT_FILE.search(clean)
+        if outputs:
+            self.run_dirs.add(Path(outputs.group(1)))
         start = _START.search(clean)
         if start:
             task = start.group(1)

@@ -12,6 +12,7 @@ under ``<workdir>/mlruns`` unless ``MLFLOW_TRACKING_URI`` names a server.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -23,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rloo.errors import UserError
+from rloo.errors import ServiceUnavailable, UserError
 from rloo.pipeline.console import step_console
 from rloo.pipeline.failure import run_failure
 
@@ -91,7 +92,6 @@ def run_local(
     root = Path(pipeline_root).resolve()
     root.mkdir(parents=True, exist_ok=True)
     logs = Path(log_dir) if log_dir else root.parent / LOGS_DIR / time.strftime("%Y%m%d-%H%M%S")
-    before = set(os.listdir(root))
     runner: Any = local.SubprocessRunner(use_venv=False)
     if container_env is not None:
         runner = local.DockerRunner(network_mode="host", environment=container_env)
@@ -115,15 +115,19 @@ def run_local(
                 failure = None
     if failure:
         raise UserError(f"{failure} (log: {where})")
-    # the run's directory: the new one holding the steps' outputs (the root may hold other new things)
-    new = sorted(n for n in set(os.listdir(root)) - before if any((root / n).glob("*/executor_output.json")))
-    if not new:
-        raise UserError(f"the local run wrote nothing under {root}; is another run using it?")
-    run_dir = root / new[-1]
+    # this run's directory, by the name its own tasks were given: not the newest one under the root, which
+    # another run into the same root may have written since
+    mine = sorted(d for d in console.run_dirs if d.parent == root)
+    if len(mine) != 1:
+        found = ", ".join(map(str, mine)) or "none"
+        raise UserError(
+            f"the local run's steps named {found} as their output directory under {root}, not one."
+        )
+    run_dir = mine[0]
     outputs = {}
     for f in run_dir.glob("*/executor_output.json"):
         outputs[f.parent.name] = json.loads(f.read_text())
-    return LocalResult(new[-1], run_dir, outputs, time.perf_counter() - start, log_dir=logs)
+    return LocalResult(run_dir.name, run_dir, outputs, time.perf_counter() - start, log_dir=logs)
 
 
 @contextmanager
@@ -164,10 +168,35 @@ def prepare_tracking(workdir: Path, experiment: str) -> str:
     level = db_log.level
     db_log.setLevel(logging.WARNING)
     try:
-        get_or_create_experiment(mlflow.MlflowClient(tracking_uri=uri), experiment, artifacts)
+        with store_init_lock(uri):
+            get_or_create_experiment(mlflow.MlflowClient(tracking_uri=uri), experiment, artifacts)
     finally:
         db_log.setLevel(level)
     return uri
+
+
+@contextmanager
+def store_init_lock(uri: str) -> Iterator[None]:
+    """Hold, across processes, the right to create the SQLite store ``uri`` (and its experiment). MLflow's
+    tracking store creates its tables unlocked the first time it opens a new file: two runs doing that at
+    once break each other's migrations (``table _alembic_tmp_experiments already exists``). The lock is
+    the one MLflow's own job store takes for the same (``_safe_initialize_tables``: a file in the system
+    temporary directory named after the database), not the database file, whose SQLite locks closing
+    another descriptor of it would drop."""
+    import fcntl
+    import hashlib
+    import tempfile
+
+    from rloo.tracking.ui import sqlite_path
+
+    path = sqlite_path(uri)
+    if path is None:
+        yield
+        return
+    key = hashlib.md5(str(path.resolve()).encode(), usedforsecurity=False).hexdigest()
+    with open(Path(tempfile.gettempdir()) / f"rloo-store-init-{key}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        yield
 
 
 def _parameters_set_by(extra_train_args: str) -> set[str]:
@@ -235,10 +264,12 @@ def run_pipeline_locally(
     from rloo.tracking.runs import DEFAULT_EXPERIMENT
 
     user_params = check_names(user_params, required=False)  # before anything is built
+    if containers:
+        check_docker_api()  # before anything is built: the steps would only fail, one by one
     work = Path(workdir).resolve()
-    before = set(os.listdir(work)) if work.is_dir() else None
-    work.mkdir(parents=True, exist_ok=True)
+    check_tracking_store(work)
     with ExitStack() as stack:
+        before = stack.enter_context(workdir_lock(work))
         try:
             own_model = "model" in user_params
             embedded: dict[str, Any] = {} if own_model or defaults is None else defaults(work)
@@ -264,16 +295,16 @@ def run_pipeline_locally(
             # with no kfp.local workspace and no FAILED run in MLflow left behind
             if precheck:
                 _precheck(params, own_model=own_model and defaults is not None)
+            uri = None
+            try:
+                import mlflow  # noqa: F401
+
+                uri = prepare_tracking(work, str(params.get("mlflow_experiment") or DEFAULT_EXPERIMENT))
+            except ImportError:
+                pass  # without the tracking extra the steps log to metrics.jsonl only
         except BaseException:
             _remove_new(work, before)  # nor what `defaults` built for it (the demo's models and datasets)
             raise
-        uri = None
-        try:
-            import mlflow  # noqa: F401
-
-            uri = prepare_tracking(work, str(params.get("mlflow_experiment") or DEFAULT_EXPERIMENT))
-        except ImportError:
-            pass  # without the tracking extra the steps log to metrics.jsonl only
         if uri:  # inherited by every step's subprocess; this process's environment is left as it was
             stack.enter_context(_env(MLFLOW_TRACKING_URI=uri))
         print(f"running the pipeline on this machine (step logs: {work / LOGS_DIR})", flush=True)
@@ -290,6 +321,104 @@ def run_pipeline_locally(
     result.tracking_uri = uri
     result.work_dir = work
     return result
+
+
+class WorkdirBusy(UserError):
+    """Another local run holds the work directory: the same command works once that run ends."""
+
+    exit_code = 75
+
+
+LOCK_FILE = ".rloo-run.lock"
+
+
+@contextmanager
+def workdir_lock(work: Path) -> Iterator[set[str] | None]:
+    """Hold ``work`` for one local run: its steps' outputs, its logs and its MLflow store are found by
+    position under it, and a refused run removes what appeared in it since it started, so a second run
+    there is refused (exit 75, one line naming the first's process) rather than mixed in. Creates ``work``;
+    yields its listing before (None when it did not exist), for :func:`_remove_new`. A work directory that
+    cannot be written is one line, exit 2."""
+    import fcntl
+
+    created = False
+    try:
+        before = set(os.listdir(work)) if work.is_dir() else None
+        if before is None:
+            work.mkdir(parents=True, exist_ok=True)
+            created = True
+        lock = work / LOCK_FILE
+        while True:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.read(fd, 32).decode(errors="replace").strip()
+                os.close(fd)
+                who = f" (process {holder})" if holder.isdigit() else ""
+                raise WorkdirBusy(
+                    f"another local run{who} is using the work directory {work}: wait for it to end, or "
+                    "pass another --workdir."
+                ) from None
+            try:
+                if os.stat(lock).st_ino == os.fstat(fd).st_ino:
+                    break  # else its holder removed the file as it ended: lock the one there now
+            except FileNotFoundError:
+                pass
+            os.close(fd)
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+    except OSError as e:
+        if created:
+            import shutil
+
+            shutil.rmtree(work, ignore_errors=True)
+        raise UserError(
+            f"cannot write the work directory {work} ({e.strerror or e}): pass --workdir of a directory you "
+            "can write."
+        ) from None
+    try:
+        yield before
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            if os.stat(lock).st_ino == os.fstat(fd).st_ino:
+                lock.unlink()  # removed while held: a run starting now locks a new file (see above)
+        os.close(fd)
+
+
+def check_tracking_store(work: Path) -> None:
+    """A one-line UserError (exit 2), before anything is built, when the run's SQLite MLflow store exists
+    and SQLite cannot read it: every step would fail on it with SQLAlchemy's traceback."""
+    from rloo.tracking.ui import check_store
+
+    uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{work / MLFLOW_DIR / 'mlflow.db'}"
+    check_store(uri, elsewhere="pass another --workdir")
+
+
+def check_docker_api() -> None:
+    """``--containers`` runs every step through kfp.local's DockerRunner, which asks the Docker API at
+    ``DOCKER_HOST`` (docker's socket by default) for each step: one line before anything is built when it
+    does not answer (exit 75: the daemon may be starting), or the ``docker`` package is missing (exit 2)."""
+    try:
+        import docker
+    except ImportError:
+        raise UserError(
+            "--containers runs the steps through the Docker API and needs the docker package: pip install docker."
+        ) from None
+    where = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+    try:
+        client = docker.from_env(timeout=10)
+        try:
+            client.ping()
+        finally:
+            client.close()
+    except docker.errors.DockerException as e:
+        reason = str(e).split(": ", 1)[-1][:200]
+        raise ServiceUnavailable(
+            f"--containers: no Docker API answers at {where} ({reason}): start docker, or podman's API "
+            "(systemctl --user start podman.socket; export DOCKER_HOST=unix://$XDG_RUNTIME_DIR/podman/podman.sock), "
+            "or run without --containers."
+        ) from None
 
 
 def _container_env(work: Path, tracking_uri: str | None) -> dict[str, str]:

@@ -116,11 +116,12 @@ def sqlite_path(uri: str) -> Path | None:
     return Path(path) if path and path != ":memory:" else None
 
 
-def check_store(uri: str) -> None:
+def check_store(uri: str, *, elsewhere: str = "pass --backend-store-uri of another store") -> None:
     """A one-line UserError naming the file, SQLite's reason and the way out when ``uri`` is a sqlite store
-    that SQLite cannot read (not a database, a damaged one): the server would only exit with SQLAlchemy's
-    traceback. Reads the file (SQLite's quick check) without writing to it; seconds for a large store,
-    against the server's tens of seconds of start-up."""
+    that SQLite cannot read (not a database, a damaged one): the server (or a run's steps) would only exit
+    with SQLAlchemy's traceback. Reads the file (SQLite's quick check) without writing to it; seconds for a
+    large store, against the server's tens of seconds of start-up. ``elsewhere``: the other way out, in the
+    caller's terms."""
     import sqlite3
 
     path = sqlite_path(uri)
@@ -142,7 +143,7 @@ def check_store(uri: str) -> None:
         raise UserError(f"cannot read the MLflow store {path} ({reason}): check its permissions.")
     raise UserError(
         f"the MLflow store {path} is damaged or not an SQLite database ({reason}): move it away (mv {path} "
-        f"{path}.broken; the next run starts a new store) or pass --backend-store-uri of another store."
+        f"{path}.broken; the next run starts a new store) or {elsewhere}."
     )
 
 
