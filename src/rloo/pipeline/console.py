@@ -9,6 +9,8 @@ everything with ``verbose``. The tail it keeps feeds :func:`rloo.pipeline.failur
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import re
 import sys
@@ -26,7 +28,8 @@ _END = re.compile(r"Task '([^']+)' finished with status (\w+)")
 # kfp.local names a run '<pipeline>-<time>' (kfp/local/executor_input_utils.py,
 # get_local_pipeline_resource_name) and says it nowhere but in each task's executor input, which the task
 # prints: the file of its outputs, '<pipeline_root>/<run>/<task>/executor_output.json'
-_OUTPUT_FILE = re.compile(r'"outputFile":\s*"([^"]+)/[^/"]+/executor_output\.json"')
+# (a JSON string: a non-ASCII path comes escaped)
+_OUTPUT_FILE = re.compile(r'"outputFile":\s*("(?:[^"\\]|\\.)*")')
 
 
 class StepConsole:
@@ -80,7 +83,8 @@ class StepConsole:
         self._all.write(clean)
         outputs = _OUTPUT_FILE.search(clean)
         if outputs:
-            self.run_dirs.add(Path(outputs.group(1)))
+            with contextlib.suppress(ValueError):
+                self.run_dirs.add(Path(json.loads(outputs.group(1))).parent.parent)
         start = _START.search(clean)
         if start:
             task = start.group(1)
