@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rloo.errors import UserError
+from rloo.errors import ServiceUnavailable, UserError
 from rloo.push.config import PushConfig
 from rloo.push.gate import CANDIDATE, CHAMPION, Decision
 from rloo.push.registry import ModelFiles, Registry
@@ -46,10 +46,60 @@ def open_push_run(cfg: PushConfig, key: str, mlflow_client: Any, *, tracking: bo
     return PushRun(registry, run_id)
 
 
+# MLflow's error codes for a server that is down, overloaded or too slow (mlflow/exceptions.py maps HTTP 503,
+# 504 and 429 to them): nothing about the push is wrong
+_TRANSIENT_MLFLOW_CODES = (
+    "TEMPORARILY_UNAVAILABLE",
+    "DEADLINE_EXCEEDED",
+    "REQUEST_LIMIT_EXCEEDED",
+    "RESOURCE_EXHAUSTED",
+)
+
+
+def _mlflow_unreachable(exc: BaseException) -> bool:
+    """Whether an MLflow failure is the server out of reach or failing: a connection error or timeout under
+    it (mlflow/utils/rest_utils.py wraps the requests exception it caught), a transient error code, or an
+    HTTP 5xx without a JSON body (a proxy in front of a server that is down)."""
+    import re
+
+    from mlflow.protos.databricks_pb2 import ErrorCode
+
+    cur: BaseException | None = exc
+    for _ in range(8):
+        if cur is None:
+            break
+        if type(cur).__module__.startswith(("requests", "urllib3")) and type(cur).__name__ in (
+            "ConnectionError",
+            "ConnectTimeout",
+            "ReadTimeout",
+            "Timeout",
+            "MaxRetryError",
+            "NewConnectionError",
+            "ProtocolError",
+            "RetryError",
+        ):
+            return True
+        cur = cur.__cause__ or cur.__context__
+    code = getattr(exc, "error_code", None)
+    if (
+        isinstance(code, int)
+        and code in ErrorCode.values()
+        and ErrorCode.Name(code) in _TRANSIENT_MLFLOW_CODES
+    ):
+        return True
+    return re.search(r"failed with error code 5\d\d ", str(exc)) is not None
+
+
 def raise_mlflow_as_user_error(exc: BaseException) -> None:
-    """An MLflow server refusal (permissions, bad name, outage) is one line for the CLI, not a traceback."""
+    """An MLflow server refusal (permissions, bad name) is one line for the CLI, not a traceback; the server out
+    of reach or failing is one too, exiting 75 (a retried push step resumes without duplicates)."""
     if type(exc).__module__.startswith("mlflow") and isinstance(exc, Exception):
         text = redact(" ".join(str(exc).split()))[:300]
+        if _mlflow_unreachable(exc):
+            raise ServiceUnavailable(
+                f"the MLflow tracking server failed during the push ({text}); re-run once it answers (the push "
+                "resumes without duplicates)."
+            ) from None
         raise UserError(
             f"MLflow refused the push ({text}); check MLFLOW_TRACKING_URI and the registry permissions, then "
             "re-run (it resumes without duplicates)."
