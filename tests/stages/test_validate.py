@@ -13,6 +13,7 @@ from rloo.errors import UserError
 from rloo.stages.fetch import fetch_model
 from rloo.stages.validate import build_plan, check_pipeline_model
 from tests.fixtures.servers import S3Server, use_s3
+from tests.fixtures.weights import safetensors_bytes
 
 
 def test_the_validated_config_is_what_rloo_train_reads(tmp_path: Path) -> None:
@@ -198,7 +199,7 @@ def test_model_source_s3_holds_a_model_whoever_wrote_it(
     src = tmp_path / "sft"
     src.mkdir()
     (src / "config.json").write_text("{}")
-    (src / "model.safetensors").write_bytes(b"w" * 10)
+    (src / "model.safetensors").write_bytes(safetensors_bytes(b"w" * 10))  # fetch reads its header
     published = f"s3://{server.bucket}/{base}/published"
     fetch_model(str(src), published)
     check_pipeline_model(published)
