@@ -74,6 +74,36 @@ def dockerfile(name: str) -> Path:
     return ROOT / FLAVOURS[name][1] if name in FLAVOURS else ROOT / "images" / name / "Dockerfile"
 
 
+def base_image(name: str, env: dict[str, str]) -> str:
+    """The image ``name`` is built FROM: ``BASE_IMAGE_<NAME>``, else its Dockerfile's ``ARG BASE_IMAGE=``."""
+    override = env.get(f"BASE_IMAGE_{name.upper().replace('-', '_')}")
+    if override:
+        return override
+    for line in dockerfile(name).read_text().splitlines():
+        if line.startswith("ARG BASE_IMAGE="):
+            return line.split("=", 1)[1].strip()
+    return ""
+
+
+def pull_base(builder: str, name: str, env: dict[str, str]) -> None:
+    """Have the base image here before building on it: when it cannot be pulled, one line naming it and the
+    ways out, exit 75 (a registry or proxy may come back), not the builder's pages and a traceback."""
+    base = base_image(name, env)
+    if not base or subprocess.run([builder, "image", "inspect", base], capture_output=True).returncode == 0:
+        return
+    pulled = subprocess.run([builder, "pull", base], capture_output=True, text=True)
+    if pulled.returncode != 0:
+        why = (pulled.stderr.strip().splitlines() or ["no output"])[-1][:300]
+        var = f"BASE_IMAGE_{name.upper().replace('-', '_')}"
+        print(
+            f"images/build.py: cannot pull the base image {base} of {name} with {builder} ({why}): check that "
+            f"its registry is reachable (behind a proxy: HTTPS_PROXY and NO_PROXY for {builder}), set {var} to "
+            f"a mirror's copy, or, offline, load it first ({builder} load -i FILE.tar; images/README.md).",
+            file=sys.stderr,
+        )
+        raise SystemExit(75)
+
+
 def build_command(builder: str, name: str, env: dict[str, str]) -> list[str]:
     """The ``<builder> build`` command of image ``name``, with the environment's mirror settings."""
     cmd = [builder, "build", "-f", str(dockerfile(name)), "-t", reference(name)]
@@ -254,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
         env = {**host_pip_settings(listed.stdout), **env}  # what the environment sets wins
     for name in args.names or list(IMAGE_EXTRAS):
         start = time.monotonic()
+        pull_base(builder, name, env)
         subprocess.run(build_command(builder, name, env), check=True)
         print(f"built {reference(name)} with {builder} in {time.monotonic() - start:.0f} s", flush=True)
         ref = push(builder, reference(name), env) if args.push else reference(name)

@@ -121,3 +121,44 @@ def test_the_sbom_runs_in_the_image_with_the_build_s_way_to_the_index() -> None:
     assert "--no-cache" not in cmd  # a build flag, not one for run
     assert cmd[cmd.index("--entrypoint") + 1 :][:2] == ["sh", "reg/rloo-slim:1"]
     assert build.CYCLONEDX in cmd[-1] and "environment" in cmd[-1]
+
+
+def _fake_builder(tmp_path: Path, *, has_image: bool, pull_error: str = "") -> Path:
+    """A stand-in for podman/docker answering ``image inspect`` and ``pull`` as they do (exit 125 and the
+    reason on stderr when the registry cannot be reached) and logging its calls."""
+    script = tmp_path / "podman"
+    log = tmp_path / "calls"
+    pull = f'echo "{pull_error}" >&2; exit 125' if pull_error else "exit 0"
+    script.write_text(
+        "#!/bin/sh\n"
+        f'echo "$*" >> {log}\n'
+        f'case "$1 $2" in "image inspect") exit {0 if has_image else 125};; esac\n'
+        f'case "$1" in pull) {pull};; esac\n'
+    )
+    script.chmod(0o755)
+    return script
+
+
+def test_a_base_that_cannot_be_pulled_is_one_line_and_exit_75(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """podman/docker print pages and exit 125 when the registry is out of reach; the build says which base
+    could not be pulled and the ways out (proxy, mirror, an offline load) in one line, exit 75."""
+    reason = "Error: pinging container registry registry-1.docker.io: dial tcp: no such host"
+    fake = _fake_builder(tmp_path, has_image=False, pull_error=reason)
+    with pytest.raises(SystemExit) as exit_info:
+        build.pull_base(str(fake), "slim", {})
+    assert exit_info.value.code == 75
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    base = build.base_image("slim", {})
+    assert base and base in line and reason in line and "BASE_IMAGE_SLIM" in line and "load -i" in line
+
+
+def test_a_base_already_here_or_pulled_builds_on(tmp_path: Path) -> None:
+    here = _fake_builder(tmp_path, has_image=True)
+    build.pull_base(str(here), "train-cpu", {"BASE_IMAGE_TRAIN_CPU": "localhost/ci-base:1"})
+    assert (tmp_path / "calls").read_text().split("\n")[0] == "image inspect localhost/ci-base:1"
+    (tmp_path / "calls").unlink()
+    pulled = _fake_builder(tmp_path, has_image=False)
+    build.pull_base(str(pulled), "eval", {})
+    assert (tmp_path / "calls").read_text().splitlines()[-1] == f"pull {build.base_image('eval', {})}"

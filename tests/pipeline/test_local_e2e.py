@@ -160,7 +160,10 @@ def test_mlflow_has_the_pipeline_run_and_its_stages(local_run: dict[str, Any]) -
     }
     assert set(stages) == {"train", "eval", "push"}
     assert all(r.info.status == "FINISHED" for r in stages.values())
-    assert {r.info.run_name for r in stages.values()} == {"train", "eval", "push"}
+    # stage runs carry their pipeline run's name, so chart legends tell two runs' stages apart
+    assert {r.info.run_name for r in stages.values()} == {
+        f"{parent.info.run_name} · {s}" for s in ("train", "eval", "push")
+    }
     # one row per pipeline run compares runs: the settings and the headline results on the parent
     train_params, eval_params = stages["train"].data.params, stages["eval"].data.params
     assert parent.data.params["learning_rate"] == train_params["learning_rate"]

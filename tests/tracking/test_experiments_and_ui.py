@@ -55,7 +55,7 @@ def test_experiments_have_the_results_view_and_ui_links_open_it(tmp_path: Path) 
     bare = client.create_experiment("bare")
     urls = experiment_urls(f"sqlite:///{tmp_path / 'mlflow.db'}", "http://ui")
     assert urls == [
-        f"http://ui/#/experiments/{ours}/runs?workflowType=machine_learning&viewStateShareKey=rloo-results  (ours)",
+        f"http://ui/#/experiments/{ours}/runs?workflowType=machine_learning&compareRunsMode=CHART&viewStateShareKey=rloo-results  (ours)",
         f"http://ui/#/experiments/{bare}/runs?workflowType=machine_learning  (bare)",
     ]
     get_or_create_experiment(client, "bare")

@@ -286,6 +286,9 @@ def _dispatch_action(ns: argparse.Namespace) -> int:
 
     if ns.action == "submit":
         params = S.params_for_submit(params, settings)  # before contacting anything
+        _note(
+            "the SFT model, datasets, bucket and Secrets are checked by the run's validate step, in the cluster"
+        )
     with tempfile.TemporaryDirectory(prefix="rloo-pipeline-") as tmp:
         package = ns.package
         if package is None:

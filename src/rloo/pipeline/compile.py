@@ -39,7 +39,7 @@ def load_pipeline() -> Any:
     try:
         import kfp  # noqa: F401
     except ImportError:
-        raise UserError("the pipeline needs kfp: pip install -c constraints.txt -e '.[kfp]'.") from None
+        raise UserError("the pipeline needs kfp: pip install -c constraints.txt -e '.[client]'.") from None
     root = str(repo_root())
     if root not in sys.path:
         sys.path.insert(0, root)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rloo.errors import UserError
-from rloo.tracking.runs import EMBEDDED_DIR, RESULTS_VIEW_ID, VIEW_TAG_PREFIX
+from rloo.tracking.runs import EMBEDDED_DIR, RESULTS_VIEW_ID, RESULTS_VIEW_QUERY, VIEW_TAG_PREFIX
 
 DEFAULT_PORT = 5000
 _START_TIMEOUT_S = 180.0  # importing mlflow's server on a busy 2-core machine takes tens of seconds
@@ -220,7 +220,7 @@ def runs_path(experiment_id: str, *, view: bool = True) -> str:
     """The UI's path (after the host) of an experiment's runs table, in model-training mode; with ``view``,
     in its saved view of the headline results, which every experiment rloo makes or uses has
     (:func:`rloo.tracking.runs.get_or_create_experiment`)."""
-    shown = f"&viewStateShareKey={RESULTS_VIEW_ID}" if view else ""
+    shown = f"&{RESULTS_VIEW_QUERY}" if view else ""
     return f"/#/experiments/{experiment_id}/runs{RUNS_QUERY}{shown}"
 
 
