@@ -304,6 +304,7 @@ ANY_VALUE = {
     "register_model": "a boolean: both values are valid, and the type is checked with every parameter's",
     "istio_sidecar": "a boolean: both values are valid, and the type is checked with every parameter's",
     "compare_to_champion": "a boolean: both values are valid, and the type is checked with every parameter's",
+    "judge_check": "a boolean: both values are valid, and the type is checked with every parameter's",
 }
 
 
