@@ -477,9 +477,11 @@ class CheckpointManager:
             ) from None
         if st.get("num_updates") != self.num_updates:
             log.warning(
-                "%s was written by a run of %s updates; this one has %d (batch or length flags changed?)",
+                "%s was written by a run of %s updates; this one has %d (its length settings or its number of "
+                "processes changed): the learning-rate schedule now spans %d updates",
                 path,
                 st.get("num_updates"),
+                self.num_updates,
                 self.num_updates,
             )
         log.info("resumed from %s (update %d of %d)", path, st["update"], self.num_updates)

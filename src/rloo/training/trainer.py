@@ -79,7 +79,8 @@ from rloo.training.vllm_backend import make_generator
 
 log = logging.getLogger(__name__)
 
-# Called as hook(update index, phase name) at each safe point between phases, before the preemption check.
+# Called as hook(update index, phase name) at each safe point, before the preemption check: "generation" and
+# "optimization" of each update, "samples" before a sample table, "finish" before the final model.
 # Empty in production; the resume tests add one that SIGKILLs the process (tests/fixtures/kill_at.py).
 PHASE_HOOKS: list[Callable[[int, str], None]] = []
 
