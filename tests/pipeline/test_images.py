@@ -79,6 +79,28 @@ def test_image_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
         image("gpu")
 
 
+@pytest.mark.parametrize(
+    ("env", "names"),
+    [
+        ({"RLOO_IMAGE_TAG": "latest"}, "RLOO_IMAGE_TAG"),
+        ({"RLOO_IMAGE_TRAIN": "reg/rloo-train:latest"}, "RLOO_IMAGE_TRAIN"),
+        ({"RLOO_IMAGE_TRAIN": "reg/rloo-train"}, "RLOO_IMAGE_TRAIN"),
+    ],
+)
+def test_a_moving_tag_is_refused_as_the_chart_refuses_it(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], names: str
+) -> None:
+    """helm/templates/_helpers.tpl refuses an image tagged latest (or untagged, which Kubernetes pulls as
+    latest: kubernetes pkg/apis/core/v1/defaults.go); a pipeline compiled with one would run whatever the
+    registry holds that day, so the compile refuses it too, naming the variable."""
+    from rloo.errors import UserError
+
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(UserError, match=names):
+        image("train")
+
+
 def test_the_slim_image_can_parse_configs() -> None:
     """The validate step (slim image) parses the training config with HfArgumentParser: transformers must come
     with the core dependencies, which every image installs."""

@@ -86,3 +86,14 @@ def test_an_own_model_says_the_embedded_data_is_not_used(tmp_path: Path) -> None
     message = _refused(tmp_path / "w", {"model": "org/mine"})
     assert message.startswith("missing pipeline parameter(s) dataset_name, eval_dataset_name")
     assert "with a model of your own, the demo's embedded datasets and reward model are not used" in message
+
+
+def test_an_own_model_names_every_missing_input_at_once(tmp_path: Path) -> None:
+    """With a model of one's own the datasets and the reward source are all missing: one line lists them all,
+    not one error per attempt; a reward source given (a reward model, or reward functions) is not asked for."""
+    message = _refused(tmp_path / "w", {"model": "org/mine"})
+    assert "also a reward source: reward_model_path, or --reward_funcs" in message
+    given = _refused(tmp_path / "w2", {"model": "org/mine", "reward_model_path": "org/rm"})
+    assert given.startswith("missing pipeline parameter(s) dataset_name") and "reward source" not in given
+    funcs = _refused(tmp_path / "w3", {"model": "org/mine", "extra_train_args": "--reward_funcs a.b:c"})
+    assert "reward source" not in funcs

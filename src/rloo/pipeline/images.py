@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from rloo import __version__
-from rloo.k8s.images import is_reference
+from rloo.k8s.images import check_release_tag, is_reference
 
 DEFAULT_REGISTRY = "ghcr.io/rloo-kfp"
 # the package's version: a pipeline compiled from this code runs only in images built from it (the steps read
@@ -40,10 +40,13 @@ def image(name: str) -> str:
         raise KeyError(f"unknown image {name!r}; choose one of {', '.join(IMAGE_EXTRAS)}")
     override = os.environ.get(f"RLOO_IMAGE_{name.upper()}")
     if override:
+        check_release_tag(override, source=f"RLOO_IMAGE_{name.upper()}")
         return override
     registry = os.environ.get("RLOO_IMAGE_REGISTRY", DEFAULT_REGISTRY).rstrip("/")
     tag = os.environ.get("RLOO_IMAGE_TAG", DEFAULT_TAG)
-    return f"{registry}/rloo-{name}:{tag}"
+    reference = f"{registry}/rloo-{name}:{tag}"
+    check_release_tag(reference, source="RLOO_IMAGE_TAG")
+    return reference
 
 
 def read_record(path: str | os.PathLike[str]) -> dict[str, str]:

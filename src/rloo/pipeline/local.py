@@ -215,6 +215,15 @@ def _parameters_set_by(extra_train_args: str) -> set[str]:
     return {p.name for p in pipeline_fields() if p.part == "train" and p.field in fields}
 
 
+def _reward_source_gap(params: dict[str, Any]) -> str:
+    """The reward source a run with the user's own model lacks too, said with the missing parameters (the
+    validate step would only say it after they are given), else nothing."""
+    extra = str(params.get("extra_train_args") or "")
+    if params.get("reward_model_path") or "--reward_funcs" in extra or "--reward-funcs" in extra:
+        return ""
+    return "; also a reward source: reward_model_path, or --reward_funcs pkg.module:fn in extra_train_args"
+
+
 def _precheck(params: dict[str, Any], *, own_model: bool) -> None:
     """The validate step's checks, plus what only this machine can tell: a local run has one node, and the GPUs
     it asks for must be here. ``own_model``: the user's model replaced the embedded defaults."""
@@ -226,8 +235,8 @@ def _precheck(params: dict[str, Any], *, own_model: bool) -> None:
     except UserError as e:
         if own_model and str(e).startswith("missing"):
             raise UserError(
-                f"{str(e).removesuffix('.')}; with a model of your own, the demo's embedded datasets and reward "
-                "model are not used."
+                f"{str(e).removesuffix('.')}{_reward_source_gap(params)}; with a model of your own, the demo's "
+                "embedded datasets and reward model are not used."
             ) from None
         raise
     full = with_defaults(checked)

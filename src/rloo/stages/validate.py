@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from rloo.errors import UserError
+from rloo.errors import UserError, reworded
 from rloo.k8s.builders import check_queue_backend
 from rloo.k8s.platform import from_env as platform_from_env
 from rloo.stages.constants import STEP_SECRETS
@@ -208,7 +208,11 @@ def check_pipeline_model(
             raise type(e)(_as_parameters(str(e), {"model": "model"})) from None
         return
     if kind == "local":
-        local_sft_model(model)
+        from rloo.models import check_weight_headers
+
+        # the weights' headers read here name the user's path; the train step would meet a damaged file
+        # under its scratch copy's
+        check_weight_headers(local_sft_model(model), shown=f"model {model}")
         return
     if not hub:
         return
@@ -290,8 +294,8 @@ def check_storage_access(uri: str, *, what: str, client: Any = None) -> None:
             read_timeout=ACCESS_CHECK_TIMEOUT_S,
         )
         S3Backend(loc, client).check_access(create=False)
-    except StorageError as e:
-        raise UserError(f"{what}: {e}") from None
+    except StorageError as e:  # an unreachable store keeps its exit code (75: a retry may heal)
+        raise reworded(e, f"{what}: {e}") from None
 
 
 # Set on every step's pod by KFP's Argo compiler (backend/src/v2/compiler/argocompiler/common.go, commonEnvs):

@@ -20,7 +20,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from rloo.diskspace import DiskFullError
+from rloo.diskspace import DiskFullError, append_bytes, write_bytes_atomic
 from rloo.tracking.base import METRICS_FILE, JsonlSink, Sink, Status, jsonable, read_jsonl
 from rloo.tracking.samples import samples_html, samples_json
 
@@ -199,14 +199,17 @@ class MetricsLogger:
         d.mkdir(exist_ok=True)
         buf = io.StringIO()
         Console(file=buf, width=120, color_system=None).print(render_samples_table(step, rows))
-        (d / f"update_{step:06d}.txt").write_text(buf.getvalue())
+        # each file whole or absent, and a full disk one line (no 0-byte update_N.html, no half a JSON line)
+        what = f"the samples of update {step}"
+        write_bytes_atomic(d / f"update_{step:06d}.txt", buf.getvalue().encode(), what)
         html_path = d / f"update_{step:06d}.html"
         json_path = d / f"update_{step:06d}.json"
-        html_path.write_text(samples_html(step, rows))
-        json_path.write_text(samples_json(step, rows))
-        with open(self.output_dir / SAMPLES_FILE, "a") as f:
-            for row in rows:
-                f.write(json.dumps({"update": step, **{k: jsonable(v) for k, v in row.items()}}) + "\n")
+        write_bytes_atomic(html_path, samples_html(step, rows).encode(), what)
+        write_bytes_atomic(json_path, samples_json(step, rows).encode(), what)
+        lines = "".join(
+            json.dumps({"update": step, **{k: jsonable(v) for k, v in row.items()}}) + "\n" for row in rows
+        )
+        append_bytes(self.output_dir / SAMPLES_FILE, lines.encode(), what)
         self._fan("log_artifact", html_path, SAMPLES_DIR)
         self._fan("log_artifact", json_path, SAMPLES_DIR)
 
