@@ -243,3 +243,46 @@ def test_sigterm_in_a_phase_exits_143_and_resumes_exactly(
     assert all(torch.equal(straight[k], resumed[k]) for k in straight)
     assert _metrics(out) == _metrics(uninterrupted)
     assert _samples(out) == _samples(uninterrupted)
+
+
+SIGNAL_IN_SAMPLE_TABLE = Path(__file__).resolve().parent / "signal_in_sample_table.py"
+
+
+@pytest.mark.parametrize("name", ["SIGTERM", "SIGINT"])
+def test_rloo_train_signalled_in_its_sample_table_exits_without_a_traceback_and_resumes(
+    tiny: TinySetup, toy_data: Path, tmp_path: Path, name: str
+) -> None:
+    import subprocess
+    import sys
+
+    from tests.fixtures.train_cli import train_argv, train_env
+
+    out = tmp_path / "out"
+    argv = train_argv(tiny, toy_data, out, max_steps=3)
+    argv[argv.index("--num_sample_generations") + 1] = "3"  # a table after every update
+    stopped = subprocess.run(
+        [sys.executable, str(SIGNAL_IN_SAMPLE_TABLE), name, *argv],
+        env=train_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert stopped.returncode == 128 + getattr(signal, name), stopped.stderr
+    assert "Traceback" not in stopped.stderr
+    (ckpt,) = out.glob("checkpoint-*")
+    assert (
+        ckpt.name == "checkpoint-1" and checkpoint_problem(ckpt) is None
+    )  # update 1 trained, its table owed
+    who = "Ctrl-C" if name == "SIGINT" else "SIGTERM"
+    assert f"{who}: saved {ckpt} after 1 of 3 updates; run the same command again" in stopped.stdout
+    assert not (out / "samples.jsonl").exists()
+    resumed = subprocess.run(
+        [sys.executable, "-m", "rloo.cli", *argv],
+        env=train_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    assert sorted({row["update"] for row in _samples(out)}) == [1, 2, 3]
+    assert [m["update"] for m in _metrics(out)] == [1, 2, 3]
