@@ -39,6 +39,9 @@ def build_config(output_dir: Path, *, updates: int, arch: str, seed: int) -> RLO
         output_dir=str(output_dir),
         seed=seed,
         max_steps=updates,
+        # the demo builds its models and data anew each time: a rerun (another --updates or --seed included)
+        # trains again over the previous demo instead of being refused as a changed run
+        overwrite_output_dir=True,
         **TOY_TRAINING,
         # MLflow without a server: a sqlite store under output_dir unless MLFLOW_TRACKING_URI names one
         report_to="mlflow" if importlib.util.find_spec("mlflow") else "none",

@@ -111,6 +111,7 @@ _BOOKKEEPING = frozenset(
         "save_total_limit",
         "resume_from_checkpoint",
         "preemption_grace_seconds",
+        "overwrite_output_dir",
     }
 )
 # The model, the data and the reward have their own lines in a description
