@@ -131,7 +131,7 @@ class EvalConfig:
             # nan passes every comparison below unnoticed, and inf is recorded as 'Infinity', which is no JSON
             if isinstance(value, float) and not math.isfinite(value):
                 raise UserError(f"--{f.name} must be a finite number (got {value}).")
-        from rloo.storage.location import require_local_or_s3, require_local_path
+        from rloo.storage.location import require_local_or_s3, require_local_path, require_not_file
 
         fetch = "give a Hub id or a local directory (download an s3:// upload first, e.g. 'aws s3 sync')."
         for name in ("model_name_or_path", "baseline_model"):
@@ -151,6 +151,7 @@ class EvalConfig:
             self.output_dir,
             "write locally and upload the directory (the pipeline does this).",
         )
+        require_not_file("--output_dir", self.output_dir)
         if not self.dataset_split.strip():
             raise UserError("--dataset_split is empty: name the split to evaluate, e.g. test.")
         if self.engine not in ENGINES:

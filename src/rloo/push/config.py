@@ -115,9 +115,10 @@ class PushConfig:
             raise UserError(
                 "--model_path is required: give the output_dir of 'rloo train' or its s3:// prefix."
             )
-        from rloo.storage.location import require_local_path
+        from rloo.storage.location import require_local_path, require_not_file
 
         require_local_path("--output_dir", self.output_dir, "it holds push_result.json and the staged files.")
+        require_not_file("--output_dir", self.output_dir)
         if not -1.0 <= self.promotion_margin < 1.0:
             raise UserError(
                 f"--promotion_margin must be in [-1, 1) (got {self.promotion_margin}): it is a difference of "

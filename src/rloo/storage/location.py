@@ -131,6 +131,19 @@ def require_local_path(flag: str, value: str | os.PathLike[str] | None, hint: st
     )
 
 
+def require_not_file(flag: str, value: str | os.PathLike[str] | None) -> None:
+    """Refuse a local output directory that is an existing file, in one line naming the flag.
+
+    ``Path.mkdir(exist_ok=True)`` only forgives an existing directory: on a file it raises
+    ``FileExistsError`` (or ``NotADirectoryError`` when writing below it), after the models have loaded.
+    """
+    if value is None or has_scheme(value):
+        return
+    path = Path(value).expanduser()
+    if path.exists() and not path.is_dir():
+        raise UserError(f"{flag} {path} is a file; pass a directory.")
+
+
 # ------------------------------------------------------------------------------------------------------
 # What a model or dataset argument names. One rule for every stage and command, so that a value is the same
 # kind of thing to `rloo train`, `rloo eval`, `rloo push` and every pipeline step.

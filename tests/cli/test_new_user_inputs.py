@@ -1,0 +1,69 @@
+"""An output directory that is an existing file, given to the real ``rloo eval`` and ``rloo push`` commands.
+
+Both create ``--output_dir`` with ``Path.mkdir(parents=True, exist_ok=True)``, and CPython's
+``Lib/pathlib.py`` (``Path.mkdir``: ``if not exist_ok or not self.is_dir(): raise``) forgives only an existing
+*directory*: on a file it raises ``FileExistsError`` (``NotADirectoryError`` once a file is written below
+it). That used to surface as a traceback, after the models had loaded; now it is one line naming the flag,
+exit 2, as ``rloo train --output_dir FILE`` already was.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from rloo.demo.judge import MODEL, ToyJudge
+from rloo.demo.tiny import TinySetup
+from rloo.demo.toy import write_toy_eval_dataset
+
+
+def _run(*argv: str | Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "rloo.cli", *map(str, argv)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+def _assert_one_line(proc: subprocess.CompletedProcess[str], flag: str, path: Path) -> None:
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert f"{flag} {path} is a file; pass a directory." in lines[0]
+
+
+def test_eval_output_dir_that_is_a_file(tiny_setup: TinySetup, tmp_path: Path) -> None:
+    data = write_toy_eval_dataset(tmp_path / "eval_data", num_test=2)
+    out = tmp_path / "results.txt"
+    out.write_text("keep me\n")
+    with ToyJudge() as judge:
+        proc = _run(
+            "eval",
+            "--model_name_or_path", tiny_setup.policy,
+            "--dataset_name", data,
+            "--judge_base_url", judge.base_url,
+            "--judge_model", MODEL,
+            "--engine", "transformers",
+            "--max_new_tokens", "2",
+            "--output_dir", out,
+        )  # fmt: skip
+    _assert_one_line(proc, "--output_dir", out)
+    assert out.read_text() == "keep me\n"
+
+
+def test_push_output_dir_that_is_a_file(tiny_setup: TinySetup, tmp_path: Path) -> None:
+    out = tmp_path / "push.txt"
+    out.write_text("keep me\n")
+    proc = _run(
+        "push",
+        "--model_path", tiny_setup.policy,
+        "--storage_uri", tmp_path / "published",
+        "--output_dir", out,
+    )  # fmt: skip
+    _assert_one_line(proc, "--output_dir", out)
+    assert out.read_text() == "keep me\n"
+    assert not (tmp_path / "published").exists()
