@@ -13,9 +13,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from rloo.demo.judge import MODEL, ToyJudge
 from rloo.demo.tiny import TinySetup
 from rloo.demo.toy import write_toy_eval_dataset
+from rloo.errors import UserError
+from rloo.storage.s3 import s3_client
 
 
 def _run(*argv: str | Path) -> subprocess.CompletedProcess[str]:
@@ -67,3 +71,51 @@ def test_push_output_dir_that_is_a_file(tiny_setup: TinySetup, tmp_path: Path) -
     _assert_one_line(proc, "--output_dir", out)
     assert out.read_text() == "keep me\n"
     assert not (tmp_path / "published").exists()
+
+
+# boto/botocore botocore/configprovider.py reads AWS_MAX_ATTEMPTS with int() and botocore/config.py
+# (Config._validate_retry_configuration) accepts the modes ('legacy', 'standard', 'adaptive') and
+# max_attempts >= 0; anything else was a ValueError / InvalidRetryModeError traceback from s3_client.
+@pytest.mark.parametrize(
+    ("name", "value", "expect"),
+    [
+        (
+            "AWS_MAX_ATTEMPTS",
+            "abc",
+            "AWS_MAX_ATTEMPTS='abc' is not a number of attempts: set an integer >= 0",
+        ),
+        ("AWS_MAX_ATTEMPTS", "-3", "AWS_MAX_ATTEMPTS='-3' is not a number of attempts"),
+        (
+            "AWS_RETRY_MODE",
+            "bogus",
+            "AWS_RETRY_MODE='bogus' is not a retry mode: use one of legacy, standard",
+        ),
+    ],
+)
+def test_s3_retry_settings_from_garbage_env(
+    monkeypatch: pytest.MonkeyPatch, name: str, value: str, expect: str
+) -> None:
+    monkeypatch.setenv("S3_ENDPOINT_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv(name, value)
+    with pytest.raises(UserError) as err:
+        s3_client()
+    assert expect in str(err.value)
+
+
+def test_s3_retry_settings_in_range_still_build_a_client(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("S3_ENDPOINT_URL", "http://127.0.0.1:9")
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "0")
+    monkeypatch.setenv("AWS_RETRY_MODE", "adaptive")
+    # botocore counts the first try too: 0 retries is 1 attempt in all
+    assert s3_client().meta.config.retries == {"mode": "adaptive", "total_max_attempts": 1}
+
+
+def test_s3_endpoint_not_a_url_names_the_variable_that_was_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The endpoint comes from the first set of S3_ENDPOINT_URL, AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL; the
+    fix names the one the user set, not always S3_ENDPOINT_URL."""
+    for other in ("S3_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
+        monkeypatch.delenv(other, raising=False)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "junk")
+    with pytest.raises(UserError) as err:
+        s3_client()
+    assert "set AWS_ENDPOINT_URL to http(s)://host:port" in str(err.value)

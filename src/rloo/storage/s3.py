@@ -23,6 +23,7 @@ from rloo.storage.redact import redact_url
 ENDPOINT_ENV_VARS = ("S3_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
 DEFAULT_MAX_ATTEMPTS = 5
 DEFAULT_RETRY_MODE = "standard"
+RETRY_MODES = ("legacy", "standard", "adaptive")  # what botocore's Config accepts
 DEFAULT_CONNECT_TIMEOUT = 10.0
 DEFAULT_READ_TIMEOUT = 60.0
 
@@ -63,6 +64,32 @@ def resolve_endpoint(endpoint: str | None = None) -> str | None:
     return None
 
 
+def _endpoint_source(endpoint: str | None) -> str:
+    """The name of the variable an endpoint came from (what to fix); S3_ENDPOINT_URL for an argument."""
+    if not endpoint:
+        for name in ENDPOINT_ENV_VARS:
+            if os.environ.get(name):
+                return name
+    return ENDPOINT_ENV_VARS[0]
+
+
+def _env_max_attempts() -> int:
+    """``AWS_MAX_ATTEMPTS`` as botocore's retry config takes it (an integer >= 0), else the default; a
+    garbage value is one line here, not botocore's ``ValueError`` at the first request."""
+    raw = os.environ.get("AWS_MAX_ATTEMPTS", "").strip()
+    if not raw:
+        return DEFAULT_MAX_ATTEMPTS
+    try:
+        attempts = int(raw)
+    except ValueError:
+        attempts = -1
+    if attempts < 0:
+        raise UserError(
+            f"AWS_MAX_ATTEMPTS={raw!r} is not a number of attempts: set an integer >= 0, or unset it."
+        )
+    return attempts
+
+
 def s3_client(
     endpoint: str | None = None,
     *,
@@ -78,11 +105,12 @@ def s3_client(
 
     url = resolve_endpoint(endpoint)
     if url and not url.startswith(("http://", "https://")):
-        raise UserError(
-            f"S3 endpoint {redact_url(url)!r} is not a URL: set S3_ENDPOINT_URL to http(s)://host:port."
-        )
-    attempts = max_attempts or int(os.environ.get("AWS_MAX_ATTEMPTS") or DEFAULT_MAX_ATTEMPTS)
+        source = _endpoint_source(endpoint)
+        raise UserError(f"S3 endpoint {redact_url(url)!r} is not a URL: set {source} to http(s)://host:port.")
+    attempts = max_attempts or _env_max_attempts()
     mode = retry_mode or os.environ.get("AWS_RETRY_MODE") or DEFAULT_RETRY_MODE
+    if mode not in RETRY_MODES:
+        raise UserError(f"AWS_RETRY_MODE={mode!r} is not a retry mode: use one of {', '.join(RETRY_MODES)}.")
     region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
     config = Config(
         retries={"mode": mode, "max_attempts": attempts},
