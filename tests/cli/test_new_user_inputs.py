@@ -119,3 +119,12 @@ def test_s3_endpoint_not_a_url_names_the_variable_that_was_set(monkeypatch: pyte
     with pytest.raises(UserError) as err:
         s3_client()
     assert "set AWS_ENDPOINT_URL to http(s)://host:port" in str(err.value)
+
+
+def test_demo_output_dir_that_is_a_file(tmp_path: Path) -> None:
+    """``rloo demo`` builds its models under ``<output_dir>/assets`` first (the same ``Path.mkdir``)."""
+    out = tmp_path / "demo.txt"
+    out.write_text("keep me\n")
+    proc = _run("demo", "--updates", "1", "--output_dir", out)
+    _assert_one_line(proc, "--output_dir", out)
+    assert out.read_text() == "keep me\n"

@@ -72,11 +72,12 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if args.updates < 1:
         raise UserError(f"--updates must be >= 1 (got {args.updates}).")
-    from rloo.storage.location import require_local_path
+    from rloo.storage.location import require_local_path, require_not_file
 
     require_local_path(
         "--output_dir", args.output_dir, "for object storage use 'rloo train --output_dir s3://...'."
     )
+    require_not_file("--output_dir", args.output_dir)  # before the models and data are built under it
 
     from rloo.training.trainer import train
 
