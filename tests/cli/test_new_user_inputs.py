@@ -128,3 +128,14 @@ def test_demo_output_dir_that_is_a_file(tmp_path: Path) -> None:
     proc = _run("demo", "--updates", "1", "--output_dir", out)
     _assert_one_line(proc, "--output_dir", out)
     assert out.read_text() == "keep me\n"
+
+
+def test_ui_backend_store_that_is_a_plain_file_path(tmp_path: Path) -> None:
+    """mlflow/mlflow ``mlflow/tracking/_tracking_service/utils.py`` registers the empty scheme (a plain path)
+    as a FileStore, a directory: a file path there is no store, and the usual file is a SQLite database."""
+    db = tmp_path / "mlflow.db"
+    db.write_bytes(b"")
+    proc = _run("ui", "--backend-store-uri", db, "--port", "1")
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert f"is a file, not a store URI: for a SQLite database pass sqlite:///{db}" in proc.stderr

@@ -36,11 +36,23 @@ def ui_command(work_dir: str | os.PathLike[str]) -> str:
     return f"{prog} ui --workdir {Path(work_dir).resolve()}"
 
 
+def _refuse_file_path(backend_store_uri: str) -> None:
+    """A plain path is an MLflow file store, a directory; a file there (most often a ``mlflow.db``) only
+    made the UI exit after its start-up with a message about the file store's maintenance mode."""
+    path = Path(backend_store_uri).expanduser()
+    if "://" not in backend_store_uri and path.is_file():
+        raise UserError(
+            f"--backend-store-uri {backend_store_uri} is a file, not a store URI: for a SQLite database pass "
+            f"sqlite:///{path.resolve()}."
+        )
+
+
 def store_uri(work_dir: str | os.PathLike[str] | None, backend_store_uri: str | None) -> str:
     """The store to serve: ``backend_store_uri`` as given, else the sqlite store under ``work_dir``, which
     must exist (a one-line UserError says how to make one otherwise); a sqlite store must be readable
     (:func:`check_store`)."""
     if backend_store_uri:
+        _refuse_file_path(backend_store_uri)
         check_store(backend_store_uri)
         return backend_store_uri
     work = Path(work_dir or ".").resolve()
