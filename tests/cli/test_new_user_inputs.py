@@ -9,6 +9,7 @@ exit 2, as ``rloo train --output_dir FILE`` already was.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -139,3 +140,24 @@ def test_ui_backend_store_that_is_a_plain_file_path(tmp_path: Path) -> None:
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
     assert f"is a file, not a store URI: for a SQLite database pass sqlite:///{db}" in proc.stderr
+
+
+def test_compile_with_an_image_registry_that_is_no_reference(tmp_path: Path) -> None:
+    """distribution/reference ``regexp.go``: a reference's path components are lowercase alphanumerics joined
+    by separators, a tag is ``[\\w][\\w.-]{0,127}``; a registry with capitals or a space compiled into every
+    step and failed only on the cluster."""
+    out = tmp_path / "pipeline.yaml"
+    env = {**os.environ, "RLOO_IMAGE_REGISTRY": "Registry Example/x"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "rloo.cli", "pipeline", "compile", "--output", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env=env,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "RLOO_IMAGE_REGISTRY / RLOO_IMAGE_TAG: 'Registry Example/x/rloo-" in proc.stderr
+    assert "is not an image reference" in proc.stderr
+    assert not out.exists()

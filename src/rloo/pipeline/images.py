@@ -40,13 +40,27 @@ def image(name: str) -> str:
         raise KeyError(f"unknown image {name!r}; choose one of {', '.join(IMAGE_EXTRAS)}")
     override = os.environ.get(f"RLOO_IMAGE_{name.upper()}")
     if override:
+        _check_reference(override, source=f"RLOO_IMAGE_{name.upper()}")
         check_release_tag(override, source=f"RLOO_IMAGE_{name.upper()}")
         return override
     registry = os.environ.get("RLOO_IMAGE_REGISTRY", DEFAULT_REGISTRY).rstrip("/")
     tag = os.environ.get("RLOO_IMAGE_TAG", DEFAULT_TAG)
     reference = f"{registry}/rloo-{name}:{tag}"
+    _check_reference(reference, source="RLOO_IMAGE_REGISTRY / RLOO_IMAGE_TAG")
     check_release_tag(reference, source="RLOO_IMAGE_TAG")
     return reference
+
+
+def _check_reference(reference: str, *, source: str) -> None:
+    """One line at compile time, naming the variable, for what would otherwise compile into every step and
+    fail on the cluster as an InvalidImageName / ImagePullBackOff."""
+    if not is_reference(reference):
+        from rloo.errors import UserError
+
+        raise UserError(
+            f"{source}: {reference!r} is not an image reference: use a lowercase registry/path and a tag of "
+            "letters, digits, '.', '_' and '-' (registry/name:tag or registry/name@sha256:<digest>)."
+        )
 
 
 def read_record(path: str | os.PathLike[str]) -> dict[str, str]:
