@@ -164,3 +164,15 @@ def test_large_but_sane_weights_pass() -> None:
         net.bias[0] = float("inf")
     with pytest.raises(UserError, match=r"tensor 'bias' holds inf"):
         check_finite_weights(net, flag="model_name_or_path", path="/m")
+
+
+def test_a_causal_lm_given_as_reward_model_is_refused(tiny_setup: TinySetup) -> None:
+    """transformers ``modeling_utils.py`` (``_load_pretrained_model``) initialises every weight a checkpoint
+    lacks at random and only reports it (``missing_keys``): a causal LM loaded as a sequence classifier
+    gets a random ``score`` head, and a run on it would train towards noise."""
+    from rloo.models import load_reward_model
+
+    with pytest.raises(UserError, match=r"^reward_model_path .*: its checkpoint has no score\.weight"):
+        load_reward_model(str(tiny_setup.policy))
+    model, _ = load_reward_model(str(tiny_setup.reward_model))  # a trained one loads
+    assert model.config.num_labels == 1

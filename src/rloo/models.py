@@ -452,19 +452,34 @@ def load_reward_model(
 
     flag = "reward_model_path"
     local = local_model_path(flag, path)  # an s3:// reward model: fetched into this machine's scratch first
-    model = _wrap_load(
+    model, info = _wrap_load(
         flag,
         local,
         lambda: AutoModelForSequenceClassification.from_pretrained(
-            local, num_labels=1, dtype=dtype, trust_remote_code=trust_remote_code
+            local, num_labels=1, dtype=dtype, trust_remote_code=trust_remote_code, output_loading_info=True
         ),
         shown=path,
     )
+    check_reward_head(info.get("missing_keys") or [], path=path)
     check_finite_weights(model, flag=flag, path=path)
     tok = load_reward_tokenizer(local, flag=flag, trust_remote_code=trust_remote_code, shown=path)
     model.config.pad_token_id = tok.pad_token_id
     model.eval().requires_grad_(False)
     return model, tok
+
+
+def check_reward_head(missing_keys: list[str] | set[str], *, path: str) -> None:
+    """Refuse a reward model whose weights do not all come from its checkpoint: transformers fills what the
+    checkpoint lacks with random values (a causal LM given as reward model has no score head), and the run
+    would train on noise. One line naming the missing weights, exit 2."""
+    if missing_keys:
+        names = sorted(missing_keys)
+        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        raise UserError(
+            f"reward_model_path {path}: its checkpoint has no {shown}, which would start random: it is not a "
+            "trained reward model (a causal LM has no score head); give a sequence-classification model with "
+            "one output trained on preferences, or --reward_funcs."
+        )
 
 
 def load_reward_tokenizer(

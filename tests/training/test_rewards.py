@@ -301,3 +301,14 @@ def test_reward_model_non_finite_score_is_a_user_error(tiny_setup: TinySetup) ->
         model.score.weight.fill_(math.nan)
     with pytest.raises(UserError, match="--reward_model_path produced a non-finite score for completion 0"):
         source(model, tok)(batch(2))
+
+
+@pytest.mark.parametrize("spec", ["rloo.demo.toy", "rloo.demo"])
+def test_a_module_without_its_function_says_how_to_name_it(spec: str) -> None:
+    """``pkg.module`` alone (TRL's ``reward_funcs`` takes a callable, CLI users write the module): the dotted
+    form reads it as ``pkg:module``, so the error must say a function is missing, not that ``pkg`` lacks an
+    attribute (CPython ``Lib/importlib/__init__.py``: a submodule is an attribute only once imported)."""
+    with pytest.raises(
+        UserError, match=f"^--reward_funcs {spec} names a module, not a function: write '{spec}:function'"
+    ):
+        load_reward_function(spec)

@@ -8,6 +8,8 @@ left out of its group's leave-one-out baseline and gets a zero advantage.
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import inspect
 import math
 import numbers
 import traceback
@@ -63,6 +65,11 @@ def load_reward_function(spec: str) -> Callable[..., Any]:
             "install it or add its directory to PYTHONPATH."
         ) from None
     fn = getattr(module, attr, None)
+    if not sep and (inspect.ismodule(fn) or (fn is None and _is_module(spec))):
+        raise UserError(
+            f"--reward_funcs {spec} names a module, not a function: write '{spec}:function' (the function "
+            "that scores the completions)."
+        )
     if fn is None:
         raise UserError(
             f"--reward_funcs {spec}: module {module_name!r} has no attribute {attr!r}; check the name."
@@ -70,6 +77,13 @@ def load_reward_function(spec: str) -> Callable[..., Any]:
     if not callable(fn):
         raise UserError(f"--reward_funcs {spec}: {attr!r} is a {type(fn).__name__}, not a function.")
     return fn
+
+
+def _is_module(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def _where(e: BaseException) -> str:
