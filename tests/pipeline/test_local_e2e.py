@@ -232,7 +232,8 @@ def test_rloo_ui_serves_the_demo_runs(local_run: dict[str, Any]) -> None:
         with urllib.request.urlopen(req, timeout=30) as resp:
             runs = json.loads(resp.read())["runs"]
         names = {r["info"]["run_name"] for r in runs}
-        assert {"train", "eval", "push"} <= names and len(runs) == 4
+        # the pipeline run and its three stage runs, named after it (`<run> · train`)
+        assert len(runs) == 4 and {n.rpartition(" · ")[2] for n in names} >= {"train", "eval", "push"}, names
     finally:
         proc.send_signal(signal.SIGTERM)  # `kill` stops the UI and its server, like Ctrl-C
         out, _ = proc.communicate(timeout=60)
