@@ -203,6 +203,17 @@ def _interrupted_then_resumed(
     trainer.train(_config(tiny, data, out))  # the same command
 
 
+def _assert_same_run(out: Path, uninterrupted: Path) -> None:
+    """The interrupted-then-resumed run ends as the uninterrupted one: weights, metrics and sample tables."""
+    straight, resumed = (
+        load_file(str(uninterrupted / "model.safetensors")),
+        load_file(str(out / "model.safetensors")),
+    )
+    assert all(torch.equal(straight[k], resumed[k]) for k in straight)
+    assert _metrics(out) == _metrics(uninterrupted)
+    assert _samples(out) == _samples(uninterrupted)
+
+
 @pytest.mark.parametrize("phase", sorted(PHASES))
 def test_ctrl_c_in_each_phase_checkpoints_and_resumes_exactly(
     tiny: TinySetup,
@@ -215,13 +226,7 @@ def test_ctrl_c_in_each_phase_checkpoints_and_resumes_exactly(
 ) -> None:
     out = tmp_path / "out"
     _interrupted_then_resumed(tiny, toy_data, out, phase, signal.SIGINT, monkeypatch)
-    straight, resumed = (
-        load_file(str(uninterrupted / "model.safetensors")),
-        load_file(str(out / "model.safetensors")),
-    )
-    assert all(torch.equal(straight[k], resumed[k]) for k in straight)
-    assert _metrics(out) == _metrics(uninterrupted)
-    assert _samples(out) == _samples(uninterrupted)
+    _assert_same_run(out, uninterrupted)
     assert [m["update"] for m in _metrics(out)] == list(range(1, UPDATES + 1))
 
 
@@ -236,13 +241,7 @@ def test_sigterm_in_a_phase_exits_143_and_resumes_exactly(
 ) -> None:
     out = tmp_path / "out"
     _interrupted_then_resumed(tiny, toy_data, out, phase, signal.SIGTERM, monkeypatch)
-    straight, resumed = (
-        load_file(str(uninterrupted / "model.safetensors")),
-        load_file(str(out / "model.safetensors")),
-    )
-    assert all(torch.equal(straight[k], resumed[k]) for k in straight)
-    assert _metrics(out) == _metrics(uninterrupted)
-    assert _samples(out) == _samples(uninterrupted)
+    _assert_same_run(out, uninterrupted)
 
 
 SIGNAL_IN_SAMPLE_TABLE = Path(__file__).resolve().parent / "signal_in_sample_table.py"
