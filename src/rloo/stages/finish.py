@@ -13,8 +13,6 @@ what decides: KFP's driver leaves it empty, failure or not.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 # The success spellings above, each backend's enum name (compared upper-cased).
 SUCCEEDED_STATES = frozenset({"COMPLETE", "CACHED", "SUCCEEDED", "SKIPPED"})
@@ -72,37 +70,22 @@ def _close_run(
     uri: str, closed: str, run_id: str, run_name: str, experiment: str, error: str | None, state: str
 ) -> None:
     from rloo.tracking import check_tracking_server, finish_pipeline_run
+    from rloo.tracking.runs import configure_mlflow_http
     from rloo.tracking.uri import check_tracking_uri
 
     check_tracking_uri(uri)
     check_tracking_server(uri, timeout=MLFLOW_TIMEOUT_S)
-    with _bounded_mlflow_http():
-        finish_pipeline_run(
-            closed,
-            pipeline_run_id=run_id,
-            pipeline_run_name=run_name,
-            experiment=experiment,
-            error=(error or f"the pipeline run ended {state or 'in an unknown state'}")
-            if closed == "FAILED"
-            else None,
-        )
-
-
-@contextmanager
-def _bounded_mlflow_http() -> Iterator[None]:
-    """MLflow's HTTP retries and timeout set to this step's bounds while it runs (a user's own setting
-    wins), as they were after."""
-    bounds = {
-        "MLFLOW_HTTP_REQUEST_MAX_RETRIES": str(MLFLOW_MAX_RETRIES),
-        "MLFLOW_HTTP_REQUEST_TIMEOUT": str(MLFLOW_TIMEOUT_S),
-    }
-    added = [name for name in bounds if name not in os.environ]
-    os.environ.update({name: bounds[name] for name in added})
-    try:
-        yield
-    finally:
-        for name in added:
-            os.environ.pop(name, None)
+    # this step's process ends with the run closed: its bounds need not be undone (a user's own setting wins)
+    configure_mlflow_http(max_retries=MLFLOW_MAX_RETRIES, timeout_s=MLFLOW_TIMEOUT_S)
+    finish_pipeline_run(
+        closed,
+        pipeline_run_id=run_id,
+        pipeline_run_name=run_name,
+        experiment=experiment,
+        error=(error or f"the pipeline run ended {state or 'in an unknown state'}")
+        if closed == "FAILED"
+        else None,
+    )
 
 
 def delete_leftover_job(run_id: str, namespace: str) -> None:

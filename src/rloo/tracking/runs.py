@@ -184,11 +184,12 @@ def resolve_tracking_uri(
     return f"sqlite:///{base / 'mlflow.db'}", (base / "artifacts").as_uri()
 
 
-def configure_mlflow_http() -> None:
-    """Make each MLflow HTTP call fail fast: the sink's background loop owns retrying (with backoff and a
-    buffer), so MLflow's own minutes-long retry chain would only delay flushing. User settings win."""
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
+def configure_mlflow_http(*, max_retries: int = 0, timeout_s: int = 30) -> None:
+    """Make each MLflow HTTP call of this process fail fast: by default for the sinks, whose background loop
+    owns retrying (with backoff and a buffer), so MLflow's own minutes-long retry chain would only delay
+    flushing. User settings win."""
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", str(max_retries))
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(timeout_s))
 
 
 def check_tracking_server(tracking_uri: str | None = None, *, timeout: float = 10.0) -> None:
