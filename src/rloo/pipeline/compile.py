@@ -59,8 +59,8 @@ def readme_path() -> Path:
 
 def compile_pipeline(output: str | os.PathLike[str] | None = None) -> list[Path]:
     """Write the compiled pipeline YAML to ``output``; by default to the committed file and, when the chart
-    is there, the chart's copy, and refresh the parameter table of ``pipelines/README.md``. Returns the
-    paths written."""
+    is there, the chart's copy, and refresh the parameter table of ``pipelines/README.md`` and the flag
+    reference ``docs/options.md``. Returns the paths written."""
     import tempfile
 
     from kfp import compiler
@@ -88,7 +88,21 @@ def compile_pipeline(output: str | os.PathLike[str] | None = None) -> list[Path]
         if readme_with_table(text) != text:
             write_whole(readme, readme_with_table(text).encode(), "pipelines/README.md")
             written.append(readme)
+    if output is None:
+        written += write_options_reference()
     return written
+
+
+def write_options_reference() -> list[Path]:
+    """Rewrite ``docs/options.md`` (the commands' flags, from their config fields) when it differs; returns
+    the paths written."""
+    from rloo.pipeline.reference import options_reference, reference_path
+
+    path, text = reference_path(repo_root()), options_reference()
+    if path.parent.is_dir() and (not path.is_file() or path.read_text() != text):
+        write_whole(path, text.encode(), "docs/options.md")
+        return [path]
+    return []
 
 
 def write_whole(path: Path, data: bytes, what: str) -> None:
