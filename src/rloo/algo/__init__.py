@@ -15,15 +15,22 @@ from typing import TYPE_CHECKING, Any
 # not pull torch in with the tensor modules: a client install has no torch.
 _EXPORTS = {
     "advantages": (
-        "SCALE_REWARDS_MODES",
         "group_reward_stats",
         "informative_groups",
         "leave_one_out_advantages",
         "leave_one_out_baseline",
         "scale_advantages",
     ),
-    "importance": ("IS_MODES", "SamplingMismatchStats", "truncated_importance_weights"),
-    "kl": ("KL_ESTIMATORS", "per_token_kl", "sequence_kl"),
+    # stdlib only: the values of the string options, which the training config reads without torch
+    "choices": (
+        "IMPORTANCE_SAMPLING_LEVELS",
+        "IS_MODES",
+        "KL_ESTIMATORS",
+        "LOSS_AGG_MODES",
+        "SCALE_REWARDS_MODES",
+    ),
+    "importance": ("SamplingMismatchStats", "truncated_importance_weights"),
+    "kl": ("per_token_kl", "sequence_kl"),
     "logprobs": (
         "entropy_from_logits",
         "entropy_quantile_threshold",
@@ -32,8 +39,6 @@ _EXPORTS = {
         "top_entropy_mask",
     ),
     "losses": (
-        "IMPORTANCE_SAMPLING_LEVELS",
-        "LOSS_AGG_MODES",
         "PolicyLossStats",
         "agg_loss",
         "kl_loss",
@@ -114,15 +119,21 @@ def __getattr__(name: str) -> Any:
 
 if TYPE_CHECKING:  # what the names are, for the type checker
     from .advantages import (
-        SCALE_REWARDS_MODES,
         group_reward_stats,
         informative_groups,
         leave_one_out_advantages,
         leave_one_out_baseline,
         scale_advantages,
     )
-    from .importance import IS_MODES, SamplingMismatchStats, truncated_importance_weights
-    from .kl import KL_ESTIMATORS, per_token_kl, sequence_kl
+    from .choices import (
+        IMPORTANCE_SAMPLING_LEVELS,
+        IS_MODES,
+        KL_ESTIMATORS,
+        LOSS_AGG_MODES,
+        SCALE_REWARDS_MODES,
+    )
+    from .importance import SamplingMismatchStats, truncated_importance_weights
+    from .kl import per_token_kl, sequence_kl
     from .logprobs import (
         entropy_from_logits,
         entropy_quantile_threshold,
@@ -131,8 +142,6 @@ if TYPE_CHECKING:  # what the names are, for the type checker
         top_entropy_mask,
     )
     from .losses import (
-        IMPORTANCE_SAMPLING_LEVELS,
-        LOSS_AGG_MODES,
         PolicyLossStats,
         agg_loss,
         kl_loss,

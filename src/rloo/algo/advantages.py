@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .choices import SCALE_REWARDS_MODES
 from .masking import masked_var
 
 __all__ = [
@@ -19,8 +20,6 @@ __all__ = [
     "leave_one_out_baseline",
     "scale_advantages",
 ]
-
-SCALE_REWARDS_MODES: tuple[str, ...] = ("none", "group", "batch")
 
 
 def _check_groups(rewards: Tensor, valid: Tensor | None) -> Tensor:

@@ -15,11 +15,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from .choices import IS_MODES
 from .masking import masked_mean, masked_sum
 
 __all__ = ["IS_MODES", "SamplingMismatchStats", "truncated_importance_weights"]
-
-IS_MODES: tuple[str, ...] = ("truncate", "mask")
 
 
 @dataclass

@@ -5,11 +5,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .choices import KL_ESTIMATORS
 from .masking import masked_sum
 
 __all__ = ["KL_ESTIMATORS", "per_token_kl", "sequence_kl"]
-
-KL_ESTIMATORS: tuple[str, ...] = ("k1", "k2", "k3")
 
 
 def per_token_kl(logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor, estimator: str = "k1") -> Tensor:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from .choices import IMPORTANCE_SAMPLING_LEVELS, LOSS_AGG_MODES
 from .kl import per_token_kl
 from .masking import masked_mean, masked_sum, masked_var
 
@@ -25,15 +26,6 @@ __all__ = [
     "kl_loss",
     "policy_loss",
 ]
-
-LOSS_AGG_MODES: tuple[str, ...] = (
-    "seq-mean-token-sum",
-    "token-mean",
-    "seq-mean-token-mean",
-    "seq-mean-token-sum-norm",
-)
-
-IMPORTANCE_SAMPLING_LEVELS: tuple[str, ...] = ("auto", "token", "sequence")
 
 
 def agg_loss(

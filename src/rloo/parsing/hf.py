@@ -29,7 +29,7 @@ from typing import Any
 import yaml
 
 from rloo.errors import UserError
-from rloo.options import PIPELINE, aliases_of
+from rloo.options import aliases_of, rule_of
 from rloo.parsing.base import OneLineErrors, did_you_mean, parse_bool, quiet_without_torch
 from rloo.storage.location import require_local_path
 
@@ -41,6 +41,8 @@ _NONE = {"none", "null"}
 # it, whether the flag takes no value); see _recording_action
 _Given = list[tuple[str, str, Any, bool]]
 _WANT = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+# the metadata of rloo.options.option() that HfArgumentParser may pass on to argparse's add_argument
+_ARGPARSE_METADATA = {"help", "aliases"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,12 +154,13 @@ class ConfigParser(OneLineErrors, HfArgumentParser):
 
     @staticmethod
     def _parse_dataclass_field(parser: argparse.ArgumentParser, field: dataclasses.Field[Any]) -> None:
-        # HfArgumentParser hands a field's metadata to add_argument: the pipeline parameter it declares
-        # (rloo.options.Exposed) is no argparse keyword
-        if PIPELINE in field.metadata:
+        # HfArgumentParser hands a field's metadata to add_argument: the pipeline parameter and the rule it
+        # declares (rloo.options) are no argparse keywords; the rule is applied by the config itself, so that
+        # a value from any source (--config, the pipeline) gets the same one-line error
+        if field.metadata.keys() - _ARGPARSE_METADATA:
             field = copy.copy(field)
             field.metadata = types.MappingProxyType(
-                {k: v for k, v in field.metadata.items() if k != PIPELINE}
+                {k: v for k, v in field.metadata.items() if k in _ARGPARSE_METADATA}
             )
         HfArgumentParser._parse_dataclass_field(parser, field)
 
@@ -166,8 +169,14 @@ class ConfigParser(OneLineErrors, HfArgumentParser):
         kind = _kind(self.hints[f.name])
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
         help_text = f.metadata.get("help", "")
+        notes = []
+        rule = rule_of(f)
+        if rule is not None:
+            notes.append(f"must be {rule.text}")
         if default not in (None, []) and "default" not in help_text:  # no "(default: None)", no repeats
-            help_text += f" (default: {default})"
+            notes.append(f"default: {default}")
+        if notes:
+            help_text += f" ({'; '.join(notes)})"
         for action in self._actions:
             if action.dest != f.name:
                 continue

@@ -9,6 +9,7 @@ values (KFP's own type check is a traceback, and ``kfp.local`` leaves its worksp
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import inspect
 import math
@@ -36,6 +37,7 @@ class PipelineParam:
     default: Any  # None when required
     required: bool
     help: str
+    rule: str = ""  # what a value must be ('>= 1', 'one of a, b, c'), as the config field declares it
 
 
 # Python type of a parameter -> KFP's name for it
@@ -48,8 +50,19 @@ def pipeline_params() -> list[PipelineParam]:
     from rloo.stages.plan import pipeline_fields
 
     return [
-        PipelineParam(p.name, _KFP_TYPES[p.type], p.default, p.required, p.help) for p in pipeline_fields()
+        PipelineParam(p.name, _KFP_TYPES[p.type], p.default, p.required, p.help, _rule(p.part, p.field))
+        for p in pipeline_fields()
     ]
+
+
+def _rule(part: str, field: str) -> str:
+    """What a value of config ``field`` of plan part ``part`` must be, as the field declares it; '' for any."""
+    from rloo.options import rule_of
+    from rloo.stages.plan import part_configs
+
+    (declared,) = [f for f in dataclasses.fields(part_configs()[part]) if f.name == field]
+    rule = rule_of(declared)
+    return "" if rule is None else rule.text
 
 
 def pipeline_signature(body: Callable[[dict[str, Any]], None]) -> Callable[..., None]:
@@ -163,13 +176,15 @@ def _cell(text: str) -> str:
 
 
 def markdown_table() -> str:
-    """The parameter table of ``pipelines/README.md``: name, type, default, help."""
+    """The parameter table of ``pipelines/README.md``: name, type, default, help (with the rule a value
+    must follow, where the config field declares one)."""
     import json
 
     rows = ["| parameter | type | default | description |", "| --- | --- | --- | --- |"]
     for p in pipeline_params():
         default = "*required*" if p.required else f"`{json.dumps(p.default)}`"
-        rows.append(f"| `{p.name}` | {p.type} | {_cell(default)} | {_cell(p.help)} |")
+        text = f"{p.help} Must be {p.rule}." if p.rule else p.help
+        rows.append(f"| `{p.name}` | {p.type} | {_cell(default)} | {_cell(text)} |")
     return "\n".join(rows) + "\n"
 
 
