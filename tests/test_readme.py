@@ -1,4 +1,5 @@
-"""The README's commands and quoted output agree with the code, checked without running ``make demo``.
+"""The README's commands and quoted output agree with the code, checked without running ``make demo``; the
+README stays an overview, and the documents it points to hold, with links that resolve.
 
 ``make`` installs the ``rloo`` console script into ``.venv/bin``, which is on ``PATH`` only once the venv's
 activate script put it there (python/cpython ``Lib/venv/scripts/common/activate``:
@@ -17,6 +18,13 @@ from tests.fixtures.doc_commands import SHELLS, check_rloo_command, code_blocks,
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
+# The project's prose documents (the generated flag reference among them)
+DOCS = [
+    ROOT / "README.md",
+    ROOT / "pipelines" / "README.md",
+    ROOT / "helm" / "README.md",
+    *sorted((ROOT / "docs").glob("*.md")),
+]
 
 
 def _section(title: str) -> str:
@@ -115,10 +123,77 @@ def test_every_extra_the_docs_install_exists() -> None:
     import tomllib
 
     extras = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"])
-    docs = [ROOT / "README.md", ROOT / "helm" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
     named = set()
-    for path in docs:
+    for path in DOCS:
         for group in re.findall(r"(?:'\.|rloo-kfp)\[([\w,]+)\]", path.read_text()):
             named |= set(group.split(","))
     assert "client" in named
     assert named <= extras
+
+
+def test_the_readme_is_an_overview() -> None:
+    """The README says what the project is and where the rest is; what grows (flags, cluster details, the
+    behaviour of each stage) belongs in the documents it links to."""
+    lines = README.count("\n")
+    assert lines <= 300, (
+        f"README.md has {lines} lines: move details to docs/ (the index is 'Where the rest is')"
+    )
+    index = _section("Where the rest is")
+    for doc in sorted((ROOT / "docs").glob("*.md")):
+        assert f"(docs/{doc.name})" in index, f"docs/{doc.name} is missing from the README's index"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        argv
+        for doc in DOCS[1:]
+        if doc.name != "platform-walkthrough.md"
+        for argv in rloo_commands(doc.read_text())
+    ],
+    ids=lambda argv: " ".join(argv[:2]),
+)
+def test_every_rloo_command_of_the_docs_is_accepted(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The commands moved out of the README stay checked (docs/platform-walkthrough.md has its own test)."""
+    check_rloo_command(argv, capsys)
+
+
+_LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def _anchor(heading: str) -> str:
+    """The anchor GitHub gives a heading (gjtorikian/html-pipeline ``lib/html/pipeline/toc_filter.rb``:
+    ``text.downcase.gsub(/[^\\p{Word}\\- ]/u, '').tr(' ', '-')``)."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _anchors(path: Path) -> set[str]:
+    text = re.sub(r"^```.*?^```", "", path.read_text(), flags=re.DOTALL | re.MULTILINE)  # no '#' comments
+    return {_anchor(h) for h in re.findall(r"^#{1,6} (.+)$", text, flags=re.MULTILINE)}
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_relative_link_resolves(doc: Path) -> None:
+    """A relative link names a file of the repository and, after '#', a heading of that file."""
+    for target in _LINK.findall(doc.read_text()):
+        if re.match(r"[a-z]+:", target):
+            continue  # https:, mailto:
+        path, _, anchor = target.partition("#")
+        resolved = (doc.parent / path).resolve() if path else doc
+        assert resolved.exists(), f"{doc.relative_to(ROOT)}: {target}: no such file"
+        if anchor:
+            assert anchor in _anchors(resolved), f"{doc.relative_to(ROOT)}: {target}: no such heading"
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_docs_describe_the_code_not_its_history(doc: Path) -> None:
+    """No line names a tracker issue of this project ('#12', 'issue 12') or a round in which options came
+    (an upstream issue, 'kubeflow/pipelines#9702', is a citation and stays)."""
+    for number, line in enumerate(doc.read_text().splitlines(), 1):
+        where = f"{doc.relative_to(ROOT)}:{number}"
+        assert not re.search(r"(?<![\w/.-])#\d+\b|\bissues? \d+", line, re.IGNORECASE), f"{where}: {line}"
+        assert not re.search(r"\bround (?:one|two|three|\d+)\b|\brounds? of options", line, re.IGNORECASE), (
+            f"{where}: {line}"
+        )

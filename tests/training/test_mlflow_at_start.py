@@ -1,4 +1,4 @@
-"""What happens to ``rloo train`` when MLflow is down, as README.md says it: a tracking server that cannot be
+"""What happens to ``rloo train`` when MLflow is down, as docs/storage-and-mlflow.md says it: a tracking server that cannot be
 reached when the stage starts is a one-line error before any model loads (a mistyped URI should fail in
 seconds, not after hours of GPU time); an outage once the stage runs never stops it (buffered and retried:
 tests/tracking/test_mlflow.py). The start is tested end to end in tests/tracking/test_compare.py."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = Path(__file__).resolve().parents[2] / "docs" / "storage-and-mlflow.md"
 
 
 def test_readme_says_what_the_code_does() -> None:
