@@ -10,6 +10,7 @@ import pytest
 
 from rloo.config import ALIASES, BatchPlan, RLOOConfig
 from rloo.errors import UserError
+from rloo.options import default_of, rule_of
 
 REQUIRED = {"model_name_or_path": "/models/policy", "dataset_name": "/data/prompts", "reward_funcs": ["m:f"]}
 
@@ -141,7 +142,7 @@ def test_validation_error_names_the_field(name: str, value: Any) -> None:
     assert "\n" not in msg
 
 
-def test_issue_17_options_default_to_the_classic_loss() -> None:
+def test_loss_options_default_to_the_classic_loss() -> None:
     cfg = make()
     assert cfg.kl_estimator == "k1" and cfg.kl_in_loss is False
     assert cfg.loss_agg_mode == "seq-mean-token-sum"
@@ -152,7 +153,7 @@ def test_issue_17_options_default_to_the_classic_loss() -> None:
     assert ALIASES["epsilon_high"] == "cliprange_high"
 
 
-def test_issue_17_options_accept_good_values() -> None:
+def test_loss_options_accept_good_values() -> None:
     cfg = make(
         kl_estimator="k2",
         kl_in_loss=True,
@@ -312,9 +313,10 @@ def test_batch_plan_divisible_products_pass() -> None:
     assert isinstance(plan, BatchPlan)
 
 
-# -- issue 32: algorithm options, round two ----------------------------------------------------------------
+# --- algorithm variants (DAPO's group filtering and overlong penalty, GRPO's reward scaling, GSPO, dual-clip
+# PPO, two-sided clipping, entropy terms, TR-DPO's reference sync, the reward-hacking monitor) --------------
 # Off by default: the classic loss, bit for bit. Restated here rather than read from the code.
-ROUND_TWO_DEFAULTS: dict[str, Any] = {
+ALGORITHM_VARIANTS_OFF: dict[str, Any] = {
     "scale_rewards": "none",
     "filter_groups": False,
     "max_num_gen_batches": 1,
@@ -331,9 +333,9 @@ ROUND_TWO_DEFAULTS: dict[str, Any] = {
 }
 
 
-def test_round_two_options_are_off_by_default() -> None:
+def test_algorithm_variants_are_off_by_default() -> None:
     cfg = make()
-    assert {name: getattr(cfg, name) for name in ROUND_TWO_DEFAULTS} == ROUND_TWO_DEFAULTS
+    assert {name: getattr(cfg, name) for name in ALGORITHM_VARIANTS_OFF} == ALGORITHM_VARIANTS_OFF
     assert cfg.classic_sequence_ratio
     assert (
         ALIASES["entropy_coeff"] == "entropy_coef" and ALIASES["soft_punish_cache"] == "overlong_buffer_len"
@@ -341,17 +343,26 @@ def test_round_two_options_are_off_by_default() -> None:
 
 
 def test_the_config_offers_the_values_the_math_takes() -> None:
-    # the config is parsed without torch (the slim image), so it restates rloo.algo's choices
+    """The choices of the algorithm's string options are the very tuples the tensor code checks its arguments
+    against (rloo.algo.choices, stdlib only: the config is parsed where torch is not installed), not copies
+    that can drift; the vLLM correction's modes are TRL's names (``token_truncate`` ...,
+    huggingface/trl trl/trainer/grpo_config.py) made of rloo.algo's."""
     from rloo import algo
-    from rloo.config import IMPORTANCE_SAMPLING_LEVELS, KL_ESTIMATORS, LOSS_AGG_MODES, SCALE_REWARDS_MODES
+    from rloo.algo import kl, losses
+    from rloo.config import VLLM_IS_MODES
 
-    assert SCALE_REWARDS_MODES == algo.SCALE_REWARDS_MODES
-    assert IMPORTANCE_SAMPLING_LEVELS == algo.IMPORTANCE_SAMPLING_LEVELS
-    assert LOSS_AGG_MODES == algo.LOSS_AGG_MODES
-    assert KL_ESTIMATORS == algo.KL_ESTIMATORS
+    choices = {
+        f.name: rule.choices for f in dataclasses.fields(RLOOConfig) if (rule := rule_of(f)) is not None
+    }
+    assert choices["kl_estimator"] is algo.KL_ESTIMATORS is kl.KL_ESTIMATORS
+    assert choices["loss_agg_mode"] is algo.LOSS_AGG_MODES is losses.LOSS_AGG_MODES
+    assert choices["importance_sampling_level"] is algo.IMPORTANCE_SAMPLING_LEVELS
+    assert choices["scale_rewards"] is algo.SCALE_REWARDS_MODES
+    assert choices["vllm_importance_sampling_mode"] is VLLM_IS_MODES
+    assert VLLM_IS_MODES == ("auto", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 
 
-def test_round_two_options_accept_good_values() -> None:
+def test_algorithm_variants_accept_good_values() -> None:
     cfg = make(
         scale_rewards="group",
         filter_groups=True,
@@ -374,7 +385,7 @@ def test_round_two_options_accept_good_values() -> None:
     assert make(loss_agg_mode="token-mean", top_entropy_quantile=0.5).top_entropy_quantile == 0.5
 
 
-ROUND_TWO_BAD = [
+ALGORITHM_VARIANT_BAD_VALUES = [
     ({"scale_rewards": "std"}, r"--scale_rewards must be one of none, group, batch"),
     (
         {"importance_sampling_level": "seq"},
@@ -414,8 +425,135 @@ ROUND_TWO_BAD = [
 ]
 
 
-@pytest.mark.parametrize(("kw", "match"), ROUND_TWO_BAD, ids=[m for _, m in ROUND_TWO_BAD])
-def test_round_two_bad_values_are_one_line_errors(kw: dict[str, Any], match: str) -> None:
+@pytest.mark.parametrize(
+    ("kw", "match"), ALGORITHM_VARIANT_BAD_VALUES, ids=[m for _, m in ALGORITHM_VARIANT_BAD_VALUES]
+)
+def test_bad_algorithm_variant_values_are_one_line_errors(kw: dict[str, Any], match: str) -> None:
     with pytest.raises(UserError, match=match) as info:
         make(**kw)
     assert "\n" not in str(info.value)
+
+
+# --- each setting's own rule is declared on its field -------------------------------------------------
+# One value that each field's declared rule refuses. The rule and its message live on the field (option(...,
+# choices=, check=)), not in a validation method: the error is the declaration's, word for word.
+SINGLE_FIELD_BAD: dict[str, Any] = {
+    "model_name_or_path": None,
+    "dataset_name": "",
+    "reward_funcs": ["m:f", "nodotnocolon"],
+    "dataset_train_split": " ",
+    "dataset_test_split": "",
+    "seed": 2**32,
+    "per_device_train_batch_size": 0,
+    "per_device_eval_batch_size": 0,
+    "gradient_accumulation_steps": 0,
+    "num_mini_batches": 0,
+    "total_episodes": 0,
+    "num_train_epochs": math.nan,
+    "max_steps": -2,
+    "local_rollout_forward_batch_size": 0,
+    "rloo_k": 1,
+    "num_ppo_epochs": 0,
+    "kl_coef": math.inf,
+    "kl_estimator": "k4",
+    "cliprange": 0.0,
+    "loss_agg_mode": "seq-sum",
+    "reward_clip_range": -1.0,
+    "scale_rewards": "std",
+    "max_num_gen_batches": 0,
+    "importance_sampling_level": "seq",
+    "clip_ratio_c": 1.0,
+    "entropy_coef": -0.1,
+    "top_entropy_quantile": 0.0,
+    "overlong_penalty_factor": math.nan,
+    "ref_model_mixup_alpha": 1.5,
+    "ref_model_sync_steps": 0,
+    "length_corr_warn_threshold": -1.5,
+    "length_corr_warn_updates": -1,
+    "response_length": 0,
+    "max_prompt_length": 0,
+    "temperature": 0.0,
+    "top_k": -1,
+    "top_p": 1.01,
+    "stop_token": "</s>",
+    "num_sample_generations": -1,
+    "vllm_mode": "server",
+    "vllm_gpu_memory_utilization": 0.0,
+    "vllm_importance_sampling_mode": "token",
+    "vllm_importance_sampling_cap": 1.0,
+    "cache_implementation": "paged",
+    "generation_dtype": "float32",
+    "learning_rate": -1e-5,
+    "lr_scheduler_type": "exponential",
+    "warmup_steps": -1,
+    "warmup_ratio": -0.1,
+    "weight_decay": math.nan,
+    "max_grad_norm": -1.0,
+    "lora_r": 0,
+    "lora_alpha": 0.0,
+    "lora_dropout": 1.0,
+    "logging_steps": 0,
+    "save_steps": -1,
+    "save_total_limit": 0,
+    "resume_from_checkpoint": "",
+    "preemption_grace_seconds": 0.0,
+    "report_to": "wandb",
+}
+_DECLARED = {f.name: rule for f in dataclasses.fields(RLOOConfig) if (rule := rule_of(f)) is not None}
+
+
+def test_every_declared_rule_has_a_refused_value_here() -> None:
+    assert set(SINGLE_FIELD_BAD) == set(_DECLARED)
+
+
+@pytest.mark.parametrize(("name", "value"), SINGLE_FIELD_BAD.items(), ids=list(SINGLE_FIELD_BAD))
+def test_a_bad_setting_is_refused_by_its_declaration(name: str, value: Any) -> None:
+    """The fields are the classic trainer's (huggingface/trl trl/trainer/rloo_config.py), made flags by
+    HfArgumentParser (huggingface/transformers src/transformers/hf_argparser.py); each one's own rule is
+    declared where the field is, and the error for a value it refuses is the declaration's, word for word."""
+    with pytest.raises(UserError) as refused:
+        make(**{name: value})
+    assert str(refused.value) == _DECLARED[name].problem(f"--{name}", value)
+
+
+def test_help_and_the_pipeline_table_state_each_declared_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rloo.parsing.hf import ConfigParser
+    from rloo.pipeline.params import markdown_table
+
+    monkeypatch.setenv("COLUMNS", "1000")  # no rule wrapped over two lines
+    entries: dict[
+        str, str
+    ] = {}  # flag -> its entry: the flag's names, then its help on the same line or the next
+    for line in ConfigParser(RLOOConfig, prog="rloo train").format_help().splitlines():
+        if line.startswith("  -"):
+            flag = line.split()[0].rstrip(",")
+            entries[flag] = line
+        elif entries:
+            entries[flag] += line
+    for name, rule in _DECLARED.items():
+        assert f"(must be {rule.text}" in entries[f"--{name}"], name
+    table = {row.split("|")[1].strip(" `"): row for row in markdown_table().splitlines()[2:]}
+    assert "Must be >= 2." in table["rloo_k"]
+    assert "Must be a finite number >= 0." in table["learning_rate"]
+
+
+def test_the_pipeline_names_the_parameter_in_the_declared_error() -> None:
+    from rloo.stages.validate import train_values
+
+    params = {"dataset_name": "/data/prompts", "reward_model_path": "/rm", "rloo_k": 1}
+    with pytest.raises(UserError) as refused:
+        train_values(params, "")
+    assert str(refused.value) == _DECLARED["rloo_k"].problem("rloo_k", 1)
+
+
+def test_rules_between_settings_read_the_declared_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    # --ref_model_mixup_alpha is refused without --sync_ref_model when it is not the default: which value
+    # that is, the field says (a second copy of 0.6 in the rule would keep refusing a new default)
+    (alpha,) = [f for f in dataclasses.fields(RLOOConfig) if f.name == "ref_model_mixup_alpha"]
+    monkeypatch.setattr(alpha, "default", 0.7)
+    assert default_of(RLOOConfig, "ref_model_mixup_alpha") == 0.7
+    assert make(ref_model_mixup_alpha=0.7).ref_model_mixup_alpha == 0.7
+    with pytest.raises(
+        UserError, match="--ref_model_mixup_alpha and --ref_model_sync_steps set --sync_ref_model"
+    ):
+        make(ref_model_mixup_alpha=0.6)

@@ -284,7 +284,7 @@ def test_resume_from_a_broken_path_is_a_user_error(make_config, tmp_path: Path) 
         train(make_config(resume_from_checkpoint=str(tmp_path / "nope")))
 
 
-def test_issue_17_loss_options_through_rloo_train(tiny, toy_data: Path, tmp_path: Path) -> None:
+def test_loss_options_through_rloo_train(tiny, toy_data: Path, tmp_path: Path) -> None:
     # KL as a k3 loss term, token-mean aggregation, clip-higher (by its current-trainer alias) and
     # truncated-completion masking, through the real command line, off-policy (2 epochs x 2 mini-batches)
     out = tmp_path / "out"
@@ -436,8 +436,9 @@ def test_token_mean_does_not_depend_on_the_micro_batch_size(
     assert apart < 1e-3 * moved, (apart, moved)
 
 
-# -- issue 32: algorithm options, round two ------------------------------------------------------------------
-ROUND_TWO_RUNS: dict[str, dict[str, Any]] = {
+# -- algorithm variants: DAPO's group filtering and overlong penalty, reward scaling, GSPO, clipping variants,
+# entropy terms, TR-DPO's reference sync ---------------------------------------------------------------------
+ALGORITHM_VARIANT_RUNS: dict[str, dict[str, Any]] = {
     "filter_groups": dict(filter_groups=True, max_num_gen_batches=3),
     "scale_rewards_group": dict(scale_rewards="group"),
     "scale_rewards_batch_token_kl": dict(scale_rewards="batch", token_level_kl=True),
@@ -451,8 +452,8 @@ ROUND_TWO_RUNS: dict[str, dict[str, Any]] = {
 }
 
 
-@pytest.mark.parametrize("options", ROUND_TWO_RUNS.values(), ids=list(ROUND_TWO_RUNS))
-def test_each_round_two_option_trains(make_config, options: dict[str, Any]) -> None:
+@pytest.mark.parametrize("options", ALGORITHM_VARIANT_RUNS.values(), ids=list(ALGORITHM_VARIANT_RUNS))
+def test_each_algorithm_variant_trains(make_config, options: dict[str, Any]) -> None:
     result = train(make_config(reward_funcs=["rloo.demo.toy:vowel_majority_reward"], **options))
     history = result.history
     assert len(history) == 2
@@ -542,7 +543,7 @@ def test_vllm_mismatch_masking_with_a_stand_in_sampler(
         assert h["loss/policy_avg"] == 0.0
 
 
-def test_round_two_options_with_lora(make_config) -> None:
+def test_algorithm_variants_with_lora(make_config) -> None:
     pytest.importorskip("peft")
     cfg = make_config(
         use_peft=True,

@@ -221,7 +221,7 @@ def test_aliases_map_to_classic_fields(base: list[str]) -> None:
     assert cfg.cliprange_high == 0.35
 
 
-def test_issue_17_flags_parse(base: list[str]) -> None:
+def test_loss_option_flags_parse(base: list[str]) -> None:
     cfg = parse(
         [
             *base,

@@ -131,10 +131,10 @@ def test_resume_pushes_the_checkpointed_weights(
     assert "resum" in (proc.stdout + proc.stderr).lower()
 
 
-def test_round_two_options_with_the_engine(
+def test_algorithm_variants_with_the_engine(
     qwen: TinySetup, prompts: Path, vllm_env: dict[str, str], tmp_path: Path
 ) -> None:
-    """Issue 32's options with a real engine: --filter_groups resamples through vLLM (extra generate calls
+    """The algorithm variants with a real engine: --filter_groups resamples through vLLM (extra generate calls
     between two pushes, from the same weights), sequence_mask drops completions whose vLLM ratio passes the
     cap, and the moved reference needs no push (the engine holds the policy only)."""
     out = tmp_path / "out"
