@@ -6,7 +6,9 @@ lacks, are accepted as aliases (``ALIASES``). Every field
 carries a one-line help string that ``rloo train --help`` prints.
 
 Validation happens at construction: a bad value raises :class:`rloo.errors.UserError` naming the field
-and the fix, before anything touches disk.
+and the fix, before anything touches disk. A rule of one field (its choices, a bound) is declared with the
+field (``option(..., choices=, check=)``), where ``--help``, the pipeline's parameter table and the error read
+it; the rules between fields are the ``_check_*`` methods, each named by what it checks.
 """
 
 from __future__ import annotations
