@@ -189,8 +189,8 @@ def test_every_relative_link_resolves(doc: Path) -> None:
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
 def test_the_docs_describe_the_code_not_its_history(doc: Path) -> None:
-    """No line names a tracker issue of this project ('#12', 'issue 12') or a round in which options came
-    (an upstream issue, 'kubeflow/pipelines#9702', is a citation and stays)."""
+    """No line names a tracker issue of this project ('#' or 'issue' with its number) or a round in which
+    options came (an upstream issue, 'kubeflow/pipelines#9702', is a citation and stays)."""
     for number, line in enumerate(doc.read_text().splitlines(), 1):
         where = f"{doc.relative_to(ROOT)}:{number}"
         assert not re.search(r"(?<![\w/.-])#\d+\b|\bissues? \d+", line, re.IGNORECASE), f"{where}: {line}"
