@@ -233,7 +233,7 @@ def test_static_cache_decode_stops_like_the_dynamic_one(lm) -> None:
             assert (row[int(hits[0]) + 1 :] == params.pad_token_id).all()
 
 
-# -- the compute-dtype cache, the whole-step graph and the rollout copy (issue 30) ---------------------
+# -- the compute-dtype cache, the whole-step graph and the rollout copy -------------------------------
 def _autocast_bf16():
     return torch.autocast("cpu", dtype=torch.bfloat16)
 

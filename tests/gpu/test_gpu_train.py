@@ -1,6 +1,6 @@
 """bf16 training and the built-in generator on a real GPU (``pytest -m gpu``; skipped without CUDA).
 
-What issue 13 asks the GPU to show, on random-initialised models of real architectures with their full
+What the GPU must show, on random-initialised models of real architectures with their full
 vocabularies (built locally, nothing downloaded): a bf16 run trains without NaN and its first PPO ratio
 is 1 within 1e-3; the built-in generator samples what ``generate`` samples (greedy identical, sampled
 sequences equally likely under the model); the static-cache decode path, compiled, agrees with the

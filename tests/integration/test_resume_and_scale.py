@@ -212,7 +212,7 @@ def _metric_gap(m1: list[dict], m2: list[dict]) -> float:
     )
 
 
-# Non-default loss options (issue 17): KL as a k2 loss term, token-mean over the global mini-batch,
+# Non-default loss options: KL as a k2 loss term, token-mean over the global mini-batch,
 # clip-higher. They are config, so resume and layouts must honour them. (Masking truncated completions
 # is left out: the tiny random policy seldom samples EOS, so it would mask nearly everything here.)
 LOSS_OPTION_FLAGS: dict[str, object] = dict(
@@ -224,10 +224,11 @@ LOSS_OPTION_FLAGS: dict[str, object] = dict(
 )
 
 
-# Issue 32's options all at once, on a pass/fail reward so that groups without spread occur (for
+# The algorithm variants all at once (DAPO's group filtering and overlong penalty, GSPO, dual clip,
+# entropy terms, a moving reference), on a pass/fail reward so that groups without spread occur (for
 # --filter_groups and its resampling); the reference moves every 2 updates, so the checkpoint taken after
 # update 2 holds a moved reference that the resumed run must restore.
-ROUND_TWO_FLAGS: dict[str, object] = dict(
+ALGORITHM_VARIANT_FLAGS: dict[str, object] = dict(
     reward_funcs="rloo.demo.toy:vowel_majority_reward",
     filter_groups="true",
     max_num_gen_batches=2,
@@ -243,7 +244,7 @@ ROUND_TWO_FLAGS: dict[str, object] = dict(
     sync_ref_model="true",
     ref_model_sync_steps=2,
 )
-ROUND_TWO_METRICS = (
+ALGORITHM_VARIANT_METRICS = (
     "filter_groups/kept_frac",
     "filter_groups/rounds",
     "clip_ratio/dual_clip_frac",
@@ -255,8 +256,8 @@ ROUND_TWO_METRICS = (
 
 @pytest.mark.parametrize(
     ("options", "logged"),
-    [(LOSS_OPTION_FLAGS, ("loss/kl_avg",)), (ROUND_TWO_FLAGS, ROUND_TWO_METRICS)],
-    ids=["loss_options", "round_two"],
+    [(LOSS_OPTION_FLAGS, ("loss/kl_avg",)), (ALGORITHM_VARIANT_FLAGS, ALGORITHM_VARIANT_METRICS)],
+    ids=["loss_options", "algorithm_variants"],
 )
 def test_loss_options_resume_exactly(
     tiny, toy_data: Path, tmp_path: Path, options: dict[str, object], logged: tuple[str, ...]
@@ -276,7 +277,9 @@ def test_loss_options_resume_exactly(
 
 
 @pytest.mark.parametrize(
-    "options", [{}, LOSS_OPTION_FLAGS, ROUND_TWO_FLAGS], ids=["classic", "loss_options", "round_two"]
+    "options",
+    [{}, LOSS_OPTION_FLAGS, ALGORITHM_VARIANT_FLAGS],
+    ids=["classic", "loss_options", "algorithm_variants"],
 )
 def test_two_processes_match_one(tiny, toy_data: Path, tmp_path: Path, options: dict[str, object]) -> None:
     # 16 completions per update (4 prompts x k=4, two mini-batches of 2 prompts): 1 process x 16 in
@@ -305,7 +308,7 @@ def test_two_processes_match_one(tiny, toy_data: Path, tmp_path: Path, options: 
     yardstick = _metric_gap(m1, m1_small)
     if options is LOSS_OPTION_FLAGS:  # the loss options too: micro-batch size changes only summation order
         assert yardstick < 1e-3, yardstick
-    if options is ROUND_TWO_FLAGS:
+    if options is ALGORITHM_VARIANT_FLAGS:
         # not the yardstick: --top_entropy_quantile takes its threshold over a micro-batch on all ranks,
         # which smaller micro-batches on one process change (two ranks x 4 = one x 8 do not). The rollouts
         # of every update (so the weights they were sampled with) agree; the loss statistics are means of
