@@ -89,7 +89,7 @@ def test_eval_and_push_markdown() -> None:
 def test_stage_run_link(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from mlflow.tracking import MlflowClient
 
-    from rloo.tracking.runs import start_stage_run
+    from rloo.tracking.lifecycle import start_stage_run
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     assert "not configured" in R.stage_run_link("train", "run-1")

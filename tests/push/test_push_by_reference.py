@@ -249,7 +249,7 @@ def test_demo_store_registers_by_upload_and_loads(
     version is created from a logged model of the push run, uploaded into the store, and loads back."""
     import mlflow.transformers
 
-    from rloo.tracking.runs import get_or_create_experiment
+    from rloo.tracking.experiment import get_or_create_experiment
 
     uri = f"sqlite:///{tmp_path / 'mlruns' / 'mlflow.db'}"
     (tmp_path / "mlruns").mkdir()

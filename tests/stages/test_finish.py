@@ -117,7 +117,8 @@ def _parent_run(uri: str) -> tuple[str, str, str]:
     """(experiment, KFP run id, MLflow run id) of a pipeline run whose stages opened its parent run."""
     from mlflow.tracking import MlflowClient
 
-    from rloo.tracking.runs import get_or_create_experiment, get_or_create_parent_run
+    from rloo.tracking.experiment import get_or_create_experiment
+    from rloo.tracking.lifecycle import get_or_create_parent_run
 
     client = MlflowClient(uri)
     exp, kfp_id = f"exp-{uuid.uuid4().hex[:8]}", f"kfp-{uuid.uuid4()}"

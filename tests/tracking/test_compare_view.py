@@ -23,17 +23,14 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from rloo.tracking.runs import (
-    HEADLINE_METRICS,
-    METRIC_WIN_RATE_GAIN,
-    PARENT_CURVES,
+from rloo.tracking.experiment import (
     RESULTS_VIEW_ID,
-    REWARD_SOURCE,
-    TAG_PROMOTION,
     VIEW_TAG_PREFIX,
     get_or_create_experiment,
     results_view_state,
 )
+from rloo.tracking.summary import HEADLINE_METRICS, METRIC_WIN_RATE_GAIN, PARENT_CURVES, REWARD_SOURCE
+from rloo.tracking.tags import TAG_PROMOTION
 from tests.fixtures.servers import MlflowServer
 from tests.tracking.test_run_names import pipeline_run
 

@@ -18,7 +18,7 @@ def _client(tmp_path: Path):
 
 
 def test_experiments_are_model_training_experiments(tmp_path: Path) -> None:
-    from rloo.tracking.runs import get_or_create_experiment
+    from rloo.tracking.experiment import get_or_create_experiment
 
     client = _client(tmp_path)
     new = get_or_create_experiment(client, "made-here")
@@ -35,7 +35,7 @@ def test_experiments_are_model_training_experiments(tmp_path: Path) -> None:
 def test_experiments_have_the_results_view_and_ui_links_open_it(tmp_path: Path) -> None:
     import json
 
-    from rloo.tracking.runs import get_or_create_experiment
+    from rloo.tracking.experiment import get_or_create_experiment
     from rloo.tracking.ui import experiment_urls
 
     client = _client(tmp_path)
@@ -63,7 +63,7 @@ def test_experiments_have_the_results_view_and_ui_links_open_it(tmp_path: Path) 
 
 
 def test_closing_a_pipeline_run_copies_its_stages_results(tmp_path: Path) -> None:
-    from rloo.tracking.runs import finish_pipeline_run, start_stage_run
+    from rloo.tracking.lifecycle import finish_pipeline_run, start_stage_run
 
     client = _client(tmp_path)
     train = start_stage_run("train", experiment="e", client=client, pipeline_run_id="p1")

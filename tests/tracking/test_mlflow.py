@@ -372,7 +372,7 @@ def test_server_gone_at_stage_end_bounded_wait_then_the_next_stage_closes_the_ru
     tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    from rloo.tracking.runs import finish_pipeline_run, start_stage_run
+    from rloo.tracking.lifecycle import finish_pipeline_run, start_stage_run
 
     exp = _experiment()
     monkeypatch.setenv("KFP_RUN_ID", f"kfp-{uuid.uuid4()}")

@@ -23,7 +23,9 @@ from rloo.config import RLOOConfig
 from rloo.eval.config import EvalConfig
 from rloo.eval.runner import recorded_settings
 from rloo.tracking import MlflowSink, finish_pipeline_run, flatten_params
-from rloo.tracking.runs import HEADLINE_METRICS, RESULTS_VIEW_ID, TAG_OUTPUT_DIR, VIEW_TAG_PREFIX
+from rloo.tracking.experiment import RESULTS_VIEW_ID, VIEW_TAG_PREFIX
+from rloo.tracking.summary import HEADLINE_METRICS
+from rloo.tracking.tags import TAG_OUTPUT_DIR
 from rloo.training.metrics import MetricsLogger
 from tests.fixtures.servers import MlflowServer
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from rloo.errors import UserError
-from rloo.tracking.runs import check_tracking_server, refuse_credentials_in_uri, resolve_tracking_uri
+from rloo.tracking.server import check_tracking_server, refuse_credentials_in_uri, resolve_tracking_uri
 
 PASSWORD = "hunter2-very-secret"
 ROOT = Path(__file__).resolve().parents[2]

@@ -30,7 +30,8 @@ from typing import Any
 import pytest
 from mlflow.tracking import MlflowClient
 
-from rloo.tracking.runs import RESULTS_VIEW_QUERY, TAG_PROMOTION
+from rloo.tracking.experiment import RESULTS_VIEW_QUERY
+from rloo.tracking.tags import TAG_PROMOTION
 from rloo.tracking.ui import RUNS_QUERY
 from tests.fixtures.servers import MlflowServer
 from tests.tracking.test_run_names import pipeline_run
@@ -129,7 +130,7 @@ def page(tmp_path: Path) -> Iterator[Page]:
 def _promote(client: MlflowClient, parent_id: str, status: str) -> None:
     """The push stage's record of its decision: a push run under the pipeline run tagged with it, and the
     pipeline run too (rloo.push.registry.Registry._mark, when a newer champion supersedes it)."""
-    from rloo.tracking.runs import start_stage_run
+    from rloo.tracking.lifecycle import start_stage_run
 
     parent = client.get_run(parent_id)
     push = start_stage_run(

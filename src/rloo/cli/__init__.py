@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # Before any command reads it: a password in the URI would be printed by MLflow's own log lines, and
         # a URI MLflow has no store for would leave the run untracked without a word.
-        from rloo.tracking.runs import refuse_credentials_in_uri
+        from rloo.tracking.server import refuse_credentials_in_uri
         from rloo.tracking.uri import check_tracking_uri
 
         refuse_credentials_in_uri(os.environ.get("MLFLOW_TRACKING_URI"))

@@ -266,7 +266,7 @@ def _sinks(cfg: EvalConfig) -> list[Any]:
 
 def _open(sinks: list[Any], cfg: EvalConfig, sources: dict[str, str] | None, out: Path) -> None:
     from rloo.tracking import flatten_params
-    from rloo.tracking.runs import TAG_OUTPUT_DIR
+    from rloo.tracking.tags import TAG_OUTPUT_DIR
 
     for sink in sinks:
         if (sources or {}).get("output"):  # out is a temporary copy; the results are published there

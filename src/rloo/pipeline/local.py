@@ -160,7 +160,8 @@ def prepare_tracking(workdir: Path, experiment: str) -> str:
         return uri
     import mlflow
 
-    from rloo.tracking.runs import get_or_create_experiment, resolve_tracking_uri
+    from rloo.tracking.experiment import get_or_create_experiment
+    from rloo.tracking.server import resolve_tracking_uri
 
     uri, artifacts = resolve_tracking_uri(work_dir=workdir)
     Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
@@ -270,7 +271,7 @@ def run_pipeline_locally(
     given), one tracking store, ``judge`` served while the run needs it (unless ``judge_base_url`` is
     given). ``precheck``: the validate step's checks first, in this process (False: leave them to the
     step, to exercise the DAG's own failure path)."""
-    from rloo.tracking.runs import DEFAULT_EXPERIMENT
+    from rloo.tracking.experiment import DEFAULT_EXPERIMENT
 
     user_params = check_names(user_params, required=False)  # before anything is built
     if containers:
@@ -543,7 +544,7 @@ def _runs_page(result: LocalResult) -> str:
     try:
         from mlflow.tracking import MlflowClient
 
-        from rloo.tracking.runs import TAG_KFP_RUN_NAME, filter_value
+        from rloo.tracking.tags import TAG_KFP_RUN_NAME, filter_value
 
         client = MlflowClient(tracking_uri=result.tracking_uri)
         runs = client.search_runs(

@@ -87,19 +87,14 @@ def stage_run_link(
     """A Markdown line pointing at the MLflow run of ``stage`` in this pipeline run (or saying why not).
 
     The run is looked for in the stages' experiment: ``experiment``, else ``MLFLOW_EXPERIMENT_NAME`` (which
-    the components set), else the default one, as :func:`rloo.tracking.runs.start_stage_run` chooses it.
+    the components set), else the default one, as :func:`rloo.tracking.lifecycle.start_stage_run` chooses it.
     """
     uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
     if not uri:
         return "MLflow: not configured for this run (no MLFLOW_TRACKING_URI)."
     from rloo.storage.redact import redact
-    from rloo.tracking.runs import (
-        DEFAULT_EXPERIMENT,
-        EXPERIMENT_ENV,
-        TAG_PIPELINE_RUN_ID,
-        TAG_STAGE,
-        filter_value,
-    )
+    from rloo.tracking.experiment import DEFAULT_EXPERIMENT, EXPERIMENT_ENV
+    from rloo.tracking.tags import TAG_PIPELINE_RUN_ID, TAG_STAGE, filter_value
 
     try:
         from mlflow.tracking import MlflowClient

@@ -158,7 +158,7 @@ class PushConfig:
             return None
         if self.registered_model_name:
             return self.registered_model_name
-        from rloo.tracking.runs import DEFAULT_EXPERIMENT, EXPERIMENT_ENV
+        from rloo.tracking.experiment import DEFAULT_EXPERIMENT, EXPERIMENT_ENV
 
         experiment = self.mlflow_experiment or os.environ.get(EXPERIMENT_ENV) or DEFAULT_EXPERIMENT
         return re.sub(r"[^A-Za-z0-9._\- ]+", "-", experiment).strip("-. ") or DEFAULT_EXPERIMENT

@@ -28,7 +28,7 @@ def open_push_run(cfg: PushConfig, key: str, mlflow_client: Any, *, tracking: bo
     """The push run of this run key (found again on a re-run), in the registry it registers in."""
     from mlflow.tracking import MlflowClient
 
-    from rloo.tracking.runs import check_tracking_server
+    from rloo.tracking.server import check_tracking_server
 
     if mlflow_client is None:
         check_tracking_server()

@@ -315,12 +315,8 @@ class Registry:
     # -- the push run ---------------------------------------------------------------------------------
     def find_or_start_run(self, **stage_kwargs: Any) -> str:
         """The push run of this run key (re-opened on a re-run), else a new stage run."""
-        from rloo.tracking.runs import (
-            DEFAULT_EXPERIMENT,
-            EXPERIMENT_ENV,
-            get_or_create_experiment,
-            start_stage_run,
-        )
+        from rloo.tracking.experiment import DEFAULT_EXPERIMENT, EXPERIMENT_ENV, get_or_create_experiment
+        from rloo.tracking.lifecycle import start_stage_run
 
         exp_name = stage_kwargs.get("experiment") or os.environ.get(EXPERIMENT_ENV) or DEFAULT_EXPERIMENT
         exp_id = get_or_create_experiment(self.client, exp_name)
@@ -461,7 +457,7 @@ class Registry:
         """The run the model came from: ``train_run_id`` (``--mlflow_train_run_id``), else the training
         stage's run of the same pipeline run (the newest finished ``train`` run under the push run's
         parent), else the push run itself."""
-        from rloo.tracking.runs import TAG_STAGE, TRAIN_STAGE
+        from rloo.tracking.tags import TAG_STAGE, TRAIN_STAGE
 
         if train_run_id:
             return self.client.get_run(train_run_id)

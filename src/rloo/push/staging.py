@@ -24,7 +24,7 @@ from rloo.push.trained import check_trained_model, fetch_trained_model
 from rloo.storage import Location
 from rloo.storage.backends import backend_for
 from rloo.storage.manifest import MANIFEST_NAME, sha256_file
-from rloo.tracking.runs import pipeline_run_from_env
+from rloo.tracking.lifecycle import pipeline_run_from_env
 
 if TYPE_CHECKING:
     from rloo.push.mlflow_run import PushRun

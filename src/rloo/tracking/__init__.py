@@ -13,19 +13,18 @@ from typing import Any
 
 from rloo.errors import UserError
 from rloo.tracking.base import METRICS_FILE, JsonlSink, Sink, Status
-from rloo.tracking.mlflow_sink import MlflowSink
-from rloo.tracking.params import flatten_params
-from rloo.tracking.plots import MAIN_CURVES, plot_training_curves
-from rloo.tracking.runs import (
+from rloo.tracking.lifecycle import (
     KFP_RUN_ID_ENV,
     KFP_RUN_NAME_ENV,
     StageRun,
-    check_tracking_server,
     finish_pipeline_run,
     pipeline_run_from_env,
-    resolve_tracking_uri,
     start_stage_run,
 )
+from rloo.tracking.mlflow_sink import MlflowSink
+from rloo.tracking.params import flatten_params
+from rloo.tracking.plots import MAIN_CURVES, plot_training_curves
+from rloo.tracking.server import check_tracking_server, resolve_tracking_uri
 
 REPORT_TO_ENV = "RLOO_REPORT_TO"
 

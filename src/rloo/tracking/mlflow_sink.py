@@ -8,7 +8,7 @@ to ``flush_timeout`` seconds for the buffer to drain, then marks the run FINISHE
 is already unreachable at that point it waits only ``outage_flush_timeout`` seconds and says in one line
 what was not sent. The run then stays RUNNING until the next stage of the pipeline run, the pipeline's exit
 handler or the next run on the same output directory reaches the server and closes it (see
-:func:`rloo.tracking.runs.start_stage_run`); the status it should get is left in ``UNCLOSED_FILE``.
+:func:`rloo.tracking.lifecycle.start_stage_run`); the status it should get is left in ``UNCLOSED_FILE``.
 """
 
 from __future__ import annotations
@@ -29,22 +29,13 @@ from typing import Any
 from rloo.storage.redact import redact
 from rloo.tracking.base import Status
 from rloo.tracking.datasets import dataset_input
+from rloo.tracking.descriptions import describe_pipeline_run, describe_training_run
+from rloo.tracking.lifecycle import UNCLOSED_FILE, StageRun, pipeline_run_from_env, start_stage_run
 from rloo.tracking.params import flatten_params, sanitize_key, split_locations
-from rloo.tracking.runs import (
-    PARENT_CURVES,
-    TAG_LOCATION_PREFIX,
-    TAG_OUTPUT_DIR,
-    TRAIN_STAGE,
-    UNCLOSED_FILE,
-    StageRun,
-    configure_mlflow_http,
-    describe_pipeline_run,
-    describe_training_run,
-    pipeline_run_from_env,
-    resolve_tracking_uri,
-    start_stage_run,
-)
+from rloo.tracking.server import configure_mlflow_http, resolve_tracking_uri
+from rloo.tracking.summary import PARENT_CURVES
 from rloo.tracking.system import SystemMetricsSampler
+from rloo.tracking.tags import TAG_LOCATION_PREFIX, TAG_OUTPUT_DIR, TRAIN_STAGE
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +77,7 @@ class MlflowSink:
     """Logs one stage's run to MLflow (HTTP server or the embedded sqlite store).
 
     Pass ``run_id`` to log into an existing run; otherwise the stage run (and its pipeline parent, see
-    :func:`rloo.tracking.runs.start_stage_run`) is created when the first item is sent. ``tracking_uri=None``
+    :func:`rloo.tracking.lifecycle.start_stage_run`) is created when the first item is sent. ``tracking_uri=None``
     means ``MLFLOW_TRACKING_URI``, else the embedded store under the directory given to :meth:`open`.
     ``end_parent_on_success``: a FINISHED status also finishes the parent (the pipeline's last stage); a
     FAILED or KILLED stage always ends the parent with the same status.
@@ -228,7 +219,7 @@ class MlflowSink:
         :func:`rloo.tracking.params.split_locations`) as ``rloo.location.*`` tags; the dataset they name
         (``dataset_name`` with ``dataset_train_split``: training, or ``dataset_split``: evaluation) as the
         run's dataset input too. A training stage's settings also name and describe its run, or its
-        pipeline's parent run (:func:`rloo.tracking.runs.describe_pipeline_run`)."""
+        pipeline's parent run (:func:`rloo.tracking.descriptions.describe_pipeline_run`)."""
         from mlflow.entities import Param, RunTag
 
         pipeline_run_id = self.pipeline_run_id or pipeline_run_from_env()[0]
@@ -489,7 +480,7 @@ class MlflowSink:
             log.warning("could not name the MLflow run after its settings: %s", e)
 
     def _mirror_curves(self, metrics: list[Any]) -> None:
-        """A training stage's :data:`~rloo.tracking.runs.PARENT_CURVES` on its pipeline's parent run too,
+        """A training stage's :data:`~rloo.tracking.summary.PARENT_CURVES` on its pipeline's parent run too,
         with their steps and times, so that the chart view overlays the pipeline runs' curves while they
         train. (Sent again after an outage, a point is stored once: MLflow keeps one row per key, step,
         time and value.) A parent that refuses them (deleted) costs the copy only, with a warning."""

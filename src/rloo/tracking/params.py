@@ -50,7 +50,7 @@ def flatten_params(params: Mapping[str, Any], prefix: str = "") -> dict[str, str
 # ----------------------------------------------------------------------------------------------------
 # Settings that say where a run reads or writes rather than how it trains or judges: its outputs, the local
 # staging copies and their durable names, a served endpoint. They are kept as tags (TAG_LOCATION_PREFIX in
-# rloo.tracking.runs), so that params hold settings only and the UI's "show diff only" between two runs
+# rloo.tracking.tags), so that params hold settings only and the UI's "show diff only" between two runs
 # shows what was set differently, not ten per-run paths.
 LOCATION_FIELDS = frozenset(
     {"output_dir", "local_dir", "checkpoint_uri", "publish_uri", "model_source", "judge_base_url"}

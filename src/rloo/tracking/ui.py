@@ -1,7 +1,7 @@
 """The MLflow UI over a local tracking store: what ``rloo ui`` (and ``make ui``) start.
 
 The runs of ``make demo`` / ``rloo pipeline run --local`` / ``rloo demo`` live in a sqlite store under their
-work directory (:func:`rloo.tracking.runs.resolve_tracking_uri`); this serves that store with ``mlflow
+work directory (:func:`rloo.tracking.server.resolve_tracking_uri`); this serves that store with ``mlflow
 server`` (the full ``mlflow`` package of the ``ui`` extra: ``mlflow-skinny`` has no UI pages). Runs on a
 tracking server need nothing of this: the server is the UI.
 """
@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rloo.errors import UserError
-from rloo.tracking.runs import EMBEDDED_DIR, RESULTS_VIEW_ID, RESULTS_VIEW_QUERY, VIEW_TAG_PREFIX
+from rloo.tracking.experiment import RESULTS_VIEW_ID, RESULTS_VIEW_QUERY, VIEW_TAG_PREFIX
+from rloo.tracking.server import EMBEDDED_DIR
 
 DEFAULT_PORT = 5000
 _START_TIMEOUT_S = 180.0  # importing mlflow's server on a busy 2-core machine takes tens of seconds
@@ -231,7 +232,7 @@ RUNS_QUERY = "?workflowType=machine_learning"
 def runs_path(experiment_id: str, *, view: bool = True) -> str:
     """The UI's path (after the host) of an experiment's runs table, in model-training mode; with ``view``,
     in its saved view of the headline results, which every experiment rloo makes or uses has
-    (:func:`rloo.tracking.runs.get_or_create_experiment`)."""
+    (:func:`rloo.tracking.experiment.get_or_create_experiment`)."""
     shown = f"&{RESULTS_VIEW_QUERY}" if view else ""
     return f"/#/experiments/{experiment_id}/runs{RUNS_QUERY}{shown}"
 
