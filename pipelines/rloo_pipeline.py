@@ -18,7 +18,8 @@ from components.evaluate.component import evaluate
 from components.fetch_sft.component import fetch_sft
 from components.finish_run.component import finish_run
 from components.push_model.component import push_model
-from components.train_rloo.component import train_rloo, train_rloo_multinode
+from components.train_rloo.component import train_rloo
+from components.train_rloo_multinode.component import train_rloo_multinode
 from components.validate.component import validate_params
 from rloo.k8s.resources import StepResources
 from rloo.pipeline import images

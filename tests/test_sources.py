@@ -78,7 +78,8 @@ def test_datasets_follow_the_same_rule(tmp_path: Path, monkeypatch: pytest.Monke
 
 
 def test_pipeline_steps_take_a_bare_hub_id(tmp_path: Path) -> None:
-    from rloo.stages.fetch import durable_model_name, fetch_model
+    from rloo.stages.fetch import fetch_model
+    from rloo.stages.sft import durable_model_name
     from rloo.stages.validate import check_pipeline_model
 
     check_pipeline_model("gpt2")  # old rule: "model 'gpt2': no such directory"

@@ -18,19 +18,11 @@ def evaluate(
     summary: Output[Markdown],
 ) -> str:
     """Returns the URI of eval_results.json, which the push step reads."""
-    import os
-
     from rloo.pipeline.reports import eval_markdown, stage_run_link
     from rloo.stages import evaluate
-    from rloo.stages.plan import StagePlan
+    from rloo.stages.context import step
 
-    stage_plan = StagePlan.from_json(plan)
-    os.environ.update(stage_plan.run_env(kfp_run_id, kfp_run_name))
-    done = evaluate.run(stage_plan, kfp_run_id, trained_uri=trained_model_uri, sft=dict(sft_model.metadata))
-    with open(report.path, "w") as f:
-        f.write(done.report_html)
-    for name, value in done.metrics.items():
-        metrics.log_metric(name, value)
-    with open(summary.path, "w") as f:
-        f.write(eval_markdown(done.metrics, done.results_uri, stage_run_link("eval", kfp_run_id)))
-    return done.results_file
+    with step("evaluate", kfp_run_id, plan=plan, run_name=kfp_run_name) as s:
+        done = evaluate.run(s.plan, kfp_run_id, trained_uri=trained_model_uri, sft=dict(sft_model.metadata))
+    text = eval_markdown(done.metrics, done.record, stage_run_link("eval", kfp_run_id))
+    return done.write(metrics=metrics, report=report, summary=summary, markdown=text)

@@ -16,14 +16,17 @@ def finish_run(
     namespace: str,
 ) -> str:
     """``namespace``: the multi-node job's (the pipeline's ``namespace`` parameter; empty: this pod's own,
-    which the downward API gives it)."""
+    which the downward API gives it). Returns what the MLflow run was closed as."""
     from rloo.stages import finish
+    from rloo.stages.context import step
 
-    return finish.run(
-        status.state,
-        run_id=kfp_run_id,
-        run_name=kfp_run_name,
-        experiment=mlflow_experiment,
-        error=status.error_message,
-        namespace=namespace,
-    )
+    with step("finish", kfp_run_id):  # it runs whether or not validate did: no plan, nothing to give up
+        done = finish.run(
+            status.state,
+            run_id=kfp_run_id,
+            run_name=kfp_run_name,
+            experiment=mlflow_experiment,
+            error=status.error_message,
+            namespace=namespace,
+        )
+    return done.write()

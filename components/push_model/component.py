@@ -16,21 +16,15 @@ def push_model(
     kfp_run_name: str,
     summary: Output[Markdown],
 ) -> str:
-    import os
-
+    """Returns the gate's decision: champion or candidate."""
     from rloo.pipeline.reports import push_markdown, stage_run_link
     from rloo.stages import push
-    from rloo.stages.plan import StagePlan
+    from rloo.stages.context import step
 
-    stage_plan = StagePlan.from_json(plan)
-    os.environ.update(stage_plan.run_env(kfp_run_id, kfp_run_name))
-    result = push.run(
-        stage_plan,
-        kfp_run_id,
-        trained_uri=trained_model_uri,
-        eval_results_uri=eval_results,
-        sft=dict(sft_model.metadata),
-    )
-    with open(summary.path, "w") as f:
-        f.write(push_markdown(result, stage_run_link("push", kfp_run_id)))
-    return result["decision"]
+    with step("push", kfp_run_id, plan=plan, run_name=kfp_run_name) as s:
+        sft = dict(sft_model.metadata)
+        done = push.run(
+            s.plan, kfp_run_id, trained_uri=trained_model_uri, eval_results_uri=eval_results, sft=sft
+        )
+    text = push_markdown(done.record, stage_run_link("push", kfp_run_id))
+    return done.write(summary=summary, markdown=text)

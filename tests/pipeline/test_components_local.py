@@ -55,11 +55,11 @@ def components(tmp_path_factory: pytest.TempPathFactory) -> Any:
 
 
 def test_validate_returns_the_plan(components: Any) -> None:
-    from rloo.stages.plan import StagePlan
+    from rloo.stages.plan import PipelinePlan
 
     validate_params, _ = components
     task = validate_params(**{**_good(), "gpu_count": 4})
-    plan = StagePlan.from_json(task.outputs["plan"])
+    plan = PipelinePlan.from_json(task.outputs["plan"])
     config = plan.train
     assert (config["rloo_k"], config["learning_rate"], config["bf16"]) == (4, 1e-5, True)
     assert config["dataset_name"] == "org/d" and "output_dir" not in config  # the pod sets its own

@@ -23,7 +23,7 @@ def test_locations_under_the_run() -> None:
 
 def test_file_names_agree_with_the_stages() -> None:
     from rloo.eval.runner import RESULTS_FILE
-    from rloo.push.stage import RESULT_FILE
+    from rloo.push.runner import RESULT_FILE
 
     assert (EVAL_RESULTS_FILE, PUSH_RESULT_FILE) == (RESULTS_FILE, RESULT_FILE)
 

@@ -9,7 +9,7 @@ import pytest
 
 from rloo.errors import UserError
 from rloo.options import PIPELINE, Exposed, option
-from rloo.stages.plan import ClusterConfig, StagePlan, part_configs, pipeline_fields
+from rloo.stages.plan import ClusterConfig, PipelinePlan, part_configs, pipeline_fields
 from rloo.stages.validate import build_plan
 from tests.stages.test_validate import good
 
@@ -44,7 +44,7 @@ def test_an_optional_field_is_unset_by_its_parameters_empty_value() -> None:
 
 def test_the_plan_round_trips_through_json() -> None:
     plan = build_plan(good(gpu_node_selector={"pool": "a100"}, extra_train_args="--bf16"), check_paths=False)
-    again = StagePlan.from_json(plan.to_json())
+    again = PipelinePlan.from_json(plan.to_json())
     assert again == plan
     assert again.cluster.gpu_node_selector == {"pool": "a100"} and again.train["bf16"] is True
 
@@ -55,7 +55,7 @@ def test_a_plan_is_checked_again_when_read() -> None:
     plan = build_plan(good(), check_paths=False)
     text = plan.to_json().replace('"gpu_count": 1', '"gpu_count": -1')
     with pytest.raises(UserError, match=r"^gpu_count must be >= 0"):
-        StagePlan.from_json(text)
+        PipelinePlan.from_json(text)
 
 
 def test_option_records_the_exposure_without_reaching_argparse() -> None:

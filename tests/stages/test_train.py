@@ -12,8 +12,9 @@ import pytest
 from rloo.errors import UserError
 from rloo.k8s.builders import POD_NAME_ENV, POD_NAMESPACE_ENV, POD_UID_ENV, OwnerPod, job_name
 from rloo.k8s.platform import CA_DIR, CA_ENV, CABundle, Platform
+from rloo.stages.context import step
 from rloo.stages.layout import RunLayout
-from rloo.stages.plan import StagePlan
+from rloo.stages.plan import PipelinePlan
 from rloo.stages.retry import recorded_failure
 from rloo.stages.train import job_manifest, multinode_spec
 from rloo.stages.validate import build_plan
@@ -24,11 +25,11 @@ from tests.stages.test_validate import good
 MULTI = {"num_nodes": 2, "gpu_count": 4, "output_uri": "s3://runs/rloo", "mlflow_experiment": "exp"}
 
 
-def _plan(**change: object) -> StagePlan:
+def _plan(**change: object) -> PipelinePlan:
     return build_plan(good(**{**MULTI, **change}), check_paths=False)
 
 
-def _spec(plan: StagePlan, platform: Platform | None = None, **kw: object) -> object:
+def _spec(plan: PipelinePlan, platform: Platform | None = None, **kw: object) -> object:
     return multinode_spec(
         plan,
         run_id="run-1",
@@ -155,6 +156,7 @@ def test_the_train_step_bounds_the_wait_for_kueue(
     from rloo.stages import train
 
     use_s3(s3_server, monkeypatch)
+    monkeypatch.delenv("KFP_RUN_ID", raising=False)  # the step context sets it; restored after the test
     run_id = f"run-{uuid.uuid4().hex[:8]}"
     plan = _plan(
         output_uri=f"s3://{s3_server.bucket}/kueue",
@@ -178,9 +180,9 @@ def test_the_train_step_bounds_the_wait_for_kueue(
             },
         }
     ]
-    with pytest.raises(SystemExit) as info:
-        train.run_multi_node(
-            plan, run_id, "my run", sft_uri="s3://x/sft", image="reg/rloo-train:1", scratch_size=""
+    with pytest.raises(SystemExit) as info, step("train-multinode", run_id, plan=plan.to_json()) as s:
+        train.train_on_cluster(
+            s.plan, run_id, "my run", sft={"uri": "s3://x/sft"}, image="reg/rloo-train:1", scratch_size=""
         )
     assert info.value.code == code
     last = capsys.readouterr().err.strip().splitlines()[-1]

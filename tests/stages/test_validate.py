@@ -243,7 +243,7 @@ def test_evaluation_scores_with_the_training_reward_model() -> None:
     """The judge/reward-model agreement uses the reward model training optimised: the parameter, or
     --reward_model_path in extra_train_args; no reward model in training, none in evaluation."""
     from rloo.eval.config import EvalConfig
-    from rloo.stages.plan import StagePlan, pipeline_fields
+    from rloo.stages.plan import PipelinePlan, pipeline_fields
 
     assert build_plan(good()).eval["reward_model_path"] == "org/rm"
     plan = build_plan(good(reward_model_path="", extra_train_args="--reward_model_path org/other-rm"))
@@ -253,7 +253,7 @@ def test_evaluation_scores_with_the_training_reward_model() -> None:
     )
     assert "reward_model_path" not in funcs.eval
     # what the evaluate step builds from the plan it reads back
-    again = StagePlan.from_json(plan.to_json())
+    again = PipelinePlan.from_json(plan.to_json())
     cfg = EvalConfig(**again.eval, model_name_or_path="m", baseline_model="b", output_dir="o")
     assert cfg.reward_model_path == "org/other-rm"
     # derived, not a second pipeline parameter

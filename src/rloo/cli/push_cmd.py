@@ -29,7 +29,7 @@ def main(argv: list[str]) -> int:
         from rloo.cli.output import setup_logging
 
         setup_logging()
-        from rloo.push.stage import run_push
+        from rloo.push.runner import run_push
 
         result = run_push(cfg)
     except UserError as e:

@@ -68,6 +68,7 @@ def compile_pipeline(output: str | os.PathLike[str] | None = None) -> list[Path]
     out = Path(output) if output else default_yaml()
     if out.suffix not in (".yaml", ".yml", ".json"):  # the compiler writes by the suffix, or raises
         raise UserError(f"--output {out}: name a .yaml file (or .json).")
+    written = [] if output else refresh_validate_component()  # before the pipeline imports it
     func = load_pipeline()
     with tempfile.TemporaryDirectory(prefix="rloo-compile-") as tmp:
         # compiled aside (the compiler picks YAML or JSON by the name's suffix), then put in place whole
@@ -75,7 +76,7 @@ def compile_pipeline(output: str | os.PathLike[str] | None = None) -> list[Path]
         compiler.Compiler().compile(pipeline_func=func, package_path=str(built))
         data = built.read_bytes()
     write_whole(out, data, "--output" if output else "the compiled pipeline")
-    written = [out]
+    written.insert(0, out)
     chart = chart_copy()
     if output is None and (chart.parent.parent / "Chart.yaml").is_file():
         write_whole(chart, data, "the chart's copy of the pipeline")
@@ -103,6 +104,19 @@ def write_options_reference() -> list[Path]:
         write_whole(path, text.encode(), "docs/options.md")
         return [path]
     return []
+
+
+def refresh_validate_component() -> list[Path]:
+    """Write ``components/validate/component.py`` from the parameter declarations when it differs
+    (:mod:`rloo.pipeline.validate_component`); returns it when written."""
+    from rloo.pipeline.validate_component import component_path, render
+
+    path = component_path(repo_root())
+    text = render()
+    if not path.parent.is_dir() or (path.is_file() and path.read_text() == text):
+        return []
+    write_whole(path, text.encode(), "components/validate/component.py")
+    return [path]
 
 
 def write_whole(path: Path, data: bytes, what: str) -> None:

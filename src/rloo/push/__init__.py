@@ -1,5 +1,5 @@
 """The push stage: publish a trained model (object storage, MLflow Model Registry, Hugging Face Hub) and
-promote it only when the evaluation says it beats the SFT model. See :mod:`rloo.push.stage`."""
+promote it only when the evaluation says it beats the SFT model. See :mod:`rloo.push.runner`."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ _EXPORTS = {
     "card": ("CardInputs", "CurveSummary", "render_model_card", "summarize_curves"),
     "config": ("PushConfig",),
     "gate": ("CANDIDATE", "CHAMPION", "Decision", "EvalResults", "Interval", "decide", "parse_eval_results"),
-    "stage": ("RESULT_FILE", "run_push"),
+    "runner": ("RESULT_FILE", "run_push"),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = [
@@ -46,4 +46,4 @@ if TYPE_CHECKING:  # what the names are, for the type checker
     from .card import CardInputs, CurveSummary, render_model_card, summarize_curves
     from .config import PushConfig
     from .gate import CANDIDATE, CHAMPION, Decision, EvalResults, Interval, decide, parse_eval_results
-    from .stage import RESULT_FILE, run_push
+    from .runner import RESULT_FILE, run_push

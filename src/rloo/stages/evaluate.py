@@ -6,26 +6,16 @@ from __future__ import annotations
 
 import json
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
+from rloo.stages.context import StepResult
 from rloo.stages.layout import RunLayout
-from rloo.stages.plan import StagePlan
-from rloo.stages.retry import give_up_on_user_errors
-
-
-@dataclass(frozen=True)
-class Evaluated:
-    """What the step shows in KFP: the headline metrics, the HTML report and where the results went."""
-
-    metrics: dict[str, float]  # kfp_metrics.json
-    report_html: str
-    results_uri: str  # the run's eval/ prefix
-    results_file: str  # eval_results.json in it, which the push step reads
+from rloo.stages.plan import PipelinePlan
+from rloo.stages.sft import durable_model_name
 
 
 def evaluate(
-    plan: StagePlan, *, trained_uri: str, sft_uri: str, results_uri: str, work: str, sft_name: str = ""
+    plan: PipelinePlan, *, trained_uri: str, sft_uri: str, results_uri: str, work: str, sft_name: str = ""
 ) -> tuple[dict[str, float], Path]:
     """Download both models under ``work``, run ``rloo eval``, publish its output directory to
     ``results_uri``. The results name the models by ``trained_uri`` and ``sft_name`` (default ``sft_uri``),
@@ -51,16 +41,12 @@ def evaluate(
     return json.loads((out / KFP_METRICS_FILE).read_text()), out / REPORT_FILE
 
 
-def run(plan: StagePlan, run_id: str, *, trained_uri: str, sft: dict[str, str]) -> Evaluated:
+def run(plan: PipelinePlan, run_id: str, *, trained_uri: str, sft: dict[str, str]) -> StepResult:
     """The step: judge the run's model against the SFT model ``sft`` (the fetch step's record); both
-    downloads are removed after. A retry after a failure for good stops at once."""
-    from rloo.stages.fetch import durable_model_name
-
+    downloads are removed after. The result: the URI of ``eval_results.json`` (which the push step reads) as
+    its output, the KFP metrics, the HTML report, and the run's ``eval/`` prefix as its record."""
     layout = RunLayout(plan.run.output_uri, run_id)
-    with (
-        give_up_on_user_errors(layout.root, "evaluate"),
-        tempfile.TemporaryDirectory(prefix="rloo-eval-") as work,
-    ):
+    with tempfile.TemporaryDirectory(prefix="rloo-eval-") as work:
         values, html = evaluate(
             plan,
             trained_uri=trained_uri,
@@ -70,4 +56,4 @@ def run(plan: StagePlan, run_id: str, *, trained_uri: str, sft: dict[str, str]) 
             work=work,
         )
         report = html.read_text()
-    return Evaluated(values, report, layout.eval, layout.eval_results)
+    return StepResult(output=layout.eval_results, metrics=values, report_html=report, record=layout.eval)

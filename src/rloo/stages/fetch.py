@@ -10,8 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from rloo.errors import UserError
+from rloo.stages.context import StepResult
 from rloo.stages.layout import RunLayout
-from rloo.stages.plan import StagePlan
+from rloo.stages.plan import PipelinePlan
+from rloo.stages.sft import hub_model_info, local_sft_model
 
 
 def manifest_digest(manifest: Any) -> str:
@@ -57,8 +59,6 @@ def fetch_model(
             local = Path(tmp) / "model"
             read = _fetch_s3_model(source, local)
         elif kind == "local":
-            from rloo.stages.validate import local_sft_model
-
             local = local_sft_model(source)
         else:
             from rloo.storage.hub import hub_errors
@@ -118,8 +118,6 @@ def _hf_api() -> Any:
 
 def resolve_hub_commit(repo_id: str, revision: str | None, hub_api: Any = None) -> str:
     """The commit SHA that ``revision`` (default: main) of Hub model ``repo_id`` points at now."""
-    from rloo.stages.validate import hub_model_info
-
     info = hub_model_info(repo_id, revision, hub_api or _hf_api())
     sha = getattr(info, "sha", None)
     if not sha:
@@ -129,19 +127,10 @@ def resolve_hub_commit(repo_id: str, revision: str | None, hub_api: Any = None) 
     return str(sha)
 
 
-def durable_model_name(fetched: dict[str, Any]) -> str:
-    """How to name a fetched SFT model in cards and reports: its Hub id, else the store URI it was copied to
-    (a path on the machine that ran the fetch step means nothing later)."""
-    from rloo.storage.location import source_kind
-
-    source = str(fetched.get("source") or "")
-    if source and source_kind(source) == "hub":
-        return source
-    return str(fetched.get("uri") or source)
-
-
-def run(plan: StagePlan, run_id: str) -> dict[str, Any]:
-    """Fetch the plan's SFT model to the run's ``sft/`` prefix; returns its record (:func:`fetch_model`), the
-    metadata of the step's ``Model`` artifact."""
+def run(plan: PipelinePlan, run_id: str) -> StepResult:
+    """Fetch the plan's SFT model to the run's ``sft/`` prefix; its record (:func:`fetch_model`) is the
+    metadata of the step's ``Model`` artifact. A Hub id is pinned to one commit (``model_revision``, else
+    main's commit now), recorded there."""
     layout = RunLayout(plan.run.output_uri, run_id)
-    return fetch_model(plan.run.model, layout.sft, revision=plan.run.model_revision or None)
+    meta = fetch_model(plan.run.model, layout.sft, revision=plan.run.model_revision or None)
+    return StepResult(model=meta, record=meta)

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import os
 
+from rloo.stages.context import StepResult
+
 # The success spellings above, each backend's enum name (compared upper-cased).
 SUCCEEDED_STATES = frozenset({"COMPLETE", "CACHED", "SUCCEEDED", "SKIPPED"})
 
@@ -31,10 +33,16 @@ def run(
     experiment: str,
     error: str | None = None,
     namespace: str = "",
-) -> str:
+) -> StepResult:
     """``state``: KFP's final status of the run (see the module docstring). ``namespace``: the multi-node job's
-    (the ``namespace`` pipeline parameter; empty: this pod's own, from the downward API). Returns what the
-    MLflow run was closed as, or why nothing was closed."""
+    (the ``namespace`` pipeline parameter; empty: this pod's own, from the downward API). The result's output:
+    what the MLflow run was closed as, or why nothing was closed."""
+    return StepResult(output=_finish(state, run_id, run_name, experiment, error, namespace))
+
+
+def _finish(
+    state: str, run_id: str, run_name: str, experiment: str, error: str | None, namespace: str
+) -> str:
     delete_leftover_job(run_id, namespace)
     uri = os.environ.get("MLFLOW_TRACKING_URI")
     if not uri:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# rloo.eval.runner.RESULTS_FILE and rloo.push.stage.RESULT_FILE (tests/stages/test_layout.py checks they
+# rloo.eval.runner.RESULTS_FILE and rloo.push.runner.RESULT_FILE (tests/stages/test_layout.py checks they
 # agree): spelled here so this module stays importable without torch.
 EVAL_RESULTS_FILE = "eval_results.json"
 PUSH_RESULT_FILE = "push_result.json"

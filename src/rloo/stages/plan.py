@@ -311,7 +311,7 @@ def parameter_names(part: str) -> dict[str, str]:
 
 
 @dataclass(frozen=True)
-class StagePlan:
+class PipelinePlan:
     """What every step of one run does (see the module docstring): the validate step's output."""
 
     run: RunConfig
@@ -342,7 +342,7 @@ class StagePlan:
         )
 
     @classmethod
-    def from_json(cls, text: str) -> StagePlan:
+    def from_json(cls, text: str) -> PipelinePlan:
         data = json.loads(text)
         return cls(
             run=RunConfig(**data["run"]),

@@ -9,19 +9,20 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from rloo.stages.context import StepResult
 from rloo.stages.layout import RunLayout
-from rloo.stages.plan import StagePlan
+from rloo.stages.plan import PipelinePlan
+from rloo.stages.sft import durable_model_name
 
 
 def run(
-    plan: StagePlan, run_id: str, *, trained_uri: str, eval_results_uri: str, sft: dict[str, Any]
-) -> dict[str, Any]:
+    plan: PipelinePlan, run_id: str, *, trained_uri: str, eval_results_uri: str, sft: dict[str, Any]
+) -> StepResult:
     """Push the run's model (``sft``: the fetch step's record, which the model card names as the base model);
-    staged in a temporary directory that is removed afterwards. Returns the push result, with the URI of
-    ``push_result.json`` as ``result_uri``."""
+    staged in a temporary directory that is removed afterwards. The result: the gate's decision as its
+    output, the push result (with the URI of ``push_result.json`` as ``result_uri``) as its record."""
     from rloo.push.config import PushConfig
-    from rloo.push.stage import RESULT_FILE, run_push
-    from rloo.stages.fetch import durable_model_name
+    from rloo.push.runner import RESULT_FILE, run_push
     from rloo.storage import upload_dir
 
     layout = RunLayout(plan.run.output_uri, run_id)
@@ -42,4 +43,5 @@ def run(
         publish.mkdir()
         (Path(cfg.output_dir) / RESULT_FILE).rename(publish / RESULT_FILE)
         upload_dir(publish, layout.push, progress=False)
-    return {**result.to_dict(), "result_uri": layout.push_result}
+    record = {**result.to_dict(), "result_uri": layout.push_result}
+    return StepResult(output=record["decision"], record=record)

@@ -11,16 +11,21 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rloo.errors import UserError
 from rloo.k8s.builders import SA_TOKEN_PATH
 from rloo.stages import constants
+from rloo.stages.context import StepResult
 from rloo.stages.layout import RunLayout
 from rloo.stages.node import POD_LOCAL_FIELDS
-from rloo.stages.plan import StagePlan
-from rloo.stages.retry import give_up_on_user_errors
+from rloo.stages.plan import PipelinePlan
 
 if TYPE_CHECKING:
     from rloo.k8s.builders import OwnerPod, TrainJobSpec
@@ -32,7 +37,7 @@ SA_NAMESPACE_FILE = f"{SA_TOKEN_PATH}/namespace"
 
 
 def node_args(
-    plan: StagePlan, layout: RunLayout, *, sft_uri: str, nproc_per_node: int, num_nodes: int
+    plan: PipelinePlan, layout: RunLayout, *, sft_uri: str, nproc_per_node: int, num_nodes: int
 ) -> list[str]:
     """The arguments of :mod:`rloo.stages.node` for this run: the same on every node and both backends."""
     for name in sorted(POD_LOCAL_FIELDS & plan.train.keys()):
@@ -47,22 +52,54 @@ def node_args(
     ]  # fmt: skip
 
 
-def run_single_node(plan: StagePlan, run_id: str, *, sft_uri: str, gpu_count: int, work: str) -> str:
-    """Train on this pod's ``gpu_count`` GPUs with ``work`` as the local work directory (the output lands in
-    ``<work>/output``); returns the trained model's URI."""
+def granted_gpus(gpu_limit: str, gpu_resource: str, cpu: str, memory: str) -> int:
+    """The GPUs this pod trains on (:func:`rloo.k8s.resources.gpus_granted`); fewer than it asked for exits 1,
+    which KFP retries: the retried pod may land on a node that grants them."""
+    import torch
+
+    from rloo.k8s.resources import gpus_granted
+
+    try:
+        gpu_count = gpus_granted(gpu_limit, gpu_resource, torch.cuda.device_count())
+    except UserError as e:
+        print(f"[rloo] {e}", file=sys.stderr)
+        raise SystemExit(1) from None
+    print(f"[rloo] pod: {gpu_count} x {gpu_resource}, cpu {cpu}, memory {memory}", flush=True)
+    return gpu_count
+
+
+@contextmanager
+def work_dir() -> Iterator[str]:
+    """The single-node step's local work directory: ``RLOO_WORK_DIR``, kept after the step (local runs), else a
+    temporary one, removed after."""
+    kept = os.environ.get("RLOO_WORK_DIR")
+    work = kept or tempfile.mkdtemp(prefix="rloo-train-")
+    try:
+        yield work
+    finally:
+        if not kept:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def run_single_node(
+    plan: PipelinePlan, run_id: str, *, sft: dict[str, Any], gpu_count: int, work: str
+) -> StepResult:
+    """Train on this pod's ``gpu_count`` GPUs from the SFT model ``sft`` (the fetch step's record) with
+    ``work`` as the local work directory; the result's output is the trained model's URI, its model the
+    trained Model artifact's metadata, its record the training's output directory (``<work>/output``)."""
     from rloo.stages import node
 
     layout = RunLayout(plan.run.output_uri, run_id)
-    with give_up_on_user_errors(layout.root, "train"):
-        argv = node_args(plan, layout, sft_uri=sft_uri, nproc_per_node=gpu_count, num_nodes=1)
-        rc = node.main([*argv, "--work_dir", work])
-        if rc != 0:
-            raise SystemExit(rc)
-    return layout.model
+    argv = node_args(plan, layout, sft_uri=sft["uri"], nproc_per_node=gpu_count, num_nodes=1)
+    rc = node.main([*argv, "--work_dir", work])
+    if rc != 0:
+        raise SystemExit(rc)
+    model = {"uri": layout.model, "sft_manifest_digest": sft.get("manifest_digest", "")}
+    return StepResult(output=layout.model, model=model, record=Path(work) / "output")
 
 
 def multinode_spec(
-    plan: StagePlan,
+    plan: PipelinePlan,
     *,
     run_id: str,
     run_name: str,
@@ -128,39 +165,38 @@ def multinode_spec(
     )
 
 
-def job_manifest(plan: StagePlan, spec: TrainJobSpec) -> dict[str, Any]:
+def job_manifest(plan: PipelinePlan, spec: TrainJobSpec) -> dict[str, Any]:
     """The job of the plan's backend (``multinode_backend``) for ``spec``."""
     from rloo.k8s.builders import build_job
 
     return build_job(spec, plan.cluster.multinode_backend, plan.cluster.training_runtime)
 
 
-def run_multi_node(
-    plan: StagePlan, run_id: str, run_name: str, *, sft_uri: str, image: str, scratch_size: str
-) -> str:
+def train_on_cluster(
+    plan: PipelinePlan, run_id: str, run_name: str, *, sft: dict[str, Any], image: str, scratch_size: str
+) -> StepResult:
     """Create (or adopt) the run's multi-node job, owned by this pod (the downward API gives its name and
-    uid, so deleting the pod deletes the job), follow it to the end; returns the trained model's URI. A job
-    Kueue does not admit within ``admission_timeout_s`` fails the step (exit 75; 2 when the queue cannot admit
-    it at all: see :mod:`rloo.k8s.jobs`)."""
+    uid, so deleting the pod deletes the job), follow it to the end; the result's output is the trained
+    model's URI. A retried launcher adopts the job if it still runs. A job Kueue does not admit within
+    ``admission_timeout_s`` fails the step (exit 75; 2 when the queue cannot admit it at all: see
+    :mod:`rloo.k8s.jobs`)."""
     from rloo.k8s.builders import owner_from_env
-    from rloo.k8s.jobs import run_multi_node as run_job
+    from rloo.k8s.jobs import run_multi_node
 
     layout = RunLayout(plan.run.output_uri, run_id)
-    # a retried launcher adopts the job if it still runs; one after a failure for good stops at once
-    with give_up_on_user_errors(layout.root, "train-multinode"):
-        spec = multinode_spec(
-            plan,
-            run_id=run_id,
-            run_name=run_name,
-            sft_uri=sft_uri,
-            namespace=plan.cluster.namespace or Path(SA_NAMESPACE_FILE).read_text().strip(),
-            image=image,  # the compile-time train image: the same one the single-node step uses
-            owner=owner_from_env(os.environ),
-            scratch_size=scratch_size,
-        )
-        run_job(
-            job_manifest(plan, spec),
-            timeout_s=constants.TRAIN_TIMEOUT_S,
-            admission_timeout_s=plan.cluster.admission_timeout_s,  # a job Kueue never admits fails in time
-        )
-    return layout.model
+    spec = multinode_spec(
+        plan,
+        run_id=run_id,
+        run_name=run_name,
+        sft_uri=sft["uri"],
+        namespace=plan.cluster.namespace or Path(SA_NAMESPACE_FILE).read_text().strip(),
+        image=image,  # the compile-time train image: the same one the single-node step uses
+        owner=owner_from_env(os.environ),
+        scratch_size=scratch_size,
+    )
+    run_multi_node(
+        job_manifest(plan, spec),
+        timeout_s=constants.TRAIN_TIMEOUT_S,
+        admission_timeout_s=plan.cluster.admission_timeout_s,  # a job Kueue never admits fails in time
+    )
+    return StepResult(output=layout.model, model={"uri": layout.model, "num_nodes": plan.cluster.num_nodes})

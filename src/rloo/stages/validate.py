@@ -1,4 +1,4 @@
-"""The validate step: the pipeline parameters checked once and turned into the run's :class:`StagePlan`, on a
+"""The validate step: the pipeline parameters checked once and turned into the run's :class:`PipelinePlan`, on a
 CPU pod, before any GPU is requested. A bad value fails here in one line that names the pipeline parameter.
 
 ``rloo pipeline submit`` and ``rloo pipeline manifest`` call :func:`build_plan` too (without looking at
@@ -13,21 +13,22 @@ import os
 import re
 import shlex
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from rloo.errors import UserError, reworded
 from rloo.k8s.builders import check_queue_backend
 from rloo.k8s.platform import from_env as platform_from_env
 from rloo.stages.constants import STEP_SECRETS
+from rloo.stages.context import StepResult
 from rloo.stages.plan import (
     ClusterConfig,
+    PipelinePlan,
     RunConfig,
-    StagePlan,
     config_values,
     parameter_names,
     pipeline_fields,
 )
+from rloo.stages.sft import hub_model_info, local_sft_model
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +36,7 @@ log = logging.getLogger(__name__)
 _PLACEHOLDER_MODEL = "placeholder-model"
 
 
-def build_plan(params: dict[str, Any], *, check_paths: bool = True, check_hub: bool = False) -> StagePlan:
+def build_plan(params: dict[str, Any], *, check_paths: bool = True, check_hub: bool = False) -> PipelinePlan:
     """The plan of a run with pipeline parameters ``params`` (all of them, by name: see
     :func:`rloo.pipeline.params.with_defaults`), every part built through its config's own checks; a one-line
     UserError naming the first bad parameter. ``check_paths``: the SFT model, the output bucket and s3://
@@ -68,7 +69,7 @@ def build_plan(params: dict[str, Any], *, check_paths: bool = True, check_hub: b
     _part(EvalConfig, "eval", eval_values, **placeholders, report_to="none")
     push_values = config_values("push", params)
     _part(PushConfig, "push", push_values, model_path=_PLACEHOLDER_MODEL)
-    return StagePlan(run=run, cluster=cluster, train=train, eval=eval_values, push=push_values)
+    return PipelinePlan(run=run, cluster=cluster, train=train, eval=eval_values, push=push_values)
 
 
 def _check_reward_model(path: str | None) -> None:
@@ -224,50 +225,6 @@ def check_pipeline_model(
         log.warning("could not check %s on the Hub (%s); the fetch step will try", model, type(e).__name__)
 
 
-def hub_model_info(model: str, revision: str | None, hub_api: Any = None) -> Any:
-    """The Hub's ``model_info`` of ``revision`` (default: main) of ``model``; a one-line UserError for a repo
-    or revision the Hub does not know or will not serve (the validate step's check and the fetch step's pin
-    both ask here). ``hub_api``: an ``HfApi`` (tests pass a stand-in)."""
-    from huggingface_hub import HfApi
-    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
-
-    try:
-        return (hub_api or HfApi()).model_info(model, revision=revision or None)
-    except GatedRepoError:
-        raise UserError(
-            f"model {model}: gated on the Hugging Face Hub; accept its terms and put a token in the hf_secret."
-        ) from None
-    except RevisionNotFoundError:
-        raise UserError(
-            f"model {model}: the Hugging Face Hub has no revision {revision!r} of it; give a commit, branch or "
-            "tag that exists (or no model_revision for the current main)."
-        ) from None
-    except RepositoryNotFoundError:
-        raise UserError(
-            f"model {model}: not found on the Hugging Face Hub (a private repo needs HF_TOKEN in the hf_secret); "
-            "check the id, or give an s3:// prefix or a directory."
-        ) from None
-
-
-# What a local SFT model must be: a full model. A LoRA adapter alone names its base model by a path or an
-# unpinned Hub id that the pods would have to reach on their own, and vLLM cannot load it.
-SFT_MODEL_HINT = (
-    "give a Hub id, an s3:// prefix or a model directory (a LoRA adapter's merged model: 'rloo train "
-    "--use_peft --merge_adapter' writes it to <output_dir>/merged)"
-)
-
-
-def local_sft_model(model: str) -> Path:
-    """The directory the local SFT model ``model`` names, when it holds a full model
-    (:func:`rloo.models.local_model_dir`, the rule of every stage); one line naming the parameter otherwise."""
-    from rloo.models import local_model_dir
-
-    try:
-        return local_model_dir("model", model, adapter=False, hint=SFT_MODEL_HINT)
-    except UserError as e:
-        raise UserError(_as_parameters(str(e), {"model": "model"})) from None
-
-
 # The validate step asks the bucket once, quickly: wrong credentials, a missing bucket or an unreachable
 # endpoint then fail in seconds there, instead of in the fetch step after minutes of KFP retries.
 ACCESS_CHECK_ATTEMPTS = 2
@@ -334,7 +291,7 @@ def eval_gpu_limit(cluster: ClusterConfig) -> str:
 
 def run(
     params: dict[str, Any], env: Mapping[str, str] | None = None, *, check_judge: bool | None = None
-) -> StagePlan:
+) -> StepResult:
     """The validate step: the tracking URI and the Secrets later steps mount (``env``: this pod's, default
     ``os.environ``), then :func:`build_plan` with every check (the Hub included), then the judge
     (:func:`check_judge_endpoint`). ``check_judge`` None: on a cluster (where the evaluation follows hours of
@@ -356,7 +313,9 @@ def run(
         check_judge = KFP_POD_ENV in env and plan.run.judge_check
     if check_judge:
         check_judge_endpoint(plan.eval, env)
-    return plan
+    # the pods' GPU counts as text: KFP's driver reads a pod-spec placeholder as a string (GetStringValue)
+    gpus = (str(plan.cluster.gpu_count), eval_gpu_limit(plan.cluster))
+    return StepResult(output=plan.to_json(), outputs=gpus, record=plan)
 
 
 def check_judge_endpoint(eval_values: Mapping[str, Any], env: Mapping[str, str]) -> None:
