@@ -19,7 +19,7 @@ import yaml
 
 from rloo.errors import UserError
 from rloo.k8s.platform import from_env
-from rloo.pipeline import platform
+from rloo.pipeline import platform_overlay
 from rloo.pipeline.images import DEFAULT_REGISTRY
 from rloo.stages.constants import S3_SECRET_KEYS
 from tests.helm.helpers import (
@@ -206,7 +206,9 @@ def test_a_workload_identity_makes_the_s3_keys_optional(case: str, values: dict[
     settings = json.loads(find(docs, "ConfigMap", "-pipeline")["data"]["platform.json"])
     assert settings["s3WorkloadIdentity"] is True
     package = find(docs, "ConfigMap", "-pipeline")["data"]["rloo_pipeline.yaml"]
-    applied = list(yaml.safe_load_all(platform.apply(package, platform.parse(settings, "platform.json"))))
+    applied = list(
+        yaml.safe_load_all(platform_overlay.apply(package, platform_overlay.parse(settings, "platform.json")))
+    )
     s3_env = set(S3_SECRET_KEYS.values())
     seen = 0
     for name, config in applied[1]["platforms"]["kubernetes"]["deploymentSpec"]["executors"].items():
@@ -250,7 +252,9 @@ def test_kueue_values_reach_the_gpu_steps_and_the_validate_step() -> None:
     settings = json.loads(find(docs, "ConfigMap", "-pipeline")["data"]["platform.json"])
     assert settings["kueue"] == {"queueName": "gpu-queue", "pytorchJobIntegration": True}
     package = find(docs, "ConfigMap", "-pipeline")["data"]["rloo_pipeline.yaml"]
-    applied = list(yaml.safe_load_all(platform.apply(package, platform.parse(settings, "platform.json"))))
+    applied = list(
+        yaml.safe_load_all(platform_overlay.apply(package, platform_overlay.parse(settings, "platform.json")))
+    )
     k8s = applied[1]["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
     labelled = {n for n, c in k8s.items() if (c.get("podMetadata") or {}).get("labels")}
     assert labelled == {"exec-train-rloo", "exec-evaluate"}
@@ -408,5 +412,5 @@ def test_the_chart_and_platform_json_refuse_the_same_credentials(tmp_path: Path)
         docs = documents(unchecked.render(with_test_values(values), name=RELEASE, namespace=NAMESPACE))
     data = json.loads(find(docs, "ConfigMap", "-pipeline")["data"]["platform.json"])
     with pytest.raises(UserError) as err:
-        platform.parse(data, "platform.json")
+        platform_overlay.parse(data, "platform.json")
     assert PASSWORD not in str(err.value)

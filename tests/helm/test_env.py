@@ -1,6 +1,6 @@
 """The environment the chart gives its containers and (platform.json) the pipeline's steps: proxies that work for
 KFP (NO_PROXY completed, both cases), no name twice in a container (the chart's own names in one list), and the
-values rloo.pipeline.platform would refuse refused at render already."""
+values rloo.pipeline.platform_overlay would refuse refused at render already."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import yaml
 
 from rloo.errors import UserError
 from rloo.k8s.platform import CA_ENV, PLATFORM_ENV
-from rloo.pipeline import platform
+from rloo.pipeline import platform_overlay
 from tests.helm.helpers import (
     CHART,
     NOT_SECRET_ENV,
@@ -285,10 +285,10 @@ def test_the_own_names_list_is_what_the_chart_sets() -> None:
             assert names == set(own[key]), (key, sorted(names ^ set(own[key])))
     assert seen == set(REACHED.values())
     # the steps: what the upload adds beyond platform.json's env
-    settings = platform.parse(
+    settings = platform_overlay.parse(
         {"env": {}, "caBundle": {"configMap": "corp-ca"}, "imagePullSecrets": ["x"]}, "t"
     )
-    applied = platform.apply((CHART / "files" / "rloo_pipeline.yaml").read_text(), settings)
+    applied = platform_overlay.apply((CHART / "files" / "rloo_pipeline.yaml").read_text(), settings)
     spec = next(yaml.safe_load_all(applied))
     added = {
         e["name"]
@@ -439,7 +439,7 @@ def test_the_chart_refuses_what_platform_json_would_be_refused_for(
     case: str, values: dict[str, Any], unchecked_chart: Path
 ) -> None:
     """At render (`helm install` stops before it applies anything), not in the post-install upload Job after
-    everything else was applied: the chart refuses the value, and rloo.pipeline.platform.parse would have refused
+    everything else was applied: the chart refuses the value, and rloo.pipeline.platform_overlay.parse would have refused
     the platform.json the chart renders from it without its checks."""
     with pytest.raises((helm.HelmValuesError, helm.HelmRenderError)):
         render(values)
@@ -447,8 +447,8 @@ def test_the_chart_refuses_what_platform_json_would_be_refused_for(
         docs = documents(unchecked.render(with_test_values(values), name="rel", namespace="rloo"))
     data = json.loads(find(docs, "ConfigMap", "-pipeline")["data"]["platform.json"])
     with pytest.raises(UserError):
-        platform.parse(data, "platform.json")
+        platform_overlay.parse(data, "platform.json")
     # and what the chart takes, the reader takes
-    platform.parse(
+    platform_overlay.parse(
         json.loads(find(documents(render()), "ConfigMap", "-pipeline")["data"]["platform.json"]), "p"
     )

@@ -873,10 +873,10 @@ def test_docs_say_what_the_chart_does() -> None:
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_the_upload_job_runs_the_cli_on_what_the_chart_renders(variant: str, tmp_path: Path) -> None:
     """The rendered Job's arguments parse with `rloo pipeline`'s own parser, and platform.json applied to the
-    rendered pipeline by rloo.pipeline.platform (what the Job does) names the images of images.* in every
+    rendered pipeline by rloo.pipeline.platform_overlay (what the Job does) names the images of images.* in every
     step and in the multi-node job: the chart's values are the one source of the images a release runs."""
     from rloo.cli.pipeline_cmd import build_parser
-    from rloo.pipeline import platform
+    from rloo.pipeline import platform_overlay
 
     docs = _docs(variant_values(variant))
     job = next((d for d in docs if d["kind"] == "Job" and d["metadata"]["name"].endswith("-upload")), None)
@@ -889,12 +889,12 @@ def test_the_upload_job_runs_the_cli_on_what_the_chart_renders(variant: str, tmp
     cm = find(docs, "ConfigMap", "-pipeline")["data"]
     mount = next(m["mountPath"] for m in c["volumeMounts"] if m["name"] == "pipeline")
     files = {f"{mount}/{k}": v for k, v in cm.items()}
-    settings = platform.parse(json.loads(files[ns.platform]), "platform.json")
-    spec, k8s = (d for d in yaml.safe_load_all(platform.apply(files[ns.package], settings)) if d)
+    settings = platform_overlay.parse(json.loads(files[ns.platform]), "platform.json")
+    spec, k8s = (d for d in yaml.safe_load_all(platform_overlay.apply(files[ns.package], settings)) if d)
     expected = _platform(docs)["images"]
     for name, executor in spec["deploymentSpec"]["executors"].items():
-        assert executor["container"]["image"] == expected[platform.EXECUTOR_IMAGES[name]], name
-    assert {v["runtimeValue"]["constant"] for v in platform._task_inputs(spec, "train_image")} == {
+        assert executor["container"]["image"] == expected[platform_overlay.EXECUTOR_IMAGES[name]], name
+    assert {v["runtimeValue"]["constant"] for v in platform_overlay._task_inputs(spec, "train_image")} == {
         expected["train"]
     }
     pulls = [

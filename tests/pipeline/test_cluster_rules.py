@@ -409,7 +409,7 @@ def test_bad_tolerations_are_refused_before_any_pod(tolerations: Any, message: s
 
 def test_a_workload_identity_needs_no_s3_keys() -> None:
     """The platform says the pods' service account carries a cloud identity (IRSA): the steps mount the S3
-    keys optionally (``rloo.pipeline.platform.apply``), so the validate step does not ask for them; the judge's
+    keys optionally (``rloo.pipeline.platform_overlay.apply``), so the validate step does not ask for them; the judge's
     key is still needed."""
     from rloo.errors import UserError
     from rloo.k8s.platform import PLATFORM_ENV

@@ -139,7 +139,7 @@ def test_the_parameters_check_refuses_what_the_job_would(backend: str, runtime: 
 def test_the_manifest_has_no_yaml_anchors() -> None:
     """The PyTorchJob's Master and Worker share their pod spec in memory; the YAML a person reviews (and
     kubectl applies) spells both out instead of an ``&id001`` anchor and its ``*id001`` alias."""
-    from rloo.pipeline.manifest import manifest_yaml
+    from rloo.pipeline.multinode_manifest import manifest_yaml
 
     text = manifest_yaml({"num_nodes": 2, "multinode_backend": "pytorchjob"})
     assert "&id" not in text and "*id" not in text

@@ -27,10 +27,10 @@ from rloo.errors import UserError
 from rloo.k8s import platform as k8s_platform
 from rloo.k8s.builders import build_trainjob
 from rloo.k8s.platform import CA_DIR, CA_ENV, PLATFORM_ENV, Platform
-from rloo.pipeline import platform
+from rloo.pipeline import platform_overlay
 from rloo.pipeline.compile import default_yaml
 from rloo.pipeline.images import IMAGE_EXTRAS
-from rloo.pipeline.platform import EXECUTOR_IMAGES
+from rloo.pipeline.platform_overlay import EXECUTOR_IMAGES
 from rloo.stages.constants import S3_SECRET_KEYS
 from tests.k8s.test_builders import _trainjob_pod
 from tests.k8s.test_platform import SETTINGS, check_pod, job_spec
@@ -49,7 +49,7 @@ def committed() -> str:
 
 @pytest.fixture(scope="module")
 def applied(committed: str) -> list[dict[str, Any]]:
-    return _docs(platform.apply(committed, platform.parse(SETTINGS, "test")))
+    return _docs(platform_overlay.apply(committed, platform_overlay.parse(SETTINGS, "test")))
 
 
 def test_executor_table_is_the_compiled_pipeline(tmp_path: Path) -> None:
@@ -75,7 +75,7 @@ def test_every_step_and_the_training_job_get_the_platform_images(applied: list[d
     spec = applied[0]
     for name, executor in spec["deploymentSpec"]["executors"].items():
         assert executor["container"]["image"] == SETTINGS["images"][EXECUTOR_IMAGES[name]], name
-    found = list(platform._task_inputs(spec, "train_image"))
+    found = list(platform_overlay._task_inputs(spec, "train_image"))
     assert found and all(v == {"runtimeValue": {"constant": SETTINGS["images"]["train"]}} for v in found)
     assert "ghcr.io/rloo-kfp" not in yaml.safe_dump_all(applied)
 
@@ -126,12 +126,14 @@ def test_the_backend_reads_it(applied: list[dict[str, Any]]) -> None:
 
 
 def test_nothing_to_apply_changes_nothing_and_applying_twice_is_once(committed: str) -> None:
-    assert platform.apply(committed, Platform()) == committed
+    assert platform_overlay.apply(committed, Platform()) == committed
     same = {"images": {k: e for k, e in (("slim", "ghcr.io/rloo-kfp/rloo-slim:0.2.0"),)}}
-    assert platform.apply(committed, platform.parse(same, "t")) == committed  # the images it already names
-    settings = platform.parse(SETTINGS, "test")
-    once = platform.apply(committed, settings)
-    assert platform.apply(once, settings) == once
+    assert (
+        platform_overlay.apply(committed, platform_overlay.parse(same, "t")) == committed
+    )  # the images it already names
+    settings = platform_overlay.parse(SETTINGS, "test")
+    once = platform_overlay.apply(committed, settings)
+    assert platform_overlay.apply(once, settings) == once
 
 
 @pytest.fixture
@@ -145,29 +147,29 @@ def test_the_launcher_gets_what_its_jobs_pods_need(job_env: dict[str, str]) -> N
     """RLOO_PLATFORM: the pull secrets, environment and CA bundle of platform.json, not its images (the
     launcher's image input names the job's)."""
     pod_platform = k8s_platform.from_env(job_env)
-    assert pod_platform == replace(platform.parse(SETTINGS, "t"), images={})
+    assert pod_platform == replace(platform_overlay.parse(SETTINGS, "t"), images={})
     trainjob = build_trainjob(job_spec(pod_platform))
     check_pod(_trainjob_pod(trainjob))
     assert k8s_platform.from_env({k: v for k, v in job_env.items() if k != PLATFORM_ENV}) == Platform()
 
 
 def test_platform_json_names_the_pipelines_images(tmp_path: Path) -> None:
-    """rloo.pipeline.platform reads platform.json with this pipeline's image kinds."""
-    assert set(platform.parse(SETTINGS, "t").images) == set(IMAGE_EXTRAS)
+    """rloo.pipeline.platform_overlay reads platform.json with this pipeline's image kinds."""
+    assert set(platform_overlay.parse(SETTINGS, "t").images) == set(IMAGE_EXTRAS)
     path = tmp_path / "platform.json"
     path.write_text(json.dumps(SETTINGS))
-    assert platform.read(path) == platform.parse(SETTINGS, "t")
+    assert platform_overlay.read(path) == platform_overlay.parse(SETTINGS, "t")
     with pytest.raises(
         UserError, match=r"^t: images: unknown image 'trainer'; the images are train, eval, slim\.$"
     ):
-        platform.parse({"images": {"trainer": "a/b:1"}}, "t")
+        platform_overlay.parse({"images": {"trainer": "a/b:1"}}, "t")
 
 
 def test_a_package_from_another_version_is_refused(committed: str) -> None:
     docs = _docs(committed)
     docs[0]["deploymentSpec"]["executors"]["exec-new-step"] = {"container": {"image": "x"}}
     with pytest.raises(UserError, match="exec-new-step"):
-        platform.apply(yaml.safe_dump_all(docs), platform.parse(SETTINGS, "t"))
+        platform_overlay.apply(yaml.safe_dump_all(docs), platform_overlay.parse(SETTINGS, "t"))
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -184,7 +186,7 @@ def test_compile_with_a_platform_file(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert "train image (--platform): " + SETTINGS["images"]["train"] in done.stderr
     assert _docs(out.read_text()) == _docs(
-        platform.apply(default_yaml().read_text(), platform.read(settings))
+        platform_overlay.apply(default_yaml().read_text(), platform_overlay.read(settings))
     )
     refused = _cli("compile", "--platform", str(settings))
     assert refused.returncode == 2 and "give --output PATH" in refused.stderr
@@ -253,7 +255,7 @@ def test_upload_applies_the_platform_through_the_real_kfp_client(
         assert pipeline_cmd.main(argv) == 0
         assert pipeline_cmd.main(argv) == 0  # a helm upgrade without changes
         (stored,) = api.packages()
-        assert stored == platform.apply(package.read_text(), platform.read(settings))
+        assert stored == platform_overlay.apply(package.read_text(), platform_overlay.read(settings))
         assert [(p.name, p.namespace) for p in api.pipelines] == [("rloo-rlhf", "team-a")]
         settings.write_text(json.dumps({**SETTINGS, "imagePullSecrets": ["other"]}))
         assert pipeline_cmd.main(argv) == 0
@@ -288,10 +290,10 @@ def test_the_gpu_steps_get_kueues_queue_label_as_add_pod_label_writes_it(committ
         tasks.append(task)
 
     expected = tasks[0].platform_config["kubernetes"]["podMetadata"]
-    applied = _docs(platform.apply(committed, platform.parse(KUEUE, "t")))
+    applied = _docs(platform_overlay.apply(committed, platform_overlay.parse(KUEUE, "t")))
     before = _k8s_executors(_docs(committed))
     for name, config in _k8s_executors(applied).items():
-        if name in platform.QUEUED_EXECUTORS:
+        if name in platform_overlay.QUEUED_EXECUTORS:
             assert config["podMetadata"] == expected, name
         else:
             assert "podMetadata" not in config, name
@@ -300,20 +302,25 @@ def test_the_gpu_steps_get_kueues_queue_label_as_add_pod_label_writes_it(committ
         parsed = json_format.ParseDict(config, kubernetes_executor_config_pb2.KubernetesExecutorConfig())
         labels = dict(parsed.pod_metadata.labels)
         assert labels == (
-            {"kueue.x-k8s.io/queue-name": "gpu-queue"} if name in platform.QUEUED_EXECUTORS else {}
+            {"kueue.x-k8s.io/queue-name": "gpu-queue"} if name in platform_overlay.QUEUED_EXECUTORS else {}
         )
-    assert set(platform.QUEUED_EXECUTORS) == {"exec-train-rloo", "exec-evaluate"} <= set(EXECUTOR_IMAGES)
+    assert (
+        set(platform_overlay.QUEUED_EXECUTORS) == {"exec-train-rloo", "exec-evaluate"} <= set(EXECUTOR_IMAGES)
+    )
 
 
 def test_the_validate_step_reads_the_kueue_setting(committed: str) -> None:
     """RLOO_PLATFORM reaches every step, the validate step included, with only the Kueue setting set: that step
     reads ``from_env(os.environ).kueue.pytorchjob_integration`` to accept ``queue_name`` with a PyTorchJob."""
-    applied = _docs(platform.apply(committed, platform.parse(KUEUE, "t")))
+    applied = _docs(platform_overlay.apply(committed, platform_overlay.parse(KUEUE, "t")))
     for executor in applied[0]["deploymentSpec"]["executors"].values():
         env = {e["name"]: e["value"] for e in executor["container"].get("env") or []}
         settings = k8s_platform.from_env(env)
         assert settings.kueue.pytorchjob_integration and settings.kueue.queue_name == "gpu-queue"
-    assert platform.apply(committed, platform.parse({"kueue": {"queueName": ""}}, "t")) == committed
+    assert (
+        platform_overlay.apply(committed, platform_overlay.parse({"kueue": {"queueName": ""}}, "t"))
+        == committed
+    )
 
 
 def test_a_workload_identity_makes_every_steps_s3_keys_optional(committed: str) -> None:
@@ -321,7 +328,9 @@ def test_a_workload_identity_makes_every_steps_s3_keys_optional(committed: str) 
     from ``secretAsEnv.optional`` when the field is present: with ``optional: true`` a pod whose S3 Secret (or key)
     is missing starts and its S3 client uses the service account's identity (IRSA), instead of sitting in
     CreateContainerConfigError. Only the S3 Secret changes; the judge's stays required."""
-    applied = _docs(platform.apply(committed, platform.parse({"s3WorkloadIdentity": True}, "t")))
+    applied = _docs(
+        platform_overlay.apply(committed, platform_overlay.parse({"s3WorkloadIdentity": True}, "t"))
+    )
     before = _k8s_executors(_docs(committed))
     s3_keys = set(S3_SECRET_KEYS.values())
     changed = 0

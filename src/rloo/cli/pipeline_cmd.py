@@ -11,7 +11,7 @@
   ``--namespace``.
 - ``--platform FILE`` (compile, upload, submit, manifest): the cluster's images, image pull secrets,
   environment (proxies) and CA bundle for every step and the multi-node job (``rloo.k8s.platform``, applied
-  to the pipeline by ``rloo.pipeline.platform``; the chart renders the file); ``--stop-istio-sidecar`` (upload, submit): end the pod's Istio sidecar when done.
+  to the pipeline by ``rloo.pipeline.platform_overlay``; the chart renders the file); ``--stop-istio-sidecar`` (upload, submit): end the pod's Istio sidecar when done.
 - ``rloo pipeline submit --host URL --param NAME=VALUE ...``: upload as above, start a run, print its URL.
 - ``rloo pipeline manifest --backend trainjob|pytorchjob [--param NAME=VALUE ...]``: print, as YAML, the
   multi-node job the train step would create for these parameters (placeholders for what is not given), for
@@ -206,16 +206,16 @@ def _read_platform(ns: argparse.Namespace) -> Any:
         raise UserError(
             "--platform with the committed pipeline would bake your cluster into it: give --output PATH."
         )
-    from rloo.pipeline import platform
+    from rloo.pipeline import platform_overlay
 
-    return platform.read(ns.platform)
+    return platform_overlay.read(ns.platform)
 
 
 def _apply_platform(source: Path, dest: Path, settings: Any) -> None:
     """Write ``source`` with ``settings`` applied to ``dest`` (which may be ``source``)."""
-    from rloo.pipeline import platform
+    from rloo.pipeline import platform_overlay
 
-    dest.write_text(platform.apply(source.read_text(), settings))
+    dest.write_text(platform_overlay.apply(source.read_text(), settings))
     for name, ref in sorted(settings.images.items()):
         _note(f"{name} image (--platform): {ref}")
 
@@ -245,7 +245,7 @@ def _dispatch_action(ns: argparse.Namespace) -> int:
             print(path)
         return 0
     if ns.action == "manifest":
-        from rloo.pipeline.manifest import manifest_yaml, placeholders_left
+        from rloo.pipeline.multinode_manifest import manifest_yaml, placeholders_left
 
         params = parse_params(ns.param, ns.params)
         if ns.backend:
