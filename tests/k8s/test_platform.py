@@ -87,14 +87,22 @@ def test_the_file(tmp_path: Path) -> None:
         ({"images": {"train": "Not A Ref"}}, "is not an image reference"),
         ({"imagePullSecrets": "corp"}, "imagePullSecrets must be a list"),
         ({"imagePullSecrets": ["Corp_Registry"]}, "imagePullSecrets must be a list"),
+        # a Secret's and a ConfigMap's names are DNS-1123 subdomains: labels joined by single dots
+        ({"imagePullSecrets": ["corp..registry"]}, "imagePullSecrets must be a list"),
+        ({"imagePullSecrets": ["corp.-registry"]}, "imagePullSecrets must be a list"),
+        ({"imagePullSecrets": ["r" * 254]}, "imagePullSecrets must be a list"),
         ({"env": {"HTTPS PROXY": "x"}}, "is not NAME=string"),
         ({"env": {"NCCL_DEBUG": 1}}, "is not NAME=string"),
         ({"env": {"SSL_CERT_FILE": "/x"}}, "SSL_CERT_FILE is set from the other settings"),
         ({"caBundle": {"key": "ca.crt"}}, "caBundle must be"),
         ({"caBundle": {"configMap": "ca", "key": "a/b"}}, "not a ConfigMap name and key"),
+        ({"caBundle": {"configMap": "corp..ca"}}, "not a ConfigMap name and key"),
     ],
 )
 def test_bad_settings_are_one_line(data: Any, says: str) -> None:
+    """What a cluster would refuse, refused in one line; a Secret's and a ConfigMap's name as Kubernetes checks
+    it (kubernetes/kubernetes staging/src/k8s.io/apimachinery/pkg/util/validation/validation.go,
+    IsDNS1123Subdomain)."""
     with pytest.raises(UserError, match=says) as e:
         platform.parse(data, "--platform p.json", image_kinds=KINDS)
     assert "\n" not in str(e.value) and str(e.value).startswith("--platform p.json")
@@ -184,10 +192,13 @@ def test_kueue_and_workload_identity_travel_in_rloo_platform() -> None:
         ({"kueue": {"pytorchJobIntegration": "yes"}}, "kueue.pytorchJobIntegration must be true or false"),
         ({"kueue": {"queueName": "GPU_Queue"}}, "kueue.queueName 'GPU_Queue' is not a Kueue LocalQueue name"),
         ({"kueue": {"queueName": "q" * 64}}, "is not a Kueue LocalQueue name"),
+        ({"kueue": {"queueName": "gpu\n"}}, "is not a Kueue LocalQueue name"),  # Go's $ ends the text
         ({"s3WorkloadIdentity": "true"}, "s3WorkloadIdentity must be true or false"),
     ],
 )
 def test_bad_kueue_and_identity_settings_are_one_line(data: Any, says: str) -> None:
+    """The queue's name goes into a label value, so it is a DNS-1123 label
+    (kubernetes/kubernetes staging/src/k8s.io/apimachinery/pkg/util/validation/validation.go, IsDNS1123Label)."""
     for kinds in (KINDS, ()):  # platform.json, and RLOO_PLATFORM
         with pytest.raises(UserError, match=re.escape(says)) as e:
             platform.parse(data, "--platform p.json", image_kinds=kinds)

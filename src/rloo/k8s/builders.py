@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rloo.errors import UserError
+from rloo.k8s.names import is_dns1123_label
 from rloo.k8s.resources import check_pod_memory, check_scheduling, check_service_account, cpu_millis
 
 API_VERSION = "kubeflow.org/v1"
@@ -51,7 +52,6 @@ BACKENDS = ("trainjob", "pytorchjob")
 DEFAULT_BACKEND = "trainjob"
 # Where the ServiceAccount admission controller mounts the API token (see the module docstring).
 SA_TOKEN_PATH = "/var/run/secrets/kubernetes.io/serviceaccount"
-_DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 # Scratch space of the training pods, on the node's disk: /tmp, where the command stages what it downloads and
 # writes (models, the newest local checkpoint: far more than a container's writable layer should hold), is an
 # emptyDir instead of that layer. The pipeline's own steps mount the same.
@@ -149,7 +149,7 @@ class TrainJobSpec:
     extra_mounts: list[dict[str, Any]] = field(default_factory=list)
 
     def validate(self) -> None:
-        if not _DNS1123.match(self.name) or len(self.name) > 63:
+        if not is_dns1123_label(self.name):
             raise UserError(
                 f"training job name {self.name!r} is not a valid Kubernetes name (a-z, 0-9, '-')."
             )
@@ -333,11 +333,7 @@ def runtime_ref(runtime: str) -> dict[str, str]:
     in the job's namespace."""
     kind, _, name = runtime.rpartition("/")
     kind = kind or "ClusterTrainingRuntime"
-    if (
-        kind not in ("ClusterTrainingRuntime", "TrainingRuntime")
-        or not _DNS1123.match(name)
-        or len(name) > 63
-    ):
+    if kind not in ("ClusterTrainingRuntime", "TrainingRuntime") or not is_dns1123_label(name):
         raise UserError(
             f"training_runtime {runtime!r} is not a runtime name: give NAME (a ClusterTrainingRuntime such as "
             f"{DEFAULT_RUNTIME}) or TrainingRuntime/NAME (one in the job's namespace)."

@@ -27,6 +27,7 @@ from typing import Any
 
 from rloo.errors import UserError
 from rloo.k8s.images import is_reference
+from rloo.k8s.names import is_dns1123_label, is_dns1123_subdomain
 
 PLATFORM_ENV = "RLOO_PLATFORM"
 # Where the CA bundle's ConfigMap is mounted, and the variables the tools read a bundle from (OpenSSL, httpx
@@ -36,9 +37,7 @@ CA_DIR = "/etc/rloo/ca"
 CA_VOLUME = "rloo-ca-bundle"
 CA_ENV = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "AWS_CA_BUNDLE", "CURL_CA_BUNDLE")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 _KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _RESERVED_ENV = frozenset({PLATFORM_ENV, *CA_ENV})
 _POD_KEYS = ("imagePullSecrets", "env", "caBundle", "kueue", "s3WorkloadIdentity")
 _KUEUE_KEYS = ("pytorchJobIntegration", "queueName")
@@ -139,7 +138,9 @@ def parse(data: Any, where: str, *, image_kinds: Collection[str]) -> Platform:
                 "registry/name@sha256:<digest>)."
             )
     secrets = data.get("imagePullSecrets") or []
-    if not isinstance(secrets, list) or not all(isinstance(s, str) and _DNS1123.match(s) for s in secrets):
+    if not isinstance(secrets, list) or not all(
+        isinstance(s, str) and is_dns1123_subdomain(s) for s in secrets
+    ):
         raise UserError(f"{where}: imagePullSecrets must be a list of Secret names (got {secrets!r}).")
     env = data.get("env") or {}
     if not isinstance(env, dict):
@@ -160,7 +161,7 @@ def parse(data: Any, where: str, *, image_kinds: Collection[str]) -> Platform:
         if not isinstance(ca, dict) or not isinstance(ca.get("configMap"), str) or not ca["configMap"]:
             raise UserError(f'{where}: caBundle must be {{"configMap": NAME, "key": KEY}} or null.')
         key = ca.get("key") or "ca.crt"
-        if not _DNS1123.match(ca["configMap"]) or not isinstance(key, str) or not _KEY.match(key):
+        if not is_dns1123_subdomain(ca["configMap"]) or not isinstance(key, str) or not _KEY.match(key):
             raise UserError(f"{where}: caBundle {ca!r}: not a ConfigMap name and key.")
         bundle = CABundle(ca["configMap"], key)
     identity = data.get("s3WorkloadIdentity", False)
@@ -196,7 +197,7 @@ def _kueue(data: Any, where: str) -> Kueue:
     if not isinstance(integration, bool):
         raise UserError(f"{where}: kueue.pytorchJobIntegration must be true or false.")
     queue = data.get("queueName") or ""
-    if not isinstance(queue, str) or len(queue) > 63 or (queue and not _DNS_LABEL.match(queue)):
+    if not isinstance(queue, str) or (queue and not is_dns1123_label(queue)):
         raise UserError(
             f"{where}: kueue.queueName {queue!r} is not a Kueue LocalQueue name (a-z, 0-9, '-', at most 63; "
             "empty: none)."

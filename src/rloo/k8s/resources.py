@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rloo.errors import UserError
+from rloo.k8s.names import is_dns1123_label, is_dns1123_subdomain
 
 # Kubernetes quantities (resource.Quantity): a decimal number with an optional SI or binary suffix. CPU takes
 # cores or millicores only; memory takes no millis ("64m" bytes is always a typo).
@@ -34,8 +35,6 @@ _MEMORY_UNITS = {
     "Pi": 2**50,
     "Ei": 2**60,
 }
-# A DNS-1123 subdomain: what Kubernetes accepts as a service account name.
-_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
 @dataclass(frozen=True)
@@ -78,7 +77,7 @@ def check_pod_memory(name: str, value: str, shm_size: str) -> None:
 
 
 def check_service_account(name: str, value: str) -> None:
-    if not value or len(value) > 253 or not _SUBDOMAIN.match(value):
+    if not is_dns1123_subdomain(value):
         raise UserError(
             f"{name} must be a Kubernetes service account name (lower-case a-z, 0-9, '-', '.'; got {value!r})."
         )
@@ -86,20 +85,19 @@ def check_service_account(name: str, value: str) -> None:
 
 def check_secret_name(name: str, value: str) -> None:
     """A Kubernetes Secret name (DNS-1123 subdomain): a typo would leave a pod Pending, not failed."""
-    if not value or len(value) > 253 or not _SUBDOMAIN.match(value):
+    if not is_dns1123_subdomain(value):
         raise UserError(
             f"{name} must be a Kubernetes secret name (lower-case a-z, 0-9, '-', '.'; got {value!r})."
         )
 
 
 _LABEL = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 
 def _qualified_name(text: str) -> bool:
     """``[prefix/]name``: a label key or an extended resource name (``nvidia.com/gpu``)."""
     prefix, _, name = text.rpartition("/")
-    if prefix and (len(prefix) > 253 or not _SUBDOMAIN.match(prefix)):
+    if prefix and not is_dns1123_subdomain(prefix):
         return False
     return 0 < len(name) <= 63 and bool(_LABEL.match(name))
 
@@ -129,7 +127,7 @@ def check_node_selector(name: str, value: Any) -> None:
 
 def check_namespace(name: str, value: str) -> None:
     """Empty (the pipeline's own namespace) or a DNS-1123 label."""
-    if value and (len(value) > 63 or not _DNS_LABEL.match(value)):
+    if value and not is_dns1123_label(value):
         raise UserError(
             f"{name} must be a Kubernetes namespace name (lower-case a-z, 0-9, '-'; got {value!r})."
         )
@@ -158,11 +156,11 @@ def check_scheduling(queue_name: str, priority_class: str, backend: str | None =
     """``queue_name`` (a Kueue LocalQueue) and ``priority_class``: empty, or names the API server takes (both end
     up in label values: at most 63 characters). A TrainJob's priority (``backend="trainjob"``) is Kueue's
     WorkloadPriorityClass label, Trainer v2.3's pod patch having no ``priorityClassName``: it needs a queue."""
-    if queue_name and (len(queue_name) > 63 or not _DNS_LABEL.match(queue_name)):
+    if queue_name and not is_dns1123_label(queue_name):
         raise UserError(
             f"queue_name {queue_name!r} is not a Kueue LocalQueue name (a-z, 0-9, '-', at most 63)."
         )
-    if priority_class and (len(priority_class) > 63 or not _SUBDOMAIN.match(priority_class)):
+    if priority_class and (len(priority_class) > 63 or not is_dns1123_subdomain(priority_class)):
         raise UserError(
             f"priority_class {priority_class!r} is not a priority class name (a-z, 0-9, '-', '.', at most 63)."
         )
