@@ -71,8 +71,11 @@ def test_eval_end_to_end(
     assert parsed.judge_model == results["judge"]["model"] and parsed.num_examples == 3
     assert (parsed.invalid, parsed.ties) == (2, 2)  # one invalid and one tie per model
     # per-example scores keyed by the example, for the push gate's comparison with the champion
-    assert parsed.per_example is not None and list(parsed.per_example.values()) == [0.0, 0.5, None]
-    assert len(set(parsed.per_example)) == 3 and parsed.judge_template_sha256
+    scores = parsed.example_scores
+    assert scores is not None and list(scores.values()) == [0.0, 0.5, None]
+    # what the evaluation wrote is the typed value's JSON form, key for key
+    assert parsed.to_dict() == results
+    assert len(scores) == 3 and parsed.judge_template_sha256
     lines = [json.loads(x) for x in (out / "judgements.jsonl").read_text().splitlines()]
     assert len(lines) == 3
     first = lines[0]

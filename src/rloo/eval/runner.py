@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from rloo.algo.eval_results import EvalResults
+from rloo.algo.intervals import Interval
 from rloo.eval.config import EvalConfig
 from rloo.eval.data import load_eval_rows
 from rloo.eval.generation import GenerationEngine, make_engine
@@ -20,7 +22,6 @@ from rloo.eval.judge import JudgeSettings, PairwiseJudge, api_key_from_env, usab
 from rloo.eval.report import flat_metrics, kfp_metrics, render_html
 from rloo.eval.reward_model import REFERENCE, score_pairs
 from rloo.eval.stats import (
-    interval_record,
     pair_score,
     paired_difference,
     rm_agreement_record,
@@ -187,35 +188,33 @@ def _evaluate(
         }
     diff = None
     if "baseline" in scores:
-        diff = interval_record(paired_difference(scores["trained"], scores["baseline"]))
-    results: dict[str, Any] = {
-        "num_examples": n,
-        "engine": engine.name,
-        "models": summaries,
-        "paired_difference": diff,
-        "judge": {
-            "model": cfg.judge_model,
-            "base_url": cfg.judge_base_url,
-            "template_sha256": hashlib.sha256(cfg.template_text().encode()).hexdigest(),
-            **judge.stats.as_dict(),
-        },
-        # the contract the push stage's promotion gate reads (rloo.push.gate.parse_eval_results)
-        **{
-            label: {"win_rate": m["win_rate"], "ci95": [m["win_rate_ci_low"], m["win_rate_ci_high"]]}
-            for label, m in summaries.items()
-        },
-        "invalid": sum(m["num_invalid"] for m in summaries.values()),
-        "ties": sum(m["num_ties"] for m in summaries.values()),
-        "settings": recorded_settings(cfg, sources),
+        diff = paired_difference(scores["trained"], scores["baseline"])
+    evaluation = EvalResults(
+        # the win rates the push stage's promotion gate reads (rloo.algo.eval_results), as summarised
+        trained=_rate(summaries["trained"]),
+        baseline=_rate(summaries["baseline"]) if "baseline" in summaries else None,
+        paired_difference=diff,
+        judge_model=str(cfg.judge_model),
+        judge_base_url=str(cfg.judge_base_url),
+        judge_template_sha256=hashlib.sha256(cfg.template_text().encode()).hexdigest(),
+        judge_extra=judge.stats.as_dict(),
+        num_examples=n,
+        invalid=sum(m["num_invalid"] for m in summaries.values()),
+        ties=sum(m["num_ties"] for m in summaries.values()),
         # the trained model's score per example, for the push gate's champion-against-challenger comparison
-        "per_example": {
-            "keys": [example_key(p, r) for p, r in zip(rows.judge_prompts, rows.references, strict=True)],
-            "trained": scores["trained"],
+        per_example=tuple(
+            (example_key(p, r), score)
+            for p, r, score in zip(rows.judge_prompts, rows.references, scores["trained"], strict=True)
+        ),
+        extra={
+            "engine": engine.name,
+            "models": summaries,
+            "settings": recorded_settings(cfg, sources),
+            # how often the reward model prefers the side the judge picked: the reward-hacking monitor
+            **({"judge_rm_agreement": agreement} if agreement is not None else {}),
         },
-    }
-    if agreement is not None:
-        # how often the reward model prefers the side the judge picked: the reward-hacking monitor
-        results["judge_rm_agreement"] = agreement
+    )
+    results = evaluation.to_dict()
     examples = [
         {
             "index": i,
@@ -229,13 +228,18 @@ def _evaluate(
         }
         for i in range(n)
     ]
-    (out / RESULTS_FILE).write_text(strict_json(results, indent=2, sort_keys=True) + "\n")
+    (out / RESULTS_FILE).write_text(evaluation.to_json())
     with open(out / JUDGEMENTS_FILE, "w") as f:
         for ex in examples:
             f.write(strict_json(ex, ensure_ascii=False) + "\n")
     (out / REPORT_FILE).write_text(render_html(results, examples, cfg.report_examples))
     (out / KFP_METRICS_FILE).write_text(strict_json(kfp_metrics(results), indent=2, sort_keys=True) + "\n")
     return results
+
+
+def _rate(summary: dict[str, Any]) -> Interval:
+    """A model's win rate against the references and its 95% interval, from its summary."""
+    return Interval(summary["win_rate"], summary["win_rate_ci_low"], summary["win_rate_ci_high"])
 
 
 def strict_json(value: Any, **kw: Any) -> str:

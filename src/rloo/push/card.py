@@ -119,6 +119,8 @@ def render_model_card(inp: CardInputs) -> str:
         lines += ["No evaluation results were available for this model.", ""]
     else:
         e = inp.eval
+        # the gate reads complete files only: both are there
+        assert e.baseline is not None and e.paired_difference is not None
         lines += [
             "| | win rate | 95% interval |",
             "| --- | --- | --- |",

@@ -1,57 +1,25 @@
-"""The evaluation contract (``eval_results.json``) and the promotion gate, both pure.
+"""The promotion gate, pure: a model's evaluation (:class:`rloo.algo.eval_results.EvalResults`, the
+``eval_results.json`` the evaluation stage writes, read here) decides champion or candidate, against the SFT
+model and, when there is one, against the current champion (:func:`decide`).
 
-Contract (written by the evaluation stage, read here)::
-
-    {
-      "trained":  {"win_rate": 0.61, "ci95": [0.55, 0.67]},   # trained model vs the reference completions
-      "baseline": {"win_rate": 0.50, "ci95": [0.44, 0.56]},   # SFT model, same prompts, same judge
-      "paired_difference": {"estimate": 0.11, "ci95": [0.04, 0.18]},   # trained minus SFT, paired per prompt
-      "judge": {"model": "gpt-4o-mini", "base_url": "https://..."},
-      "num_examples": 200, "invalid": 3, "ties": 12,
-      "per_example": {"keys": ["3f2a...", ...], "trained": [1.0, 0.5, null, ...]}   # optional, see below
-    }
-
-Required: every key above but ``per_example``. Extra keys are kept in ``extra`` and ignored by the gate. Numbers must be finite,
-win rates and interval bounds in [0, 1] (the difference in [-1, 1]) and ``low <= estimate <= high``, with
-``ci95`` = [low, high]. Each is read into :class:`rloo.algo.intervals.Interval`, the evaluation's own type.
-
-``per_example`` holds the trained model's score on each example (1 win, 0.5 tie, 0 loss against the
-reference, null when the judge gave no usable verdict), keyed by a digest of the example's prompt and
-reference, and ``judge.template_sha256`` the judge prompt's digest. With them a challenger is compared with
-the current champion example by example (:func:`compare_to_champion`): both were judged against the same
-references, so the paired difference of their scores is a fair comparison when the examples and the judge
-(model and prompt) are the same.
+A challenger is compared with the champion example by example (:func:`compare_to_champion`): both were judged
+against the same references, so the paired difference of their scores is a fair comparison when the examples
+and the judge (model and prompt) are the same.
 """
 
 from __future__ import annotations
 
 import json
-import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rloo.algo.eval_results import EvalResults, EvalResultsError
 from rloo.algo.intervals import Interval, difference_interval
 from rloo.errors import UserError
 
 CHAMPION = "champion"
 CANDIDATE = "candidate"
-
-
-@dataclass(frozen=True)
-class EvalResults:
-    trained: Interval
-    baseline: Interval
-    paired_difference: Interval
-    judge_model: str
-    judge_base_url: str
-    num_examples: int
-    invalid: int
-    ties: int
-    extra: dict[str, Any] = field(default_factory=dict)
-    judge_template_sha256: str | None = None
-    # example key -> the trained model's score (None: no usable verdict); None when not recorded
-    per_example: dict[str, float | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -83,97 +51,12 @@ class Decision:
         return self.decision == CHAMPION
 
 
-def _get(data: dict[str, Any], path: str, source: str) -> Any:
-    node: Any = data
-    parts = path.split(".")
-    for i, part in enumerate(parts):
-        if not isinstance(node, dict) or part not in node:
-            # name the outermost missing key: 'paired_difference', not 'paired_difference.estimate'
-            missing = ".".join(parts[: i + 1])
-            raise UserError(
-                f"{source}: missing required key {missing!r} (see the eval_results.json contract)."
-            )
-        node = node[part]
-    return node
-
-
-def _number(value: Any, path: str, source: str, lo: float, hi: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise UserError(f"{source}: {path!r} must be a finite number (got {value!r}).")
-    if not lo <= value <= hi:
-        raise UserError(f"{source}: {path!r} must be in [{lo:g}, {hi:g}] (got {value!r}).")
-    return float(value)
-
-
-def _interval(data: dict[str, Any], key: str, est_key: str, source: str, lo: float) -> Interval:
-    """The mapping ``data[key]`` (``{est_key: estimate, "ci95": [low, high]}``) as an Interval; its count
-    stays unknown (None): the contract does not require one."""
-    est = _number(_get(data, f"{key}.{est_key}", source), f"{key}.{est_key}", source, lo, 1.0)
-    ci = _get(data, f"{key}.ci95", source)
-    if not isinstance(ci, (list, tuple)) or len(ci) != 2:
-        raise UserError(f"{source}: '{key}.ci95' must be a pair [low, high] (got {ci!r}).")
-    low = _number(ci[0], f"{key}.ci95[0]", source, lo, 1.0)
-    high = _number(ci[1], f"{key}.ci95[1]", source, lo, 1.0)
-    # A tiny tolerance: an interval and its point estimate may be computed separately (rounding).
-    if not low - 1e-9 <= est <= high + 1e-9:
-        raise UserError(f"{source}: '{key}' has estimate {est} outside its ci95 [{low}, {high}].")
-    return Interval(est, low, high)
-
-
-def _count(data: dict[str, Any], key: str, source: str) -> int:
-    v = _get(data, key, source)
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise UserError(f"{source}: {key!r} must be a non-negative integer (got {v!r}).")
-    return v
-
-
 def parse_eval_results(data: Any, source: str = "eval_results.json") -> EvalResults:
     """Validate a decoded eval_results.json; one-line UserError naming the first bad key."""
-    if not isinstance(data, dict):
-        raise UserError(f"{source}: expected a JSON object at the top level.")
-    judge_model = _get(data, "judge.model", source)
-    judge_url = _get(data, "judge.base_url", source)
-    if not isinstance(judge_model, str) or not judge_model:
-        raise UserError(f"{source}: 'judge.model' must be a non-empty string.")
-    known = {
-        "trained",
-        "baseline",
-        "paired_difference",
-        "judge",
-        "num_examples",
-        "invalid",
-        "ties",
-        "per_example",
-    }
-    template = data["judge"].get("template_sha256")
-    return EvalResults(
-        trained=_interval(data, "trained", "win_rate", source, 0.0),
-        baseline=_interval(data, "baseline", "win_rate", source, 0.0),
-        paired_difference=_interval(data, "paired_difference", "estimate", source, -1.0),
-        judge_model=judge_model,
-        judge_base_url=str(judge_url or ""),
-        num_examples=_count(data, "num_examples", source),
-        invalid=_count(data, "invalid", source),
-        ties=_count(data, "ties", source),
-        extra={k: v for k, v in data.items() if k not in known},
-        judge_template_sha256=template if isinstance(template, str) and template else None,
-        per_example=_per_example(data.get("per_example"), source),
-    )
-
-
-def _per_example(value: Any, source: str) -> dict[str, float | None] | None:
-    if value is None:
-        return None
-    keys = value.get("keys") if isinstance(value, dict) else None
-    scores = value.get("trained") if isinstance(value, dict) else None
-    if not isinstance(keys, list) or not isinstance(scores, list) or len(keys) != len(scores):
-        raise UserError(f"{source}: 'per_example' must hold two lists of equal length, 'keys' and 'trained'.")
-    out: dict[str, float | None] = {}
-    for i, (k, v) in enumerate(zip(keys, scores, strict=True)):
-        if not isinstance(k, str):
-            raise UserError(f"{source}: 'per_example.keys[{i}]' must be a string (got {k!r}).")
-        out[k] = None if v is None else _number(v, f"per_example.trained[{i}]", source, 0.0, 1.0)
-    return out
+    try:
+        return EvalResults.from_dict(data, source)
+    except EvalResultsError as e:
+        raise UserError(str(e)) from None
 
 
 def load_eval_results(path: str | Path) -> EvalResults:
@@ -201,18 +84,19 @@ def compare_to_champion(candidate: EvalResults, champion: Champion) -> Interval 
     theirs = champion.results
     if theirs is None:
         return champion.missing_why or "its evaluation results could not be read"
-    if candidate.per_example is None or theirs.per_example is None:
-        which = "this model's" if candidate.per_example is None else "the champion's"
+    ours, their_scores = candidate.example_scores, theirs.example_scores
+    if ours is None or their_scores is None:
+        which = "this model's" if ours is None else "the champion's"
         return f"{which} eval_results.json has no per-example scores (evaluated before rloo recorded them)"
     if candidate.judge_model != theirs.judge_model:
         return f"it was judged by {theirs.judge_model!r}, this model by {candidate.judge_model!r}"
     if candidate.judge_template_sha256 != theirs.judge_template_sha256:
         return "it was judged with another judge prompt (--judge_template)"
-    if set(candidate.per_example) != set(theirs.per_example):
+    if set(ours) != set(their_scores):
         return "it was evaluated on other examples (dataset, split or num_examples differ)"
-    keys = sorted(candidate.per_example)
-    mine = [candidate.per_example[k] for k in keys]
-    other = [theirs.per_example[k] for k in keys]
+    keys = sorted(ours)
+    mine = [ours[k] for k in keys]
+    other = [their_scores[k] for k in keys]
     diffs = [a - b for a, b in zip(mine, other, strict=True) if a is not None and b is not None]
     d = difference_interval(diffs)
     return "no example has a usable verdict for both models" if d is None else d
@@ -230,6 +114,10 @@ def decide(results: EvalResults | None, margin: float, champion: Champion | None
     if results.num_examples == 0:
         return Decision(CANDIDATE, "the evaluation has 0 examples, so there is no evidence to promote on")
     d = results.paired_difference
+    if results.baseline is None or d is None:  # a file the contract reads always has both
+        return Decision(
+            CANDIDATE, "the evaluation has no SFT baseline, so there is no evidence to promote on"
+        )
     shown = _shown(d, "SFT")
     if d.low <= margin:
         return Decision(CANDIDATE, f"{shown}: lower bound not above the margin {margin:+.3f}")
