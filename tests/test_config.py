@@ -440,6 +440,7 @@ def test_bad_algorithm_variant_values_are_one_line_errors(kw: dict[str, Any], ma
 SINGLE_FIELD_BAD: dict[str, Any] = {
     "model_name_or_path": None,
     "dataset_name": "",
+    "output_dir": "",
     "reward_funcs": ["m:f", "nodotnocolon"],
     "dataset_train_split": " ",
     "dataset_test_split": "",

@@ -136,6 +136,7 @@ class RLOOConfig:
         "trainer_output",
         "Where the final model, checkpoints and metrics.jsonl are written: a directory, or s3://bucket/prefix "
         "(staged in --local_dir, checkpoints mirrored to <prefix>/checkpoints, the result uploaded at the end).",
+        check=text_given("{flag} is empty: give a directory or s3://bucket/prefix."),
     )
     local_dir: str | None = option(
         None,
@@ -563,8 +564,9 @@ class RLOOConfig:
 
     # -------------------------------------------------------------------------------------------------
     def validate(self) -> None:
-        """Raise UserError for the first invalid setting, naming it and the fix: where paths live, then each
-        field's declared rule (:func:`rloo.options.check_fields`), then the rules between fields."""
+        """Raise UserError for the first invalid setting, naming it and the fix: where paths may live (a
+        path that is wrongly s3:// is named before a missing flag), then each field's declared rule
+        (:func:`rloo.options.check_fields`), then the rules between fields."""
         self._check_locations()
         check_fields(self)
         self._check_reward_sources()
@@ -751,8 +753,6 @@ class RLOOConfig:
         from rloo.storage.location import Location, has_scheme, require_local_or_s3, require_local_path
         from rloo.storage.redact import redact
 
-        if not self.output_dir:
-            raise UserError("--output_dir is empty: give a directory or s3://bucket/prefix.")
         if has_scheme(self.output_dir):
             if not self.output_dir.strip().lower().startswith("s3://"):
                 raise UserError(
