@@ -6,6 +6,7 @@ fixtures. ``make lint`` runs the same check as ``lint-imports``."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -123,3 +124,42 @@ def test_the_trainer_module_stays_small() -> None:
     lines; what one update produces and how it is consumed live in ``experience.py`` and ``update.py``."""
     lines = (ROOT / "src" / "rloo" / "training" / "trainer.py").read_text().splitlines()
     assert len(lines) <= 900, len(lines)
+
+
+# A name or comment that points at the project's history (an issue number, a "round" of work) says nothing
+# about what the code does; name the concept instead. Written so that the pattern itself does not match.
+_HISTORY_NAME = re.compile(r"round[ _-]?two|(?<![a-z])issue[ _-]?\d+", re.IGNORECASE)
+
+
+def _tracked_text_files() -> list[Path]:
+    """The checkout's source and test files and its Markdown documents, as git tracks them (build output,
+    caches and virtual environments are not the project's); without git, every file but .git's and .venv's."""
+    try:
+        listed = subprocess.run(
+            ["git", "ls-files", "-z", "--", "src", "tests", "*.md"],
+            cwd=ROOT,
+            capture_output=True,
+            check=True,
+        ).stdout.decode()
+        paths = [ROOT / name for name in listed.split("\0") if name]
+    except (OSError, subprocess.CalledProcessError):
+        paths = [
+            p
+            for top in (ROOT / "src", ROOT / "tests", ROOT)
+            for p in (top.rglob("*") if top != ROOT else top.rglob("*.md"))
+            if not {".git", ".venv"} & {part.split("-")[0] for part in p.relative_to(ROOT).parts}
+        ]
+    return [p for p in paths if p.is_file() and p.suffix in {".py", ".md", ".yaml", ".yml", ".toml", ".txt"}]
+
+
+def test_no_name_or_comment_refers_to_an_issue_or_a_round() -> None:
+    """Identifiers, test names, comments and docs say what a thing is, never which issue or round of work
+    brought it (the developers' guide). Case-insensitive, in every spelling: words apart, joined by '_' or
+    '-', or inside a longer identifier such as a test's name."""
+    hits = [
+        f"{path.relative_to(ROOT)}:{number}: {line.strip()[:80]}"
+        for path in _tracked_text_files()
+        for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1)
+        if _HISTORY_NAME.search(line)
+    ]
+    assert hits == [], "\n".join(hits)
