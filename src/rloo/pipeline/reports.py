@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from rloo.stages.plan import StagePlan
+    from rloo.stages.plan import PipelinePlan
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +127,7 @@ def stage_run_link(
     return f"MLflow run `{info.run_id}` (experiment {info.experiment_id}) in `{shown}`: `mlflow ui --backend-store-uri {shown}`"
 
 
-def plan_markdown(plan: StagePlan) -> str:
+def plan_markdown(plan: PipelinePlan) -> str:
     """The validate step's summary: what each later step will do, part by part (a training flag by its
     'rloo train' name, as ``extra_train_args`` would set it)."""
     import dataclasses

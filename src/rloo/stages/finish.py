@@ -78,7 +78,7 @@ def _close_run(
     uri: str, closed: str, run_id: str, run_name: str, experiment: str, error: str | None, state: str
 ) -> None:
     from rloo.tracking import check_tracking_server, finish_pipeline_run
-    from rloo.tracking.runs import configure_mlflow_http
+    from rloo.tracking.server import configure_mlflow_http
     from rloo.tracking.uri import check_tracking_uri
 
     check_tracking_uri(uri)
