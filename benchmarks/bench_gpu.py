@@ -25,7 +25,7 @@ Two MFUs, over the optimisation phase's time and the GPU's peak dense bf16 FLOP/
   b rows of T positions attending to W - 1 + t keys, or as b rows of W + T positions with T + 1 logits
   kept (one dropped); TRL runs every row with its prompt, W + T positions and T + 1 logits. With
   ``torch_compile`` or ``gradient_checkpointing`` ours runs the policy's forwards (training, and the
-  no-grad "old" log-probs when off-policy) as whole rows (``RLOOTrainer.forward_logprobs`` forces it:
+  no-grad "old" log-probs when off-policy) as whole rows (``LogProbs.forward`` forces it:
   a compiled layer runs a cache call eager, checkpointing and a KV cache do not mix); the reference
   model's forward still shares by cost. The no-grad log-prob forwards (``logprob_flops_executed``) give
   a JSON-only ``logprobs_mfu_executed`` for ours over its log-probs phase.
@@ -374,7 +374,7 @@ def logprob_flops_executed(
     whole_rows: bool = False,
     old_logprobs: bool = True,
 ) -> float:
-    """FLOPs of ours' no-grad log-prob forwards over one rollout (``RLOOTrainer.batched_logprobs``, chunks
+    """FLOPs of ours' no-grad log-prob forwards over one rollout (``LogProbs.batched``, chunks
     of ``chunk`` rows): the reference model's, sharing prompts by cost, plus, when ``old_logprobs`` (off
     policy: on-policy runs take them from the generator), the policy's, whole rows when ``whole_rows``."""
     shape = {"body_params": body_params, "hidden": hidden, "layers": layers, "vocab": vocab}
@@ -535,13 +535,13 @@ def worker_ours(spec: dict[str, Any]) -> dict[str, Any]:
         "steady_seconds": sum(h["time/update_s"] for h in steady),
         "steady_episodes": batch * len(steady),
         "peak_memory_bytes": _peak_memory(),
-        # what decides how the forwards run (see RLOOTrainer.forward_logprobs): the policy's whole rows
+        # what decides how the forwards run (see LogProbs.forward): the policy's whole rows
         # under either option; the no-grad log-prob forwards' chunk; whether the policy's "old" log-prob
         # forward runs (off-policy; on-policy they come from the generator)
         "torch_compile": bool(trainer.cfg.torch_compile),
         "gradient_checkpointing": bool(trainer.cfg.gradient_checkpointing),
         "logprob_chunk": max(k, trainer.cfg.local_rollout_forward_batch_size // k * k),
-        "old_logprobs_forward": not trainer.on_policy,
+        "old_logprobs_forward": not trainer.updater.on_policy,
     }
 
 

@@ -9,19 +9,18 @@ One update:
 4. leave-one-out advantages per prompt group;
 5. ``num_ppo_epochs`` passes of ``num_mini_batches`` optimizer steps, each accumulating
    ``gradient_accumulation_steps`` micro-batches of ``per_device_train_batch_size`` completions.
+
+Steps 1-4 are :class:`~rloo.training.experience.ExperienceProducer`, which returns one typed ``Experience``;
+step 5 is :class:`~rloo.training.update.PolicyUpdater`, which reads that batch and nothing else. This module
+sets up their handles and runs the loop around them: checkpoints, resume, preemption, metrics and reports.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
-import os
 import random
-import signal
-import threading
 import time
-from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,25 +28,18 @@ from typing import Any
 
 import torch
 
-from rloo import algo
 from rloo.config import BatchPlan, RLOOConfig
 from rloo.data import (
     TRAINING_DATASET_FILE,
-    PromptDataset,
     format_prompts,
     load_prompt_dataset,
     tokenize_prompts,
 )
 from rloo.diskspace import write_bytes_atomic
 from rloo.errors import UserError
-from rloo.forward import response_logits
 from rloo.generation import (
     GenerationInterrupted,
-    SamplingParams,
     TransformersGenerator,
-    left_pad,
-    row_seeds,
-    scoring_temperature,
 )
 from rloo.models import (
     check_model_source,
@@ -57,24 +49,25 @@ from rloo.models import (
     position_limit,
 )
 from rloo.tracking.base import Status
-from rloo.training import deepspeed_utils, group_filter, lora, precision, ref_sync
+from rloo.training import deepspeed_utils, lora, precision, ref_sync
 from rloo.training.checkpoint_manager import CheckpointManager
 from rloo.training.collectives import Collectives
 from rloo.training.compile import compile_decoder_layers
-from rloo.training.loss_stats import LossStats
+from rloo.training.completion_logprobs import LogProbs, NonFiniteGuard
+from rloo.training.experience import ExperienceProducer, Prompts
 from rloo.training.metrics import MetricsLogger
-from rloo.training.minibatches import minibatch_rows
 from rloo.training.optim import make_adamw
 from rloo.training.output_lock import OutputLock
+from rloo.training.preemption import Preempted, Preemption
+from rloo.training.prompts import fit_prompts, warn_if_batch_exceeds_prompts
 from rloo.training.rewards import (
-    RewardBatch,
     RewardFunctionSource,
     RewardModelSource,
     TrainerState,
-    score_all,
 )
-from rloo.training.rollout import Rollout, RolloutStats, Sampled, rollout_metrics
 from rloo.training.sampler import PromptSampler
+from rloo.training.step_timer import StepTimer
+from rloo.training.update import PolicyUpdater
 from rloo.training.vllm_backend import make_generator
 
 log = logging.getLogger(__name__)
@@ -85,61 +78,6 @@ log = logging.getLogger(__name__)
 PHASE_HOOKS: list[Callable[[int, str], None]] = []
 
 
-class _Timer:
-    """Wall time and peak memory of each phase of an update.
-
-    Peak memory is ``torch.cuda.max_memory_allocated`` on GPU and the resident-set high-water mark on
-    CPU (Linux ``VmHWM``, reset at each phase start through ``/proc/self/clear_refs``), in GiB.
-    """
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self.seconds: dict[str, float] = defaultdict(float)
-        self.peak_gib: dict[str, float] = defaultdict(float)
-
-    @contextlib.contextmanager
-    def __call__(self, name: str):
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-            torch.cuda.reset_peak_memory_stats(self.device)
-        else:
-            _reset_peak_rss()
-        t0 = time.perf_counter()
-        try:
-            # a named range in torch.profiler traces (benchmarks/profile_gpu.py); a no-op without a profiler
-            with torch.profiler.record_function(f"phase/{name}"):
-                yield
-        finally:
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
-                peak: float = torch.cuda.max_memory_allocated(self.device)
-            else:
-                peak = _peak_rss()
-            self.seconds[name] += time.perf_counter() - t0
-            self.peak_gib[name] = max(self.peak_gib[name], peak / 2**30)
-
-
-def _reset_peak_rss() -> None:
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:  # not Linux, or not allowed: the peak then covers the whole process so far
-        pass
-
-
-def _peak_rss() -> float:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return float(line.split()[1]) * 1024
-    except OSError:
-        pass
-    import resource
-
-    return float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
-
-
 class RLOOTrainer:
     """Loads everything up front (so bad input fails before anything is written), then ``train()``."""
 
@@ -148,13 +86,13 @@ class RLOOTrainer:
         # MLflow server or a malformed URI is one line before any model loads), data, then models.
         self.cfg = cfg
         self.output_lock: OutputLock | None = None
-        self._check_locations()
+        self.remote = check_locations(cfg)
         seed_everything(cfg.seed)
         self._setup_accelerator()
         # before anything is loaded: a second run on the same output is refused in seconds
         self._lock_output()
         try:
-            self._setup_reporting()
+            self.sinks, self.mirror = reporting(cfg, self.remote, self.accelerator.is_main_process)
             self._setup_data()
             self._setup_models()
             self._setup_rewards()
@@ -163,25 +101,10 @@ class RLOOTrainer:
             self._setup_distributed()
             self._setup_generation()
             self._setup_run_state()
+            self._setup_experience()
         except BaseException:
             self.release_output()
             raise
-
-    def _check_locations(self) -> None:
-        """Flags the machine cannot honour and an output location that is a file: one line each."""
-        cfg = self.cfg
-        if cfg.fp16 and not torch.cuda.is_available():
-            raise UserError("--fp16 needs a CUDA GPU; use --bf16 (or neither) on CPU.")
-        # an s3:// output_dir is staged locally (checkpoints mirrored, the result uploaded at the end)
-        self.remote = cfg.remote_output
-        out = cfg.local_output_dir
-        if out.exists() and not out.is_dir():
-            flag = "--local_dir" if self.remote is not None and cfg.local_dir else "--output_dir"
-            raise UserError(f"{flag} {out} is a file; pass a directory.")
-        # a mistyped local model path is one line now, not after the datasets have loaded
-        for name in ("model_name_or_path", "sft_model_path", "reward_model_path"):
-            if getattr(cfg, name):
-                check_model_source(name, getattr(cfg, name))
 
     def _lock_output(self) -> None:
         """One run per output at a time (:mod:`rloo.training.output_lock`): the main process locks it, and
@@ -224,35 +147,6 @@ class RLOOTrainer:
         )
         self.device = self.accelerator.device
 
-    def _setup_reporting(self) -> None:
-        """Metric sinks (main process), the s3:// output's access check and the checkpoint mirror."""
-        cfg = self.cfg
-        main = self.accelerator.is_main_process
-        from rloo.tracking import sinks_from_env
-
-        self.sinks = sinks_from_env(cfg.report_to, stage="train") if main else []
-        if self.remote is not None:
-            from rloo.storage.backends import backend_for
-            from rloo.tracking.runs import TAG_OUTPUT_DIR
-
-            # one request now: wrong credentials, a missing bucket or an unreachable endpoint are one line
-            # before any model is loaded, not a failure after hours of training
-            backend_for(self.remote).check_access(create=False)
-            for sink in self.sinks:  # runs are identified by the prefix, not by this machine's staging dir
-                if hasattr(sink, "tags"):
-                    sink.tags[TAG_OUTPUT_DIR] = self.remote.uri
-        elif cfg.publish_uri:
-            from rloo.tracking.runs import TAG_OUTPUT_DIR
-
-            for sink in self.sinks:  # the pipeline uploads output_dir there: the durable name of this run
-                if hasattr(sink, "tags"):
-                    sink.tags[TAG_OUTPUT_DIR] = cfg.publish_uri
-        self.mirror = None
-        if cfg.mirror_uri and main:
-            from rloo.storage import CheckpointMirror
-
-            self.mirror = CheckpointMirror(cfg.mirror_uri, keep_last=cfg.save_total_limit)
-
     def _setup_data(self) -> None:
         """The train and eval prompt datasets and the batch plan they give."""
         cfg = self.cfg
@@ -267,27 +161,9 @@ class RLOOTrainer:
             fallback_split=self.train_ds.split,
         )
         self.plan: BatchPlan = cfg.batch_plan(self.accelerator.num_processes, num_prompts=len(self.train_ds))
-        self._warn_if_batch_exceeds_prompts()
-
-    def _warn_if_batch_exceeds_prompts(self) -> None:
-        """One warning when an update takes more prompts than the split holds: the sampler then draws some
-        prompts twice in one update, with the same seeds and so the same completions, which weighs them
-        double and teaches nothing new (it trains; the batch is just larger than the data can fill)."""
-        per_update = self.plan.batch_size // self.cfg.rloo_k
-        have = len(self.train_ds)
-        if per_update > have and self.accelerator.is_main_process:
-            log.warning(
-                "each update takes %d prompts (batch %d / rloo_k %d) but the %r split holds %d: some prompts are "
-                "drawn twice per update and sample the same completions twice; use a batch of at most %d "
-                "completions (per_device_train_batch_size x gradient_accumulation_steps x num_mini_batches x "
-                "processes), or more prompts.",
-                per_update,
-                self.plan.batch_size,
-                self.cfg.rloo_k,
-                self.train_ds.split,
-                have,
-                have * self.cfg.rloo_k,
-            )
+        warn_if_batch_exceeds_prompts(
+            self.plan, self.cfg.rloo_k, self.train_ds, self.accelerator.is_main_process
+        )
 
     def _setup_models(self) -> None:
         """Tokenizer, policy (with LoRA adapters if asked), reference policy and stop token."""
@@ -360,7 +236,9 @@ class RLOOTrainer:
         self.eval_ids = tokenize_prompts(self.eval_texts, self.tokenizer, chat=self.eval_ds.conversational)
         if any(len(ids) == 0 for ids in self.train_ids):
             raise UserError("a training prompt tokenises to nothing; drop empty prompts from the dataset.")
-        self.truncated_prompts = self._fit_prompts()
+        self.train_ids, self.eval_ids, self.truncated_prompts = fit_prompts(
+            self.cfg, position_limit(self.policy.config, self.tokenizer), self.train_ids, self.eval_ids
+        )
 
     def _setup_optimization(self) -> None:
         """Activation checkpointing, the optimizer over the trainable parameters, the schedule."""
@@ -444,7 +322,7 @@ class RLOOTrainer:
         if isinstance(self.generator, TransformersGenerator):
             log.info("rollouts: %s", self.generator.describe())
         self.gather_for_generation = cfg.ds3_gather_for_generation and not cfg.use_vllm
-        self.generator.weights_version = 0  # counted by the optimizer steps (see _optimizer_step)
+        self.generator.weights_version = 0  # the updater's optimizer steps (see _update)
 
     def _setup_run_state(self) -> None:
         """Checkpoints, the trainer's position in the run (sampler, counters) and the plan, logged."""
@@ -465,672 +343,69 @@ class RLOOTrainer:
             # a moving reference is part of the run's state: a resume must not measure KL to the SFT model
             reference=self.ref_policy if cfg.sync_ref_model else None,
         )
-        if cfg.sync_ref_model and cfg.ref_model_sync_steps > self.num_updates:
-            log.warning(
-                "--ref_model_sync_steps %d is more than the run's %d updates: the reference never moves",
-                cfg.ref_model_sync_steps,
-                self.num_updates,
-            )
+        warn_if_reference_never_moves(cfg, self.num_updates)
         self.state = TrainerState(max_steps=self.num_updates)
-        # Options that can leave a micro-batch with no token to train on: its ratio stats are left out.
-        self.masks_loss = cfg.mask_truncated_completions or cfg.filter_groups or cfg.top_entropy_quantile < 1
-        # One optimizer step per rollout: the policy is never updated between sampling and its loss.
-        self.on_policy = cfg.num_ppo_epochs * cfg.num_mini_batches == 1
         self.sampler = PromptSampler(len(self.train_ds), cfg.seed)
         self._num_tokens = 0.0
         self._length_corr_streak = 0
-        self._warned_nothing_kept = False
         # the update whose sample table is owed: set from its safe point until the table is logged, so that a
         # preemption in between checkpoints it as owed and the resumed run logs it first
         self._samples_due: int | None = None
         self.sample_freq = (
             max(1, self.num_updates // cfg.num_sample_generations) if cfg.num_sample_generations > 0 else 0
         )
-        log.info(
-            "RLOO: %d updates x %d completions (%d prompts x k=%d) = %d episodes; %d optimizer steps per update",
-            self.num_updates,
-            self.plan.batch_size,
-            self.plan.batch_size // cfg.rloo_k,
-            cfg.rloo_k,
-            self.num_updates * self.plan.batch_size,
-            cfg.num_ppo_epochs * cfg.num_mini_batches,
-        )
+        log_plan(cfg, self.plan, self.num_updates)
 
-    def _fit_prompts(self) -> set[int]:
-        """Cut prompts to ``max_prompt_length`` tokens, keeping their end (where the task is asked): past the
-        model's positions a learned-position model fails with IndexError and a rotary one trains on positions
-        it never saw. Returns the training prompts that were cut."""
+    def _setup_experience(self) -> None:
+        """The producer of each update's experience and the updater that consumes it, each handed what it
+        reads."""
         cfg = self.cfg
-        found = position_limit(self.policy.config, self.tokenizer)
-        keep = cfg.max_prompt_length
-        if found is not None:
-            limit, source = found
-            if limit <= cfg.response_length:
-                raise UserError(
-                    f"--response_length {cfg.response_length} leaves no room for a prompt: the model takes "
-                    f"{limit} positions ({source}); use a response_length below {limit}."
-                )
-            if keep is None:
-                keep = limit - cfg.response_length
-            elif keep + cfg.response_length > limit:
-                raise UserError(
-                    f"--max_prompt_length {keep} + --response_length {cfg.response_length} exceeds the model's "
-                    f"{limit} positions ({source}); use a max_prompt_length of at most "
-                    f"{limit - cfg.response_length}, or omit it."
-                )
-        if keep is None:
-            return set()
-        truncated = {i for i, ids in enumerate(self.train_ids) if len(ids) > keep}
-        if truncated:
-            longest = max(len(self.train_ids[i]) for i in truncated)
-            log.warning(
-                "%d of %d training prompts are longer than max_prompt_length (%d tokens, the longest %d): "
-                "their beginning is cut off",
-                len(truncated),
-                len(self.train_ids),
-                keep,
-                longest,
-            )
-        self.train_ids = [ids[-keep:] for ids in self.train_ids]
-        self.eval_ids = [ids[-keep:] for ids in self.eval_ids]
-        return truncated
-
-    # ------------------------------------------------------------------------------------------------
-    def forward_logprobs(
-        self,
-        model: Any,
-        ro: Sampled,
-        idx: torch.Tensor,
-        *,
-        entropy: bool = False,
-        entropy_grad: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Log-probs (b, T) of completions ``idx`` at the sampling temperature, optionally entropies (with
-        their gradient for the entropy bonus)."""
-        # Activation checkpointing and a KV cache do not mix in transformers, and a compiled layer runs a
-        # cache call eager: full rows then. None: sharing each prompt's cache decided by cost.
-        whole_rows = self.cfg.gradient_checkpointing or self.cfg.torch_compile
-        share = False if model is self.policy and whole_rows else None
-        # one autocast region for the micro-batch: the share-prefix path's two model calls cast each weight
-        # once, not once per call (autocast caches a weight's cast within its region)
-        with self.accelerator.autocast():
-            logits = response_logits(
-                model, ro.prompt_ids, ro.prompt_mask, ro.rows[idx], ro.responses[idx], share_prefix=share
-            )  # (b, T, V)
-        # (b, T, V) in the compute dtype: the log-prob and entropy functions divide by the temperature and
-        # upcast one chunk of rows at a time, never the whole tensor (2 GB of fp32 at 64 x 53 x 151,936)
-        divisor = scoring_temperature(self.cfg.temperature)
-        logprobs = algo.selective_log_softmax(logits, ro.responses[idx], temperature=divisor)  # (b, T)
-        ent = None
-        if entropy and entropy_grad:
-            ent = algo.entropy_with_grad(logits, temperature=divisor)  # (b, T)
-        elif entropy:
-            with torch.no_grad():
-                ent = algo.entropy_from_logits(logits.detach(), temperature=divisor)  # (b, T)
-        return logprobs, ent
-
-    def batched_logprobs(self, model: Any, ro: Sampled) -> torch.Tensor:
-        """No-grad log-probs (B, T), whole prompt groups per chunk of ~local_rollout_forward_batch_size."""
-        k = self.cfg.rloo_k
-        bs = max(k, self.cfg.local_rollout_forward_batch_size // k * k)
-        b = ro.responses.size(0)
-        # inference_mode dispatches cheaper than no_grad, but under ZeRO-3 a small (persistent) parameter
-        # first gathered here would stay an inference tensor, which the training forward cannot save
-        no_grad = torch.no_grad if deepspeed_utils.is_zero3(self.accelerator) else torch.inference_mode
-        with no_grad():
-            out = torch.cat(
-                [
-                    self.forward_logprobs(model, ro, torch.arange(i, min(i + bs, b)))[0]
-                    for i in range(0, b, bs)
-                ]
-            )
-        return out.clone()  # a normal tensor again: inference tensors may not meet autograd later
-
-    # ------------------------------------------------------------------------------------------------
-    def _reward_batch(
-        self,
-        ds: PromptDataset,
-        texts: list[str],
-        index: list[int],
-        k: int,
-        responses: torch.Tensor,
-        mask: torch.Tensor,
-    ) -> RewardBatch:
-        tok = self.tokenizer
-        ids = [r[m].tolist() for r, m in zip(responses.cpu(), mask.cpu(), strict=True)]
-        completion_texts = tok.batch_decode(ids, skip_special_tokens=True)
-        raw = tok.batch_decode(ids, skip_special_tokens=False)
-        prompts = [ds.prompts[i] for i in index for _ in range(k)]
-        prompt_texts = [texts[i] for i in index for _ in range(k)]
-        completions: list[Any] = completion_texts
-        if ds.conversational:
-            completions = [[{"role": "assistant", "content": c}] for c in completion_texts]
-        extra = {c: [v for v in vals for _ in range(k)] for c, vals in ds.extra_for(index).items()}
-        return RewardBatch(
-            prompts=prompts,
-            prompt_texts=prompt_texts,
-            completions=completions,
-            completion_texts=completion_texts,
-            completion_ids=ids,
-            scoring_texts=[p + r for p, r in zip(prompt_texts, raw, strict=True)],
-            extra=extra,
-            trainer_state=self.state,
-        )
-
-    def rollout(self, update: int, timer: _Timer) -> Rollout:
-        """One update's experience: sample K completions of this rank's prompts and score them (again for
-        fresh prompts with --filter_groups), take the policy's and the reference's log-probs of them, and
-        turn the scores into advantages."""
-        cfg, dev = self.cfg, self.device
-        k = cfg.rloo_k
-        first = self._sample_and_score(update, timer, 0)
-        got, rounds, replaced = first, 1, 0
-        while cfg.filter_groups and rounds < cfg.max_num_gen_batches:
-            # every rank samples as many rounds: generation's collectives (ZeRO-3, vLLM) stay in step
-            if not self.comm.any(bool((~got.informative(k)).any()), dev):
-                break
-            fresh = self._sample_and_score(update, timer, rounds)
-            got, n = group_filter.replace_groups(got, fresh, k, self.train_ids, self.tokenizer.pad_token_id)
-            rounds, replaced = rounds + 1, replaced + n
-        sampled, index = got.sampled, got.index
-        mask = sampled.mask  # (B, T)
-        kept = got.informative(k).repeat_interleave(k) if cfg.filter_groups else None  # (B,)
-        if kept is not None:
-            sampled.loss_mask = sampled.loss_mask & kept[:, None]  # (B, T)
-        with timer("logprobs"):
-            old_logprobs, ref_logprobs = self._logprobs(update, sampled, got.gen_logprobs)
-
-        with timer("scoring"):
-            scores, valid = got.scores, got.valid
-            raw_scores = scores.clone()
-            if cfg.normalize_reward:  # statistics over the global batch, whatever the process count
-                g_scores = algo.normalize_and_clip_scores(
-                    self.comm.gather(scores), cfg.reward_clip_range, self.comm.gather(valid)
-                )
-                scores = self.comm.local(g_scores)
-            kl = algo.per_token_kl(old_logprobs, ref_logprobs, mask, cfg.kl_estimator)  # (B, T)
-            # objective/kl and kl keep the classic meaning (k1 summed per sequence) whatever the estimator
-            kl_k1 = kl if cfg.kl_estimator == "k1" else algo.per_token_kl(old_logprobs, ref_logprobs, mask)
-            advantages, rlhf_reward, non_score = self._advantages(scores, valid, kl, mask)
-
-        stats = RolloutStats(
-            scores=raw_scores,
-            valid=valid,
-            kl=algo.sequence_kl(kl_k1, mask),
-            neg_logprob=-algo.masked_sum(old_logprobs, mask, dim=1),
-            non_score_reward=non_score,
-            rlhf_reward=rlhf_reward,
-            contains_eos=got.contains_eos,
-            length=mask.sum(1),
-            prompt_length=sampled.prompt_mask.sum(1).repeat_interleave(k),
-        )
-        # one gather for all of them; the metrics are over the global batch whatever the process count
-        metrics = rollout_metrics(
-            RolloutStats.unstack(self.comm.gather(stats.stack())),
-            self.comm.gather(got.per_source),
-            [src.name for src in self.sources],
-            k,
-            response_length=cfg.response_length,
-        )
-        num_cut = torch.tensor([float(sum(i in self.truncated_prompts for i in index))], device=dev)
-        metrics["prompts/num_truncated"] = float(self.comm.gather(num_cut).sum())  # global batch
-        if kept is not None:
-            g_kept = self.comm.gather(kept)
-            counts = self.comm.sum(
-                torch.tensor([float((~first.informative(k)).sum()), float(replaced)], device=dev)
-            )
-            n_groups = g_kept.numel() // k
-            metrics["filter_groups/kept_frac"] = float(g_kept.float().mean())
-            metrics["filter_groups/first_round_zero_std_frac"] = float(counts[0]) / n_groups
-            metrics["filter_groups/replaced"] = float(counts[1])
-            metrics["filter_groups/rounds"] = float(rounds)
-            if not self._warned_nothing_kept and not bool(g_kept.any()) and self.accelerator.is_main_process:
-                self._warned_nothing_kept = True
-                log.warning(
-                    "update %d: --filter_groups kept no group (every prompt's completions scored the same): this "
-                    "update trains nothing. If filter_groups/kept_frac stays 0, the reward does not tell the "
-                    "completions apart; raise --max_num_gen_batches or check the reward (said once).",
-                    update + 1,
-                )
-        return Rollout.of(
-            sampled,
-            old_logprobs=old_logprobs,
-            ref_logprobs=ref_logprobs,
-            advantages=advantages,
-            metrics=metrics,
-            kept=kept,
-        )
-
-    def _sample_and_score(self, update: int, timer: _Timer, round_: int) -> group_filter.Scored:
-        """This rank's slice of the next prompts of the global order, sampled and scored. ``round_`` > 0
-        (--max_num_gen_batches) draws other seeds, so a prompt met again samples anew."""
-        # every rank draws the same global list and keeps its slice: the data order, and so the run,
-        # does not depend on the number of processes
-        ppr = self.plan.prompts_per_rank
-        index = self.sampler.next(ppr * self.world)[self.rank * ppr : (self.rank + 1) * ppr]
-        with timer("generation"):
-            sampled, gen_logprobs = self._sample(update, index, round_)
-        with timer("scoring"):
-            per_source, scores, valid, contains_eos = self._score(index, sampled)  # (B, S), (B,) x 3
-        return group_filter.Scored(index, sampled, gen_logprobs, per_source, scores, valid, contains_eos)
-
-    def _score(
-        self, index: list[int], sampled: Sampled
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Every reward source's scores of the completions (B, S), their weighted sum with the missing-EOS
-        penalty (B,), which completions every source could score (B,), which hold an EOS token (B,)."""
-        cfg, dev = self.cfg, self.device
-        responses, mask = sampled.responses, sampled.mask  # (B, T)
-        batch = self._reward_batch(self.train_ds, self.train_texts, index, cfg.rloo_k, responses, mask)
-        per_source = score_all(self.sources, batch).to(dev)  # (B, S)
-        scores, valid = algo.combine_reward_sources(per_source, self.reward_weights.to(dev))  # (B,), (B,)
-        contains_eos = ((responses == self.tokenizer.eos_token_id) & mask).any(1)  # (B,)
-        scores = algo.apply_missing_eos_penalty(scores, contains_eos, cfg.missing_eos_penalty)
-        if cfg.overlong_buffer_len:
-            lengths = sampled.mask.sum(1)  # (B,)
-            scores = scores + algo.soft_overlong_penalty(
-                lengths, cfg.response_length, cfg.overlong_buffer_len, cfg.overlong_penalty_factor
-            ).to(scores.dtype)
-        return per_source, scores, valid, contains_eos
-
-    def _advantages(
-        self, scores: torch.Tensor, valid: torch.Tensor, kl: torch.Tensor, mask: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Leave-one-out advantages, (B,) or per token (B, T), and the RLHF reward and its KL part (B,), (B,)
-        the KL placement asks for (in the reward, per token, or in the loss)."""
-        cfg = self.cfg
-        k = cfg.rloo_k
-        p, t = scores.numel() // k, mask.size(1)
-        if cfg.kl_in_loss:
-            # The KL is a loss term on the current policy (see optimize): the reward is the score alone.
-            rlhf_reward, non_score = scores, torch.zeros_like(scores)  # (B,), (B,)
-            advantages = algo.leave_one_out_advantages(rlhf_reward.view(p, k), valid.view(p, k)).view(-1)
-            adv_mask = valid
-        elif cfg.token_level_kl:
-            adv, non_score = algo.token_level_advantages(
-                scores.view(p, k), kl.view(p, k, t), mask.view(p, k, t), cfg.kl_coef, valid.view(p, k)
-            )
-            advantages, non_score = adv.reshape(p * k, t), non_score.reshape(-1)  # (B, T), (B,)
-            rlhf_reward = scores + non_score
-            adv_mask = mask & valid[:, None]
-        else:
-            rlhf_reward, non_score = algo.sequence_level_rewards(scores, kl, mask, cfg.kl_coef)  # (B,), (B,)
-            advantages = algo.leave_one_out_advantages(rlhf_reward.view(p, k), valid.view(p, k)).view(-1)
-            adv_mask = valid
-        if cfg.scale_rewards != "none":
-            # by the spread of the task scores, as GRPO (whose KL is in the loss): the KL penalty in the
-            # reward would give a group of equal scores a tiny std, and its KL noise full-size advantages
-            advantages = self._scale_advantages(advantages, scores, valid)
-        if cfg.normalize_advantage:  # statistics over the global batch, whatever the process count
-            width = advantages.size(-1) if advantages.dim() == 2 else None
-            g_adv = algo.normalize_advantages(self.comm.gather(advantages), self.comm.gather(adv_mask))
-            advantages = self.comm.local(g_adv)
-            if width is not None:
-                advantages = advantages[:, :width]
-        return advantages, rlhf_reward, non_score
-
-    def _scale_advantages(
-        self, advantages: torch.Tensor, rewards: torch.Tensor, valid: torch.Tensor
-    ) -> torch.Tensor:
-        """--scale_rewards: advantages (B,) or (B, T) divided by the std of their group's or of the global
-        batch's scores (B,)."""
-        k, mode = self.cfg.rloo_k, self.cfg.scale_rewards
-        if mode == "batch":  # statistics over the global batch, whatever the process count
-            rewards, valid = self.comm.gather(rewards), self.comm.gather(valid)
-        r, v = rewards.view(-1, k), valid.view(-1, k)  # (P, K)
-        # each completion's factor, found on ones. Where the scores have no spread (the group's, or the
-        # batch's) the advantages stay as they are: they hold only the KL penalty, which 1 / eps would blow up
-        factor = algo.scale_advantages(torch.ones_like(r), r, v, mode)  # (P, K)
-        spread = (
-            algo.informative_groups(r, v)
-            if mode == "group"
-            else algo.informative_groups(r.reshape(1, -1), v.reshape(1, -1))
-        )
-        factor = torch.where(spread[:, None], factor, 1.0).view(-1)  # (B,)
-        if mode == "batch":
-            factor = self.comm.local(factor)
-        return advantages * (factor[:, None] if advantages.dim() == 2 else factor)  # (B,) or (B, T)
-
-    def _sample(self, update: int, index: list[int], round_: int = 0) -> tuple[Sampled, torch.Tensor | None]:
-        """K completions of each prompt of ``index``, masked after the stop token, and the sampler's own
-        log-probs of them (B, T) when it returned them (else None)."""
-        cfg, tok, dev = self.cfg, self.tokenizer, self.device
-        k, p = cfg.rloo_k, len(index)
-        prompt_ids, prompt_mask = left_pad(
-            [self.train_ids[i] for i in index], tok.pad_token_id, dev
-        )  # (P, L)
-        params = SamplingParams(
-            max_new_tokens=cfg.response_length,
+        self.logprobs = LogProbs(
+            self.accelerator,
+            self.policy,
             temperature=cfg.temperature,
-            top_k=cfg.top_k,
-            top_p=cfg.top_p,
+            whole_rows=cfg.gradient_checkpointing or cfg.torch_compile,
+            rloo_k=cfg.rloo_k,
+            chunk_size=cfg.local_rollout_forward_batch_size,
+        )
+        guard = NonFiniteGuard(
+            self.comm, self.device, num_updates=self.num_updates, learning_rate=cfg.learning_rate
+        )
+        self.producer = ExperienceProducer(
+            cfg,
+            plan=self.plan,
+            generator=self.generator,
+            sources=self.sources,
+            reward_weights=self.reward_weights,
+            tokenizer=self.tokenizer,
+            train=Prompts(self.train_ds, self.train_texts, self.train_ids),
+            eval=Prompts(self.eval_ds, self.eval_texts, self.eval_ids),
+            truncated_prompts=self.truncated_prompts,
+            sampler=self.sampler,
+            state=self.state,
+            policy=self.policy,
+            ref_policy=self.ref_policy,
+            logprobs=self.logprobs,
+            comm=self.comm,
+            accelerator=self.accelerator,
+            guard=guard,
             stop_token_id=self.stop_token_id,
-            pad_token_id=tok.pad_token_id,
+            gather_for_generation=self.gather_for_generation,
+            deepspeed=self.deepspeed,
+            # one optimizer step per batch: the sampler's log-probs are the policy's
+            on_policy=cfg.num_ppo_epochs * cfg.num_mini_batches == 1,
         )
-        self.policy.eval()
-        seeds = row_seeds(cfg.seed + round_ * 1_000_003, update, torch.tensor(index), k)
-        with deepspeed_utils.gather_for_generation(self.policy, self.accelerator, self.gather_for_generation):
-            gen = self.generator.generate(
-                prompt_ids,
-                prompt_mask,
-                k,
-                params,
-                seeds,
-                return_logprobs=self.on_policy or cfg.vllm_importance_sampling_correction,
-            )
-        responses = gen.tokens  # (B, T)
-        mask = algo.completion_mask(responses, self.stop_token_id)  # (B, T)
-        loss_mask = mask
-        if cfg.mask_truncated_completions:  # the config requires a stop token with this flag
-            assert self.stop_token_id is not None
-            truncated = algo.truncated_completions(responses, self.stop_token_id)  # (B,)
-            loss_mask = mask & ~truncated[:, None]  # (B, T)
-        if self.stop_token_id is not None:
-            responses = algo.truncate_after_stop(responses, self.stop_token_id, tok.pad_token_id)
-        gen_logprobs = None if gen.logprobs is None else gen.logprobs.masked_fill(~mask, 0.0)  # (B, T)
-        # the config refuses top-k/top-p with this flag; nothing else drops the engine's log-probs
-        if cfg.vllm_importance_sampling_correction and gen_logprobs is None:
-            raise RuntimeError("the vLLM engine returned no log-probs for the importance sampling correction")
-        sampled = Sampled(
-            prompt_ids=prompt_ids,
-            prompt_mask=prompt_mask,
-            rows=torch.arange(p * k, device=dev) // k,
-            responses=responses,
-            mask=mask,
-            loss_mask=loss_mask,
-            sampling_logprobs=gen_logprobs if cfg.vllm_importance_sampling_correction else None,
+        self.updater = PolicyUpdater(
+            cfg,
+            policy=self.policy,
+            optimizer=self.optimizer,
+            accelerator=self.accelerator,
+            comm=self.comm,
+            logprobs=self.logprobs,
+            guard=guard,
+            deepspeed=self.deepspeed,
         )
-        return sampled, gen_logprobs
 
-    def _logprobs(
-        self, update: int, sampled: Sampled, gen_logprobs: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The policy's ("old") and the reference's log-probs of the samples, each (B, T); training stops
-        here (one line) on a non-finite value."""
-        cfg, dev, mask = self.cfg, self.device, sampled.mask
-        if self.on_policy and gen_logprobs is not None:
-            # On-policy: the loss takes its "old" log-probs from its own forward (see optimize), so
-            # these generation-time values only feed the KL penalty and the entropy metric.
-            old_logprobs = gen_logprobs  # (B, T)
-        else:
-            self.policy.train()  # the same mode as the optimisation forward: ratios start at exactly 1
-            old_logprobs = self.batched_logprobs(self.policy, sampled)  # (B, T)
-        if self.ref_policy is None:  # LoRA: the base model is the policy with its adapters off
-            with lora.adapter_disabled(self.policy) as base:
-                ref_logprobs = self.batched_logprobs(base, sampled)  # (B, T)
-        else:
-            offload = cfg.offload_ref_model and not self.deepspeed  # ZeRO places it itself
-            if offload:
-                self.ref_policy.to(dev)
-            ref_logprobs = self.batched_logprobs(self.ref_policy, sampled)  # (B, T)
-            if offload:
-                self.ref_policy.to("cpu")  # its GPU memory goes back to the policy's optimisation
-        # NaN logits still sample (inverse-CDF sampling never fails): stop here, before they reach the loss
-        self._stop_if_nonfinite(
-            update,
-            {
-                "rollout/logprobs": ~(
-                    torch.isfinite(old_logprobs.masked_fill(~mask, 0.0)).all()
-                    & torch.isfinite(ref_logprobs.masked_fill(~mask, 0.0)).all()
-                )
-            },
-        )
-        return old_logprobs, ref_logprobs
-
-    def _token_mean_denominator(self, ro: Rollout, mb: torch.Tensor) -> torch.Tensor | None:
-        """With ``token-mean``: the global mini-batch's trained tokens / (micro-batches x ranks), else None.
-
-        Each micro-batch loss is divided by gradient_accumulation_steps and the gradients are averaged over
-        ranks, so dividing each micro-batch's token sum by this makes the step's gradient the mean over
-        every token of the mini-batch on all ranks: the same whatever the micro-batch size or process count.
-        """
-        if self.cfg.loss_agg_mode != "token-mean":
-            return None
-        n = ro.loss_mask[mb.to(ro.loss_mask.device)].sum().float()  # this rank's tokens in the mini-batch
-        n = self.comm.sum(n)
-        micro_batches = math.ceil(mb.numel() / self.cfg.per_device_train_batch_size)
-        # clamp: a mini-batch without tokens has a zero sum; 0 / 1 keeps the loss finite
-        return (n / (micro_batches * self.world)).clamp(min=1.0 / (micro_batches * self.world))
-
-    # ------------------------------------------------------------------------------------------------
-    def optimize(self, ro: Rollout, update: int) -> dict[str, float]:
-        """``num_ppo_epochs`` passes of mini-batch optimizer steps over one rollout; the loss metrics."""
-        cfg = self.cfg
-        stats = LossStats()
-        g = torch.Generator().manual_seed(cfg.seed * 7919 + update)
-        self.policy.train()
-        for _ in range(cfg.num_ppo_epochs):
-            # Mini-batches from global positions (see minibatches.py): the same optimizer steps over the
-            # same completions on 1 or N processes; whole groups, so each prompt is computed once per
-            # micro-batch (see forward.response_logits).
-            for mb in minibatch_rows(
-                local_batch_size=ro.prompt_ids.size(0) * cfg.rloo_k,
-                world_size=self.world,
-                rank=self.rank,
-                rloo_k=cfg.rloo_k,
-                num_mini_batches=cfg.num_mini_batches,
-                generator=g,
-            ):
-                scale = self._kept_scale(ro, mb)
-                if scale is None:  # every group of this mini-batch filtered out, on every rank: no step
-                    stats.skip(self.device, optional=self._optional_stats(stats, ro))
-                    continue
-                num_tokens = self._token_mean_denominator(ro, mb)
-                loss_bad = torch.zeros((), dtype=torch.bool, device=self.device)
-                for mc_start in range(0, mb.numel(), cfg.per_device_train_batch_size):
-                    idx = mb[mc_start : mc_start + cfg.per_device_train_batch_size].to(self.device)
-                    loss = self._micro_batch_loss(ro, idx, num_tokens, stats)
-                    if scale != 1.0:  # --filter_groups: the mean over the kept sequences, not over all
-                        loss = loss * scale
-                    if self.deepspeed:  # DeepSpeed decides the optimizer-step boundary itself
-                        with self.accelerator.accumulate(self.policy):
-                            self.accelerator.backward(loss)
-                    else:
-                        self.accelerator.backward(loss)  # divided by gradient_accumulation_steps
-                    loss_bad |= ~torch.isfinite(loss.detach())  # on device: no sync per micro-batch
-                self._optimizer_step(update, loss_bad, stats)
-        metrics = stats.metrics(
-            self.comm, self.device, skip_nan=self.masks_loss, dual_clip=cfg.clip_ratio_c is not None
-        )
-        if ro.kept is not None:
-            metrics["filter_groups/skipped_steps"] = float(stats.skipped_steps)
-        return metrics
-
-    def _optional_stats(self, stats: LossStats, ro: Rollout) -> tuple[list[torch.Tensor], ...]:
-        """The loss statistics this run's options fill at every micro-batch."""
-        cfg, lists = self.cfg, []
-        if cfg.kl_in_loss:
-            lists.append(stats.kl_loss)
-        if cfg.entropy_coef > 0:
-            lists.append(stats.entropy_bonus)
-        if cfg.top_entropy_quantile < 1:
-            lists += [stats.top_entropy_threshold, stats.top_entropy_kept]
-        if ro.sampling_logprobs is not None:
-            lists += [stats.vllm_logp_diff_abs, stats.vllm_is_capped, stats.vllm_is_masked]
-        return tuple(lists)
-
-    def _kept_scale(self, ro: Rollout, mb: torch.Tensor) -> float | None:
-        """--filter_groups: the factor that makes this mini-batch's mean over sequences a mean over its kept
-        ones (all ranks counted; :func:`group_filter.loss_scale`), or None when it keeps none. 1.0 without
-        the option."""
-        if ro.kept is None:
-            return 1.0
-        num_kept = float(self.comm.sum(ro.kept[mb.to(ro.kept.device)].sum().float()))
-        if num_kept == 0:
-            return None
-        return group_filter.loss_scale(num_kept, mb.numel() * self.world, self.cfg.loss_agg_mode)
-
-    def _micro_batch_loss(
-        self,
-        ro: Rollout,
-        idx: torch.Tensor,
-        num_tokens: torch.Tensor | None,
-        stats: LossStats,
-    ) -> torch.Tensor:
-        """The loss of completions ``idx`` (a forward with gradients), its diagnostics appended to ``stats``."""
-        cfg = self.cfg
-        bonus = cfg.entropy_coef > 0
-        logprobs, ent = self.forward_logprobs(
-            self.policy, ro, idx, entropy=True, entropy_grad=bonus
-        )  # (b, T)
-        assert ent is not None  # entropy=True
-        # On-policy the weights that sampled the rollout are the ones in this forward, so its own detached
-        # log-probs are the exact "old" ones: ratio 1, no extra forward.
-        old = logprobs.detach() if self.on_policy else ro.old_logprobs[idx]
-        loss_mask = ro.loss_mask[idx]  # (b, T)
-        is_weights = self._sampling_weights(ro, idx, old, stats)
-        policy_mask = (
-            self._top_entropy(ent.detach(), loss_mask, stats) if cfg.top_entropy_quantile < 1 else loss_mask
-        )
-        loss, st = algo.policy_loss(
-            logprobs,
-            old,
-            ro.advantages[idx],
-            policy_mask,
-            cfg.cliprange,
-            cliprange_high=cfg.cliprange_high,
-            loss_agg_mode=cfg.loss_agg_mode,
-            max_response_length=cfg.response_length,
-            num_tokens=num_tokens,
-            is_weights=is_weights,
-            importance_sampling_level=cfg.importance_sampling_level,
-            clip_ratio_c=cfg.clip_ratio_c,
-            delta=cfg.delta,
-            # GSPO's ratio measures the whole completion, even where only its high-entropy tokens train
-            ratio_mask=None if policy_mask is loss_mask else loss_mask,
-        )
-        stats.policy_loss.append(loss.detach())
-        if cfg.kl_in_loss:
-            kl_term = algo.kl_loss(
-                logprobs,
-                ro.ref_logprobs[idx],
-                loss_mask,
-                cfg.kl_estimator,
-                cfg.loss_agg_mode,
-                cfg.response_length,
-                num_tokens,
-            )
-            stats.kl_loss.append(kl_term.detach())
-            loss = loss + cfg.kl_coef * kl_term
-        if bonus:
-            ent_term = algo.agg_loss(ent, loss_mask, cfg.loss_agg_mode, cfg.response_length, num_tokens)
-            stats.entropy_bonus.append(ent_term.detach())
-            loss = loss - cfg.entropy_coef * ent_term
-        stats.entropy.append(algo.masked_mean(ent.detach(), ro.mask[idx]))
-        stats.add_policy(st, trained=not self.masks_loss or bool(policy_mask.any()))
-        return loss
-
-    def _sampling_weights(
-        self, ro: Rollout, idx: torch.Tensor, old: torch.Tensor, stats: LossStats
-    ) -> torch.Tensor | None:
-        """--vllm_importance_sampling_correction: the weights pi_train / pi_vllm of the sampled tokens, per
-        sequence for the classic sequence ratio (whose tokens have no surrogate of their own), per token
-        otherwise, unless the mode says; truncated at the cap or masked above it. None without the flag."""
-        if ro.sampling_logprobs is None:
-            return None
-        cfg = self.cfg
-        mode = cfg.vllm_importance_sampling_mode
-        weights, mismatch = algo.truncated_importance_weights(
-            old,
-            ro.sampling_logprobs[idx],
-            ro.mask[idx],
-            cfg.vllm_importance_sampling_cap,
-            per_sequence=cfg.classic_sequence_ratio if mode == "auto" else mode.startswith("sequence_"),
-            mode="mask" if mode.endswith("_mask") else "truncate",
-        )
-        stats.vllm_logp_diff_abs.append(mismatch.logp_diff_abs_mean)
-        stats.vllm_is_capped.append(mismatch.capped_frac)
-        stats.vllm_is_masked.append(mismatch.masked_frac)
-        return weights
-
-    def _top_entropy(self, ent: torch.Tensor, loss_mask: torch.Tensor, stats: LossStats) -> torch.Tensor:
-        """--top_entropy_quantile: the trained tokens (b, T) whose entropy is in the top quantile of this
-        micro-batch's on every rank (as TRL: the threshold over all ranks' tokens)."""
-        q = self.cfg.top_entropy_quantile
-        # NaN where no token is, padded to the full response length here: a rank whose completions all
-        # stopped early has fewer columns, and the gather's own padding (0) would read as zero entropy
-        local = torch.where(loss_mask, ent, math.nan)  # (b, T)
-        local = torch.nn.functional.pad(local, (0, self.cfg.response_length - local.size(1)), value=math.nan)
-        gathered = self.comm.gather(local)  # (world * b, response_length)
-        values = gathered[~gathered.isnan()]
-        threshold = algo.entropy_quantile_threshold(values, q)
-        mask, threshold = algo.top_entropy_mask(ent, loss_mask, q, threshold)
-        # NaN where no rank has a token to train on: left out of the update's means, like the ratio stats
-        empty = values.numel() == 0
-        stats.top_entropy_threshold.append(
-            torch.full_like(threshold.float(), math.nan) if empty else threshold.float()
-        )
-        n = loss_mask.sum().float()
-        stats.top_entropy_kept.append(torch.where(n > 0, mask.sum().float() / n.clamp(min=1), math.nan))
-        return mask
-
-    def _optimizer_step(self, update: int, loss_bad: torch.Tensor, stats: LossStats) -> None:
-        """Average and clip the gradients, stop on a non-finite loss or norm, step."""
-        if not self.deepspeed:  # DeepSpeed reduces its gradients itself
-            self.comm.average_gradients(self.policy)
-        checks = {"loss": loss_bad}
-        if self.cfg.max_grad_norm > 0:
-            gn = self.accelerator.clip_grad_norm_(self.policy.parameters(), self.cfg.max_grad_norm)
-            if gn is not None:  # DeepSpeed clips inside its step and reports nothing here
-                stats.grad_norm.append(torch.as_tensor(gn).float())
-                checks["grad norm"] = ~torch.isfinite(torch.as_tensor(gn))
-        # before the step: a NaN gradient would otherwise turn every weight into NaN
-        self._stop_if_nonfinite(update, checks)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        # the engine's copy (vLLM) is stale now: the next generation pushes, resampling rounds before it do not
-        self.generator.weights_version = (self.generator.weights_version or 0) + 1
-
-    def _stop_if_nonfinite(self, update: int, checks: dict[str, torch.Tensor]) -> None:
-        """Stop training (one line) when a check of ``checks`` (phase -> 0-dim bool "is bad") is true on any
-        rank; one host sync and, on several processes, one all-reduce, so every rank stops together."""
-        flags = torch.stack([c.reshape(()).to(self.device, torch.float32) for c in checks.values()])
-        flags = self.comm.sum(flags)
-        bad = [phase for phase, f in zip(checks, flags.tolist(), strict=True) if f > 0]
-        if bad:
-            what = {
-                "rollout/logprobs": "policy or reference log-probs of the rollout",
-                "loss": "policy loss",
-                "grad norm": "gradient norm",
-            }
-            raise UserError(
-                f"update {update + 1} of {self.num_updates}: non-finite {what[bad[0]]} (phase {bad[0]}); "
-                "training stopped, no model saved (checkpoints written before it are intact): lower "
-                f"--learning_rate (got {self.cfg.learning_rate:g}) or check the model and the rewards."
-            )
-
-    # ------------------------------------------------------------------------------------------------
-    @torch.no_grad()
-    def sample_generations(self, update: int) -> list[dict[str, Any]]:
-        """Near-greedy completions of the first eval prompts, scored, for a human to read."""
-        cfg, tok = self.cfg, self.tokenizer
-        n = min(cfg.per_device_eval_batch_size, len(self.eval_ds))
-        index = list(range(n))
-        prompt_ids, prompt_mask = left_pad([self.eval_ids[i] for i in index], tok.pad_token_id, self.device)
-        params = SamplingParams(
-            max_new_tokens=cfg.response_length,
-            stop_token_id=self.stop_token_id,
-            pad_token_id=tok.pad_token_id,
-            greedy=True,
-        )
-        self.policy.eval()
-        with deepspeed_utils.gather_for_generation(self.policy, self.accelerator, self.gather_for_generation):
-            responses = self.generator.generate(
-                prompt_ids, prompt_mask, 1, params, torch.zeros(n, dtype=torch.long)
-            ).tokens
-        mask = algo.completion_mask(responses, self.stop_token_id)
-        batch = self._reward_batch(self.eval_ds, self.eval_texts, index, 1, responses, mask)
-        scores, valid = algo.combine_reward_sources(score_all(self.sources, batch), self.reward_weights)
-        return [
-            {
-                "query": self.eval_texts[i],
-                "response": batch.completion_texts[i],
-                "score": float(s) if v else None,
-            }
-            for i, (s, v) in enumerate(zip(scores.tolist(), valid.tolist(), strict=True))
-        ]
-
-    # ------------------------------------------------------------------------------------------------
     def train(self) -> TrainResult:
         """Resume where a previous run stopped, run the remaining updates (rollout, then optimization),
         checkpoint, and publish the final model; on SIGTERM (or a first Ctrl-C), checkpoint and exit with 143
@@ -1152,7 +427,7 @@ class RLOOTrainer:
             )
         resumed = self._resume(out_dir)
         logger = self._open_logger(out_dir, resumed)
-        preemption = _Preemption(cfg.preemption_grace_seconds)
+        preemption = Preemption(cfg.preemption_grace_seconds)
         preemption.install()
         if self.world == 1:  # in-loop checks would desynchronise ranks: multi-process checks between phases
             self.generator.should_stop = preemption.requested
@@ -1175,8 +450,9 @@ class RLOOTrainer:
             self._finish(out_dir, logger)
             status = "FINISHED"
             if self.comm.any(preemption.requested(), self.device):
-                self._finished_when_preempted(out_dir, preemption)
-        except _Preempted:
+                where = cfg.publish_uri or (self.remote.uri if self.remote is not None else out_dir)
+                preemption.exit_finished(where)
+        except Preempted:
             status = "KILLED"
             self._checkpoint_preempted(out_dir, logger, position, preemption)
             raise SystemExit(preemption.exit_code) from None
@@ -1226,25 +502,27 @@ class RLOOTrainer:
             logger.open(out_dir, keep_until_update=resumed)
         return logger
 
-    def _update(self, update: int, preemption: _Preemption) -> dict[str, Any]:
+    def _update(self, update: int, preemption: Preemption) -> dict[str, Any]:
         """One RLOO update: rollout, optimization, scheduler step; its metrics. A preemption before the
-        optimization leaves the run where this update started (_Preempted)."""
+        optimization leaves the run where this update started (Preempted)."""
         cfg = self.cfg
-        timer = _Timer(self.device)
+        timer = StepTimer(self.device)
         t0 = time.perf_counter()
         data_position = self.sampler.state_dict()
         self.state.global_step = update
         self.state.epoch = self.state.episode / max(1, len(self.train_ds) * cfg.rloo_k)
         self._phase("generation", update, preemption)
         try:
-            ro = self.rollout(update, timer)
+            experience = self.producer.produce(update, timer)
             self._phase("optimization", update, preemption)
-        except (_Preempted, GenerationInterrupted):
+        except (Preempted, GenerationInterrupted):
             # nothing of this update reached the weights: checkpoint the state it started from
             self.sampler.load_state_dict(data_position)
-            raise _Preempted from None
+            raise Preempted from None
         with timer("optimization"):
-            opt_metrics = self.optimize(ro, update)
+            opt_metrics = self.updater.update(experience)
+        # the engine's copy (vLLM) is stale now: the next generation pushes, resampling rounds before it do not
+        self.generator.weights_version = self.updater.version
         if cfg.sync_ref_model and ref_sync.should_sync(update, cfg.ref_model_sync_steps):
             with timer("ref_sync"):
                 ref_sync.sync_reference(
@@ -1260,13 +538,19 @@ class RLOOTrainer:
                     update + 1,
                     cfg.ref_model_mixup_alpha,
                 )
-        self._watch_length_correlation(update, ro.metrics["monitor/score_length_corr"])
+        self._length_corr_streak = watch_length_correlation(
+            cfg,
+            self._length_corr_streak,
+            update,
+            experience.metrics["monitor/score_length_corr"],
+            self.accelerator.is_main_process,
+        )
         lr = self.scheduler.get_last_lr()[0]
         self.scheduler.step()
         self.state.episode += self.plan.batch_size
         dt = time.perf_counter() - t0
-        gen_tokens = ro.metrics.pop("tokens/completion")
-        prompt_tokens = ro.metrics.pop("tokens/prompt")
+        gen_tokens = experience.metrics.pop("tokens/completion")
+        prompt_tokens = experience.metrics.pop("tokens/prompt")
         self._num_tokens += gen_tokens + prompt_tokens
         metrics: dict[str, Any] = {
             "update": update + 1,
@@ -1275,7 +559,7 @@ class RLOOTrainer:
             "lr": lr,
             "eps": self.plan.batch_size / dt,
             "num_tokens": self._num_tokens,
-            **ro.metrics,
+            **experience.metrics,
             **opt_metrics,
             "time/update_s": dt,
             **{f"time/{name}_s": s for name, s in timer.seconds.items()},
@@ -1287,38 +571,19 @@ class RLOOTrainer:
         }
         return metrics
 
-    def _sample_table(self, logger: MetricsLogger, step: int, preemption: _Preemption) -> None:
+    def _sample_table(self, logger: MetricsLogger, step: int, preemption: Preemption) -> None:
         """The sample generations after update ``step``, logged. A preemption before or during them
-        checkpoints the run after update ``step`` with the table owed (_Preempted): the resumed run, holding
+        checkpoints the run after update ``step`` with the table owed (Preempted): the resumed run, holding
         the same weights, generates and logs it before its next update."""
         self._samples_due = step
         self._phase("samples", step - 1, preemption)
         try:
-            rows = self.sample_generations(step)
+            rows = self.producer.sample_generations(step)
         except GenerationInterrupted:
-            raise _Preempted from None
+            raise Preempted from None
         if self.accelerator.is_main_process:
             logger.samples(step, rows)
         self._samples_due = None
-
-    def _watch_length_correlation(self, update: int, corr: float) -> None:
-        """One warning when the score-length correlation has stayed above the threshold for
-        --length_corr_warn_updates updates in a row (the count survives a resume)."""
-        cfg = self.cfg
-        self._length_corr_streak = (
-            self._length_corr_streak + 1 if corr > cfg.length_corr_warn_threshold else 0
-        )
-        warn = cfg.length_corr_warn_updates and self._length_corr_streak == cfg.length_corr_warn_updates
-        if warn and self.accelerator.is_main_process:
-            log.warning(
-                "update %d: the score has correlated with completion length above %g for %d updates in a "
-                "row (monitor/score_length_corr %.2f): the policy may be gaining reward by length, not by "
-                "the task. Look at the samples; --overlong_buffer_len or a length-aware reward counter it.",
-                update + 1,
-                cfg.length_corr_warn_threshold,
-                self._length_corr_streak,
-                corr,
-            )
 
     def _report(
         self,
@@ -1354,7 +619,7 @@ class RLOOTrainer:
         self.checkpoints.publish(out_dir)
 
     def _checkpoint_preempted(
-        self, out_dir: Path, logger: MetricsLogger, update: int, preemption: _Preemption
+        self, out_dir: Path, logger: MetricsLogger, update: int, preemption: Preemption
     ) -> None:
         """SIGTERM or Ctrl-C: checkpoint the run after ``update`` updates (after SIGTERM within the grace
         period); the periodic checkpoint of that update serves when nothing has happened since."""
@@ -1373,26 +638,13 @@ class RLOOTrainer:
             self.num_updates,
         )
 
-    def _finished_when_preempted(self, out_dir: Path, preemption: _Preemption) -> None:
-        """SIGTERM or Ctrl-C while the final model was written: it is complete, so that is the checkpoint;
-        exit as a preempted run does (the same command then finds nothing to do)."""
-        preemption.cancel_deadline()
-        log.warning(
-            "%s: the run had finished: the model is in %s",
-            "Ctrl-C" if preemption.signal_name == "SIGINT" else "SIGTERM",
-            self.cfg.publish_uri or (self.remote.uri if self.remote is not None else out_dir),
-        )
-        raise SystemExit(preemption.exit_code)
-
-    # ------------------------------------------------------------------------------------------------
-    # checkpoints, resume, preemption
-    def _phase(self, name: str, update: int, preemption: _Preemption) -> None:
+    def _phase(self, name: str, update: int, preemption: Preemption) -> None:
         """A safe point between phases: run the phase hooks, then honour SIGTERM or Ctrl-C (agreed across
         ranks)."""
         for hook in PHASE_HOOKS:
             hook(update, name)
         if self.comm.any(preemption.requested(), self.device):
-            raise _Preempted
+            raise Preempted
 
     def _trainer_state(self, update: int) -> dict[str, Any]:
         return {
@@ -1422,80 +674,91 @@ class RLOOTrainer:
         return int(st["update"])
 
 
-class _Preempted(Exception):
-    """Raised at a safe point after SIGTERM or a first Ctrl-C: checkpoint and exit."""
+def check_locations(cfg: RLOOConfig) -> Any:
+    """Flags the machine cannot honour and an output location that is a file: one line each; the s3:// output
+    (None: a local one)."""
+    if cfg.fp16 and not torch.cuda.is_available():
+        raise UserError("--fp16 needs a CUDA GPU; use --bf16 (or neither) on CPU.")
+    # an s3:// output_dir is staged locally (checkpoints mirrored, the result uploaded at the end)
+    remote = cfg.remote_output
+    out = cfg.local_output_dir
+    if out.exists() and not out.is_dir():
+        flag = "--local_dir" if remote is not None and cfg.local_dir else "--output_dir"
+        raise UserError(f"{flag} {out} is a file; pass a directory.")
+    # a mistyped local model path is one line now, not after the datasets have loaded
+    for name in ("model_name_or_path", "sft_model_path", "reward_model_path"):
+        if getattr(cfg, name):
+            check_model_source(name, getattr(cfg, name))
+    return remote
 
 
-class _Preemption:
-    """SIGTERM or a first Ctrl-C (SIGINT) sets a flag the loop checks at safe points; a second Ctrl-C quits at
-    once, without a checkpoint (KeyboardInterrupt). After SIGTERM a watchdog bounds the time to exit.
+def reporting(cfg: RLOOConfig, remote: Any, main: bool) -> tuple[list[Any], Any]:
+    """Metric sinks (main process), the s3:// output's access check and the checkpoint mirror."""
+    from rloo.tracking import sinks_from_env
 
-    Kubernetes sends SIGTERM before evicting a pod and SIGKILL ``terminationGracePeriodSeconds`` later.
-    The loop checkpoints at its next safe point (between decode steps on one process, between phases on
-    several); if that has not finished within the grace period, the watchdog exits anyway: the newest
-    complete checkpoint is still there, only the current update is lost. Ctrl-C has no SIGKILL behind it:
-    the person who pressed it can press it again.
-    """
+    sinks = sinks_from_env(cfg.report_to, stage="train") if main else []
+    if remote is not None:
+        from rloo.storage.backends import backend_for
+        from rloo.tracking.runs import TAG_OUTPUT_DIR
 
-    def __init__(self, grace_seconds: float) -> None:
-        self.grace_seconds = grace_seconds
-        self._flag = threading.Event()
-        self._timer: threading.Timer | None = None
-        self._previous: dict[int, Any] = {}
-        # the signal that asked to stop on this process (None: another rank's, agreed through the collectives)
-        self.signal_name: str | None = None
+        # one request now: wrong credentials, a missing bucket or an unreachable endpoint are one line
+        # before any model is loaded, not a failure after hours of training
+        backend_for(remote).check_access(create=False)
+        for sink in sinks:  # runs are identified by the prefix, not by this machine's staging dir
+            if hasattr(sink, "tags"):
+                sink.tags[TAG_OUTPUT_DIR] = remote.uri
+    elif cfg.publish_uri:
+        from rloo.tracking.runs import TAG_OUTPUT_DIR
 
-    def requested(self) -> bool:
-        return self._flag.is_set()
+        for sink in sinks:  # the pipeline uploads output_dir there: the durable name of this run
+            if hasattr(sink, "tags"):
+                sink.tags[TAG_OUTPUT_DIR] = cfg.publish_uri
+    mirror = None
+    if cfg.mirror_uri and main:
+        from rloo.storage import CheckpointMirror
 
-    @property
-    def exit_code(self) -> int:
-        return 128 + (signal.SIGINT if self.signal_name == "SIGINT" else signal.SIGTERM)
+        mirror = CheckpointMirror(cfg.mirror_uri, keep_last=cfg.save_total_limit)
+    return sinks, mirror
 
-    def install(self) -> None:
-        if threading.current_thread() is not threading.main_thread():
-            return
-        self._previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, self._handle)
-        # a process started with Ctrl-C ignored (nohup, a background job) keeps ignoring it
-        if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
-            self._previous[signal.SIGINT] = signal.signal(signal.SIGINT, self._handle)
 
-    def uninstall(self) -> None:
-        for signum, previous in self._previous.items():
-            signal.signal(signum, previous)
-        self._previous.clear()
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        first = not self._flag.is_set()
-        if signum == signal.SIGINT:
-            if not first:
-                log.warning("Ctrl-C again: quitting now, without a checkpoint")
-                raise KeyboardInterrupt
-            self.signal_name = "SIGINT"
-            self._flag.set()
-            log.warning(
-                "Ctrl-C (SIGINT) received: checkpointing at the next safe point, then exiting (run the same "
-                "command again to resume); press Ctrl-C again to quit at once without a checkpoint"
-            )
-            return
-        self.signal_name = "SIGTERM"
-        self._flag.set()
-        if self._timer is not None:
-            return
+def watch_length_correlation(cfg: RLOOConfig, streak: int, update: int, corr: float, main: bool) -> int:
+    """One warning when the score-length correlation has stayed above the threshold for
+    --length_corr_warn_updates updates in a row (the count survives a resume); the count after ``corr``."""
+    streak = streak + 1 if corr > cfg.length_corr_warn_threshold else 0
+    warn = cfg.length_corr_warn_updates and streak == cfg.length_corr_warn_updates
+    if warn and main:
         log.warning(
-            "SIGTERM received: checkpointing at the next safe point (at most %.0fs)", self.grace_seconds
+            "update %d: the score has correlated with completion length above %g for %d updates in a "
+            "row (monitor/score_length_corr %.2f): the policy may be gaining reward by length, not by "
+            "the task. Look at the samples; --overlong_buffer_len or a length-aware reward counter it.",
+            update + 1,
+            cfg.length_corr_warn_threshold,
+            streak,
+            corr,
         )
-        self._timer = threading.Timer(self.grace_seconds, self._deadline)
-        self._timer.daemon = True
-        self._timer.start()
+    return streak
 
-    def cancel_deadline(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
 
-    def _deadline(self) -> None:
-        log.error("no checkpoint within %.0fs of SIGTERM: exiting without one", self.grace_seconds)
-        os._exit(143)
+def warn_if_reference_never_moves(cfg: RLOOConfig, num_updates: int) -> None:
+    if cfg.sync_ref_model and cfg.ref_model_sync_steps > num_updates:
+        log.warning(
+            "--ref_model_sync_steps %d is more than the run's %d updates: the reference never moves",
+            cfg.ref_model_sync_steps,
+            num_updates,
+        )
+
+
+def log_plan(cfg: RLOOConfig, plan: BatchPlan, num_updates: int) -> None:
+    """The run's plan in one line."""
+    log.info(
+        "RLOO: %d updates x %d completions (%d prompts x k=%d) = %d episodes; %d optimizer steps per update",
+        num_updates,
+        plan.batch_size,
+        plan.batch_size // cfg.rloo_k,
+        cfg.rloo_k,
+        num_updates * plan.batch_size,
+        cfg.num_ppo_epochs * cfg.num_mini_batches,
+    )
 
 
 @dataclass
