@@ -17,6 +17,7 @@ import dataclasses
 import hashlib
 import math
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -567,25 +568,11 @@ class RLOOConfig:
         """Raise UserError for the first invalid setting, naming it and the fix: where paths may live (a
         path that is wrongly s3:// is named before a missing flag), then each field's declared rule
         (:func:`rloo.options.check_fields`), then the rules between fields."""
-        self._check_locations()
+        check_locations(self)
         check_fields(self)
-        self._check_reward_sources()
-        self._check_precision()
-        self._check_kl_placement()
-        self._check_clipping()
-        self._check_stop_token_users()
-        self._check_sampling_correction()
-        self._check_group_filtering()
-        self._check_per_token_loss()
-        self._check_overlong_penalty()
-        self._check_reference_sync()
-        self._check_generation_backend()
-        self._check_lora()
+        for rule in RULES_BETWEEN_FIELDS:
+            rule(self)
         self.batch_plan(world_size=1)  # raises on indivisible batch arithmetic
-
-    def _changed(self, *names: str) -> list[str]:
-        """The fields of ``names`` set to other than their declared default."""
-        return [name for name in names if getattr(self, name) != default_of(self, name)]
 
     @property
     def classic_sequence_ratio(self) -> bool:
@@ -595,204 +582,6 @@ class RLOOConfig:
             and not self.token_level_kl
             and self.importance_sampling_level == "auto"
         )
-
-    def _check_reward_sources(self) -> None:
-        """At least one reward source, and one weight per source when weights are given."""
-        if not self.reward_model_path and not self.reward_funcs:
-            raise UserError(
-                "no reward source: pass --reward_model_path DIR and/or --reward_funcs pkg.module:fn."
-            )
-        if self.reward_weights is not None:
-            n = int(bool(self.reward_model_path)) + len(self.reward_funcs)
-            if len(self.reward_weights) != n:
-                raise UserError(
-                    f"--reward_weights has {len(self.reward_weights)} values but there are {n} reward sources "
-                    "(reward model first, then each --reward_funcs entry): give one weight per source."
-                )
-
-    def _check_precision(self) -> None:
-        if self.bf16 and self.fp16:
-            raise UserError("--bf16 and --fp16 are exclusive: choose one.")
-
-    def _check_kl_placement(self) -> None:
-        """Where the KL penalty goes: the rewards (per sequence or per token) or the loss."""
-        if self.kl_in_loss and self.token_level_kl:
-            raise UserError(
-                "--kl_in_loss and --token_level_kl are exclusive: --token_level_kl puts per-token KL into the "
-                "rewards, --kl_in_loss takes it out of them; choose one."
-            )
-        if self.kl_in_loss and self.kl_estimator == "k1":
-            raise UserError(
-                "--kl_in_loss needs --kl_estimator k2 or k3: the gradient of k1 (logp - ref_logp) is 0 in "
-                "expectation, so it would not pull the policy towards the reference."
-            )
-
-    def _check_clipping(self) -> None:
-        """The clip range's upper side, and two-sided clipping's cap above it."""
-        if self.cliprange_high is not None and not (
-            math.isfinite(self.cliprange_high) and self.cliprange_high >= self.cliprange
-        ):
-            raise UserError(
-                f"--cliprange_high must be a finite number >= --cliprange ({self.cliprange}) "
-                f"(got {self.cliprange_high}); omit it for a symmetric clip."
-            )
-        c_high = self.cliprange if self.cliprange_high is None else self.cliprange_high
-        if self.delta is not None and not (math.isfinite(self.delta) and self.delta > 1 + c_high):
-            raise UserError(
-                f"--delta must be a finite number > 1 + cliprange_high ({1 + c_high:g}) (got {self.delta}); "
-                "INTELLECT-2 uses 4."
-            )
-
-    def _check_stop_token_users(self) -> None:
-        """The flags that tell a completion that stopped from one that ran out of length need a stop token."""
-        if self.stop_token is not None or self.stop_token_id is not None:
-            return
-        if self.mask_truncated_completions:
-            raise UserError(
-                "--mask_truncated_completions needs --stop_token eos or --stop_token_id: without a stop token "
-                "every completion runs to --response_length and would be masked."
-            )
-        if self.overlong_buffer_len:
-            raise UserError(
-                "--overlong_buffer_len needs --stop_token eos or --stop_token_id: without a stop token every "
-                "completion runs to --response_length and would pay the whole penalty."
-            )
-
-    def _check_sampling_correction(self) -> None:
-        """Importance sampling against vLLM's sampling: it corrects vLLM's log-probs, which must be comparable."""
-        if self.vllm_importance_sampling_correction and not self.use_vllm:
-            raise UserError(
-                "--vllm_importance_sampling_correction corrects vLLM's sampling: it needs --use_vllm (the "
-                "built-in generator samples from the trainer's own forward)."
-            )
-        if self.vllm_importance_sampling_correction and (self.top_k > 0 or self.top_p < 1.0):
-            raise UserError(
-                "--vllm_importance_sampling_correction needs --top_k 0 and --top_p 1.0: vLLM's log-probs are "
-                "renormalised after top-k/top-p and would not compare with the trainer's."
-            )
-        if self._changed("vllm_importance_sampling_mode") and not self.vllm_importance_sampling_correction:
-            raise UserError(
-                "--vllm_importance_sampling_mode applies to --vllm_importance_sampling_correction: add it, or "
-                "drop the mode."
-            )
-
-    def _check_group_filtering(self) -> None:
-        if self.max_num_gen_batches > 1 and not self.filter_groups:
-            raise UserError(
-                "--max_num_gen_batches resamples the groups --filter_groups leaves out: add --filter_groups, or "
-                "drop --max_num_gen_batches."
-            )
-
-    def _check_per_token_loss(self) -> None:
-        """Options that act on single tokens need a loss where tokens have a surrogate of their own."""
-        if self.top_entropy_quantile < 1 and self.classic_sequence_ratio:
-            raise UserError(
-                "--top_entropy_quantile trains on some tokens of a completion, which needs a per-token loss: add "
-                "--loss_agg_mode token-mean (or another mode) or --importance_sampling_level token|sequence."
-            )
-        if self.vllm_importance_sampling_mode.startswith("token_") and self.classic_sequence_ratio:
-            raise UserError(
-                f"--vllm_importance_sampling_mode {self.vllm_importance_sampling_mode} weighs each token, which "
-                "needs a per-token loss: choose sequence_truncate or sequence_mask, or set --loss_agg_mode or "
-                "--importance_sampling_level."
-            )
-
-    def _check_overlong_penalty(self) -> None:
-        """DAPO's soft overlong penalty: a buffer within the response length, and a factor only with it."""
-        if not 0 <= self.overlong_buffer_len <= self.response_length:
-            raise UserError(
-                f"--overlong_buffer_len must be in [0, response_length={self.response_length}] (got "
-                f"{self.overlong_buffer_len}); DAPO uses a quarter of the response length."
-            )
-        if self._changed("overlong_penalty_factor") and not self.overlong_buffer_len:
-            raise UserError(
-                "--overlong_penalty_factor sets the soft overlong penalty, which --overlong_buffer_len turns on: "
-                "add --overlong_buffer_len N, or drop --overlong_penalty_factor."
-            )
-
-    def _check_reference_sync(self) -> None:
-        """Moving the reference toward the policy: its settings need it, and LoRA's reference cannot move."""
-        if not self.sync_ref_model and self._changed("ref_model_mixup_alpha", "ref_model_sync_steps"):
-            raise UserError(
-                "--ref_model_mixup_alpha and --ref_model_sync_steps set --sync_ref_model: add --sync_ref_model, "
-                "or drop them."
-            )
-        if self.sync_ref_model and self.use_peft:
-            raise UserError(
-                "--sync_ref_model cannot move the reference with --use_peft: the reference is the base model "
-                "with the adapters off, and moving it would change the policy too. Drop one of them (or train "
-                "without LoRA)."
-            )
-
-    def _check_generation_backend(self) -> None:
-        """The built-in generator's options against vLLM and LoRA, and against each other."""
-        if self.generation_dtype in ("bfloat16", "float16") and (self.use_vllm or self.use_peft):
-            flag = "--use_vllm" if self.use_vllm else "--use_peft"
-            raise UserError(
-                f"--generation_dtype {self.generation_dtype} copies the policy for the built-in generator, which "
-                f"{flag} rules out; leave --generation_dtype auto."
-            )
-        if self.compile_generation and self.cache_implementation != "static":
-            raise UserError(
-                "--compile_generation needs --cache_implementation static (fixed-shape decode steps)."
-            )
-        if self.use_vllm and self._changed("compile_generation", "cache_implementation"):
-            raise UserError(
-                "--cache_implementation and --compile_generation set up the built-in generator; with --use_vllm "
-                "vLLM manages its own cache and graphs: drop them."
-            )
-
-    def _check_lora(self) -> None:
-        """The flags that act on LoRA adapters need --use_peft."""
-        if not self.use_peft and (self.merge_adapter or self.load_in_4bit):
-            flag = "--merge_adapter" if self.merge_adapter else "--load_in_4bit"
-            raise UserError(f"{flag} applies to LoRA training: add --use_peft, or drop {flag}.")
-
-    def _check_locations(self) -> None:
-        """Which path-like flags take s3:// (output_dir, checkpoint_uri) and which refuse it, in one line."""
-        from rloo.storage.location import Location, has_scheme, require_local_or_s3, require_local_path
-        from rloo.storage.redact import redact
-
-        if has_scheme(self.output_dir):
-            if not self.output_dir.strip().lower().startswith("s3://"):
-                raise UserError(
-                    f"--output_dir {redact(self.output_dir)!r}: give a plain directory path or s3://bucket/prefix."
-                )
-            try:
-                loc = Location.parse(self.output_dir)  # bad bucket names, '..' segments, credentials in it
-            except UserError as e:
-                raise UserError(f"--output_dir: {e}") from None
-            if not loc.key:
-                raise UserError(
-                    f"--output_dir {self.output_dir!r} is a whole bucket: give s3://bucket/prefix, a prefix "
-                    "this run owns."
-                )
-        if self.checkpoint_uri:
-            try:
-                Location.parse(self.checkpoint_uri)
-            except UserError as e:
-                raise UserError(f"--checkpoint_uri: {e}") from None
-        hub_hint = "give a Hub id or a local directory (download an s3:// upload first, e.g. 'aws s3 sync')."
-        for name in ("model_name_or_path", "sft_model_path"):
-            require_local_path(f"--{name}", getattr(self, name), hub_hint)
-        # fetched into each machine's scratch before loading (rloo.models.local_model_path): no Hub needed
-        require_local_or_s3(
-            "--reward_model_path",
-            self.reward_model_path,
-            "give a Hub id, a local directory or s3://bucket/prefix.",
-        )
-        require_local_or_s3(
-            "--dataset_name", self.dataset_name, "give a Hub id, a local directory or s3://bucket/prefix."
-        )
-        require_local_path(
-            "--local_dir", self.local_dir, "it is the local staging directory of an s3:// output_dir."
-        )
-        if self.resume_from_checkpoint not in ("latest", "none"):
-            require_local_path(
-                "--resume_from_checkpoint",
-                self.resume_from_checkpoint,
-                "use 'latest' with --checkpoint_uri (or an s3:// --output_dir) to resume from object storage.",
-            )
 
     # -------------------------------------------------------------------------------------------------
     @property
@@ -910,6 +699,239 @@ RUN_LENGTH_SETTINGS = ("max_steps", "total_episodes", "num_train_epochs")
 # current-trainer name -> classic name, as the fields declare them. Users bring either; the classic name is
 # canonical.
 ALIASES: dict[str, str] = aliases_of(RLOOConfig)
+
+
+# -- the rules between settings: one function per concept, each raising the one line that names the clash and
+# the fix. A rule of one field (its choices, a bound) is declared with the field (option(..., check=)); these
+# run after those, in the order of RULES_BETWEEN_FIELDS.
+def check_locations(cfg: RLOOConfig) -> None:
+    """Which path-like flags take s3:// (output_dir, checkpoint_uri) and which refuse it, in one line."""
+    from rloo.storage.location import Location, has_scheme, require_local_or_s3, require_local_path
+    from rloo.storage.redact import redact
+
+    if has_scheme(cfg.output_dir):
+        if not cfg.output_dir.strip().lower().startswith("s3://"):
+            raise UserError(
+                f"--output_dir {redact(cfg.output_dir)!r}: give a plain directory path or s3://bucket/prefix."
+            )
+        try:
+            loc = Location.parse(cfg.output_dir)  # bad bucket names, '..' segments, credentials in it
+        except UserError as e:
+            raise UserError(f"--output_dir: {e}") from None
+        if not loc.key:
+            raise UserError(
+                f"--output_dir {cfg.output_dir!r} is a whole bucket: give s3://bucket/prefix, a prefix "
+                "this run owns."
+            )
+    if cfg.checkpoint_uri:
+        try:
+            Location.parse(cfg.checkpoint_uri)
+        except UserError as e:
+            raise UserError(f"--checkpoint_uri: {e}") from None
+    hub_hint = "give a Hub id or a local directory (download an s3:// upload first, e.g. 'aws s3 sync')."
+    for name in ("model_name_or_path", "sft_model_path"):
+        require_local_path(f"--{name}", getattr(cfg, name), hub_hint)
+    # fetched into each machine's scratch before loading (rloo.models.local_model_path): no Hub needed
+    require_local_or_s3(
+        "--reward_model_path",
+        cfg.reward_model_path,
+        "give a Hub id, a local directory or s3://bucket/prefix.",
+    )
+    require_local_or_s3(
+        "--dataset_name", cfg.dataset_name, "give a Hub id, a local directory or s3://bucket/prefix."
+    )
+    require_local_path(
+        "--local_dir", cfg.local_dir, "it is the local staging directory of an s3:// output_dir."
+    )
+    if cfg.resume_from_checkpoint not in ("latest", "none"):
+        require_local_path(
+            "--resume_from_checkpoint",
+            cfg.resume_from_checkpoint,
+            "use 'latest' with --checkpoint_uri (or an s3:// --output_dir) to resume from object storage.",
+        )
+
+
+def changed(cfg: RLOOConfig, *names: str) -> list[str]:
+    """The fields of ``names`` set to other than their declared default."""
+    return [name for name in names if getattr(cfg, name) != default_of(cfg, name)]
+
+
+def check_reward_sources(cfg: RLOOConfig) -> None:
+    """At least one reward source, and one weight per source when weights are given."""
+    if not cfg.reward_model_path and not cfg.reward_funcs:
+        raise UserError("no reward source: pass --reward_model_path DIR and/or --reward_funcs pkg.module:fn.")
+    if cfg.reward_weights is not None:
+        n = int(bool(cfg.reward_model_path)) + len(cfg.reward_funcs)
+        if len(cfg.reward_weights) != n:
+            raise UserError(
+                f"--reward_weights has {len(cfg.reward_weights)} values but there are {n} reward sources "
+                "(reward model first, then each --reward_funcs entry): give one weight per source."
+            )
+
+
+def check_precision(cfg: RLOOConfig) -> None:
+    if cfg.bf16 and cfg.fp16:
+        raise UserError("--bf16 and --fp16 are exclusive: choose one.")
+
+
+def check_kl_placement(cfg: RLOOConfig) -> None:
+    """Where the KL penalty goes: the rewards (per sequence or per token) or the loss."""
+    if cfg.kl_in_loss and cfg.token_level_kl:
+        raise UserError(
+            "--kl_in_loss and --token_level_kl are exclusive: --token_level_kl puts per-token KL into the "
+            "rewards, --kl_in_loss takes it out of them; choose one."
+        )
+    if cfg.kl_in_loss and cfg.kl_estimator == "k1":
+        raise UserError(
+            "--kl_in_loss needs --kl_estimator k2 or k3: the gradient of k1 (logp - ref_logp) is 0 in "
+            "expectation, so it would not pull the policy towards the reference."
+        )
+
+
+def check_clipping(cfg: RLOOConfig) -> None:
+    """The clip range's upper side, and two-sided clipping's cap above it."""
+    if cfg.cliprange_high is not None and not (
+        math.isfinite(cfg.cliprange_high) and cfg.cliprange_high >= cfg.cliprange
+    ):
+        raise UserError(
+            f"--cliprange_high must be a finite number >= --cliprange ({cfg.cliprange}) "
+            f"(got {cfg.cliprange_high}); omit it for a symmetric clip."
+        )
+    c_high = cfg.cliprange if cfg.cliprange_high is None else cfg.cliprange_high
+    if cfg.delta is not None and not (math.isfinite(cfg.delta) and cfg.delta > 1 + c_high):
+        raise UserError(
+            f"--delta must be a finite number > 1 + cliprange_high ({1 + c_high:g}) (got {cfg.delta}); "
+            "INTELLECT-2 uses 4."
+        )
+
+
+def check_stop_token_users(cfg: RLOOConfig) -> None:
+    """The flags that tell a completion that stopped from one that ran out of length need a stop token."""
+    if cfg.stop_token is not None or cfg.stop_token_id is not None:
+        return
+    if cfg.mask_truncated_completions:
+        raise UserError(
+            "--mask_truncated_completions needs --stop_token eos or --stop_token_id: without a stop token "
+            "every completion runs to --response_length and would be masked."
+        )
+    if cfg.overlong_buffer_len:
+        raise UserError(
+            "--overlong_buffer_len needs --stop_token eos or --stop_token_id: without a stop token every "
+            "completion runs to --response_length and would pay the whole penalty."
+        )
+
+
+def check_sampling_correction(cfg: RLOOConfig) -> None:
+    """Importance sampling against vLLM's sampling: it corrects vLLM's log-probs, which must be comparable."""
+    if cfg.vllm_importance_sampling_correction and not cfg.use_vllm:
+        raise UserError(
+            "--vllm_importance_sampling_correction corrects vLLM's sampling: it needs --use_vllm (the "
+            "built-in generator samples from the trainer's own forward)."
+        )
+    if cfg.vllm_importance_sampling_correction and (cfg.top_k > 0 or cfg.top_p < 1.0):
+        raise UserError(
+            "--vllm_importance_sampling_correction needs --top_k 0 and --top_p 1.0: vLLM's log-probs are "
+            "renormalised after top-k/top-p and would not compare with the trainer's."
+        )
+    if changed(cfg, "vllm_importance_sampling_mode") and not cfg.vllm_importance_sampling_correction:
+        raise UserError(
+            "--vllm_importance_sampling_mode applies to --vllm_importance_sampling_correction: add it, or "
+            "drop the mode."
+        )
+
+
+def check_group_filtering(cfg: RLOOConfig) -> None:
+    if cfg.max_num_gen_batches > 1 and not cfg.filter_groups:
+        raise UserError(
+            "--max_num_gen_batches resamples the groups --filter_groups leaves out: add --filter_groups, or "
+            "drop --max_num_gen_batches."
+        )
+
+
+def check_per_token_loss(cfg: RLOOConfig) -> None:
+    """Options that act on single tokens need a loss where tokens have a surrogate of their own."""
+    if cfg.top_entropy_quantile < 1 and cfg.classic_sequence_ratio:
+        raise UserError(
+            "--top_entropy_quantile trains on some tokens of a completion, which needs a per-token loss: add "
+            "--loss_agg_mode token-mean (or another mode) or --importance_sampling_level token|sequence."
+        )
+    if cfg.vllm_importance_sampling_mode.startswith("token_") and cfg.classic_sequence_ratio:
+        raise UserError(
+            f"--vllm_importance_sampling_mode {cfg.vllm_importance_sampling_mode} weighs each token, which "
+            "needs a per-token loss: choose sequence_truncate or sequence_mask, or set --loss_agg_mode or "
+            "--importance_sampling_level."
+        )
+
+
+def check_overlong_penalty(cfg: RLOOConfig) -> None:
+    """DAPO's soft overlong penalty: a buffer within the response length, and a factor only with it."""
+    if not 0 <= cfg.overlong_buffer_len <= cfg.response_length:
+        raise UserError(
+            f"--overlong_buffer_len must be in [0, response_length={cfg.response_length}] (got "
+            f"{cfg.overlong_buffer_len}); DAPO uses a quarter of the response length."
+        )
+    if changed(cfg, "overlong_penalty_factor") and not cfg.overlong_buffer_len:
+        raise UserError(
+            "--overlong_penalty_factor sets the soft overlong penalty, which --overlong_buffer_len turns on: "
+            "add --overlong_buffer_len N, or drop --overlong_penalty_factor."
+        )
+
+
+def check_reference_sync(cfg: RLOOConfig) -> None:
+    """Moving the reference toward the policy: its settings need it, and LoRA's reference cannot move."""
+    if not cfg.sync_ref_model and changed(cfg, "ref_model_mixup_alpha", "ref_model_sync_steps"):
+        raise UserError(
+            "--ref_model_mixup_alpha and --ref_model_sync_steps set --sync_ref_model: add --sync_ref_model, "
+            "or drop them."
+        )
+    if cfg.sync_ref_model and cfg.use_peft:
+        raise UserError(
+            "--sync_ref_model cannot move the reference with --use_peft: the reference is the base model "
+            "with the adapters off, and moving it would change the policy too. Drop one of them (or train "
+            "without LoRA)."
+        )
+
+
+def check_generation_backend(cfg: RLOOConfig) -> None:
+    """The built-in generator's options against vLLM and LoRA, and against each other."""
+    if cfg.generation_dtype in ("bfloat16", "float16") and (cfg.use_vllm or cfg.use_peft):
+        flag = "--use_vllm" if cfg.use_vllm else "--use_peft"
+        raise UserError(
+            f"--generation_dtype {cfg.generation_dtype} copies the policy for the built-in generator, which "
+            f"{flag} rules out; leave --generation_dtype auto."
+        )
+    if cfg.compile_generation and cfg.cache_implementation != "static":
+        raise UserError(
+            "--compile_generation needs --cache_implementation static (fixed-shape decode steps)."
+        )
+    if cfg.use_vllm and changed(cfg, "compile_generation", "cache_implementation"):
+        raise UserError(
+            "--cache_implementation and --compile_generation set up the built-in generator; with --use_vllm "
+            "vLLM manages its own cache and graphs: drop them."
+        )
+
+
+def check_lora(cfg: RLOOConfig) -> None:
+    """The flags that act on LoRA adapters need --use_peft."""
+    if not cfg.use_peft and (cfg.merge_adapter or cfg.load_in_4bit):
+        flag = "--merge_adapter" if cfg.merge_adapter else "--load_in_4bit"
+        raise UserError(f"{flag} applies to LoRA training: add --use_peft, or drop {flag}.")
+
+
+RULES_BETWEEN_FIELDS: tuple[Callable[[RLOOConfig], None], ...] = (
+    check_reward_sources,
+    check_precision,
+    check_kl_placement,
+    check_clipping,
+    check_stop_token_users,
+    check_sampling_correction,
+    check_group_filtering,
+    check_per_token_loss,
+    check_overlong_penalty,
+    check_reference_sync,
+    check_generation_backend,
+    check_lora,
+)
 
 
 @dataclass(frozen=True)

@@ -699,7 +699,7 @@ def reporting(cfg: RLOOConfig, remote: Any, main: bool) -> tuple[list[Any], Any]
     sinks = sinks_from_env(cfg.report_to, stage="train") if main else []
     if remote is not None:
         from rloo.storage.backends import backend_for
-        from rloo.tracking.runs import TAG_OUTPUT_DIR
+        from rloo.tracking.tags import TAG_OUTPUT_DIR
 
         # one request now: wrong credentials, a missing bucket or an unreachable endpoint are one line
         # before any model is loaded, not a failure after hours of training
@@ -708,7 +708,7 @@ def reporting(cfg: RLOOConfig, remote: Any, main: bool) -> tuple[list[Any], Any]
             if hasattr(sink, "tags"):
                 sink.tags[TAG_OUTPUT_DIR] = remote.uri
     elif cfg.publish_uri:
-        from rloo.tracking.runs import TAG_OUTPUT_DIR
+        from rloo.tracking.tags import TAG_OUTPUT_DIR
 
         for sink in sinks:  # the pipeline uploads output_dir there: the durable name of this run
             if hasattr(sink, "tags"):
