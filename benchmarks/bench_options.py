@@ -1,4 +1,4 @@
-"""How each algorithm option changes learning on the toy task (issue 32's table), against the defaults
+"""How each algorithm option changes learning on the toy task, against the defaults
 measured in the same invocation.
 
 Every run is ``rloo demo``'s: the tiny random-initialised policy, the toy prompts, the vowel-fraction reward,
@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-# every option of issue 32 with a value that turns it on (and what it needs beside it)
+# every algorithm variant with a value that turns it on (and what it needs beside it)
 OPTIONS: dict[str, dict[str, Any]] = {
     "defaults": {},
     "filter_groups": {"filter_groups": True},

@@ -59,25 +59,29 @@ def test_no_import_is_exempted() -> None:
 _HISTORY_NAME = re.compile(r"round[ _-]?two|(?<![a-z])issue[ _-]?\d+", re.IGNORECASE)
 
 
+_TEXT_SUFFIXES = {".py", ".md", ".yaml", ".yml", ".toml", ".txt", ".sh", ".tpl", ".cfg", ".ini", ".json"}
+
+
 def _tracked_text_files() -> list[Path]:
-    """The checkout's source and test files and its Markdown documents, as git tracks them (build output,
-    caches and virtual environments are not the project's); without git, every file but .git's and .venv's."""
+    """Every text file of the checkout as git tracks it (code, tests, benchmarks, components, the chart, the
+    images, docs; build output, caches and virtual environments are not the project's); without git, every
+    file but .git's and the virtual environments'."""
     try:
         listed = subprocess.run(
-            ["git", "ls-files", "-z", "--", "src", "tests", "*.md"],
-            cwd=ROOT,
-            capture_output=True,
-            check=True,
+            ["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True
         ).stdout.decode()
         paths = [ROOT / name for name in listed.split("\0") if name]
     except (OSError, subprocess.CalledProcessError):
         paths = [
             p
-            for top in (ROOT / "src", ROOT / "tests", ROOT)
-            for p in (top.rglob("*") if top != ROOT else top.rglob("*.md"))
+            for p in ROOT.rglob("*")
             if not {".git", ".venv"} & {part.split("-")[0] for part in p.relative_to(ROOT).parts}
         ]
-    return [p for p in paths if p.is_file() and p.suffix in {".py", ".md", ".yaml", ".yml", ".toml", ".txt"}]
+    return [
+        p
+        for p in paths
+        if p.is_file() and (p.suffix in _TEXT_SUFFIXES or p.name in {"Makefile", "Dockerfile", "run"})
+    ]
 
 
 def test_no_name_or_comment_refers_to_an_issue_or_a_round() -> None:
