@@ -8,6 +8,7 @@ import pytest
 from rloo.config import RLOOConfig
 from rloo.demo.tiny import TinySetup, build_tiny_setup
 from rloo.demo.toy import write_toy_dataset
+from tests.fixtures import recipes
 
 
 @pytest.fixture(scope="session")
@@ -25,24 +26,8 @@ def make_config(tiny: TinySetup, toy_data: Path, tmp_path: Path):
     """Small, fast settings for a CPU run; keyword arguments override them."""
 
     def make(**overrides: Any) -> RLOOConfig:
-        kw: dict[str, Any] = dict(
-            model_name_or_path=str(tiny.policy),
-            reward_funcs=["rloo.demo.toy:letter_reward"],
-            dataset_name=str(toy_data),
-            output_dir=str(tmp_path / "out"),
-            per_device_train_batch_size=16,
-            rloo_k=4,
-            num_ppo_epochs=1,
-            response_length=6,
-            learning_rate=5e-3,
-            temperature=1.0,
-            max_steps=2,
-            num_sample_generations=0,
-            save_steps=0,
-            disable_tqdm=True,
-            seed=3,
+        return recipes.config(
+            tiny, toy_data, tmp_path / "out", recipes.LEARNING, **{"max_steps": 2, "seed": 3, **overrides}
         )
-        kw.update(overrides)
-        return RLOOConfig(**kw)
 
     return make

@@ -8,7 +8,6 @@ reference run on an ordinary disk, so each case fills up exactly at the step und
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -18,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from rloo.demo.tiny import TinySetup
+from tests.fixtures import recipes
 
 LISTING = "=== files ==="
 
@@ -44,17 +44,11 @@ pytestmark = pytest.mark.skipif(
 
 
 def _flags(tiny: TinySetup, data: Path, out: Path, save_steps: int) -> list[str]:
-    return [
-        "--model_name_or_path", str(tiny.policy), "--dataset_name", str(data),
-        "--reward_funcs", "rloo.demo.toy:letter_reward", "--output_dir", str(out),
-        "--per_device_train_batch_size", "4", "--rloo_k", "2", "--response_length", "4",
-        "--max_steps", "2", "--save_steps", str(save_steps), "--num_sample_generations", "0",
-        "--disable_tqdm", "--seed", "1",
-    ]  # fmt: skip
+    return recipes.argv(tiny, data, out, max_steps=2, save_steps=save_steps, seed=1)
 
 
 def _env() -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
+    return recipes.subprocess_env()
 
 
 @dataclass

@@ -16,28 +16,17 @@ from pathlib import Path
 import pytest
 
 from rloo.demo.tiny import TinySetup
+from tests.fixtures import recipes
 
 BAD_REWARDS_DIR = Path(__file__).resolve().parents[1] / "cli"
 
 
 def _train(tiny: TinySetup, data: Path, out: Path, *flags: str) -> subprocess.CompletedProcess[str]:
-    argv = [
-        "--model_name_or_path", str(tiny.policy), "--dataset_name", str(data),
-        "--reward_funcs", "rloo.demo.toy:letter_reward", "--output_dir", str(out),
-        "--per_device_train_batch_size", "4", "--rloo_k", "2", "--response_length", "4",
-        "--max_steps", "3", "--save_steps", "0", "--num_sample_generations", "0", "--disable_tqdm",
-        "--learning_rate", "1e30", *flags,
-    ]  # fmt: skip
-    env = {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-        "HF_HUB_OFFLINE": "1",
-        # tests/cli/bad_rewards.py, importable by the subprocess
-        "PYTHONPATH": os.pathsep.join([str(BAD_REWARDS_DIR), os.environ.get("PYTHONPATH", "")]).rstrip(
-            os.pathsep
-        ),
-    }
+    # the recipe with the default PPO epochs; later flags win
+    argv = [*recipes.argv(tiny, data, out, max_steps=3, num_ppo_epochs=None, learning_rate=1e30), *flags]
+    # tests/cli/bad_rewards.py, importable by the subprocess
+    path = os.pathsep.join([str(BAD_REWARDS_DIR), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env = recipes.subprocess_env(PYTHONPATH=path)
     return subprocess.run(
         [sys.executable, "-m", "rloo.cli", "train", *argv],
         env=env,

@@ -26,6 +26,7 @@ from rloo.demo.tiny import TinySetup
 from rloo.training import checkpoint_manager, trainer
 from rloo.training.checkpoint import checkpoint_problem, list_checkpoints
 from rloo.training.metrics import MetricsLogger
+from tests.fixtures import recipes
 
 pytestmark = pytest.mark.slow
 
@@ -35,22 +36,16 @@ UPDATES = 4
 
 def _config(tiny: TinySetup, data: Path, out: Path) -> RLOOConfig:
     # a sample table after every update, a periodic checkpoint after update 2
-    return RLOOConfig(
-        model_name_or_path=str(tiny.policy),
-        reward_funcs=["rloo.demo.toy:letter_reward"],
-        dataset_name=str(data),
-        output_dir=str(out),
+    return recipes.config(
+        tiny,
+        data,
+        out,
+        recipes.LEARNING,
         per_device_train_batch_size=8,
-        rloo_k=4,
-        num_ppo_epochs=1,
-        response_length=6,
-        learning_rate=5e-3,
-        temperature=1.0,
         max_steps=UPDATES,
         save_steps=2,
         num_sample_generations=UPDATES,
         per_device_eval_batch_size=2,
-        disable_tqdm=True,
         preemption_grace_seconds=3600,
         seed=3,
     )
@@ -99,14 +94,15 @@ def _in_rollout(t: trainer.RLOOTrainer, mp: pytest.MonkeyPatch, signum: int) -> 
 
 
 def _in_optimization(t: trainer.RLOOTrainer, mp: pytest.MonkeyPatch, signum: int) -> None:
-    optimize = t.optimize
+    update, calls = t.updater.update, []
 
-    def wrapped(ro: Any, update: int) -> Any:
-        if update == 1:
+    def wrapped(*args: Any, **kw: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 2:  # the second update's optimization
             _signal(signum)
-        return optimize(ro, update)
+        return update(*args, **kw)
 
-    mp.setattr(t, "optimize", wrapped)
+    mp.setattr(t.updater, "update", wrapped)
 
 
 def _in_sample_table(t: trainer.RLOOTrainer, mp: pytest.MonkeyPatch, signum: int) -> None:

@@ -6,7 +6,6 @@ These run the real CLI in subprocesses (CPU, one thread each, so results are bit
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -19,6 +18,7 @@ import torch
 from safetensors.torch import load_file
 
 from rloo.training.checkpoint import checkpoint_problem
+from tests.fixtures import recipes
 from tests.fixtures.planted import plant
 
 pytestmark = pytest.mark.slow
@@ -27,33 +27,12 @@ TIMING = ("time/", "memory/", "throughput/", "eps", "timestamp")  # measurements
 
 
 def _env(**extra: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", **extra)
-    return env
+    return recipes.subprocess_env(**extra)
 
 
 def _args(tiny, toy_data: Path, out: Path, **flags: object) -> list[str]:
-    base: dict[str, object] = {
-        "model_name_or_path": tiny.policy,
-        "reward_funcs": "rloo.demo.toy:letter_reward",
-        "dataset_name": toy_data,
-        "output_dir": out,
-        "per_device_train_batch_size": 8,
-        "rloo_k": 4,
-        "num_ppo_epochs": 2,
-        "response_length": 6,
-        "learning_rate": 5e-3,
-        "temperature": 1.0,
-        "max_steps": 6,
-        "save_steps": 2,
-        "num_sample_generations": 0,
-        "seed": 5,
-    }
-    base.update(flags)
-    argv = ["train", "--disable_tqdm"]
-    for k, v in base.items():
-        argv += [f"--{k}", str(v)]
-    return argv
+    own = {"per_device_train_batch_size": 8, "num_ppo_epochs": 2, "max_steps": 6, "save_steps": 2, "seed": 5}
+    return ["train", *recipes.argv(tiny, toy_data, out, recipes.LEARNING, **{**own, **flags})]
 
 
 KILL_AT = Path(__file__).resolve().parents[1] / "fixtures" / "kill_at.py"

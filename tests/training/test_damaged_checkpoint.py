@@ -20,6 +20,7 @@ from rloo.demo.tiny import TinySetup
 from rloo.errors import UserError
 from rloo.training import trainer
 from rloo.training.checkpoint import MANIFEST
+from tests.fixtures import recipes
 
 pytestmark = pytest.mark.slow
 
@@ -29,21 +30,7 @@ class _Crash(Exception):
 
 
 def _config(tiny: TinySetup, data: Path, out: Path) -> RLOOConfig:
-    return RLOOConfig(
-        model_name_or_path=str(tiny.policy),
-        reward_funcs=["rloo.demo.toy:letter_reward"],
-        dataset_name=str(data),
-        output_dir=str(out),
-        per_device_train_batch_size=4,
-        rloo_k=2,
-        num_ppo_epochs=1,
-        response_length=4,
-        max_steps=4,
-        save_steps=1,
-        num_sample_generations=0,
-        disable_tqdm=True,
-        seed=5,
-    )
+    return recipes.config(tiny, data, out, max_steps=4, save_steps=1, seed=5)
 
 
 def _crash_at(monkeypatch: pytest.MonkeyPatch, update: int) -> None:

@@ -19,30 +19,13 @@ from rloo.training.experience import Experience, ExperienceProducer
 from rloo.training.step_timer import StepTimer
 from rloo.training.trainer import RLOOTrainer
 from rloo.training.update import PolicyUpdater
+from tests.fixtures import recipes
 
 pytestmark = pytest.mark.slow
 
 
 def _cfg(tiny_setup: TinySetup, toy_dataset: Path, out: Path, **kw: Any) -> RLOOConfig:
-    base: dict[str, Any] = dict(
-        model_name_or_path=str(tiny_setup.policy),
-        reward_funcs=["rloo.demo.toy:letter_reward"],
-        dataset_name=str(toy_dataset),
-        output_dir=str(out),
-        per_device_train_batch_size=16,
-        rloo_k=4,
-        num_ppo_epochs=1,
-        response_length=6,
-        learning_rate=5e-3,
-        temperature=1.0,
-        max_steps=3,
-        num_sample_generations=0,
-        save_steps=0,
-        disable_tqdm=True,
-        seed=3,
-    )
-    base.update(kw)
-    return RLOOConfig(**base)
+    return recipes.config(tiny_setup, toy_dataset, out, recipes.LEARNING, **{"max_steps": 3, "seed": 3, **kw})
 
 
 class OneUpdateAhead:

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from rloo.config import RLOOConfig
 from rloo.demo.tiny import TinySetup
 from rloo.diskspace import current_umask
 from rloo.training.trainer import train
+from tests.fixtures import recipes
 
 
 @pytest.fixture
@@ -38,19 +38,15 @@ def test_every_file_of_a_finished_output_dir_honours_the_umask(
 ) -> None:
     assert current_umask() == umask
     out = tmp_path / "out"
-    cfg = RLOOConfig(
-        model_name_or_path=str(tiny_setup.policy),
-        reward_funcs=["rloo.demo.toy:letter_reward"],
-        dataset_name=str(toy_dataset),
-        output_dir=str(out),
+    cfg = recipes.config(
+        tiny_setup,
+        toy_dataset,
+        out,
         per_device_train_batch_size=8,
         rloo_k=4,
-        num_ppo_epochs=1,
-        response_length=4,
         max_steps=3,
         save_steps=2,
         num_sample_generations=1,
-        disable_tqdm=True,
         use_peft=peft,
         merge_adapter=peft,
     )

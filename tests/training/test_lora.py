@@ -19,6 +19,7 @@ from rloo.errors import UserError
 from rloo.models import MERGED_SUBDIR, load_causal_lm
 from rloo.training import lora
 from rloo.training.trainer import RLOOTrainer, train
+from tests.fixtures import recipes
 
 pytest.importorskip("peft")
 pytestmark = pytest.mark.slow
@@ -35,28 +36,15 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _cfg(setup, data: Path, out: Path, **kw) -> RLOOConfig:
-    base = dict(
-        model_name_or_path=str(setup.policy),
-        reward_funcs=["rloo.demo.toy:letter_reward"],
-        dataset_name=str(data),
-        output_dir=str(out),
-        per_device_train_batch_size=16,
-        rloo_k=4,
-        num_ppo_epochs=1,
-        response_length=6,
-        learning_rate=5e-2,
-        temperature=1.0,
-        max_steps=3,
-        num_sample_generations=0,
-        save_steps=0,
-        disable_tqdm=True,
-        seed=3,
-        use_peft=True,
-        lora_r=4,
-        lora_alpha=8.0,
-    )
-    base.update(kw)
-    return RLOOConfig(**base)
+    lora = {
+        "learning_rate": 5e-2,
+        "max_steps": 3,
+        "seed": 3,
+        "use_peft": True,
+        "lora_r": 4,
+        "lora_alpha": 8.0,
+    }
+    return recipes.config(setup, data, out, recipes.LEARNING, **{**lora, **kw})
 
 
 def _logits(model, ids: torch.Tensor) -> torch.Tensor:

@@ -22,6 +22,7 @@ from rloo.config import RESUMABLE_SETTINGS, RUN_LENGTH_SETTINGS, RLOOConfig
 from rloo.demo.tiny import TinySetup
 from rloo.errors import UserError
 from rloo.training import trainer
+from tests.fixtures import recipes
 
 pytestmark = pytest.mark.slow
 
@@ -35,23 +36,8 @@ class _Crash(Exception):
 @pytest.fixture
 def config(tiny_setup: TinySetup, toy_dataset: Path, tmp_path: Path):
     def make(**overrides: Any) -> RLOOConfig:
-        kw: dict[str, Any] = dict(
-            model_name_or_path=str(tiny_setup.policy),
-            reward_funcs=["rloo.demo.toy:letter_reward"],
-            dataset_name=str(toy_dataset),
-            output_dir=str(tmp_path / "out"),
-            per_device_train_batch_size=4,
-            rloo_k=2,
-            num_ppo_epochs=1,
-            response_length=4,
-            learning_rate=1e-3,
-            max_steps=2,
-            save_steps=1,
-            num_sample_generations=0,
-            disable_tqdm=True,
-            seed=5,
-        )
-        return RLOOConfig(**{**kw, **overrides})
+        own = {"learning_rate": 1e-3, "max_steps": 2, "save_steps": 1, "seed": 5}
+        return recipes.config(tiny_setup, toy_dataset, tmp_path / "out", **{**own, **overrides})
 
     return make
 
