@@ -93,7 +93,8 @@ def main(argv: list[str]) -> int:
         f"mean reward {first:.3f} (first 3 updates) -> {last:.3f} (last 3)\n"
         f"  model + tokenizer: {out.resolve()}\n"
         f"  metrics:           {out.resolve() / 'metrics.jsonl'}\n"
-        f"  samples:           {out.resolve() / 'samples'}"
+        f"  samples:           {out.resolve() / 'samples'}",
+        soft_wrap=True,  # a long path stays one line that can be copied, not folded at the terminal's width
     )
     if cfg.report_to == "mlflow":
         from rloo.storage.redact import redact
