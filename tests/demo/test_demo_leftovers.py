@@ -25,7 +25,9 @@ def test_rloo_demo_writes_nothing_beside_its_output_dir(
     assert sorted(p.name for p in parent.iterdir()) == ["demo", "earlier-run"]
     assert (out / "config.json").is_file()  # the trained model
     assert (out / "assets" / "models" / "policy" / "config.json").is_file()  # what it started from
-    assert f"model + tokenizer: {out.resolve()}" in " ".join(capsys.readouterr().err.split())
+    summary = " ".join(capsys.readouterr().err.split())
+    assert f"model + tokenizer: {out.resolve()}" in summary
+    assert "(first update) ->" in summary and "(last update)" in summary  # one update: no "first 3"
 
 
 def _refused(work: Path, capsys: pytest.CaptureFixture[str]) -> str:

@@ -86,11 +86,12 @@ def main(argv: list[str]) -> int:
     cfg = build_config(out, updates=args.updates, arch=args.arch, seed=args.seed)
     result = train(cfg)
     hist = result.history
-    first = sum(h["objective/scores"] for h in hist[:3]) / len(hist[:3])
-    last = sum(h["objective/scores"] for h in hist[-3:]) / len(hist[-3:])
+    n = max(1, min(3, len(hist) // 2))  # first and last updates apart, even on a short run
+    first = sum(h["objective/scores"] for h in hist[:n]) / n
+    last = sum(h["objective/scores"] for h in hist[-n:]) / n
     console.print(
         f"\n[bold]demo done[/] in {result.seconds:.1f}s: {result.episodes} episodes, "
-        f"mean reward {first:.3f} (first 3 updates) -> {last:.3f} (last 3)\n"
+        f"mean reward {first:.3f} (first {_updates(n)}) -> {last:.3f} (last {_updates(n)})\n"
         f"  model + tokenizer: {out.resolve()}\n"
         f"  metrics:           {out.resolve() / 'metrics.jsonl'}\n"
         f"  samples:           {out.resolve() / 'samples'}",
@@ -103,3 +104,7 @@ def main(argv: list[str]) -> int:
         remote = os.environ.get("MLFLOW_TRACKING_URI")
         console.print(f"  MLflow runs:       {redact(remote) if remote else ui_command(out)}", soft_wrap=True)
     return 0
+
+
+def _updates(n: int) -> str:
+    return "update" if n == 1 else f"{n} updates"
