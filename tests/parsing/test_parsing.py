@@ -497,10 +497,22 @@ def test_train_help_states_each_default_once(capsys: pytest.CaptureFixture[str])
     assert main(["train", "--help"]) == 0
     entries = _help_entries(capsys.readouterr().out)
     for text in entries.values():
-        assert text.count("default") <= 1, text
+        assert text.count("default:") <= 1, text
         assert "(default: None)" not in text and "(default: [])" not in text, text
     assert "(default: model_name_or_path)." in entries["--sft_model_path"]
     assert entries["--seed"].endswith("(must be in [0, 2^32); default: 42)")  # the rule the field declares
+    # a help that speaks of "the default" without its value still gets it; one that says it does not
+    assert entries["--loss_agg_mode"].endswith("default: seq-mean-token-sum)")
+    assert "default:" not in entries["--max_steps"] and "-1 (the default)" in entries["--max_steps"]
+
+
+def test_train_help_keeps_hyphenated_values_whole(capsys: pytest.CaptureFixture[str]) -> None:
+    """argparse's formatter wraps with textwrap, which breaks at hyphens (cpython Lib/argparse.py,
+    HelpFormatter._split_lines): a choice such as seq-mean-token-sum must stay whole, ready to copy."""
+    assert main(["train", "--help"]) == 0
+    lines = [line.strip() for line in capsys.readouterr().out.splitlines()]
+    assert not [line for line in lines if line.endswith("-") and not line.endswith(" -")], lines
+    assert any("seq-mean-token-sum-norm" in line for line in lines)
 
 
 def test_demo_help_is_plain_text_and_documents_every_flag(capsys: pytest.CaptureFixture[str]) -> None:

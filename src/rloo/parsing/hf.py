@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import textwrap
 import types
 import typing
 from collections.abc import Callable
@@ -50,6 +51,24 @@ class _Kind:
     base: type  # bool, int, float or str
     optional: bool
     is_list: bool
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Wraps help at spaces only: a value such as ``seq-mean-token-sum`` stays whole, ready to copy."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False, break_long_words=False)
+
+
+def _states_default(help_text: str, default: Any) -> bool:
+    """Whether the field's help already says its default value (then ``--help`` does not repeat it)."""
+    spellings = (
+        f"default: {default}",
+        f"default {default}",
+        f"{default} (the default)",
+        f"defaults to {default}",
+    )
+    return any(s in help_text for s in spellings)
 
 
 def _kind(tp: Any) -> _Kind:
@@ -137,7 +156,7 @@ class ConfigParser(OneLineErrors, HfArgumentParser):
             usage=f"{prog} [--config FILE.yaml] [--FLAG VALUE ...]",
             description=description,
             allow_abbrev=False,  # '--lr' silently meaning '--lr_scheduler_type' would be a trap
-            formatter_class=argparse.RawDescriptionHelpFormatter,
+            formatter_class=_HelpFormatter,
         )
         self.add_argument(
             "--config",
@@ -173,7 +192,7 @@ class ConfigParser(OneLineErrors, HfArgumentParser):
         rule = rule_of(f)
         if rule is not None:
             notes.append(f"must be {rule.text}")
-        if default not in (None, []) and "default" not in help_text:  # no "(default: None)", no repeats
+        if default not in (None, []) and not _states_default(help_text, default):  # no "(default: None)"
             notes.append(f"default: {default}")
         if notes:
             help_text += f" ({'; '.join(notes)})"
