@@ -1,7 +1,8 @@
 """``rloo pipeline``: compile the Kubeflow pipeline, run it on this machine, or upload and run it on KFP.
 
 - ``rloo pipeline compile [--output PATH] [--images FILE]``: write the compiled YAML (default: the committed
-  ``pipelines/rloo_pipeline.yaml`` and the Helm chart's copy); ``--images`` names the images a build recorded
+  ``pipelines/rloo_pipeline.yaml`` and the Helm chart's copy, with what is generated from the same declarations:
+  ``components/validate/component.py``, the parameter table of ``pipelines/README.md``, ``docs/options.md``); ``--images`` names the images a build recorded
   (``images/build.py``: by digest after a push), ``make pipeline-for-images`` does both.
 - ``rloo pipeline run --local [--workdir DIR] [--param NAME=VALUE ...] [--params FILE] [-v]``: every step on
   this machine with ``kfp.local``; without a ``model`` parameter on embedded defaults (tiny model, toy data,
@@ -83,7 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
     comp.add_argument(
         "--output",
         default=None,
-        help="where to write (default: pipelines/rloo_pipeline.yaml + the chart's copy)",
+        help="where to write (default: the checkout's pipelines/rloo_pipeline.yaml + the chart's copy, and the "
+        "files generated from the same declarations: the validate component, pipelines/README.md's parameter "
+        "table and docs/options.md)",
     )
     _images_arg(comp)
     _platform_arg(comp)
