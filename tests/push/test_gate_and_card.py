@@ -244,3 +244,21 @@ def test_model_card_names_the_base_model_revision() -> None:
     front = yaml.safe_load(card.split("---\n")[1])
     assert front["base_model"] == "org/sft-model" and front["base_model_revision"] == "c" * 40
     assert f"from `org/sft-model` (revision `{'c' * 40}`) on `org/prompts`" in card
+
+
+def test_promotion_margin_rule_is_declared_and_shown(capsys: pytest.CaptureFixture[str]) -> None:
+    """--promotion_margin's bound is declared on the field (option(check=)): ``rloo push --help`` states it
+    (argparse prints each action's help, cpython Lib/argparse.py) and NaN, which passes every comparison, is
+    refused with the declaration's line."""
+    import dataclasses
+
+    from rloo.cli import main
+    from rloo.options import rule_of
+
+    (field,) = [f for f in dataclasses.fields(PushConfig) if f.name == "promotion_margin"]
+    rule = rule_of(field)
+    assert rule is not None and rule.text == "in [-1, 1)"
+    assert main(["push", "--help"]) == 0
+    assert "must be in [-1, 1)" in " ".join(capsys.readouterr().out.split())
+    with pytest.raises(UserError, match=r"^--promotion_margin must be in \[-1, 1\) \(got nan\): it is a"):
+        PushConfig(model_path="m", promotion_margin=float("nan"))

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 
 from rloo.errors import UserError
-from rloo.options import Exposed, option
+from rloo.options import Exposed, check_fields, in_range, option
 
 HF_TOKEN_ENV = "HF_TOKEN"
 _HUB_REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]*/[A-Za-z0-9][A-Za-z0-9._\-]*$")
@@ -87,6 +87,8 @@ class PushConfig:
         "Promote only if the lower bound of the 95 percent interval of the paired win-rate difference (trained "
         "minus SFT, and challenger minus champion) is above this.",
         pipeline="promotion_margin",
+        check=in_range(-1, 1, open_high=True),
+        hint=": it is a difference of win rates",
     )
     compare_to_champion: bool = option(
         True,
@@ -119,11 +121,7 @@ class PushConfig:
 
         require_local_path("--output_dir", self.output_dir, "it holds push_result.json and the staged files.")
         require_not_file("--output_dir", self.output_dir)
-        if not -1.0 <= self.promotion_margin < 1.0:
-            raise UserError(
-                f"--promotion_margin must be in [-1, 1) (got {self.promotion_margin}): it is a difference of "
-                "win rates."
-            )
+        check_fields(self)  # each field's declared rule
         if self.hub_repo_id is not None and not _HUB_REPO_RE.match(self.hub_repo_id):
             raise UserError(f"--hub_repo_id must look like 'owner/name' (got {self.hub_repo_id!r}).")
         if self.registered_model_name is not None and not _MODEL_NAME_RE.match(self.registered_model_name):
