@@ -6,7 +6,7 @@ from dataclasses import fields
 import pytest
 import torch
 
-from rloo.training.rollout import Rollout, RolloutStats, Sampled, rollout_metrics
+from rloo.training.rollout import RolloutStats, rollout_metrics
 
 
 def _stats() -> RolloutStats:
@@ -56,19 +56,3 @@ def test_stack_and_unstack_are_inverse_and_named() -> None:
         torch.testing.assert_close(getattr(back, f.name), getattr(stats, f.name).float())
     with pytest.raises(ValueError, match=r"expected a \(B, 9\) table"):
         RolloutStats.unstack(table[:, :3])
-
-
-def test_rollout_is_built_from_its_samples_without_copies() -> None:
-    responses = torch.zeros(4, 3, dtype=torch.long)
-    sampled = Sampled(
-        prompt_ids=torch.zeros(2, 5, dtype=torch.long),
-        prompt_mask=torch.ones(2, 5, dtype=torch.long),
-        rows=torch.tensor([0, 0, 1, 1]),
-        responses=responses,
-        mask=torch.ones(4, 3, dtype=torch.bool),
-        loss_mask=torch.ones(4, 3, dtype=torch.bool),
-        sampling_logprobs=None,
-    )
-    zeros = torch.zeros(4, 3)
-    ro = Rollout.of(sampled, old_logprobs=zeros, ref_logprobs=zeros, advantages=torch.zeros(4), metrics={})
-    assert ro.responses is responses and ro.sampling_logprobs is None

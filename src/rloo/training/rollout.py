@@ -1,7 +1,7 @@
-"""What one update's rollout holds, in two typed steps, and the metrics of its sequences.
+"""What generation produced for one update, and the metrics of its sequences.
 
-``Sampled`` is what generation produced (enough for a log-prob forward); ``Rollout`` adds the log-probs,
-advantages and metrics once they are known, built once from a ``Sampled``. ``RolloutStats`` names the
+``Sampled`` is what generation produced (enough for a log-prob forward); the update's whole experience, with
+log-probs, advantages and metrics, is :class:`rloo.training.experience.Experience`. ``RolloutStats`` names the
 per-sequence statistics that are gathered over ranks in one collective and turned into the rollout
 metrics by :func:`rollout_metrics`.
 """
@@ -30,40 +30,6 @@ class Sampled:
     loss_mask: torch.Tensor
     # (B, T) the sampler's (vLLM's) log-probs, kept for --vllm_importance_sampling_correction; else None
     sampling_logprobs: torch.Tensor | None
-
-
-@dataclass
-class Rollout(Sampled):
-    """One update's experience: the samples, their log-probs, advantages and metrics."""
-
-    old_logprobs: torch.Tensor  # (B, T)
-    ref_logprobs: torch.Tensor  # (B, T)
-    advantages: torch.Tensor  # (B,) or (B, T) with token-level KL
-    metrics: dict[str, float]
-    # (B,) bool with --filter_groups: the completions of groups with spread, the ones the loss keeps
-    kept: torch.Tensor | None = None
-
-    @classmethod
-    def of(
-        cls,
-        sampled: Sampled,
-        *,
-        old_logprobs: torch.Tensor,
-        ref_logprobs: torch.Tensor,
-        advantages: torch.Tensor,
-        metrics: dict[str, float],
-        kept: torch.Tensor | None = None,
-    ) -> Rollout:
-        # field by field, not dataclasses.asdict, which would deep-copy every tensor
-        own = {f.name: getattr(sampled, f.name) for f in fields(Sampled)}
-        return cls(
-            **own,
-            old_logprobs=old_logprobs,
-            ref_logprobs=ref_logprobs,
-            advantages=advantages,
-            metrics=metrics,
-            kept=kept,
-        )
 
 
 @dataclass
