@@ -47,10 +47,6 @@ def _flags(tiny: TinySetup, data: Path, out: Path, save_steps: int) -> list[str]
     return recipes.argv(tiny, data, out, max_steps=2, save_steps=save_steps, seed=1)
 
 
-def _env() -> dict[str, str]:
-    return recipes.subprocess_env()
-
-
 @dataclass
 class Run:
     returncode: int
@@ -68,7 +64,7 @@ def _train_on_small_disk(flags: list[str], out: Path, kib: int) -> Run:
     proc = subprocess.run(
         ["unshare", "-rm", "sh", "-c", script, "sh", str(kib), str(out), sys.executable, "-m", "rloo.cli",
          "train", *flags],
-        env={**_env(), "OUT": str(out)}, capture_output=True, text=True, timeout=300,
+        env={**recipes.subprocess_env(), "OUT": str(out)}, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert proc.returncode != 99, proc.stderr
     files = {}
@@ -85,7 +81,7 @@ def sizes(tiny: TinySetup, toy_data: Path, tmp_path_factory: pytest.TempPathFact
     out = tmp_path_factory.mktemp("reference") / "out"
     proc = subprocess.run(
         [sys.executable, "-m", "rloo.cli", "train", *_flags(tiny, toy_data, out, save_steps=1)],
-        env=_env(), capture_output=True, text=True, timeout=300,
+        env=recipes.subprocess_env(), capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
 

@@ -250,14 +250,14 @@ def test_rloo_train_signalled_in_its_sample_table_exits_without_a_traceback_and_
     import subprocess
     import sys
 
-    from tests.fixtures.train_cli import train_argv, train_env
+    from tests.fixtures.train_cli import train_argv
 
     out = tmp_path / "out"
     argv = train_argv(tiny, toy_data, out, max_steps=3)
     argv[argv.index("--num_sample_generations") + 1] = "3"  # a table after every update
     stopped = subprocess.run(
         [sys.executable, str(SIGNAL_IN_SAMPLE_TABLE), name, *argv],
-        env=train_env(),
+        env=recipes.subprocess_env(),
         capture_output=True,
         text=True,
         timeout=300,
@@ -273,7 +273,7 @@ def test_rloo_train_signalled_in_its_sample_table_exits_without_a_traceback_and_
     assert not (out / "samples.jsonl").exists()
     resumed = subprocess.run(
         [sys.executable, "-m", "rloo.cli", *argv],
-        env=train_env(),
+        env=recipes.subprocess_env(),
         capture_output=True,
         text=True,
         timeout=300,

@@ -26,10 +26,6 @@ pytestmark = pytest.mark.slow
 TIMING = ("time/", "memory/", "throughput/", "eps", "timestamp")  # measurements, not results
 
 
-def _env(**extra: str) -> dict[str, str]:
-    return recipes.subprocess_env(**extra)
-
-
 def _args(tiny, toy_data: Path, out: Path, **flags: object) -> list[str]:
     own = {"per_device_train_batch_size": 8, "num_ppo_epochs": 2, "max_steps": 6, "save_steps": 2, "seed": 5}
     return ["train", *recipes.argv(tiny, toy_data, out, recipes.LEARNING, **{**own, **flags})]
@@ -45,7 +41,7 @@ def _run(
     launcher = [str(KILL_AT), kill_at] if kill_at else ["-m", "rloo.cli"]
     return subprocess.run(
         [sys.executable, *launcher, *argv],
-        env=_env(**env),
+        env=recipes.subprocess_env(**env),
         capture_output=True,
         text=True,
         timeout=600,
@@ -113,7 +109,7 @@ def test_sigterm_checkpoints_and_exits_then_resumes(tiny, toy_data: Path, tmp_pa
     argv = _args(tiny, toy_data, out, max_steps=400, save_steps=1000, preemption_grace_seconds=20)
     proc = subprocess.Popen(
         [sys.executable, "-m", "rloo.cli", *argv],
-        env=_env(),
+        env=recipes.subprocess_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -175,7 +171,7 @@ def _two_ranks(tiny, toy_data: Path, out: Path, **flags: object) -> subprocess.C
     port = str(_free_port())
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", port]
     cmd += ["-m", "rloo.cli", *_args(tiny, toy_data, out, **flags)]
-    return subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=600)
+    return subprocess.run(cmd, env=recipes.subprocess_env(), capture_output=True, text=True, timeout=600)
 
 
 def _apart(w1: dict[str, torch.Tensor], w2: dict[str, torch.Tensor]) -> float:

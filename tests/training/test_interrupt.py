@@ -11,7 +11,8 @@ from pathlib import Path
 
 from rloo.demo.tiny import TinySetup
 from rloo.training.checkpoint import checkpoint_problem
-from tests.fixtures.train_cli import start_train, train_argv, train_env, updates, wait_for_updates
+from tests.fixtures import recipes
+from tests.fixtures.train_cli import start_train, train_argv, updates, wait_for_updates
 
 
 def test_ctrl_c_checkpoints_exits_130_and_the_same_command_resumes(
@@ -35,7 +36,7 @@ def test_ctrl_c_checkpoints_exits_130_and_the_same_command_resumes(
     # the same command (one more update to go) resumes from it and keeps metrics.jsonl in order
     resumed = subprocess.run(
         [sys.executable, "-m", "rloo.cli", *train_argv(tiny_setup, toy_dataset, out, max_steps=done + 1)],
-        env=train_env(),
+        env=recipes.subprocess_env(),
         capture_output=True,
         text=True,
         timeout=300,
@@ -56,7 +57,7 @@ def test_a_second_ctrl_c_quits_at_once_without_a_checkpoint(
     argv = train_argv(tiny_setup, toy_dataset, out, max_steps=6)
     once = subprocess.run(
         [sys.executable, str(INTERRUPT_AT), "3:optimization:1", *argv],
-        env=train_env(),
+        env=recipes.subprocess_env(),
         capture_output=True,
         text=True,
         timeout=300,
@@ -72,7 +73,7 @@ def test_a_second_ctrl_c_quits_at_once_without_a_checkpoint(
             "3:optimization:2",
             *train_argv(tiny_setup, toy_dataset, out2, 6),
         ],
-        env=train_env(),
+        env=recipes.subprocess_env(),
         capture_output=True,
         text=True,
         timeout=300,

@@ -26,14 +26,15 @@ from rloo.storage.errors import StorageError
 from rloo.storage.location import Location
 from rloo.training import output_lock
 from rloo.training.output_lock import LOCK_NAME, Holder, LocalLock, OutputInUse, OutputLock, S3Lock
+from tests.fixtures import recipes
 from tests.fixtures.servers import S3Server, free_port, use_s3
-from tests.fixtures.train_cli import start_train, train_argv, train_env, updates, wait_for_updates
+from tests.fixtures.train_cli import start_train, train_argv, updates, wait_for_updates
 
 
 def _run(argv: list[str], **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "rloo.cli", *argv],
-        env=train_env(**env),
+        env=recipes.subprocess_env(**env),
         capture_output=True,
         text=True,
         timeout=300,
@@ -248,7 +249,9 @@ def test_under_torchrun_only_rank_0_locks_and_a_refusal_stops_every_rank(
     cmd += ["--master_port", str(free_port()), "-m", "rloo.cli"]
     argv = train_argv(tiny_setup, toy_dataset, str(out), max_steps=1)
     # rank 1 taking the lock too would refuse its own run: the plain run trains
-    ok = subprocess.run([*cmd, *argv], env=train_env(), capture_output=True, text=True, timeout=300)
+    ok = subprocess.run(
+        [*cmd, *argv], env=recipes.subprocess_env(), capture_output=True, text=True, timeout=300
+    )
     assert ok.returncode == 0, ok.stderr[-3000:]
     assert (out / "training_complete.json").is_file() and not (out / LOCK_NAME).exists()
     held = OutputLock.acquire(tmp_path / "busy")
@@ -256,7 +259,7 @@ def test_under_torchrun_only_rank_0_locks_and_a_refusal_stops_every_rank(
         start = time.monotonic()
         refused = subprocess.run(
             [*cmd, *train_argv(tiny_setup, toy_dataset, str(tmp_path / "busy"), max_steps=1)],
-            env=train_env(),
+            env=recipes.subprocess_env(),
             capture_output=True,
             text=True,
             timeout=300,
