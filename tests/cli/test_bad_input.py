@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from rloo.demo.tiny import TinySetup
+from tests.fixtures import recipes, zygote
 from tests.fixtures.weights import corrupt_copy
 
 HERE = Path(__file__).resolve().parent  # holds bad_rewards.py, importable by the subprocess
@@ -154,22 +155,10 @@ def _run(root: Path, base: list[str], name: str, case: Case) -> Run:
     argv = [*base, "--output_dir", str(out_dir), *TINY_RUN, *extra]
     if "--output_dir" in extra:  # the case's own output_dir wins (the last flag does)
         out_dir = Path(extra[extra.index("--output_dir") + 1])
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-        "OMP_NUM_THREADS": "1",  # several runs share the CPU cores
-        "TOKENIZERS_PARALLELISM": "false",
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-    }
-    proc = subprocess.run(
-        [sys.executable, "-m", "rloo.cli", "train", *argv],
-        cwd=root,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    env = recipes.subprocess_env(
+        PYTHONPATH=os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     )
+    proc = zygote.run(["-m", "rloo.cli", "train", *argv], cwd=root, env=env, timeout=300)
     return Run(proc.returncode, proc.stdout, proc.stderr, out_dir)
 
 

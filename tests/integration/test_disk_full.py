@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from rloo.demo.tiny import TinySetup
-from tests.fixtures import recipes
+from tests.fixtures import recipes, zygote
 
 LISTING = "=== files ==="
 
@@ -79,10 +79,9 @@ def _train_on_small_disk(flags: list[str], out: Path, kib: int) -> Run:
 def sizes(tiny: TinySetup, toy_data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, int]:
     """Bytes each part of a complete run takes, from the same run on an ordinary disk."""
     out = tmp_path_factory.mktemp("reference") / "out"
-    proc = subprocess.run(
-        [sys.executable, "-m", "rloo.cli", "train", *_flags(tiny, toy_data, out, save_steps=1)],
-        env=recipes.subprocess_env(), capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    proc = zygote.run(
+        ["-m", "rloo.cli", "train", *_flags(tiny, toy_data, out, save_steps=1)], env=recipes.subprocess_env()
+    )
     assert proc.returncode == 0, proc.stderr
 
     def du(paths: list[Path]) -> int:  # tmpfs charges whole 4 KiB pages

@@ -10,13 +10,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from rloo.demo.tiny import TinySetup
-from tests.fixtures import recipes
+from tests.fixtures import recipes, zygote
 
 BAD_REWARDS_DIR = Path(__file__).resolve().parents[1] / "cli"
 
@@ -27,13 +26,7 @@ def _train(tiny: TinySetup, data: Path, out: Path, *flags: str) -> subprocess.Co
     # tests/cli/bad_rewards.py, importable by the subprocess
     path = os.pathsep.join([str(BAD_REWARDS_DIR), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env = recipes.subprocess_env(PYTHONPATH=path)
-    return subprocess.run(
-        [sys.executable, "-m", "rloo.cli", "train", *argv],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return zygote.run(["-m", "rloo.cli", "train", *argv], env=env, timeout=300)
 
 
 def _one_error_line(proc: subprocess.CompletedProcess[str]) -> str:

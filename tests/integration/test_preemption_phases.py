@@ -26,7 +26,7 @@ from rloo.demo.tiny import TinySetup
 from rloo.training import checkpoint_manager, trainer
 from rloo.training.checkpoint import checkpoint_problem, list_checkpoints
 from rloo.training.metrics import MetricsLogger
-from tests.fixtures import recipes
+from tests.fixtures import recipes, zygote
 
 pytestmark = pytest.mark.slow
 
@@ -247,20 +247,14 @@ SIGNAL_IN_SAMPLE_TABLE = Path(__file__).resolve().parent / "signal_in_sample_tab
 def test_rloo_train_signalled_in_its_sample_table_exits_without_a_traceback_and_resumes(
     tiny: TinySetup, toy_data: Path, tmp_path: Path, name: str
 ) -> None:
-    import subprocess
-    import sys
 
     from tests.fixtures.train_cli import train_argv
 
     out = tmp_path / "out"
     argv = train_argv(tiny, toy_data, out, max_steps=3)
     argv[argv.index("--num_sample_generations") + 1] = "3"  # a table after every update
-    stopped = subprocess.run(
-        [sys.executable, str(SIGNAL_IN_SAMPLE_TABLE), name, *argv],
-        env=recipes.subprocess_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
+    stopped = zygote.run(
+        [str(SIGNAL_IN_SAMPLE_TABLE), name, *argv], env=recipes.subprocess_env(), timeout=300
     )
     assert stopped.returncode == 128 + getattr(signal, name), stopped.stderr
     assert "Traceback" not in stopped.stderr
@@ -271,13 +265,7 @@ def test_rloo_train_signalled_in_its_sample_table_exits_without_a_traceback_and_
     who = "Ctrl-C" if name == "SIGINT" else "SIGTERM"
     assert f"{who}: saved {ckpt} after 1 of 3 updates; run the same command again" in stopped.stdout
     assert not (out / "samples.jsonl").exists()
-    resumed = subprocess.run(
-        [sys.executable, "-m", "rloo.cli", *argv],
-        env=recipes.subprocess_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    resumed = zygote.run(["-m", "rloo.cli", *argv], env=recipes.subprocess_env(), timeout=300)
     assert resumed.returncode == 0, resumed.stderr
     assert sorted({row["update"] for row in _samples(out)}) == [1, 2, 3]
     assert [m["update"] for m in _metrics(out)] == [1, 2, 3]

@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import load_file
 
 from rloo.training.checkpoint import checkpoint_problem
-from tests.fixtures import recipes
+from tests.fixtures import recipes, zygote
 from tests.fixtures.planted import plant
 
 pytestmark = pytest.mark.slow
@@ -39,14 +39,7 @@ def _run(
 ) -> subprocess.CompletedProcess[str]:
     """``rloo`` in a subprocess; ``kill_at="3:generation"`` SIGKILLs it at that update's phase."""
     launcher = [str(KILL_AT), kill_at] if kill_at else ["-m", "rloo.cli"]
-    return subprocess.run(
-        [sys.executable, *launcher, *argv],
-        env=recipes.subprocess_env(**env),
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=cwd,
-    )
+    return zygote.run([*launcher, *argv], env=recipes.subprocess_env(**env), cwd=cwd)
 
 
 def _metrics(out: Path) -> list[dict]:
@@ -107,13 +100,7 @@ def test_resume_refuses_a_planted_pickle_in_one_line(tiny, toy_data: Path, tmp_p
 def test_sigterm_checkpoints_and_exits_then_resumes(tiny, toy_data: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     argv = _args(tiny, toy_data, out, max_steps=400, save_steps=1000, preemption_grace_seconds=20)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "rloo.cli", *argv],
-        env=recipes.subprocess_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = zygote.popen(["-m", "rloo.cli", *argv], env=recipes.subprocess_env())
     metrics = out / "metrics.jsonl"
     deadline = time.monotonic() + 120
     while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 2):

@@ -5,13 +5,11 @@ no half-written checkpoint behind."""
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 from rloo.demo.tiny import TinySetup
 from rloo.training.checkpoint import checkpoint_problem
-from tests.fixtures import recipes
+from tests.fixtures import recipes, zygote
 from tests.fixtures.train_cli import start_train, train_argv, updates, wait_for_updates
 
 
@@ -34,11 +32,9 @@ def test_ctrl_c_checkpoints_exits_130_and_the_same_command_resumes(
     assert f"Ctrl-C: saved {ckpt} after {done} of 100000 updates; run the same command again" in stdout
     assert not list(out.glob(".checkpoint-*"))  # nothing half-written
     # the same command (one more update to go) resumes from it and keeps metrics.jsonl in order
-    resumed = subprocess.run(
-        [sys.executable, "-m", "rloo.cli", *train_argv(tiny_setup, toy_dataset, out, max_steps=done + 1)],
+    resumed = zygote.run(
+        ["-m", "rloo.cli", *train_argv(tiny_setup, toy_dataset, out, max_steps=done + 1)],
         env=recipes.subprocess_env(),
-        capture_output=True,
-        text=True,
         timeout=300,
     )
     assert resumed.returncode == 0, resumed.stderr
@@ -55,27 +51,16 @@ def test_a_second_ctrl_c_quits_at_once_without_a_checkpoint(
 ) -> None:
     out = tmp_path / "out"
     argv = train_argv(tiny_setup, toy_dataset, out, max_steps=6)
-    once = subprocess.run(
-        [sys.executable, str(INTERRUPT_AT), "3:optimization:1", *argv],
-        env=recipes.subprocess_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
+    once = zygote.run(
+        [str(INTERRUPT_AT), "3:optimization:1", *argv], env=recipes.subprocess_env(), timeout=300
     )
     assert once.returncode == 130, once.stderr
     # update index 3 had sampled but not stepped: the checkpoint is the state it started from
     assert [c.name for c in out.glob("checkpoint-*")] == ["checkpoint-3"]
     out2 = tmp_path / "out2"
-    twice = subprocess.run(
-        [
-            sys.executable,
-            str(INTERRUPT_AT),
-            "3:optimization:2",
-            *train_argv(tiny_setup, toy_dataset, out2, 6),
-        ],
+    twice = zygote.run(
+        [str(INTERRUPT_AT), "3:optimization:2", *train_argv(tiny_setup, toy_dataset, out2, 6)],
         env=recipes.subprocess_env(),
-        capture_output=True,
-        text=True,
         timeout=300,
     )
     assert twice.returncode == 130, twice.stderr

@@ -26,19 +26,13 @@ from rloo.storage.errors import StorageError
 from rloo.storage.location import Location
 from rloo.training import output_lock
 from rloo.training.output_lock import LOCK_NAME, Holder, LocalLock, OutputInUse, OutputLock, S3Lock
-from tests.fixtures import recipes
+from tests.fixtures import recipes, zygote
 from tests.fixtures.servers import S3Server, free_port, use_s3
 from tests.fixtures.train_cli import start_train, train_argv, updates, wait_for_updates
 
 
 def _run(argv: list[str], **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "rloo.cli", *argv],
-        env=recipes.subprocess_env(**env),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return zygote.run(["-m", "rloo.cli", *argv], env=recipes.subprocess_env(**env), timeout=300)
 
 
 def _error_line(proc: subprocess.CompletedProcess[str]) -> str:
