@@ -23,6 +23,7 @@ from accelerate.commands.config.config_args import ClusterConfig, load_config_fr
 from accelerate.utils import DistributedType
 
 from rloo.training import deepspeed_utils
+from tests.fixtures import recipes, zygote
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "accelerate"
 GPU_CONFIGS = {
@@ -334,15 +335,8 @@ def test_zero3_gather_with_real_deepspeed(tmp_path: Path, tiny_setup: Any) -> No
     pytest.importorskip("deepspeed")
     script = tmp_path / "zero3.py"
     script.write_text(_REAL_ZERO3)
-    env = {**os.environ, "MASTER_PORT": str(_free_port()), "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    proc = subprocess.run(
-        [sys.executable, str(script), str(tiny_setup.policy)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    env = recipes.subprocess_env(MASTER_PORT=str(_free_port()))
+    proc = zygote.run([str(script), str(tiny_setup.policy)], env=env, timeout=300)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     assert "ZERO3-OK (4, 6)" in proc.stdout
 

@@ -21,16 +21,11 @@ from rloo.demo.tiny import TinySetup
 from rloo.demo.toy import write_toy_eval_dataset
 from rloo.errors import UserError
 from rloo.storage.s3 import s3_client
+from tests.fixtures import recipes, zygote
 
 
 def _run(*argv: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "rloo.cli", *map(str, argv)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    return zygote.run(["-m", "rloo.cli", *map(str, argv)], env=recipes.subprocess_env(), timeout=300)
 
 
 def _assert_one_line(proc: subprocess.CompletedProcess[str], flag: str, path: Path) -> None:
