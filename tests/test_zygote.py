@@ -1,0 +1,87 @@
+"""The forked processes the tests run ``rloo`` in behave as ``python`` processes do (tests/fixtures/zygote.py).
+
+Each case runs the same command twice, forked from the warm server and as a plain ``subprocess``, and
+compares what a test can observe: exit code, stdout, stderr, ``sys.argv``, working directory, environment,
+death by a signal, Ctrl-C, atexit handlers.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures import recipes, zygote
+
+SHOW = textwrap.dedent(
+    """
+    import atexit, os, sys
+    atexit.register(lambda: print("atexit ran", flush=True))
+    print(sys.argv[1:], os.getcwd(), os.environ.get("RLOO_ZYGOTE_PROBE"), sys.stdin.read() == "")
+    print("to stderr", file=sys.stderr)
+    sys.exit(int(sys.argv[1]))
+    """
+)
+SLEEP = "import time; print('started', flush=True); time.sleep(60)"
+
+
+def _plain(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, *args],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def test_a_forked_run_looks_like_a_python_run(tmp_path: Path) -> None:
+    env = recipes.subprocess_env(RLOO_ZYGOTE_PROBE="probe")
+    script = tmp_path / "show.py"
+    script.write_text(SHOW)
+    for args in (["-c", SHOW, "3", "x y"], [str(script), "0", "x y"]):
+        forked = zygote.popen(args, env=env, cwd=tmp_path)
+        assert isinstance(forked, zygote.Forked)
+        out, err = forked.communicate(timeout=120)
+        plain = _plain(args, env, tmp_path)
+        assert (forked.returncode, out, err) == (plain.returncode, plain.stdout, plain.stderr)
+        assert "atexit ran" in out and "'x y'" in out and "probe" in out
+
+
+def test_the_module_form_runs_the_module_as_main(tmp_path: Path) -> None:
+    forked = zygote.run(["-m", "rloo.cli", "--help"], env=recipes.subprocess_env(), cwd=tmp_path)
+    plain = _plain(["-m", "rloo.cli", "--help"], recipes.subprocess_env(), tmp_path)
+    assert forked.returncode == plain.returncode == 0
+    assert forked.stdout == plain.stdout
+
+
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGKILL, -9), (signal.SIGTERM, -15), (signal.SIGINT, -2)])
+def test_signals_end_a_forked_process_as_they_end_python(sig: int, code: int) -> None:
+    proc = zygote.popen(["-c", SLEEP], env=recipes.subprocess_env())
+    assert isinstance(proc, zygote.Forked)
+    deadline = time.monotonic() + 30
+    while "started" not in Path(proc._out).read_text():  # the handlers are the script's from here on
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    proc.send_signal(sig)
+    assert proc.wait(timeout=30) == code
+    if sig == signal.SIGINT:
+        assert "KeyboardInterrupt" in proc.communicate()[1]
+
+
+def test_an_environment_read_at_import_time_gets_a_plain_process() -> None:
+    proc = zygote.popen(["-c", "pass"], env=recipes.subprocess_env(HF_HOME="/elsewhere"))
+    assert isinstance(proc, subprocess.Popen)
+    proc.communicate(timeout=60)
+
+
+def test_a_timeout_kills_the_child() -> None:
+    with pytest.raises(subprocess.TimeoutExpired):
+        zygote.run(["-c", SLEEP], env=recipes.subprocess_env(), timeout=2)
