@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from typing import Any
 
 import pytest
@@ -416,6 +417,34 @@ def test_a_deactivated_workload_fails_at_once(kind: str, kube: Any) -> None:
             build_job(_spec(**QUEUED), kind), poll_seconds=0.05, timeout_s=60, admission_timeout_s=30
         )
     assert info.value.exit_code == 2 and fake.deleted == ["rloo-train-abc"]
+
+
+def test_the_wait_for_kueue_ends_at_the_admission_timeout_not_at_the_next_poll(
+    kube: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A suspended job is looked at again when admission_timeout_s runs out, however long the poll interval: a
+    step with a 10 s admission bound and the default 30 s poll fails after ~10 s, not 30 (the error is the
+    one kubernetes-sigs/kueue pkg/scheduler's still-pending Workload gives)."""
+    from rloo.errors import UserError
+    from rloo.k8s import jobs
+
+    slept: list[float] = []
+    real_sleep = time.sleep
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        real_sleep(min(seconds, 0.05))  # the pauses are recorded; the test does not wait them out
+
+    monkeypatch.setattr(jobs.time, "sleep", sleep)
+    fake = kube(outcome=None)
+    waiting = _kueue_condition("QuotaReserved", "False", "Pending", "couldn't assign flavors to pod set node")
+    fake.workloads = [_workload("rloo-train-abc", waiting)]
+    with pytest.raises(UserError, match=r"admission_timeout_s=0\.3") as info:
+        run_multi_node(
+            build_trainjob(_spec(**QUEUED)), poll_seconds=3600, timeout_s=7200, admission_timeout_s=0.3
+        )
+    assert info.value.exit_code == 75  # no quota yet: a retry of the step may find room
+    assert slept and max(slept) <= 0.31, slept
 
 
 def test_a_job_admitted_within_the_bound_runs_to_the_end(

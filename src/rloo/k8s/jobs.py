@@ -615,6 +615,13 @@ class _Admission:
         self.readable = True
         self.told = ""
 
+    def seconds_left(self) -> float:
+        """Until the admission timeout while the job waits for Kueue (infinite otherwise): the wait looks again
+        then, so a short timeout is not rounded up to the poll interval."""
+        if self.since is None:
+            return float("inf")
+        return max(0.0, self.since + self.timeout_s - time.monotonic())
+
     def check(self, current: dict[str, Any]) -> None:
         """Raise the job's admission error, if it has one now; print what Kueue says when that changes."""
         if not is_suspended(current):
@@ -701,7 +708,7 @@ def _wait(job: _Job, deadline: float, timeout_s: float, poll_seconds: float, adm
         left = deadline - time.monotonic()
         if left <= 0:
             raise TimeoutError(f"{job.what} did not finish within the step's {timeout_s:g} s")
-        time.sleep(min(poll_seconds, left))
+        time.sleep(min(poll_seconds, left, admission.seconds_left() + 0.01))
 
 
 def _trainer_client(namespace: str) -> Any:
