@@ -67,7 +67,7 @@ def test_signals_end_a_forked_process_as_they_end_python(sig: int, code: int) ->
     proc = zygote.popen(["-c", SLEEP], env=recipes.subprocess_env())
     assert isinstance(proc, zygote.Forked)
     deadline = time.monotonic() + 30
-    while "started" not in Path(proc._out).read_text():  # the handlers are the script's from here on
+    while "started" not in Path(proc.stdout_path).read_text():  # the handlers are the script's from here on
         assert proc.poll() is None and time.monotonic() < deadline
         time.sleep(0.05)
     proc.send_signal(sig)
