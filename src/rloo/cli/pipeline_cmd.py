@@ -1,9 +1,10 @@
 """``rloo pipeline``: compile the Kubeflow pipeline, run it on this machine, or upload and run it on KFP.
 
 - ``rloo pipeline compile [--output PATH] [--images FILE]``: write the compiled YAML (default: the committed
-  ``pipelines/rloo_pipeline.yaml`` and the Helm chart's copy, with what is generated from the same declarations:
-  ``components/validate/component.py``, the parameter table of ``pipelines/README.md``, ``docs/options.md``); ``--images`` names the images a build recorded
-  (``images/build.py``: by digest after a push), ``make pipeline-for-images`` does both.
+  ``pipelines/rloo_pipeline.yaml`` and the Helm chart's copy, with what is generated from the same
+  declarations: ``components/validate/component.py``, the parameter table of ``pipelines/README.md``,
+  ``docs/options.md``); ``--images`` names the images a build recorded (``images/build.py``: by digest after a
+  push), ``make pipeline-for-images`` does both.
 - ``rloo pipeline run --local [--workdir DIR] [--param NAME=VALUE ...] [--params FILE] [-v]``: every step on
   this machine with ``kfp.local``; without a ``model`` parameter on embedded defaults (tiny model, toy data,
   toy judge); step logs in ``<workdir>/logs/`` (``-v`` prints them). ``make demo`` runs exactly this.
@@ -12,7 +13,8 @@
   ``--namespace``.
 - ``--platform FILE`` (compile, upload, submit, manifest): the cluster's images, image pull secrets,
   environment (proxies) and CA bundle for every step and the multi-node job (``rloo.k8s.platform``, applied
-  to the pipeline by ``rloo.pipeline.platform_overlay``; the chart renders the file); ``--stop-istio-sidecar`` (upload, submit): end the pod's Istio sidecar when done.
+  to the pipeline by ``rloo.pipeline.platform_overlay``; the chart renders the file); ``--stop-istio-sidecar``
+  (upload, submit): end the pod's Istio sidecar when done.
 - ``rloo pipeline submit --host URL --param NAME=VALUE ...``: upload as above, start a run, print its URL.
 - ``rloo pipeline manifest --backend trainjob|pytorchjob [--param NAME=VALUE ...]``: print, as YAML, the
   multi-node job the train step would create for these parameters (placeholders for what is not given), for
