@@ -1,6 +1,6 @@
 """DeepSpeed runs killed after a checkpoint and resumed: real DeepSpeed (ZeRO-2 and ZeRO-3, CPU, gloo), two
-processes launched by ``accelerate launch`` with the project's DeepSpeed configs (their bf16 included),
-through tests/fixtures/deepspeed_cpu.py (DeepSpeed on CPU; every ZeRO-3 parameter kept partitioned, as a
+processes started as ``accelerate launch`` starts them (tests/fixtures/ranks.py; one run by the launcher
+itself) with the project's DeepSpeed configs (their bf16 included), through tests/fixtures/deepspeed_cpu.py (DeepSpeed on CPU; every ZeRO-3 parameter kept partitioned, as a
 real model's large ones are); skipped without deepspeed.
 
 A ZeRO checkpoint holds the policy's full weights (``model.safetensors``, gathered from the shards) and the
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +24,7 @@ from safetensors.torch import load_file
 
 from rloo.models import load_causal_lm
 from rloo.training.checkpoint import ENGINE_DIR, ENGINE_TAG, MANIFEST, checkpoint_problem
+from tests.fixtures import ranks
 
 pytestmark = pytest.mark.slow
 
@@ -32,12 +32,6 @@ ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "configs" / "accelerate"
 LAUNCHER = ROOT / "tests" / "fixtures" / "deepspeed_cpu.py"
 TIMING = ("time/", "memory/", "throughput/", "eps", "timestamp")  # measurements, not results
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _args(tiny, toy_data: Path, out: Path) -> list[str]:
@@ -64,11 +58,11 @@ def _args(tiny, toy_data: Path, out: Path) -> list[str]:
 
 
 def _launch(
-    config: str, argv: list[str], kill_at: str = "never", **extra_env: str
+    config: str, argv: list[str], kill_at: str = "never", *, real_launcher: bool = False, **extra_env: str
 ) -> subprocess.CompletedProcess[str]:
-    """``rloo`` on two DeepSpeed processes (the config's ZeRO stage and bf16), SIGKILLed at ``kill_at``."""
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIGS / config)]
-    cmd += ["--num_processes", "2", "--main_process_port", str(_free_port())]
+    """``rloo`` on two DeepSpeed processes (the config's ZeRO stage and bf16), SIGKILLed at ``kill_at``: the
+    ranks forked as ``accelerate launch`` would start them (tests/fixtures/ranks.py), or by ``accelerate
+    launch`` itself with ``real_launcher``."""
     env = {
         **os.environ,
         "CUDA_VISIBLE_DEVICES": "",  # DeepSpeed's CPU accelerator, gloo between the ranks
@@ -78,14 +72,13 @@ def _launch(
         "PYTHONWARNINGS": "ignore",
         **extra_env,
     }
+    args = [str(LAUNCHER), kill_at, *argv]
+    if not real_launcher:
+        return ranks.launch(2, args, env=env, accelerate_config=CONFIGS / config, cwd=ROOT, timeout=900)
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIGS / config)]
+    cmd += ["--num_processes", "2", "--main_process_port", str(ranks.free_port())]
     return subprocess.run(
-        [*cmd, str(LAUNCHER), kill_at, *argv],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-        cwd=ROOT,
+        [*cmd, *args], env=env, capture_output=True, text=True, timeout=900, check=False, cwd=ROOT
     )
 
 
@@ -170,6 +163,8 @@ def test_zero3_off_policy_run_with_persistent_parameters_trains(
     argv = _args(tiny, toy_data, out)
     argv[argv.index("--max_steps") + 1] = "2"
     argv += ["--ds3_gather_for_generation", gather]
-    proc = _launch("deepspeed_zero3.yaml", argv, DS_PERSISTENCE_THRESHOLD="100000")
+    # one of the suite's DeepSpeed runs started by accelerate's own launcher
+    real = gather == "true"
+    proc = _launch("deepspeed_zero3.yaml", argv, real_launcher=real, DS_PERSISTENCE_THRESHOLD="100000")
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     assert [m["update"] for m in _metrics(out)] == [1, 2]

@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -18,7 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 from rloo.training.checkpoint import checkpoint_problem
-from tests.fixtures import recipes, zygote
+from tests.fixtures import ranks, recipes, zygote
 from tests.fixtures.planted import plant
 
 pytestmark = pytest.mark.slow
@@ -123,12 +121,6 @@ def test_sigterm_checkpoints_and_exits_then_resumes(tiny, toy_data: Path, tmp_pa
     assert [m["update"] for m in _metrics(out)] == list(range(1, done + 2))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 # What a run on N processes promises against one process with the same global batch (README, "Many
 # processes"): the same samples and rewards, the same optimizer steps over the same completions, and so
 # the same first-update statistics up to float summation order. After that the trajectories agree only
@@ -155,10 +147,9 @@ OPTIMIZATION_STATS = ("loss/policy_avg", "grad_norm", "val/ratio", "policy/appro
 
 
 def _two_ranks(tiny, toy_data: Path, out: Path, **flags: object) -> subprocess.CompletedProcess[str]:
-    port = str(_free_port())
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", port]
-    cmd += ["-m", "rloo.cli", *_args(tiny, toy_data, out, **flags)]
-    return subprocess.run(cmd, env=recipes.subprocess_env(), capture_output=True, text=True, timeout=600)
+    """Two ranks, as ``torchrun --nproc_per_node 2 -m rloo.cli`` starts them (tests/fixtures/ranks.py)."""
+    args = ["-m", "rloo.cli", *_args(tiny, toy_data, out, **flags)]
+    return ranks.launch(2, args, env=recipes.subprocess_env(), timeout=600)
 
 
 def _apart(w1: dict[str, torch.Tensor], w2: dict[str, torch.Tensor]) -> float:
