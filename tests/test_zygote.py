@@ -7,6 +7,7 @@ death by a signal, Ctrl-C, atexit handlers.
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -16,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures import recipes, zygote
+from tests.fixtures import ranks, recipes, zygote
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "accelerate"
 
 SHOW = textwrap.dedent(
     """
@@ -85,3 +88,57 @@ def test_an_environment_read_at_import_time_gets_a_plain_process() -> None:
 def test_a_timeout_kills_the_child() -> None:
     with pytest.raises(subprocess.TimeoutExpired):
         zygote.run(["-c", SLEEP], env=recipes.subprocess_env(), timeout=2)
+
+
+# --- tests/fixtures/ranks.py: the ranks of a launch ----------------------------------------------------
+SHOW_RANK = textwrap.dedent(
+    """
+    import json, os
+    keep = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+            "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE", "MASTER_ADDR", "TORCHELASTIC_", "TORCH_NCCL_",
+            "ACCELERATE_")
+    print(json.dumps({k: v for k, v in os.environ.items() if k.startswith(keep)}), flush=True)
+    """
+)
+LAUNCHER_ONLY = ("TORCHELASTIC_", "TORCH_NCCL_")  # the elastic agent's own: restarts, its store, NCCL
+
+
+def _by_rank(stdout: str) -> dict[str, dict[str, str]]:
+    rows = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+    return {row["RANK"]: row for row in rows}
+
+
+@pytest.mark.parametrize("config", [None, "deepspeed_zero2.yaml"])
+def test_a_launch_gives_each_rank_what_the_real_launcher_gives_it(tmp_path: Path, config: str | None) -> None:
+    """The variables torchrun's agent sets (torch/distributed/elastic/agent/server/local_elastic_agent.py,
+    ``_start_workers``) and, with a config, those ``accelerate launch`` adds (accelerate/commands/launch.py):
+    the forked ranks get the same ones, but for the agent's own."""
+    script = tmp_path / "show.py"
+    script.write_text(SHOW_RANK)
+    env = recipes.subprocess_env()
+    if config is None:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(script)]
+    else:
+        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIGS / config)]
+        cmd += ["--num_processes", "2", str(script)]
+    real = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert real.returncode == 0, real.stderr[-3000:]
+    forked = ranks.launch(
+        2, [str(script)], env=env, accelerate_config=config and CONFIGS / config, cwd=tmp_path
+    )
+    assert forked.returncode == 0, forked.stderr[-3000:]
+    want = {
+        rank: {k: v for k, v in row.items() if not k.startswith(LAUNCHER_ONLY)}
+        for rank, row in _by_rank(real.stdout).items()
+    }
+    assert set(want) == {"0", "1"} and _by_rank(forked.stdout) == want
+    if config is not None:
+        assert want["0"]["ACCELERATE_USE_DEEPSPEED"] == "true"
+
+
+def test_a_failed_rank_stops_the_others_and_the_launch_exits_1() -> None:
+    code = "import os, sys, time\nif os.environ['RANK'] == '1': sys.exit(3)\ntime.sleep(120)"
+    start = time.monotonic()
+    proc = ranks.launch(2, ["-c", code], env=recipes.subprocess_env(), timeout=200)
+    assert proc.returncode == 1
+    assert time.monotonic() - start < 60  # rank 0 was stopped, not waited for
