@@ -56,7 +56,8 @@ $(VLLM_STAMP): pyproject.toml constraints.txt constraints-vllm.txt
 
 test-vllm: $(VLLM_STAMP)
 	$(VLLM_VENV)/bin/python -m pytest -q -rs tests/vllm_engine tests/training/test_vllm_real_api.py \
-	  tests/training/test_vllm_backend.py tests/test_vllm_versions.py tests/test_vllm_support.py
+	  tests/training/test_vllm_backend.py tests/test_vllm_versions.py tests/test_vllm_support.py \
+	  tests/cli/test_vllm_serve.py
 
 # The pipeline's images (images/<name>/Dockerfile) with docker or podman, tagged from RLOO_IMAGE_REGISTRY /
 # RLOO_IMAGE_TAG (what `rloo pipeline compile` reads); mirror, proxy CA and builder options: images/build.py.

@@ -399,9 +399,23 @@ class RLOOConfig:
     )
     vllm_mode: str = option(
         "colocate",
-        "vLLM mode; only 'colocate' (one engine inside each training process) is supported.",
-        choices=("colocate",),
-        hint="; server mode is not supported",
+        "With --use_vllm: 'colocate' runs an engine inside each training process; 'server' sends the rollouts "
+        "to a running 'rloo vllm-serve' and pushes the weights to it after each optimizer step.",
+        choices=("colocate", "server"),
+    )
+    vllm_server_base_url: str | None = option(
+        None,
+        "With --vllm_mode server: the server's URL (http://host:port); overrides --vllm_server_host/port.",
+    )
+    vllm_server_host: str = option("0.0.0.0", "With --vllm_mode server: the server's host, without a URL.")
+    vllm_server_port: int = option(
+        8000, "With --vllm_mode server: the server's port, without a URL.", check=in_range(1, 65535)
+    )
+    vllm_server_timeout: float = option(
+        240.0,
+        "With --vllm_mode server: seconds to wait for the server (at start, and when it stops answering: then "
+        "the run checkpoints and exits 75).",
+        check=above(0, finite=True),
     )
     vllm_gpu_memory_utilization: float = option(
         0.3,
@@ -636,7 +650,15 @@ class RLOOConfig:
             vllm_gpu_memory_utilization=self.vllm_gpu_memory_utilization,
             vllm_enable_sleep_mode=self.vllm_enable_sleep_mode,
             vllm_batch_invariant=self.vllm_batch_invariant,
+            vllm_server_url=self.vllm_server_url if self.vllm_mode == "server" else None,
+            vllm_server_timeout=self.vllm_server_timeout,
         )
+
+    @property
+    def vllm_server_url(self) -> str:
+        """The rollout server's root URL (``--vllm_server_base_url``, else host and port)."""
+        base = (self.vllm_server_base_url or "").rstrip("/").removesuffix("/v1")
+        return base or f"http://{self.vllm_server_host}:{self.vllm_server_port}"
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -678,6 +700,11 @@ RESUMABLE_SETTINGS = (
     "ds3_gather_for_generation",
     "vllm_gpu_memory_utilization",
     "vllm_enable_sleep_mode",
+    "vllm_mode",
+    "vllm_server_base_url",
+    "vllm_server_host",
+    "vllm_server_port",
+    "vllm_server_timeout",
     "gradient_checkpointing",
     "torch_compile",
     "offload_ref_model",
@@ -903,6 +930,19 @@ def check_generation_backend(cfg: RLOOConfig) -> None:
     if cfg.compile_generation and cfg.cache_implementation != "static":
         raise UserError(
             "--compile_generation needs --cache_implementation static (fixed-shape decode steps)."
+        )
+    server_flags = ("vllm_server_base_url", "vllm_server_host", "vllm_server_port", "vllm_server_timeout")
+    if cfg.vllm_mode == "server" and not cfg.use_vllm:
+        raise UserError("--vllm_mode server generates with vLLM: add --use_vllm.")
+    if cfg.vllm_mode != "server" and changed(cfg, *server_flags):
+        raise UserError(
+            f"--{changed(cfg, *server_flags)[0]} points at a rollout server: add --use_vllm --vllm_mode server."
+        )
+    engine_flags = ("vllm_gpu_memory_utilization", "vllm_enable_sleep_mode", "vllm_batch_invariant")
+    if cfg.vllm_mode == "server" and changed(cfg, *engine_flags):
+        raise UserError(
+            f"--{changed(cfg, *engine_flags)[0]} sets up a colocated engine; in server mode the server owns "
+            "its memory and kernels: give the matching vLLM flag to 'rloo vllm-serve' instead."
         )
     if cfg.use_vllm and changed(cfg, "compile_generation", "cache_implementation"):
         raise UserError(

@@ -127,6 +127,9 @@ class GenerationSettings:
     vllm_gpu_memory_utilization: float
     vllm_enable_sleep_mode: bool
     vllm_batch_invariant: bool
+    # -- a vLLM server (--vllm_mode server): its root URL, None for a colocated engine
+    vllm_server_url: str | None
+    vllm_server_timeout: float
 
 
 class GenerationInterrupted(Exception):

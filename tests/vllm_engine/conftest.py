@@ -88,8 +88,9 @@ def judge_container(model_dir: Path) -> dict[str, Any]:
     """The chart's judge container (real Helm rendering), for a judge serving ``model_dir`` on CPU.
 
     The values are what a platform team would set for a CPU judge: the model, a context that holds the
-    judge's prompt, and through ``judge.extraArgs`` float32 and an explicit KV cache (on CPU vLLM reads
-    ``--gpu-memory-utilization`` as a fraction of the machine's RAM to reserve).
+    judge's prompt, and through ``judge.extraArgs`` float32, an explicit KV cache (on CPU vLLM reads
+    ``--gpu-memory-utilization`` as a fraction of the machine's RAM to reserve) and ``--enforce-eager``
+    (vLLM's CPU build otherwise compiles the model with inductor at start: minutes for a tiny judge).
     """
     from tests.helm.helpers import documents, find, render
 
@@ -99,7 +100,7 @@ def judge_container(model_dir: Path) -> dict[str, Any]:
             "model": str(model_dir),
             "servedModelName": "judge",
             "maxModelLen": 2048,
-            "extraArgs": ["--dtype=float32", f"--kv-cache-memory-bytes={64 << 20}"],
+            "extraArgs": ["--dtype=float32", f"--kv-cache-memory-bytes={64 << 20}", "--enforce-eager"],
         }
     }
     deploy = find(documents(render(values)), "Deployment", "-judge")

@@ -1,6 +1,6 @@
 """``rloo``: the package's one command.
 
-Sub-commands: ``train``, ``eval``, ``push``, ``pipeline``, ``demo`` and ``ui`` (see :data:`USAGE`).
+Sub-commands: ``train``, ``eval``, ``push``, ``pipeline``, ``demo``, ``ui`` and ``vllm-serve`` (see :data:`USAGE`).
 User errors print one line on stderr and exit 2; they never show a traceback.
 """
 
@@ -23,6 +23,7 @@ commands:
   pipeline   compile the Kubeflow pipeline, run it locally, or upload and run it on Kubeflow Pipelines
   demo       build a tiny model and toy task locally and train on it for a few updates
   ui         the MLflow UI over a local run's tracking store (what 'make demo' points at)
+  vllm-serve a vLLM server for rollouts ('rloo train --use_vllm --vllm_mode server' pushes weights to it)
 
 'rloo <command> --help' lists a command's flags; 'rloo --version' prints the version.
 """
@@ -96,6 +97,12 @@ def _ui(argv: list[str]) -> int:
     return ui_main(argv)
 
 
+def _vllm_serve(argv: list[str]) -> int:
+    from rloo.cli.vllm_serve_cmd import main as serve_main
+
+    return serve_main(argv)
+
+
 COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "train": _train,
     "eval": _eval,
@@ -103,6 +110,7 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "pipeline": _pipeline,
     "demo": _demo,
     "ui": _ui,
+    "vllm-serve": _vllm_serve,
 }
 
 
