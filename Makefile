@@ -55,7 +55,7 @@ $(VLLM_STAMP): pyproject.toml constraints.txt constraints-vllm.txt
 	touch $(VLLM_STAMP)
 
 test-vllm: $(VLLM_STAMP)
-	$(VLLM_VENV)/bin/python -m pytest -q -rs tests/vllm_engine tests/training/test_vllm_real_api.py \
+	$(VLLM_VENV)/bin/python -m pytest -q -rs $(PYTEST_PARALLEL) tests/vllm_engine tests/training/test_vllm_real_api.py \
 	  tests/training/test_vllm_backend.py tests/test_vllm_versions.py tests/test_vllm_support.py \
 	  tests/cli/test_vllm_serve.py
 

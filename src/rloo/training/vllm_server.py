@@ -252,27 +252,35 @@ class VLLMServerGenerator:
         # unknown: the server may hold another run's weights, so the first rollout pushes them all the same
         self._pushed_version: int | None = -1
 
-    def _agree(self, failure: GeneratorLost | None) -> None:
-        """Every process raises together (a lone one would leave the others in a collective)."""
+    def _agree(self, failure: UserError | None) -> None:
+        """Every process raises together, the same kind of error (a lone one would leave the others in a
+        collective, and a checkpoint is taken by all or none): a refusal (2) wins over a lost server (75)."""
         acc = self.accelerator
         if acc is None or acc.num_processes == 1:
             if failure is not None:
                 raise failure
             return
-        failed = torch.tensor([0 if failure is None else 1], device=acc.device)
-        if int(acc.reduce(failed, reduction="sum").item()) > 0:
-            raise failure or GeneratorLost(f"the vLLM server at {self.client.base_url} stopped answering")
+        kind = 0 if failure is None else 2 if not isinstance(failure, GeneratorLost) else 1
+        worst = int(acc.reduce(torch.tensor([kind], device=acc.device), reduction="max").item())
+        if worst == 0:
+            return
+        if failure is not None and kind == worst:
+            raise failure
+        url = self.client.base_url
+        if worst == 1:
+            raise GeneratorLost(f"the vLLM server at {url} stopped answering another process")
+        raise UserError(f"the vLLM server at {url} refused another process's request (its error says why)")
 
     def push_weights(self) -> None:
         """The first process sends the changed weights; every process gathers (ZeRO-3) and waits."""
         first = self.accelerator is None or self.accelerator.is_main_process
-        failure: GeneratorLost | None = None
+        failure: UserError | None = None
         weights = policy_weights(self.model, self.accelerator)
         if first:
             try:
                 sent = self.client.load_weights(weights, self.weights_version)
                 log.debug("pushed %d tensors to the vLLM server (version %s)", sent, self.weights_version)
-            except GeneratorLost as e:
+            except UserError as e:  # lost (75) or refused (2)
                 failure = e
         for _ in weights:  # the rest of the collective gathers, on every process
             pass
@@ -295,11 +303,11 @@ class VLLMServerGenerator:
             strip_left_padding(prompt_ids, prompt_mask), k, params, seeds, return_logprobs=return_logprobs
         )
         with_logprobs = return_logprobs and engine_logprobs_usable(params)
-        failure: GeneratorLost | None = None
+        failure: UserError | None = None
         completions: list[Completion] = []
         try:
             completions = self.client.complete(requests, self.served_model, with_logprobs=with_logprobs)
-        except GeneratorLost as e:
+        except UserError as e:  # lost (75) or refused (2)
             failure = e
         self._agree(failure)
         return completions_to_generated(
