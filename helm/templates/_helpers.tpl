@@ -214,6 +214,7 @@ not name (rloo-kfp.validate): Kubernetes refuses a container with a repeated nam
   "db-upgrade" $db
   "mlflow" (concat $db $s3 (list "MLFLOW_S3_ENDPOINT_URL" "MLFLOW_SERVER_ALLOWED_HOSTS" "MLFLOW_AUTH_CONFIG_PATH" "MLFLOW_AUTH_ADMIN_USERNAME" "MLFLOW_AUTH_ADMIN_PASSWORD" "MLFLOW_FLASK_SERVER_SECRET_KEY"))
   "judge" (list "HOME" "USER" "XDG_CACHE_HOME" "HF_HOME" "VLLM_CACHE_ROOT" "TRITON_CACHE_DIR" "NUMBA_CACHE_DIR" "VLLM_NO_USAGE_STATS" "VLLM_API_KEY" "HF_TOKEN" "HF_HUB_OFFLINE")
+  "rollout" (list "HOME" "USER" "XDG_CACHE_HOME" "HF_HOME" "VLLM_CACHE_ROOT" "TRITON_CACHE_DIR" "NUMBA_CACHE_DIR" "VLLM_NO_USAGE_STATS" "HF_TOKEN" "HF_HUB_OFFLINE")
   "test-mlflow" (list "MLFLOW_URL" "MLFLOW_TRACKING_USERNAME" "MLFLOW_TRACKING_PASSWORD")
   "test-judge" (list "JUDGE_URL" "JUDGE_MODEL" "OPENAI_API_KEY")
   "steps" (list "RLOO_PLATFORM") -}}
@@ -381,6 +382,11 @@ shorter name would go to the proxy. (dict "ctx" $ "component" "mlflow") */}}
 {{- printf "http://%s:8000/v1" (include "rloo-kfp.serviceHost" (dict "ctx" . "component" "judge")) -}}
 {{- end -}}
 
+{{/* The rollout server's base URL, as `rloo train --vllm_server_base_url` takes it (no /v1). */}}
+{{- define "rloo-kfp.rolloutUrl" -}}
+{{- printf "http://%s:8000" (include "rloo-kfp.serviceHost" (dict "ctx" . "component" "rollout")) -}}
+{{- end -}}
+
 {{- define "rloo-kfp.judgeModelName" -}}
 {{- default .Values.judge.model .Values.judge.servedModelName -}}
 {{- end -}}
@@ -434,8 +440,11 @@ shorter name would go to the proxy. (dict "ctx" $ "component" "mlflow") */}}
 {{- fail (printf "%s.image.tag (%s) already names a digest and %s.image.digest is set too: keep one of them" $component $image.tag $component) -}}
 {{- end -}}
 {{- end -}}
+{{- if and .Values.rolloutServer.enabled (not (trim .Values.rolloutServer.model)) -}}
+{{- fail "rolloutServer.enabled is true but rolloutServer.model is empty: set it to the policy's starting checkpoint (the run's model_name_or_path, a Hub id or a path in the model cache)" -}}
+{{- end -}}
 {{- /* pod labels: the chart's selector labels stay the chart's */ -}}
-{{- range $block := list "mlflow" "postgresql" "seaweedfs" "judge" "jobs" -}}
+{{- range $block := list "mlflow" "postgresql" "seaweedfs" "judge" "rolloutServer" "jobs" -}}
 {{- range $key := list "app.kubernetes.io/name" "app.kubernetes.io/instance" "app.kubernetes.io/component" -}}
 {{- if hasKey (index $.Values $block).podLabels $key -}}
 {{- fail (printf "%s.podLabels sets %s, one of the chart's selector labels (app.kubernetes.io/name, instance, component): remove it, or use a label of your own" $block $key) -}}
@@ -449,7 +458,7 @@ shorter name would go to the proxy. (dict "ctx" $ "component" "mlflow") */}}
 {{- /* environment: secrets only by reference; no name twice in a container */ -}}
 {{- $caNames := include "rloo-kfp.caEnvNames" . | fromJsonArray -}}
 {{- $own := include "rloo-kfp.ownEnv" . | fromJson -}}
-{{- $where := dict "upload" "the upload container" "bucket" "the bucket Job's container" "db-upgrade" "the db-upgrade container" "mlflow" "the mlflow container" "judge" "the judge's vllm container" "test-mlflow" "the helm test mlflow container" "test-judge" "the helm test judge container" "steps" "the pipeline's steps and training jobs (platform.json)" -}}
+{{- $where := dict "upload" "the upload container" "bucket" "the bucket Job's container" "db-upgrade" "the db-upgrade container" "mlflow" "the mlflow container" "judge" "the judge's vllm container" "rollout" "the rollout server's vllm container" "test-mlflow" "the helm test mlflow container" "test-judge" "the helm test judge container" "steps" "the pipeline's steps and training jobs (platform.json)" -}}
 {{- range $value := list "extraEnv" "pipeline.extraEnv" -}}
 {{- $env := ternary $.Values.extraEnv $.Values.pipeline.extraEnv (eq $value "extraEnv") -}}
 {{- range $name := keys $env | sortAlpha -}}
@@ -490,7 +499,7 @@ the value itself is never printed */ -}}
 {{- $judgeNames := list -}}
 {{- range .Values.judge.extraEnv }}{{ $judgeNames = append $judgeNames .name }}{{ end -}}
 {{- $reach := list
-  (list "extraEnv" (keys .Values.extraEnv | sortAlpha) (list "upload" "bucket" "db-upgrade" "mlflow" "judge" "test-mlflow" "test-judge" "steps"))
+  (list "extraEnv" (keys .Values.extraEnv | sortAlpha) (list "upload" "bucket" "db-upgrade" "mlflow" "judge" "rollout" "test-mlflow" "test-judge" "steps"))
   (list "pipeline.extraEnv" (keys .Values.pipeline.extraEnv | sortAlpha) (list "steps"))
   (list "mlflow.extraEnv" $mlflowNames (list "mlflow" "db-upgrade"))
   (list "judge.extraEnv" $judgeNames (list "judge")) -}}

@@ -56,6 +56,7 @@ REACHED = {
     ("Job", "-db-upgrade", "db-upgrade"): "db-upgrade",
     ("Deployment", "-mlflow", "mlflow"): "mlflow",
     ("Deployment", "-judge", "vllm"): "judge",
+    ("Deployment", "-rollout", "vllm"): "rollout",
     ("Pod", "-test-mlflow", "mlflow"): "test-mlflow",
     ("Pod", "-test-judge", "judge"): "test-judge",
 }
@@ -66,7 +67,17 @@ UNREACHED = {
 }
 # Which containers each value reaches (steps: platform.json, applied by the upload).
 VALUE_REACHES = {
-    "extraEnv": ["upload", "bucket", "db-upgrade", "mlflow", "judge", "test-mlflow", "test-judge", "steps"],
+    "extraEnv": [
+        "upload",
+        "bucket",
+        "db-upgrade",
+        "mlflow",
+        "judge",
+        "rollout",
+        "test-mlflow",
+        "test-judge",
+        "steps",
+    ],
     "pipeline.extraEnv": ["steps"],
     "mlflow.extraEnv": ["mlflow", "db-upgrade"],
     "judge.extraEnv": ["judge"],
@@ -78,6 +89,7 @@ def _everything(**more: Any) -> dict[str, Any]:
     values: dict[str, Any] = {
         "seaweedfs": {"enabled": True},
         "judge": {"enabled": True, "hfTokenSecret": "hf", "offline": True},
+        "rolloutServer": {"enabled": True, "model": "m", "hfTokenSecret": "hf", "offline": True},
         "mlflow": {"auth": {"enabled": True}},
         "caBundle": {"configMap": "corp-ca", "key": "bundle.pem"},
     }
@@ -334,6 +346,7 @@ WHERE = {
     "db-upgrade": "the db-upgrade container",
     "mlflow": "the mlflow container",
     "judge": "the judge's vllm container",
+    "rollout": "the rollout server's vllm container",
     "test-mlflow": "the helm test mlflow container",
     "test-judge": "the helm test judge container",
     "steps": "the pipeline's steps and training jobs (platform.json)",

@@ -36,11 +36,13 @@ def variant(request: pytest.FixtureRequest) -> tuple[str, list[dict[str, Any]]]:
 
 
 def test_ci_variants_cover_the_switches() -> None:
-    """The variants exercise both databases, the judge and SeaweedFS each way, and a platform team's values."""
+    """The variants exercise both databases, the judge, the rollout server and SeaweedFS each way, and a platform
+    team's values."""
     merged = [helm.Chart.load(CHART).merge_values(variant_values(v)) for v in VARIANTS]
     assert {m["postgresql"]["enabled"] for m in merged} == {True, False}
     assert {m["judge"]["enabled"] for m in merged} == {True, False}
     assert {m["seaweedfs"]["enabled"] for m in merged} == {True, False}
+    assert {m["rolloutServer"]["enabled"] for m in merged} == {True, False}
     assert {bool(m["externalDatabase"]["host"]) for m in merged} == {True, False}
     # what a platform team sets (ci/platform-values.yaml): every per-variant check runs on it
     assert any(m["images"][n]["digest"] for m in merged for n in ("slim", "train", "eval"))
