@@ -506,9 +506,20 @@ def test_settings_carry_the_config_fields() -> None:
     )
     settings = cfg.generation_settings()
     # every field of the settings is the config's field of that name, but the engine's starting checkpoint
-    same = {f.name for f in dataclasses.fields(settings)} - {"model_path"}
+    # and the server's URL (set only in server mode)
+    same = {f.name for f in dataclasses.fields(settings)} - {"model_path", "vllm_server_url"}
     assert {name: getattr(settings, name) for name in same} == {name: getattr(cfg, name) for name in same}
     assert settings.model_path == "/models/sft" == cfg.policy_path
+    assert settings.vllm_server_url is None
+    served = RLOOConfig(
+        model_name_or_path="/models/policy",
+        dataset_name="/data/prompts",
+        reward_funcs=["m:f"],
+        use_vllm=True,
+        vllm_mode="server",
+        vllm_server_port=9000,
+    )
+    assert served.generation_settings().vllm_server_url == "http://0.0.0.0:9000" == served.vllm_server_url
 
 
 def test_make_generator_defaults_to_transformers() -> None:
