@@ -116,7 +116,7 @@ def test_server_mode_matches_the_colocated_engine_on_the_same_seed(
         assert abs(a[key] - b[key]) <= TOLERANCE * max(1.0, abs(a[key])), (key, a[key], b[key])
 
 
-def test_lora_pushes_the_merged_weights(
+def test_lora_in_server_mode_pushes_the_merged_weights(
     qwen: TinySetup, prompts: Path, vllm_env: dict[str, str], server: PolicyServer, tmp_path: Path
 ) -> None:
     out = tmp_path / "out"
