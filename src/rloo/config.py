@@ -413,9 +413,8 @@ class RLOOConfig:
     )
     vllm_server_timeout: float = option(
         240.0,
-        "With --vllm_mode server: seconds to wait for the server (at start, and when it stops answering: then "
-        "the run checkpoints and exits 75).",
-        check=above(0, finite=True),
+        "With --vllm_mode server: seconds to wait for the server (then: checkpoint, exit 75).",
+        check=above(0),
     )
     vllm_gpu_memory_utilization: float = option(
         0.3,

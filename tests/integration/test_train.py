@@ -340,7 +340,7 @@ def _stand_in_sampler(monkeypatch: pytest.MonkeyPatch, edit: Callable[[Any, Any]
     tiny random policy does not produce."""
     from rloo.training import trainer as trainer_module
 
-    real_make_generator = trainer_module.make_generator
+    real_make_generator = trainer_module.make_rollout_generator
 
     class EditedSampler:
         def __init__(self, inner: Any) -> None:
@@ -359,7 +359,7 @@ def _stand_in_sampler(monkeypatch: pytest.MonkeyPatch, edit: Callable[[Any, Any]
         plain = dataclasses.replace(settings, use_vllm=False)
         return EditedSampler(real_make_generator(plain, model, **kwargs))
 
-    monkeypatch.setattr(trainer_module, "make_generator", stand_in)
+    monkeypatch.setattr(trainer_module, "make_rollout_generator", stand_in)
 
 
 @pytest.mark.parametrize(

@@ -166,6 +166,16 @@ class CheckpointManager:
         self._last_saved = (update, path)
         return path
 
+    def save_to_resume(self, out_dir: Path, update: int, *, reuse: bool) -> Path:
+        """checkpoint-<update> for a run that stops here (preempted, its rollout server lost): the periodic one
+        of that update when ``reuse`` allows, else a new one; mirrored before it returns, since a fresh pod
+        resumes from the mirror."""
+        path = self.saved(update) if reuse else None
+        path = path or self.save(out_dir, update)
+        if self.mirror is not None:
+            self.mirror.wait()
+        return path
+
     def saved(self, update: int) -> Path | None:
         """The checkpoint this run saved last, when it was taken at ``update`` and is still there."""
         if self._last_saved is None or self._last_saved[0] != update or not self._last_saved[1].is_dir():

@@ -39,7 +39,6 @@ from rloo.diskspace import write_bytes_atomic
 from rloo.errors import UserError
 from rloo.generation import (
     GenerationInterrupted,
-    Generator,
     TransformersGenerator,
 )
 from rloo.models import (
@@ -66,11 +65,11 @@ from rloo.training.rewards import (
     RewardModelSource,
     TrainerState,
 )
+from rloo.training.rollout_backend import make_rollout_generator
 from rloo.training.sampler import PromptSampler
 from rloo.training.step_timer import StepTimer
 from rloo.training.update import PolicyUpdater
-from rloo.training.vllm_backend import make_generator
-from rloo.training.vllm_server import GeneratorLost, make_server_generator
+from rloo.training.vllm_server import GeneratorLost
 
 log = logging.getLogger(__name__)
 
@@ -311,24 +310,16 @@ class RLOOTrainer:
     def _setup_generation(self) -> None:
         """The sampling backend: vLLM or the built-in transformers generator."""
         cfg = self.cfg
-        settings = cfg.generation_settings()
-        max_model_len = max(map(len, self.train_ids + self.eval_ids)) + cfg.response_length
-        self.generator: Generator
-        if settings.use_vllm and settings.vllm_server_url is not None:
-            self.generator = make_server_generator(
-                settings, self.policy, accelerator=self.accelerator, max_model_len=max_model_len
-            )
-        else:
-            self.generator = make_generator(
-                settings,
-                self.policy,
-                accelerator=self.accelerator,
-                batch_size=cfg.local_rollout_forward_batch_size,
-                autocast=self.accelerator.autocast,
-                max_model_len=max_model_len,
-                # one rollout of this rank is the most sequences the engine ever holds at once
-                max_num_seqs=self.plan.prompts_per_rank * cfg.rloo_k,
-            )
+        self.generator = make_rollout_generator(
+            cfg.generation_settings(),
+            self.policy,
+            accelerator=self.accelerator,
+            batch_size=cfg.local_rollout_forward_batch_size,
+            autocast=self.accelerator.autocast,
+            max_model_len=max(map(len, self.train_ids + self.eval_ids)) + cfg.response_length,
+            # one rollout of this rank is the most sequences the engine ever holds at once
+            max_num_seqs=self.plan.prompts_per_rank * cfg.rloo_k,
+        )
         if isinstance(self.generator, TransformersGenerator):
             log.info("rollouts: %s", self.generator.describe())
         self.gather_for_generation = cfg.ds3_gather_for_generation and not cfg.use_vllm
@@ -464,14 +455,12 @@ class RLOOTrainer:
                 preemption.exit_finished(where)
         except Preempted:
             status = "KILLED"
-            self._checkpoint_preempted(out_dir, logger, position, preemption)
+            signal_name = "Ctrl-C" if preemption.signal_name == "SIGINT" else "SIGTERM"
+            self._checkpoint_at(out_dir, logger, position, signal_name)  # within SIGTERM's grace period
+            preemption.cancel_deadline()
             raise SystemExit(preemption.exit_code) from None
-        except GeneratorLost:
-            # the same command resumes here once the rollout server answers again (exit 75: retry)
-            path = self._checkpoint_at(out_dir, logger, position)
-            log.warning(
-                "rollout server lost: saved %s after %d of %d updates", path, position, self.num_updates
-            )
+        except GeneratorLost:  # exit 75: a retried step resumes here once the server answers again
+            self._checkpoint_at(out_dir, logger, position, "the rollout server is lost")
             raise
         finally:
             preemption.uninstall()
@@ -532,13 +521,12 @@ class RLOOTrainer:
         try:
             experience = self.producer.produce(update, timer)
             self._phase("optimization", update, preemption)
-        except (Preempted, GenerationInterrupted):
-            # nothing of this update reached the weights: checkpoint the state it started from
+        except (Preempted, GenerationInterrupted, GeneratorLost) as e:
+            # nothing of this update reached the weights: checkpoint the state it started from (lost: exit 75)
             self.sampler.load_state_dict(data_position)
+            if isinstance(e, GeneratorLost):
+                raise
             raise Preempted from None
-        except GeneratorLost:
-            self.sampler.load_state_dict(data_position)  # likewise, and the run exits 75
-            raise
         with timer("optimization"):
             opt_metrics = self.updater.update(experience)
         # the engine's copy (vLLM) is stale now: the next generation pushes, resampling rounds before it do not
@@ -638,31 +626,16 @@ class RLOOTrainer:
                 )
         self.checkpoints.publish(out_dir)
 
-    def _checkpoint_preempted(
-        self, out_dir: Path, logger: MetricsLogger, update: int, preemption: Preemption
-    ) -> None:
-        """SIGTERM or Ctrl-C: checkpoint the run after ``update`` updates (after SIGTERM within the grace
-        period); the periodic checkpoint of that update serves when nothing has happened since."""
-        path = self._checkpoint_at(out_dir, logger, update)
-        preemption.cancel_deadline()
-        log.warning(
-            "%s: saved %s after %d of %d updates; run the same command again to resume",
-            "Ctrl-C" if preemption.signal_name == "SIGINT" else "SIGTERM",
-            path,
-            update,
-            self.num_updates,
-        )
-
-    def _checkpoint_at(self, out_dir: Path, logger: MetricsLogger, update: int) -> Path:
-        """The run checkpointed after ``update`` updates (the periodic checkpoint of that update serves when
-        nothing has happened since), and mirrored: a fresh pod resumes from the mirror."""
+    def _checkpoint_at(self, out_dir: Path, logger: MetricsLogger, update: int, why: str) -> None:
+        """The run stops after ``update`` updates (``why``): checkpointed (the periodic checkpoint of that
+        update when nothing has happened since) and mirrored, for the same command to resume."""
         if self.accelerator.is_main_process and logger.output_dir is None:
             logger.open(out_dir, keep_until_update=update)
-        path = self.checkpoints.saved(update) if self._samples_due is None else None
-        path = path or self.checkpoints.save(out_dir, update)
-        if self.mirror is not None:
-            self.mirror.wait()
-        return path
+        path = self.checkpoints.save_to_resume(out_dir, update, reuse=self._samples_due is None)
+        log.warning(
+            "%s: saved %s after %d of %d updates; run the same command again to resume",
+            *(why, path, update, self.num_updates),
+        )
 
     def _phase(self, name: str, update: int, preemption: Preemption) -> None:
         """A safe point between phases: run the phase hooks, then honour SIGTERM or Ctrl-C (agreed across
