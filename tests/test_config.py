@@ -479,6 +479,7 @@ SINGLE_FIELD_BAD: dict[str, Any] = {
     "stop_token": "</s>",
     "num_sample_generations": -1,
     "vllm_mode": "remote",
+    "vllm_server_base_url": "localhost:8000",
     "vllm_server_port": 0,
     "vllm_server_timeout": 0.0,
     "vllm_gpu_memory_utilization": 0.0,

@@ -72,6 +72,13 @@ RUN_LENGTH_IN_UPDATES = Check(
 )
 
 
+SERVER_URL = Check(
+    lambda v: str(v).startswith(("http://", "https://")),
+    "an http(s):// URL",
+    message="{flag} {value} is not a URL: give http://host:port, the rollout server's address.",
+)
+
+
 @dataclass
 class RLOOConfig:
     """Everything ``rloo train`` needs. Counts of "episodes" are counts of completions."""
@@ -404,8 +411,7 @@ class RLOOConfig:
         choices=("colocate", "server"),
     )
     vllm_server_base_url: str | None = option(
-        None,
-        "With --vllm_mode server: the server's URL (http://host:port); overrides --vllm_server_host/port.",
+        None, "With --vllm_mode server: the server's URL, http://host:port.", check=SERVER_URL
     )
     vllm_server_host: str = option("0.0.0.0", "With --vllm_mode server: the server's host, without a URL.")
     vllm_server_port: int = option(

@@ -20,21 +20,22 @@ from rloo.training.vllm_weight_sync import EXTENSION
 
 
 def test_the_trainers_needs_are_added_and_the_users_flags_kept() -> None:
-    args = server_argv(["--model", "/m", "--port=9000", "--tensor-parallel-size", "2"])
-    assert args[:4] == ["--model", "/m", "--port=9000", "--tensor-parallel-size"]
+    args = server_argv(["--model", "org/m", "--port=9000", "--tensor-parallel-size", "2"])
+    assert args[:4] == ["--model", "org/m", "--port=9000", "--tensor-parallel-size"]
     flags = dict(itertools.pairwise(args))
     assert flags["--logprobs-mode"] == "processed_logprobs" and flags["--generation-config"] == "vllm"
-    assert flags["--host"] == "0.0.0.0" and "--port" not in args  # the user's --port=9000 stays alone
+    assert flags["--host"] == "127.0.0.1" and "--port" not in args  # the user's --port=9000 stays alone
     assert "--enable-prefix-caching" in args and args[-2:] == ["--worker-extension-cls", EXTENSION]
     assert server_env({"A": "1"}) == {"A": "1", "VLLM_SERVER_DEV_MODE": "1"}
-    assert "--enable-prefix-caching" not in server_argv(["--model", "/m", "--no-enable-prefix-caching"])
+    assert "--enable-prefix-caching" not in server_argv(["--model", "org/m", "--no-enable-prefix-caching"])
 
 
 @pytest.mark.parametrize(
     ("argv", "says"),
     [
         (["--port", "1"], "needs --model"),
-        (["--model", "/m", "--worker-extension-cls", "x.Y"], "sets --worker-extension-cls itself"),
+        (["--model", "org/m", "--worker-extension-cls", "x.Y"], "sets --worker-extension-cls itself"),
+        (["--model=/no/such/dir"], "--model /no/such/dir"),
     ],
 )
 def test_what_would_break_the_weight_sync_is_refused(argv: list[str], says: str) -> None:
@@ -49,7 +50,7 @@ def test_the_extension_is_importable_by_the_name_given_to_vllm() -> None:
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed here")
 def test_without_vllm_the_command_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["vllm-serve", "--model", "/m"]) == 2
+    assert main(["vllm-serve", "--model", "org/m"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("rloo vllm-serve: error: rloo vllm-serve runs vLLM, which is not installed here")
     assert "\n" not in err
@@ -60,6 +61,11 @@ def test_every_added_flag_is_one_the_installed_vllm_server_takes() -> None:
     from vllm.entrypoints.launchers.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    parsed = make_arg_parser(FlexibleArgumentParser()).parse_args(server_argv(["--model", "/m"]))
+    parsed = make_arg_parser(FlexibleArgumentParser()).parse_args(server_argv(["--model", "org/m"]))
     assert parsed.worker_extension_cls == EXTENSION and parsed.logprobs_mode == "processed_logprobs"
     assert parsed.generation_config == "vllm" and parsed.enable_prefix_caching is True
+
+
+def test_without_arguments_it_prints_its_usage_and_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["vllm-serve"]) == 2
+    assert capsys.readouterr().out.startswith("usage: rloo vllm-serve --model MODEL")

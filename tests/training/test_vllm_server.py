@@ -159,6 +159,10 @@ def test_a_server_out_of_reach_is_75_after_the_timeout() -> None:
         ({"vllm_mode": "server"}, "--vllm_mode server generates with vLLM: add --use_vllm."),
         ({"vllm_server_port": 9000}, "--vllm_server_port points at a rollout server"),
         (
+            {"use_vllm": True, "vllm_mode": "server", "vllm_server_base_url": "localhost:8000"},
+            "--vllm_server_base_url localhost:8000 is not a URL: give http://host:port",
+        ),
+        (
             {"use_vllm": True, "vllm_mode": "server", "vllm_enable_sleep_mode": True},
             "--vllm_enable_sleep_mode sets up a colocated engine",
         ),

