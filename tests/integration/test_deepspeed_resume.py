@@ -25,6 +25,7 @@ from safetensors.torch import load_file
 from rloo.models import load_causal_lm
 from rloo.training.checkpoint import ENGINE_DIR, ENGINE_TAG, MANIFEST, checkpoint_problem
 from tests.fixtures import ranks
+from tests.fixtures.servers import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -76,7 +77,7 @@ def _launch(
     if not real_launcher:
         return ranks.launch(2, args, env=env, accelerate_config=CONFIGS / config, cwd=ROOT, timeout=900)
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIGS / config)]
-    cmd += ["--num_processes", "2", "--main_process_port", str(ranks.free_port())]
+    cmd += ["--num_processes", "2", "--main_process_port", str(free_port())]
     return subprocess.run(
         [*cmd, *args], env=env, capture_output=True, text=True, timeout=900, check=False, cwd=ROOT
     )

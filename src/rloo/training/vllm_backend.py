@@ -67,6 +67,7 @@ __all__ = [
     "make_generator",
     "make_vllm_generator",
     "named_weights",
+    "policy_weights",
     "push_weights",
     "require_vllm",
     "sampling_kwargs",
@@ -254,6 +255,20 @@ def named_weights(model: Any, accelerator: Any = None) -> Iterator[tuple[str, to
         yield from copies
 
 
+def policy_weights(model: Any, accelerator: Any = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """(checkpoint name, tensor) of the whole policy as an engine loads it: under LoRA the base model with the
+    adapter merged in (the merge undone once the iterator is exhausted), else :func:`named_weights`. Every
+    process must run it to the end (ZeRO-3 gathers)."""
+    from rloo.training.lora import is_peft_model, merged_weights
+
+    bare = accelerator.unwrap_model(model) if accelerator is not None else model
+    if is_peft_model(bare):  # the engine holds the base model: hand it the adapter merged in
+        with merged_weights(bare) as weights:
+            yield from ((vllm_weight_name(n), t) for n, t in weights)
+        return
+    yield from named_weights(model, accelerator)
+
+
 class WeightPushError(RuntimeError):
     """The engine did not take the policy's weights (it would sample from stale ones)."""
 
@@ -431,14 +446,7 @@ class VLLMGenerator:
         """Copy the policy's current weights into the engine and drop KV blocks computed with the old ones."""
         if self.enable_sleep_mode:
             self._wake_up("weights")
-        bare = self.accelerator.unwrap_model(self.model) if self.accelerator is not None else self.model
-        from rloo.training.lora import is_peft_model, merged_weights
-
-        if is_peft_model(bare):  # the engine holds the base model: hand it the adapter merged in
-            with merged_weights(bare) as weights:
-                push_weights(self.llm, ((vllm_weight_name(n), t) for n, t in weights))
-            return
-        push_weights(self.llm, named_weights(self.model, self.accelerator))
+        push_weights(self.llm, policy_weights(self.model, self.accelerator))
 
     def sleep(self) -> None:
         # level 2 discards the weights too (level 1 would keep a CPU copy): they are pushed again anyway.

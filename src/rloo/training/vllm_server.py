@@ -37,9 +37,8 @@ from rloo.training.vllm_backend import (
     build_requests,
     completions_to_generated,
     engine_logprobs_usable,
-    named_weights,
+    policy_weights,
     strip_left_padding,
-    vllm_weight_name,
 )
 from rloo.training.vllm_weight_sync import INFO_METHOD, STAGE_METHOD, WEIGHTS_METHOD
 
@@ -136,12 +135,10 @@ class VLLMServerClient:
     """The calls the trainer makes to the server; connection failures and 5xx answers are retried for
     ``timeout`` seconds, then raise GeneratorLost."""
 
-    def __init__(self, base_url: str, *, timeout: float, api_key: str | None = None) -> None:
+    def __init__(self, base_url: str, *, timeout: float) -> None:
         self.base_url = base_url
         self.timeout = timeout
         self.headers = {"Content-Type": "application/json"}
-        if api_key:
-            self.headers["Authorization"] = f"Bearer {api_key}"
 
     def _once(self, path: str, body: Any | None, post: bool) -> Any:
         method = "POST" if post or body is not None else "GET"
@@ -224,20 +221,6 @@ class VLLMServerClient:
 
 # ------------------------------------------------------------------------------------------------------
 # the generator
-def policy_weights(model: Any, accelerator: Any) -> Iterator[tuple[str, torch.Tensor]]:
-    """(checkpoint name, tensor) of the whole policy, under LoRA with the adapter merged in: all of them,
-    since vLLM reloads a fused layer only whole (``vllm_weight_sync.WeightSync.rloo_load_weights``). Every
-    process must run it to the end (ZeRO-3 gathers)."""
-    from rloo.training.lora import is_peft_model, merged_weights
-
-    bare = accelerator.unwrap_model(model) if accelerator is not None else model
-    if is_peft_model(bare):
-        with merged_weights(bare) as weights:
-            yield from ((vllm_weight_name(n), t) for n, t in weights)
-        return
-    yield from named_weights(model, accelerator)
-
-
 class VLLMServerGenerator:
     """``Generator`` backed by a vLLM server that mirrors the training ``model`` (see the module's doc)."""
 
