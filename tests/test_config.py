@@ -481,6 +481,7 @@ SINGLE_FIELD_BAD: dict[str, Any] = {
     "vllm_mode": "remote",
     "vllm_server_base_url": "localhost:8000",
     "vllm_server_port": 0,
+    "max_staleness": 0,
     "vllm_server_timeout": 0.0,
     "vllm_gpu_memory_utilization": 0.0,
     "vllm_importance_sampling_mode": "token",

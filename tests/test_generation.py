@@ -385,6 +385,7 @@ def test_generator_refreshes_its_copy_only_when_the_weights_moved(lm) -> None:
         vllm_batch_invariant=False,
         vllm_server_url=None,
         vllm_server_timeout=240.0,
+        async_generation=False,
     )
     gen = TransformersGenerator.from_settings(policy, settings, batch_size=8, copy_dtype=torch.bfloat16)
     assert gen.model is not policy and gen.source is policy

@@ -422,6 +422,17 @@ class RLOOConfig:
         "With --vllm_mode server: seconds to wait for the server (then: checkpoint, exit 75).",
         check=above(0),
     )
+    async_generation: bool = option(
+        False,
+        "Generate the next update's rollouts while this one trains (up to --max_staleness updates off policy): "
+        "the old log-probs come from a forward of the current weights, each row records the weights it was "
+        "sampled from.",
+    )
+    max_staleness: int = option(
+        1,
+        "With --async_generation: how many updates ahead of the training weights the rollouts may be generated.",
+        check=at_least(1),
+    )
     vllm_gpu_memory_utilization: float = option(
         0.3,
         "Fraction of the GPU's total memory the colocated vLLM engine may take (weights + KV cache + "
@@ -638,26 +649,14 @@ class RLOOConfig:
         return BatchPlan.from_config(self, world_size=world_size, num_prompts=num_prompts)
 
     def generation_settings(self) -> GenerationSettings:
-        """What the rollout generator is built from (``rloo.training.vllm_backend.make_generator``)."""
+        """What the rollout generator is built from (``rloo.training.vllm_backend.make_generator``): the fields
+        of the same name, the policy's path and the server's URL in server mode."""
         from rloo.generation import GenerationSettings  # imports torch: not at config import (the CLI)
 
-        return GenerationSettings(
-            use_vllm=self.use_vllm,
-            cache_implementation=self.cache_implementation,
-            compile_generation=self.compile_generation,
-            generation_dtype=self.generation_dtype,
-            ds3_gather_for_generation=self.ds3_gather_for_generation,
-            model_path=self.policy_path,
-            bf16=self.bf16,
-            fp16=self.fp16,
-            seed=self.seed,
-            trust_remote_code=self.trust_remote_code,
-            vllm_gpu_memory_utilization=self.vllm_gpu_memory_utilization,
-            vllm_enable_sleep_mode=self.vllm_enable_sleep_mode,
-            vllm_batch_invariant=self.vllm_batch_invariant,
-            vllm_server_url=self.vllm_server_url if self.vllm_mode == "server" else None,
-            vllm_server_timeout=self.vllm_server_timeout,
-        )
+        server = self.vllm_server_url if self.vllm_mode == "server" else None
+        derived: dict[str, Any] = {"model_path": self.policy_path, "vllm_server_url": server}
+        names = {f.name for f in dataclasses.fields(GenerationSettings)} - derived.keys()
+        return GenerationSettings(**{n: getattr(self, n) for n in names}, **derived)
 
     @property
     def vllm_server_url(self) -> str:
@@ -855,10 +854,11 @@ def check_stop_token_users(cfg: RLOOConfig) -> None:
 
 def check_sampling_correction(cfg: RLOOConfig) -> None:
     """Importance sampling against vLLM's sampling: it corrects vLLM's log-probs, which must be comparable."""
-    if cfg.vllm_importance_sampling_correction and not cfg.use_vllm:
+    if cfg.vllm_importance_sampling_correction and not (cfg.use_vllm or cfg.async_generation):
         raise UserError(
-            "--vllm_importance_sampling_correction corrects vLLM's sampling: it needs --use_vllm (the "
-            "built-in generator samples from the trainer's own forward)."
+            "--vllm_importance_sampling_correction corrects sampling from other weights than the trainer's: it "
+            "needs --use_vllm or --async_generation (the built-in generator samples from the trainer's own "
+            "forward)."
         )
     if cfg.vllm_importance_sampling_correction and (cfg.top_k > 0 or cfg.top_p < 1.0):
         raise UserError(
@@ -956,6 +956,17 @@ def check_generation_backend(cfg: RLOOConfig) -> None:
         )
 
 
+def check_async_generation(cfg: RLOOConfig) -> None:
+    """Generation running ahead of training needs its own copy of the weights the whole update long."""
+    if changed(cfg, "max_staleness") and not cfg.async_generation:
+        raise UserError("--max_staleness bounds generation that runs ahead: add --async_generation.")
+    if cfg.async_generation and cfg.vllm_enable_sleep_mode:
+        raise UserError(
+            "--async_generation keeps the vLLM engine generating while the update trains, which "
+            "--vllm_enable_sleep_mode frees for the optimisation: drop one of them."
+        )
+
+
 def check_lora(cfg: RLOOConfig) -> None:
     """The flags that act on LoRA adapters need --use_peft."""
     if not cfg.use_peft and (cfg.merge_adapter or cfg.load_in_4bit):
@@ -975,6 +986,7 @@ RULES_BETWEEN_FIELDS: tuple[Callable[[RLOOConfig], None], ...] = (
     check_overlong_penalty,
     check_reference_sync,
     check_generation_backend,
+    check_async_generation,
     check_lora,
 )
 

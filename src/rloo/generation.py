@@ -130,6 +130,8 @@ class GenerationSettings:
     # -- a vLLM server (--vllm_mode server): its root URL, None for a colocated engine
     vllm_server_url: str | None
     vllm_server_timeout: float
+    # the generator runs beside the optimization (--async_generation): the built-in one samples from a copy
+    async_generation: bool
 
 
 class GenerationInterrupted(Exception):
@@ -154,6 +156,12 @@ class Generator(Protocol):
     # the trainer's count of optimizer steps so far: a backend holding its own copy of the weights (vLLM)
     # refreshes it only when this changed; None: unknown, refresh every time
     weights_version: int | None
+
+    def sync_weights(self) -> None:
+        """Bring the backend's own copy of the weights (vLLM's, a rollout copy) to ``weights_version`` when it
+        moved; ``generate`` calls it first. Asynchronous generation calls it on the training thread before
+        generating on another, so the weights are read before the optimization changes them."""
+        ...
 
     def generate(
         self,
@@ -262,6 +270,14 @@ class TransformersGenerator:
             cache = f"a static KV cache, {step}"
         return f"built-in generator from {weights}, {cache}"
 
+    def sync_weights(self) -> None:
+        """A rollout copy refreshed from the policy when ``weights_version`` moved (the policy itself: no-op)."""
+        if self.source is not None and (
+            self.weights_version is None or self.weights_version != self._synced_version
+        ):
+            sync_rollout_copy(self.model, self.source)
+            self._synced_version = self.weights_version
+
     def generate(
         self,
         prompt_ids: torch.Tensor,
@@ -272,11 +288,7 @@ class TransformersGenerator:
         *,
         return_logprobs: bool = False,
     ) -> Generated:
-        if self.source is not None and (
-            self.weights_version is None or self.weights_version != self._synced_version
-        ):
-            sync_rollout_copy(self.model, self.source)
-            self._synced_version = self.weights_version
+        self.sync_weights()
         prompts_per_chunk = max(1, self.batch_size // k)
         # inference_mode dispatches cheaper than no_grad (outputs are cloned out of it below), but decoding
         # from ZeRO-3 shards (synced steps) gathers parameters in here: a small (persistent) one gathered
@@ -648,7 +660,10 @@ def rollout_copy(model: Any, dtype: torch.dtype) -> Any:
     with torch.no_grad():
         for p in model.parameters():
             memo[id(p)] = torch.nn.Parameter(
-                p.detach().to(dtype) if p.is_floating_point() else p.detach().clone(), requires_grad=False
+                # copy=True: in the policy's own dtype ``to`` would hand back the same storage, which the
+                # optimizer steps then change under a generation running beside them (--async_generation)
+                p.detach().to(dtype, copy=True) if p.is_floating_point() else p.detach().clone(),
+                requires_grad=False,
             )
         for b in model.buffers():
             memo[id(b)] = b.detach().clone()

@@ -37,7 +37,7 @@ class OneUpdateAhead:
         self.ahead: Experience | None = None
         self.handed: list[Experience] = []
 
-    def produce(self, update: int, timer: StepTimer) -> Experience:
+    def produce(self, update: int, timer: StepTimer, ahead: Any = None) -> Experience:
         if self.ahead is not None and self.ahead.update == update:
             batch = self.ahead
         else:

@@ -36,6 +36,7 @@ def _scored(
         scores=torch.tensor(scores),
         valid=torch.ones(b, dtype=torch.bool),
         contains_eos=torch.zeros(b, dtype=torch.bool),
+        version=torch.full((b,), index[0]),
     )
 
 
@@ -64,6 +65,8 @@ def test_groups_without_spread_are_replaced_by_informative_fresh_ones_at_their_p
         -3.0,
         -3.0,
     ]
+    # so does the version of the weights that sampled it (each fixture batch: its first prompt's index)
+    assert merged.version.tolist() == [0, 0, 3, 3, 3, 3]
     # the prompts are the merged batch's, left-padded to its longest (prompt 4: four tokens)
     assert merged.sampled.prompt_ids.tolist() == [[PAD, PAD, PAD, 7], [6, 6, 6, 6], [PAD, PAD, 4, 4]]
     assert merged.sampled.prompt_mask.sum(1).tolist() == [1, 4, 2]

@@ -116,11 +116,14 @@ def save_checkpoint(
     config: dict[str, Any],
     total_limit: int | None = None,
     extra_files: list[Path] | None = None,
+    extra_objects: dict[str, Any] | None = None,
     reference_state: dict[str, torch.Tensor] | None = None,
     model_state: dict[str, torch.Tensor] | None = None,
     begun: bool = False,
 ) -> Path:
     """Write ``output_dir/checkpoint-<update>`` atomically and return its path.
+
+    ``extra_objects``: more files, name -> a value ``torch.save`` writes.
 
     ``reference_state``: the reference model's weights (a run with --sync_ref_model, whose reference moves),
     written to ``reference/model.safetensors`` (:mod:`rloo.training.ref_sync`); None writes no such file.
@@ -155,6 +158,8 @@ def save_checkpoint(
             for extra in extra_files or []:
                 if extra.is_file():
                     shutil.copy2(extra, tmp / extra.name)
+            for name, value in (extra_objects or {}).items():
+                torch.save(value, tmp / name)
             if reference_state is not None:
                 from rloo.training.ref_sync import REFERENCE_FILE, save_reference_state
 

@@ -68,7 +68,9 @@ class CheckpointManager:
     ``trainer_state(update)`` gives the trainer's own position (episode, tokens, data order...) to store
     beside the weights; :meth:`resume` hands it back. ``reference``: the reference model of a run that moves
     it (--sync_ref_model), saved with every checkpoint and restored on resume; None (a frozen reference, the
-    default) saves nothing of it.
+    default) saves nothing of it. ``extra_state()``, called on every rank at each save, gives files the
+    checkpoint holds besides (name -> a ``torch.save``-able value, written by the main process); after
+    :meth:`resume`, ``resumed_from`` is the checkpoint it restored.
     """
 
     def __init__(
@@ -87,6 +89,7 @@ class CheckpointManager:
         deepspeed: bool = False,
         comm: Collectives | None = None,
         reference: Any = None,
+        extra_state: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         self.accelerator = accelerator
         self.cfg = cfg
@@ -102,6 +105,8 @@ class CheckpointManager:
         self.comm = comm or Collectives(accelerator)
         self.world = self.comm.world
         self.reference = reference
+        self.extra_state = extra_state
+        self.resumed_from: Path | None = None
         self._last_saved: tuple[int, Path] | None = None
         self._started_over = False  # --overwrite_output_dir removed the previous run: nothing to resume
 
@@ -139,6 +144,7 @@ class CheckpointManager:
         )
         if self.deepspeed:
             self._save_engine(out_dir, update)
+        extra = self.extra_state() if self.extra_state is not None else None  # every rank: may gather
 
         def write() -> None:
             save_checkpoint(
@@ -154,6 +160,7 @@ class CheckpointManager:
                 total_limit=self.cfg.save_total_limit,
                 # the metrics so far travel with the checkpoint, so a fresh machine resumes them too
                 extra_files=[out_dir / METRICS_FILE],
+                extra_objects=extra,
                 reference_state=reference_state,
                 model_state=model_state,
                 begun=self.deepspeed,
@@ -495,6 +502,7 @@ class CheckpointManager:
                 self.num_updates,
             )
         log.info("resumed from %s (update %d of %d)", path, st["update"], self.num_updates)
+        self.resumed_from = path
         return st
 
     def _resumable(self, path: Path) -> str | None:

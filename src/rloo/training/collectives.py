@@ -61,6 +61,14 @@ class Collectives:
 
         return broadcast_object_list([obj])[0]
 
+    def gather_objects(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj`` (any picklable value), in rank order, on every rank."""
+        if self.world == 1:
+            return [obj]
+        from accelerate.utils import gather_object
+
+        return list(gather_object([obj]))
+
     def average_gradients(self, model: torch.nn.Module) -> None:
         """Average the trainable parameters' gradients over ranks in one flat all-reduce (for a model not
         wrapped in DDP, whose hooks do not allow the two forward calls of a shared-prefix pass before one

@@ -16,7 +16,7 @@ import torch
 from rloo import algo
 from rloo.config import BatchPlan, RLOOConfig
 from rloo.data import PromptDataset
-from rloo.generation import SamplingParams, left_pad, row_seeds
+from rloo.generation import Generated, SamplingParams, left_pad, row_seeds
 from rloo.training import deepspeed_utils, group_filter, lora
 from rloo.training.collectives import Collectives
 from rloo.training.completion_logprobs import LogProbs, NonFiniteGuard
@@ -75,6 +75,18 @@ class Prompts:
     ids: list[list[int]]
 
 
+@dataclass
+class Rollout:
+    """One batch's completions as the generator returned them, before anything is scored: what asynchronous
+    generation hands over (and a checkpoint holds while it is in flight)."""
+
+    update: int  # the update it is generated for (its seeds)
+    index: list[int]  # (P,) this rank's global prompt indices
+    generated: Generated  # tokens (B, T), log-probs (B, T) or None
+    version: int  # optimizer steps of the weights that sampled it
+    seconds: float = 0.0  # the generation's wall time
+
+
 class ExperienceProducer:
     """Samples, scores and measures one update's batch: :meth:`produce` gives its :class:`Experience`."""
 
@@ -119,14 +131,15 @@ class ExperienceProducer:
         self.on_policy = on_policy
         self._warned_nothing_kept = False
 
-    def produce(self, update: int, timer: StepTimer) -> Experience:
-        """One update's experience: sample K completions of this rank's prompts and score them (again for
-        fresh prompts with --filter_groups), take the policy's and the reference's log-probs of them, and
-        turn the scores into advantages."""
+    def produce(self, update: int, timer: StepTimer, ahead: Rollout | None = None) -> Experience:
+        """One update's experience: sample K completions of this rank's prompts (``ahead``: generated
+        beforehand, possibly from older weights) and score them (again for fresh prompts with
+        --filter_groups), take the policy's and the reference's log-probs of them, and turn the scores into
+        advantages."""
         cfg, dev = self.cfg, self.device
         k = cfg.rloo_k
-        version = self.generator.weights_version or 0  # the weights every round of this batch samples from
-        first = self._sample_and_score(update, timer, 0)
+        current = self.generator.weights_version or 0  # the optimizer steps of the weights now
+        first = self._sample_and_score(update, timer, 0, ahead)
         got, rounds, replaced = first, 1, 0
         while cfg.filter_groups and rounds < cfg.max_num_gen_batches:
             # every rank samples as many rounds: generation's collectives (ZeRO-3, vLLM) stay in step
@@ -140,8 +153,9 @@ class ExperienceProducer:
         kept = got.informative(k).repeat_interleave(k) if cfg.filter_groups else None  # (B,)
         if kept is not None:
             sampled.loss_mask = sampled.loss_mask & kept[:, None]  # (B, T)
+        stale = bool((got.version != current).any())
         with timer("logprobs"):
-            old_logprobs, ref_logprobs = self._logprobs(update, sampled, got.gen_logprobs)
+            old_logprobs, ref_logprobs = self._logprobs(update, sampled, got.gen_logprobs, stale=stale)
 
         with timer("scoring"):
             scores, valid = got.scores, got.valid
@@ -175,6 +189,10 @@ class ExperienceProducer:
             k,
             response_length=cfg.response_length,
         )
+        if cfg.async_generation:  # optimizer steps between the weights that sampled a row and today's
+            lag = self.comm.gather((current - got.version).float().to(dev))  # (global B,)
+            metrics["async/staleness"] = float(lag.mean())
+            metrics["async/staleness_max"] = float(lag.max())
         num_cut = torch.tensor([float(sum(i in self.truncated_prompts for i in index))], device=dev)
         metrics["prompts/num_truncated"] = float(self.comm.gather(num_cut).sum())  # global batch
         if kept is not None:
@@ -208,23 +226,43 @@ class ExperienceProducer:
             sampling_logprobs=sampled.sampling_logprobs,
             scores=raw_scores,
             advantages=advantages,
-            policy_version=torch.full((mask.size(0),), version, dtype=torch.long),
+            policy_version=got.version,
             metrics=metrics,
             kept=kept,
         )
 
-    def _sample_and_score(self, update: int, timer: StepTimer, round_: int) -> group_filter.Scored:
-        """This rank's slice of the next prompts of the global order, sampled and scored. ``round_`` > 0
-        (--max_num_gen_batches) draws other seeds, so a prompt met again samples anew."""
-        # every rank draws the same global list and keeps its slice: the data order, and so the run,
-        # does not depend on the number of processes
-        ppr = self.plan.prompts_per_rank
-        index = self.sampler.next(ppr * self.world)[self.rank * ppr : (self.rank + 1) * ppr]
-        with timer("generation"):
-            sampled, gen_logprobs = self._sample(update, index, round_)
+    def _sample_and_score(
+        self, update: int, timer: StepTimer, round_: int, ahead: Rollout | None = None
+    ) -> group_filter.Scored:
+        """This rank's slice of the next prompts of the global order, sampled (or generated ``ahead``) and
+        scored. ``round_`` > 0 (--max_num_gen_batches) draws other seeds, so a prompt met again samples anew."""
+        if ahead is None:
+            index = self.draw()
+            version = (
+                self.generator.weights_version or 0
+            )  # the weights every round of this batch samples from
+            with timer("generation"):
+                self.policy.eval()
+                with deepspeed_utils.gather_for_generation(
+                    self.policy, self.accelerator, self.gather_for_generation
+                ):
+                    gen = self.generate(update, index, round_)
+        else:
+            index, gen, version = ahead.index, ahead.generated, ahead.version
+            timer.seconds["generation"] += ahead.seconds
+        sampled, gen_logprobs = self._sampled(index, gen)
         with timer("scoring"):
             per_source, scores, valid, contains_eos = self._score(index, sampled)  # (B, S), (B,) x 3
-        return group_filter.Scored(index, sampled, gen_logprobs, per_source, scores, valid, contains_eos)
+        versions = torch.full((sampled.responses.size(0),), version, dtype=torch.long)  # (B,)
+        return group_filter.Scored(
+            index, sampled, gen_logprobs, per_source, scores, valid, contains_eos, versions
+        )
+
+    def draw(self) -> list[int]:
+        """This rank's slice of the next prompts of the global order: every rank draws the same global list
+        and keeps its slice, so the data order, and so the run, does not depend on the number of processes."""
+        ppr = self.plan.prompts_per_rank
+        return self.sampler.next(ppr * self.world)[self.rank * ppr : (self.rank + 1) * ppr]
 
     def _score(
         self, index: list[int], sampled: Sampled
@@ -303,15 +341,9 @@ class ExperienceProducer:
             factor = self.comm.local(factor)
         return advantages * (factor[:, None] if advantages.dim() == 2 else factor)  # (B,) or (B, T)
 
-    def _sample(self, update: int, index: list[int], round_: int = 0) -> tuple[Sampled, torch.Tensor | None]:
-        """K completions of each prompt of ``index``, masked after the stop token, and the sampler's own
-        log-probs of them (B, T) when it returned them (else None)."""
-        cfg, tok, dev = self.cfg, self.tokenizer, self.device
-        k, p = cfg.rloo_k, len(index)
-        prompt_ids, prompt_mask = left_pad(
-            [self.train.ids[i] for i in index], tok.pad_token_id, dev
-        )  # (P, L)
-        params = SamplingParams(
+    def _sampling_params(self) -> SamplingParams:
+        cfg, tok = self.cfg, self.tokenizer
+        return SamplingParams(
             max_new_tokens=cfg.response_length,
             temperature=cfg.temperature,
             top_k=cfg.top_k,
@@ -319,18 +351,33 @@ class ExperienceProducer:
             stop_token_id=self.stop_token_id,
             pad_token_id=tok.pad_token_id,
         )
-        self.policy.eval()
-        seeds = row_seeds(cfg.seed + round_ * 1_000_003, update, torch.tensor(index), k)
-        with deepspeed_utils.gather_for_generation(self.policy, self.accelerator, self.gather_for_generation):
-            gen = self.generator.generate(
-                prompt_ids,
-                prompt_mask,
-                k,
-                params,
-                seeds,
-                return_logprobs=self.on_policy or cfg.vllm_importance_sampling_correction,
-            )
-        responses = gen.tokens  # (B, T)
+
+    def generate(self, update: int, index: list[int], round_: int = 0) -> Generated:
+        """K completions of each prompt of ``index`` for ``update``, as the generator returns them. Nothing
+        but the generator is touched: asynchronous generation runs this on another thread."""
+        cfg = self.cfg
+        prompt_ids, prompt_mask = left_pad(
+            [self.train.ids[i] for i in index], self.tokenizer.pad_token_id, self.device
+        )  # (P, L)
+        seeds = row_seeds(cfg.seed + round_ * 1_000_003, update, torch.tensor(index), cfg.rloo_k)
+        return self.generator.generate(
+            prompt_ids,
+            prompt_mask,
+            cfg.rloo_k,
+            self._sampling_params(),
+            seeds,
+            return_logprobs=self.on_policy or cfg.vllm_importance_sampling_correction,
+        )
+
+    def _sampled(self, index: list[int], gen: Generated) -> tuple[Sampled, torch.Tensor | None]:
+        """The completions ``gen`` of the prompts ``index``, masked after the stop token, and the sampler's own
+        log-probs of them (B, T) when it returned them (else None)."""
+        cfg, tok, dev = self.cfg, self.tokenizer, self.device
+        k, p = cfg.rloo_k, len(index)
+        prompt_ids, prompt_mask = left_pad(
+            [self.train.ids[i] for i in index], tok.pad_token_id, dev
+        )  # (P, L)
+        responses = gen.tokens.to(dev)  # (B, T)
         mask = algo.completion_mask(responses, self.stop_token_id)  # (B, T)
         loss_mask = mask
         if cfg.mask_truncated_completions:  # the config requires a stop token with this flag
@@ -339,7 +386,9 @@ class ExperienceProducer:
             loss_mask = mask & ~truncated[:, None]  # (B, T)
         if self.stop_token_id is not None:
             responses = algo.truncate_after_stop(responses, self.stop_token_id, tok.pad_token_id)
-        gen_logprobs = None if gen.logprobs is None else gen.logprobs.masked_fill(~mask, 0.0)  # (B, T)
+        gen_logprobs = (
+            None if gen.logprobs is None else gen.logprobs.to(dev).masked_fill(~mask, 0.0)
+        )  # (B, T)
         # the config refuses top-k/top-p with this flag; nothing else drops the engine's log-probs
         if cfg.vllm_importance_sampling_correction and gen_logprobs is None:
             raise RuntimeError("the vLLM engine returned no log-probs for the importance sampling correction")
@@ -355,12 +404,13 @@ class ExperienceProducer:
         return sampled, gen_logprobs
 
     def _logprobs(
-        self, update: int, sampled: Sampled, gen_logprobs: torch.Tensor | None
+        self, update: int, sampled: Sampled, gen_logprobs: torch.Tensor | None, *, stale: bool
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The policy's ("old") and the reference's log-probs of the samples, each (B, T); training stops
-        here (one line) on a non-finite value."""
+        here (one line) on a non-finite value. ``stale``: older weights than today's sampled some of them
+        (asynchronous generation), whose log-probs are then not the policy's."""
         cfg, dev, mask = self.cfg, self.device, sampled.mask
-        if self.on_policy and gen_logprobs is not None:
+        if self.on_policy and gen_logprobs is not None and not stale:
             # On-policy: the loss takes its "old" log-probs from its own forward (see PolicyUpdater), so
             # these generation-time values only feed the KL penalty and the entropy metric.
             old_logprobs = gen_logprobs  # (B, T)

@@ -37,6 +37,7 @@ class Scored:
     scores: torch.Tensor  # (B,) the combined score
     valid: torch.Tensor  # (B,) bool: every source scored it
     contains_eos: torch.Tensor  # (B,) bool
+    version: torch.Tensor  # (B,) long on CPU: optimizer steps of the weights that sampled each completion
 
     def informative(self, k: int) -> torch.Tensor:
         """(P,) bool: the groups whose scores have spread."""
@@ -69,7 +70,7 @@ def replace_groups(
     rows = (torch.tensor(groups, device=dev)[:, None] * k + torch.arange(k, device=dev)).flatten()  # (B,)
 
     def pick(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        return torch.cat([a, b])[rows]
+        return torch.cat([a, b])[rows.to(a.device)]
 
     width = max(base.sampled.responses.size(1), fresh.sampled.responses.size(1))
     per_row: dict[str, torch.Tensor | None] = {}
@@ -95,6 +96,7 @@ def replace_groups(
         scores=pick(base.scores, fresh.scores),
         valid=pick(base.valid, fresh.valid),
         contains_eos=pick(base.contains_eos, fresh.contains_eos),
+        version=pick(base.version, fresh.version.to(base.version.device)),
     )
     return merged, n
 

@@ -50,6 +50,7 @@ from rloo.models import (
 )
 from rloo.tracking.base import Status
 from rloo.training import deepspeed_utils, lora, precision, ref_sync
+from rloo.training.async_rollout import AHEAD_FILE, RolloutsAhead
 from rloo.training.checkpoint_manager import CheckpointManager
 from rloo.training.collectives import Collectives
 from rloo.training.compile import compile_decoder_layers
@@ -343,6 +344,7 @@ class RLOOTrainer:
             comm=self.comm,
             # a moving reference is part of the run's state: a resume must not measure KL to the SFT model
             reference=self.ref_policy if cfg.sync_ref_model else None,
+            extra_state=lambda: {AHEAD_FILE: self.ahead.state()} if self.ahead is not None else {},
         )
         warn_if_reference_never_moves(cfg, self.num_updates)
         self.state = TrainerState(max_steps=self.num_updates)
@@ -396,6 +398,7 @@ class RLOOTrainer:
             # one optimizer step per batch: the sampler's log-probs are the policy's
             on_policy=cfg.num_ppo_epochs * cfg.num_mini_batches == 1,
         )
+        self.ahead = RolloutsAhead.for_run(cfg, self.producer, self.num_updates, self.tokenizer.pad_token_id)
         self.updater = PolicyUpdater(
             cfg,
             policy=self.policy,
@@ -427,20 +430,31 @@ class RLOOTrainer:
                 output_dir=out_dir, history=[], seconds=0.0, episodes=self.num_updates * self.plan.batch_size
             )
         resumed = self._resume(out_dir)
-        logger = self._open_logger(out_dir, resumed)
+        logger = open_logger(
+            cfg,
+            self.sinks,
+            self.num_updates,
+            self.param_counts,
+            out_dir,
+            resumed,
+            main=self.accelerator.is_main_process,
+        )
         preemption = Preemption(cfg.preemption_grace_seconds)
         preemption.install()
-        if self.world == 1:  # in-loop checks would desynchronise ranks: multi-process checks between phases
+        # in-loop checks would desynchronise ranks (multi-process checks between phases), and a batch generated
+        # ahead is finished, so that the checkpoint holds it
+        if self.world == 1 and self.ahead is None:
             self.generator.should_stop = preemption.requested
         status: Status = "FAILED"
         # the updates whose weights are in the model: a preemption checkpoints the run at this point
-        position = resumed or 0
+        self.position = resumed or 0
+        if self.ahead is not None:
+            self.ahead.load(self.checkpoints.resumed_from)
         try:
             if self._samples_due is not None:  # preempted before its sample table: owed first
                 self._sample_table(logger, self._samples_due, preemption)
             for update in range(resumed or 0, self.num_updates):
                 metrics = self._update(update, preemption)
-                position = update + 1
                 self._report(logger, update, metrics, out_dir, first_of_run=resumed is None and update == 0)
                 if self.sample_freq and update % self.sample_freq == 0:
                     self._sample_table(logger, update + 1, preemption)
@@ -456,15 +470,17 @@ class RLOOTrainer:
         except Preempted:
             status = "KILLED"
             signal_name = "Ctrl-C" if preemption.signal_name == "SIGINT" else "SIGTERM"
-            self._checkpoint_at(out_dir, logger, position, signal_name)  # within SIGTERM's grace period
+            self._checkpoint_at(out_dir, logger, self.position, signal_name)  # within SIGTERM's grace period
             preemption.cancel_deadline()
             raise SystemExit(preemption.exit_code) from None
         except GeneratorLost:  # exit 75: a retried step resumes here once the server answers again
-            self._checkpoint_at(out_dir, logger, position, "the rollout server is lost")
+            self._checkpoint_at(out_dir, logger, self.position, "rollout generation is lost")
             raise
         finally:
             preemption.uninstall()
             self.generator.should_stop = None
+            if self.ahead is not None:
+                self.ahead.close()
             # process groups torn down explicitly: gloo otherwise aborts now and then at interpreter exit
             if self.mirror is not None:
                 self.mirror.close()
@@ -490,36 +506,21 @@ class RLOOTrainer:
             output_dir=out_dir, history=logger.history, seconds=elapsed, episodes=self.state.episode
         )
 
-    def _open_logger(self, out_dir: Path, resumed: int | None) -> MetricsLogger:
-        """The metrics logger, its parameters held until the first update; a resumed run's history kept."""
-        main = self.accelerator.is_main_process
-        logger = MetricsLogger(
-            total_updates=self.num_updates,
-            show_progress=main and not self.cfg.disable_tqdm,
-            sinks=self.sinks,
-            progress_start=resumed or 0,
-        )
-        trainable, total = self.param_counts
-        # held until open(): nothing reaches MLflow before update 1
-        logger.log_params(
-            {**self.cfg.recorded(), "model/trainable_params": trainable, "model/total_params": total}
-        )
-        if resumed is not None and main:
-            logger.open(out_dir, keep_until_update=resumed)
-        return logger
-
     def _update(self, update: int, preemption: Preemption) -> dict[str, Any]:
         """One RLOO update: rollout, optimization, scheduler step; its metrics. A preemption before the
         optimization leaves the run where this update started (Preempted)."""
         cfg = self.cfg
         timer = StepTimer(self.device)
         t0 = time.perf_counter()
+        if self.ahead is not None:  # the batches not generated ahead (the run's start): now
+            self.ahead.fill(update)
         data_position = self.sampler.state_dict()
         self.state.global_step = update
         self.state.epoch = self.state.episode / max(1, len(self.train_ds) * cfg.rloo_k)
         self._phase("generation", update, preemption)
         try:
-            experience = self.producer.produce(update, timer)
+            ahead = self.ahead.take(update) if self.ahead is not None else None
+            experience = self.producer.produce(update, timer, ahead)
             self._phase("optimization", update, preemption)
         except (Preempted, GenerationInterrupted, GeneratorLost) as e:
             # nothing of this update reached the weights: checkpoint the state it started from (lost: exit 75)
@@ -527,6 +528,9 @@ class RLOOTrainer:
             if isinstance(e, GeneratorLost):
                 raise
             raise Preempted from None
+        if self.ahead is not None:  # the batch of update + staleness, from these weights, while they train
+            self.ahead.consumed(update)
+            self.ahead.launch(update + self.ahead.staleness)
         with timer("optimization"):
             opt_metrics = self.updater.update(experience)
         # the engine's copy (vLLM) is stale now: the next generation pushes, resampling rounds before it do not
@@ -556,6 +560,9 @@ class RLOOTrainer:
         lr = self.scheduler.get_last_lr()[0]
         self.scheduler.step()
         self.state.episode += self.plan.batch_size
+        self.position = update + 1
+        if self.ahead is not None:
+            experience.metrics["time/generation_wait_s"] = self.ahead.wait()
         dt = time.perf_counter() - t0
         gen_tokens = experience.metrics.pop("tokens/completion")
         prompt_tokens = experience.metrics.pop("tokens/prompt")
@@ -671,6 +678,32 @@ class RLOOTrainer:
         self._samples_due = None if due is None else int(due)
         self.sampler.load_state_dict(st)
         return int(st["update"])
+
+
+def open_logger(
+    cfg: RLOOConfig,
+    sinks: list[Any],
+    num_updates: int,
+    param_counts: tuple[int, int],
+    out_dir: Path,
+    resumed: int | None,
+    *,
+    main: bool,
+) -> MetricsLogger:
+    """The metrics logger, its parameters held until the first update; a resumed run's history kept (on the
+    ``main`` process: the others log nothing)."""
+    logger = MetricsLogger(
+        total_updates=num_updates,
+        show_progress=main and not cfg.disable_tqdm,
+        sinks=sinks,
+        progress_start=resumed or 0,
+    )
+    trainable, total = param_counts
+    # held until open(): nothing reaches MLflow before update 1
+    logger.log_params({**cfg.recorded(), "model/trainable_params": trainable, "model/total_params": total})
+    if resumed is not None and main:
+        logger.open(out_dir, keep_until_update=resumed)
+    return logger
 
 
 def check_locations(cfg: RLOOConfig) -> Any:

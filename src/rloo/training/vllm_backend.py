@@ -40,6 +40,7 @@ from typing import Any
 
 import torch
 
+from rloo.errors import UserError
 from rloo.generation import (
     Generated,
     GenerationSettings,
@@ -454,6 +455,17 @@ class VLLMGenerator:
         # load_weights alone (upstream: "sleep level 2 causes gibberish outputs" with the new model runner).
         self.llm.sleep(level=2)
 
+    def sync_weights(self) -> None:
+        """The policy's weights pushed when ``weights_version`` moved since the last push (always in sleep
+        mode, which discards them after each generation)."""
+        if (
+            self.enable_sleep_mode
+            or self.weights_version is None
+            or self.weights_version != self._pushed_version
+        ):
+            self.push_weights()
+            self._pushed_version = self.weights_version
+
     # -- generation ---------------------------------------------------------------------------------------
     def generate(
         self,
@@ -469,14 +481,7 @@ class VLLMGenerator:
             strip_left_padding(prompt_ids, prompt_mask), k, params, seeds, return_logprobs=return_logprobs
         )
         with_logprobs = return_logprobs and engine_logprobs_usable(params)
-        # sleep mode discards the weights after each generation: they always go in again
-        if (
-            self.enable_sleep_mode
-            or self.weights_version is None
-            or self.weights_version != self._pushed_version
-        ):
-            self.push_weights()
-            self._pushed_version = self.weights_version
+        self.sync_weights()
         if self.enable_sleep_mode:
             self._wake_up("kv_cache")
         try:
@@ -595,11 +600,15 @@ def make_generator(
         accelerator, gather=settings.ds3_gather_for_generation
     )
     policy = accelerator.unwrap_model(model)
+    copy_dtype = precision.rollout_copy_dtype(settings.generation_dtype, accelerator, policy)
+    if settings.async_generation and copy_dtype is None:
+        # generating beside the optimization: from a copy that the optimizer steps do not change under it
+        if deepspeed_utils.is_deepspeed(accelerator):
+            raise UserError(
+                "--async_generation with the built-in generator samples from a copy of the policy, which "
+                "DeepSpeed holds itself: generate with --use_vllm --vllm_mode server, or drop --async_generation."
+            )
+        copy_dtype = next(p.dtype for p in policy.parameters() if p.is_floating_point())
     return TransformersGenerator.from_settings(
-        policy,
-        settings,
-        batch_size=batch_size,
-        autocast=autocast,
-        synced_steps=synced,
-        copy_dtype=precision.rollout_copy_dtype(settings.generation_dtype, accelerator, policy),
+        policy, settings, batch_size=batch_size, autocast=autocast, synced_steps=synced, copy_dtype=copy_dtype
     )

@@ -221,6 +221,24 @@ class VLLMServerClient:
 
 # ------------------------------------------------------------------------------------------------------
 # the generator
+def agree_on_failure(accelerator: Any, failure: UserError | None, source: str) -> None:
+    """Every process raises together, the same kind of error (a lone one would leave the others in a
+    collective, and a checkpoint is taken by all or none): a refusal (2) wins over a lost ``source`` (75)."""
+    if accelerator is None or accelerator.num_processes == 1:
+        if failure is not None:
+            raise failure
+        return
+    kind = 0 if failure is None else 2 if not isinstance(failure, GeneratorLost) else 1
+    worst = int(accelerator.reduce(torch.tensor([kind], device=accelerator.device), reduction="max").item())
+    if worst == 0:
+        return
+    if failure is not None and kind == worst:
+        raise failure
+    if worst == 1:
+        raise GeneratorLost(f"{source} stopped answering another process")
+    raise UserError(f"{source} refused another process's request (its error says why)")
+
+
 class VLLMServerGenerator:
     """``Generator`` backed by a vLLM server that mirrors the training ``model`` (see the module's doc)."""
 
@@ -228,6 +246,9 @@ class VLLMServerGenerator:
     weights_version: int | None = None  # the trainer's optimizer steps; pushed when it changed
 
     def __init__(self, client: VLLMServerClient, model: Any, *, accelerator: Any, served_model: str) -> None:
+        # False: generate raises its failure in this process only, and the caller agrees on it
+        # (agree_on_failure): asynchronous generation runs it on a thread beside the training collectives
+        self.agree_in_generate = True
         self.client = client
         self.model = model
         self.accelerator = accelerator
@@ -236,23 +257,7 @@ class VLLMServerGenerator:
         self._pushed_version: int | None = -1
 
     def _agree(self, failure: UserError | None) -> None:
-        """Every process raises together, the same kind of error (a lone one would leave the others in a
-        collective, and a checkpoint is taken by all or none): a refusal (2) wins over a lost server (75)."""
-        acc = self.accelerator
-        if acc is None or acc.num_processes == 1:
-            if failure is not None:
-                raise failure
-            return
-        kind = 0 if failure is None else 2 if not isinstance(failure, GeneratorLost) else 1
-        worst = int(acc.reduce(torch.tensor([kind], device=acc.device), reduction="max").item())
-        if worst == 0:
-            return
-        if failure is not None and kind == worst:
-            raise failure
-        url = self.client.base_url
-        if worst == 1:
-            raise GeneratorLost(f"the vLLM server at {url} stopped answering another process")
-        raise UserError(f"the vLLM server at {url} refused another process's request (its error says why)")
+        agree_on_failure(self.accelerator, failure, f"the vLLM server at {self.client.base_url}")
 
     def push_weights(self) -> None:
         """The first process sends the changed weights; every process gathers (ZeRO-3) and waits."""
@@ -269,6 +274,12 @@ class VLLMServerGenerator:
             pass
         self._agree(failure)
 
+    def sync_weights(self) -> None:
+        """The policy's weights pushed when ``weights_version`` moved since the last push."""
+        if self.weights_version is None or self.weights_version != self._pushed_version:
+            self.push_weights()
+            self._pushed_version = self.weights_version
+
     def generate(
         self,
         prompt_ids: torch.Tensor,
@@ -279,9 +290,7 @@ class VLLMServerGenerator:
         *,
         return_logprobs: bool = False,
     ) -> Generated:
-        if self.weights_version is None or self.weights_version != self._pushed_version:
-            self.push_weights()
-            self._pushed_version = self.weights_version
+        self.sync_weights()
         requests = build_requests(
             strip_left_padding(prompt_ids, prompt_mask), k, params, seeds, return_logprobs=return_logprobs
         )
@@ -292,7 +301,10 @@ class VLLMServerGenerator:
             completions = self.client.complete(requests, self.served_model, with_logprobs=with_logprobs)
         except UserError as e:  # lost (75) or refused (2)
             failure = e
-        self._agree(failure)
+        if self.agree_in_generate:
+            self._agree(failure)
+        elif failure is not None:
+            raise failure
         return completions_to_generated(
             completions, params, with_logprobs=with_logprobs, device=prompt_ids.device
         )
