@@ -398,3 +398,44 @@ def test_s3_output_dir_trains_publishes_and_resumes_on_a_fresh_machine(
     assert bad.returncode == 2
     assert bad.stderr.strip().count("\n") == 0 and "credentials" in bad.stderr
     assert "Traceback" not in bad.stderr and s3.secret_key not in bad.stderr
+
+
+ASYNC_FLAGS: dict[str, object] = dict(async_generation="true")
+
+
+@pytest.mark.parametrize("phase", ["generation", "optimization"])
+def test_async_generation_resumes_exactly(tiny, toy_data: Path, tmp_path: Path, phase: str) -> None:
+    """--async_generation (rloo.training.async_rollout): checkpoint-2 holds the batch of update 3 that was
+    generated during update 2 from update 2's weights, so the resumed run trains on the very batches of the
+    uninterrupted one, bit for bit, though its weights have moved on since."""
+    straight, out = tmp_path / "straight", tmp_path / "out"
+    proc = _run(_args(tiny, toy_data, straight, **ASYNC_FLAGS))
+    assert proc.returncode == 0, proc.stderr
+    killed = _run(_args(tiny, toy_data, out, **ASYNC_FLAGS), kill_at=f"3:{phase}")
+    assert killed.returncode == -signal.SIGKILL
+    ahead = torch.load(out / "checkpoint-2" / "rollouts_ahead.pt", weights_only=True)
+    assert [sorted(part) for part in ahead["parts"]] == [[2]]  # one rank, the batch of update index 2
+    resumed = _run(_args(tiny, toy_data, out, **ASYNC_FLAGS))
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resumed from" in resumed.stdout
+    w_straight, w_resumed = _weights(straight), _weights(out)
+    assert all(torch.equal(w_straight[k], w_resumed[k]) for k in w_straight)
+    assert _metrics(out) == _metrics(straight)
+    assert [m["async/staleness"] for m in _metrics(out)] == [0.0] + [2.0] * 5  # 2 epochs: 2 steps an update
+
+
+def test_async_generation_on_two_processes_matches_one(tiny, toy_data: Path, tmp_path: Path) -> None:
+    """Each rank generates its slice of the batch ahead on its own worker; failures and checkpoints are
+    agreed on the training thread. Two ranks train as one process does, up to summation order."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    proc = _run(_args(tiny, toy_data, one, per_device_train_batch_size=8, **LAYOUT_FLAGS, **ASYNC_FLAGS))
+    assert proc.returncode == 0, proc.stderr
+    proc2 = _two_ranks(tiny, toy_data, two, per_device_train_batch_size=4, **LAYOUT_FLAGS, **ASYNC_FLAGS)
+    assert proc2.returncode == 0, proc2.stderr[-3000:]
+    m1, m2 = _metrics(one), _metrics(two)
+    assert [m["async/staleness"] for m in m2] == [0.0, 4.0, 4.0]
+    for a, b in zip(m1, m2, strict=True):
+        for key in ROLLOUT_STATS:
+            assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), (a["update"], key)
+    w0, w1, w2 = _weights_init(tiny), _weights(one), _weights(two)
+    assert _apart(w1, w2) <= 1e-3 * _apart(w1, w0), (_apart(w1, w2), _apart(w1, w0))

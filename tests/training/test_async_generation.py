@@ -97,7 +97,9 @@ def test_the_first_update_is_the_synchronous_one_and_the_run_reproduces(
     first exactly: each batch's seeds are its update's, whichever thread generates it and when."""
     sync = RLOOTrainer(_cfg(tiny_setup, toy_dataset, tmp_path / "sync")).train().history
     runs = [
-        RLOOTrainer(_cfg(tiny_setup, toy_dataset, tmp_path / f"async{i}", async_generation=True)).train().history
+        RLOOTrainer(_cfg(tiny_setup, toy_dataset, tmp_path / f"async{i}", async_generation=True))
+        .train()
+        .history
         for i in range(2)
     ]
     # the same completions (sampled from a copy of the same weights, on another thread)...
@@ -175,3 +177,67 @@ def test_a_copy_of_the_policy_is_sampled_from_while_it_trains(
     pointers = {p.data_ptr() for p in trainer.policy.parameters()}
     assert not pointers & {p.data_ptr() for p in copy.parameters()}
     trainer.release_output()
+
+
+def _ahead(world: int, rank: int) -> Any:
+    from types import SimpleNamespace
+
+    from rloo.training.async_rollout import RolloutsAhead
+
+    comm = SimpleNamespace(world=world, rank=rank, gather_objects=lambda obj: [obj])
+    producer = SimpleNamespace(generator=SimpleNamespace(), comm=comm, accelerator=None)
+    return RolloutsAhead(
+        producer,  # type: ignore[arg-type]
+        staleness=1,
+        num_updates=9,
+        comm=comm,  # type: ignore[arg-type]
+        accelerator=None,
+        rloo_k=2,
+        pad_token_id=0,
+    )
+
+
+def test_a_checkpoint_from_two_processes_splits_over_one_or_four(tmp_path: Path) -> None:
+    """The batches ahead are stored as every rank's part, in rank order; a resumed run on another number of
+    processes takes its own prompts' rows (each row is its own seed's sample) padded to its widest one."""
+    from rloo.training.async_rollout import AHEAD_FILE
+
+    # two ranks x 2 prompts x k=2: rank 0 generated 3 tokens a row, rank 1 two; row r's tokens are r + 1
+    parts = [
+        {
+            5: {
+                "index": [10, 11],
+                "tokens": torch.arange(1, 5)[:, None].repeat(1, 3),
+                "logprobs": None,
+                "version": 7,
+            }
+        },
+        {
+            5: {
+                "index": [12, 13],
+                "tokens": torch.arange(5, 9)[:, None].repeat(1, 2),
+                "logprobs": None,
+                "version": 7,
+            }
+        },
+    ]
+    torch.save({"parts": parts}, tmp_path / AHEAD_FILE)
+
+    one = _ahead(world=1, rank=0)
+    one.load(tmp_path)
+    whole = one.take(5)
+    assert whole.index == [10, 11, 12, 13] and whole.version == 7
+    assert whole.generated.tokens.tolist() == [[r, r, r] for r in (1, 2, 3, 4)] + [
+        [r, r, 0] for r in (5, 6, 7, 8)
+    ]
+
+    for rank, (index, rows) in enumerate([([10], [1, 2]), ([11], [3, 4]), ([12], [5, 6]), ([13], [7, 8])]):
+        quarter = _ahead(world=4, rank=rank)
+        quarter.load(tmp_path)
+        got = quarter.take(5)
+        width = 3 if rank < 2 else 2  # the widest of its own rows
+        assert got.index == index and got.generated.tokens.tolist() == [[r] * width for r in rows]
+
+    three = _ahead(world=3, rank=0)  # 4 prompts do not split over 3: generated again
+    three.load(tmp_path)
+    assert three.ready == {}

@@ -660,6 +660,7 @@ class RLOOTrainer:
             "num_tokens": self._num_tokens,
             "length_corr_streak": self._length_corr_streak,
             "samples_due": self._samples_due,
+            "policy_version": self.updater.version,  # optimizer steps: what a batch's rows are compared with
             **self.sampler.state_dict(),
             "world_size": self.world,
             "seed": self.cfg.seed,
@@ -677,6 +678,7 @@ class RLOOTrainer:
         due = st.get("samples_due")
         self._samples_due = None if due is None else int(due)
         self.sampler.load_state_dict(st)
+        self.updater.version = self.generator.weights_version = int(st.get("policy_version", 0))
         return int(st["update"])
 
 
