@@ -178,3 +178,27 @@ def test_a_server_lost_mid_run_checkpoints_exits_75_and_the_run_resumes(
     rows = metrics(out)
     assert [r["update"] for r in rows] == list(range(1, 9))
     assert max(r[GAP] for r in rows) < TOLERANCE
+
+
+def test_async_generation_overlaps_the_server_with_training_one_update_off_policy(
+    qwen: TinySetup, prompts: Path, vllm_env: dict[str, str], server: PolicyServer, tmp_path: Path
+) -> None:
+    """--async_generation: the server generates the batch of update u + 1 from update u's weights (pushed
+    before update u trains) while update u trains. The first rollout is the synchronous run's (the same
+    weights and seeds); later ones are one optimizer step old, which the log-prob gap between the server's
+    sampling and today's forward shows (a synchronous run keeps it at rounding), and the server holds the
+    weights of the last batch's launch at the end."""
+    sync, out = tmp_path / "sync", tmp_path / "async"
+    _ok(rloo(server_args(qwen, prompts, sync, server.url, steps=1), vllm_env))
+    proc = rloo(server_args(qwen, prompts, out, server.url, "--async_generation", steps=4), vllm_env)
+    _ok(proc)
+    rows = metrics(out)
+    (first,) = metrics(sync)
+    for key in ROLLOUT_STATS:
+        assert abs(rows[0][key] - first[key]) <= TOLERANCE * max(1.0, abs(first[key])), key
+    assert [r["async/staleness"] for r in rows] == [0.0, 1.0, 1.0, 1.0]
+    gaps = [r[GAP] for r in rows]
+    assert gaps[0] < TOLERANCE and min(gaps[2:]) > 10 * TOLERANCE, gaps
+    # batch 4 (the last) was generated from the weights after 2 optimizer steps, during update 3
+    assert served_info(server.url)["version"] == 2
+    assert all(r["time/generation_wait_s"] >= 0 for r in rows)

@@ -166,3 +166,18 @@ def test_a_model_the_cpu_kernels_cannot_run_is_one_line(
     out = tmp_path / "out"
     last = refusal(rloo(train_args(tiny_setup, prompts, out), vllm_env), out)
     assert "head size is 16" in last and "drop --use_vllm" in last
+
+
+def test_async_generation_with_the_colocated_engine(
+    qwen: TinySetup, prompts: Path, vllm_env: dict[str, str], tmp_path: Path
+) -> None:
+    """The colocated engine generates the next batch on the trainer's worker thread from the weights pushed
+    before the update trains; the first rollout is sampled from the weights being trained (gap at rounding),
+    the later ones from one step older weights, and the run trains."""
+    out = tmp_path / "out"
+    proc = rloo(train_args(qwen, prompts, out, "--async_generation", steps=3), vllm_env)
+    _ok(proc)
+    rows = metrics(out)
+    assert [r["async/staleness"] for r in rows] == [0.0, 1.0, 1.0]
+    assert rows[0][GAP] < TOLERANCE < rows[2][GAP], [r[GAP] for r in rows]
+    assert rows[-1]["objective/kl"] != 0.0
