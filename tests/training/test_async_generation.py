@@ -241,3 +241,51 @@ def test_a_checkpoint_from_two_processes_splits_over_one_or_four(tmp_path: Path)
     three = _ahead(world=3, rank=0)  # 4 prompts do not split over 3: generated again
     three.load(tmp_path)
     assert three.ready == {}
+
+
+def test_a_generator_lost_on_the_worker_is_raised_after_the_wait_with_its_prompts_put_back() -> None:
+    """The worker's failure surfaces on the training thread at the wait (where every process agrees on it);
+    the prompts it had drawn go back to the sampler, so the checkpoint taken next draws them again."""
+    from types import SimpleNamespace
+
+    from rloo.training.async_rollout import RolloutsAhead
+    from rloo.training.sampler import PromptSampler
+    from rloo.training.vllm_server import GeneratorLost
+
+    sampler = PromptSampler(8, seed=0)
+    comm = SimpleNamespace(world=1, rank=0)
+    calls: list[str] = []
+
+    def lost(update: int, index: list[int]) -> Any:
+        raise GeneratorLost("the vLLM server at http://rollout:8000 did not answer for 5 s")
+
+    generator = SimpleNamespace(
+        weights_version=3, sync_weights=lambda: calls.append("sync"), agree_in_generate=True
+    )
+    producer = SimpleNamespace(
+        generator=generator,
+        sampler=sampler,
+        draw=lambda: sampler.next(2),
+        generate=lost,
+        comm=comm,
+        accelerator=None,
+    )
+    ahead = RolloutsAhead(
+        producer,  # type: ignore[arg-type]
+        staleness=1,
+        num_updates=4,
+        comm=comm,  # type: ignore[arg-type]
+        accelerator=None,
+        rloo_k=2,
+        pad_token_id=0,
+    )
+    before = sampler.state_dict()
+    ahead.launch(1)
+    assert calls == ["sync"] and sampler.state_dict() != before  # weights read, prompts drawn
+    with pytest.raises(GeneratorLost, match="did not answer"):
+        ahead.wait()
+    assert sampler.state_dict() == before and ahead.ready == {}
+    assert generator.agree_in_generate is True  # the server's own agreement is back for the training thread
+    ahead.launch(9)  # past the run's end: nothing
+    assert ahead.wait() == 0.0 and calls == ["sync"]
+    ahead.close()
