@@ -259,9 +259,7 @@ def test_a_generator_lost_on_the_worker_is_raised_after_the_wait_with_its_prompt
     def lost(update: int, index: list[int]) -> Any:
         raise GeneratorLost("the vLLM server at http://rollout:8000 did not answer for 5 s")
 
-    generator = SimpleNamespace(
-        weights_version=3, sync_weights=lambda: calls.append("sync"), agree_in_generate=True
-    )
+    generator = SimpleNamespace(weights_version=3, sync_weights=lambda: calls.append("sync"), on_worker=False)
     producer = SimpleNamespace(
         generator=generator,
         sampler=sampler,
@@ -285,7 +283,9 @@ def test_a_generator_lost_on_the_worker_is_raised_after_the_wait_with_its_prompt
     with pytest.raises(GeneratorLost, match="did not answer"):
         ahead.wait()
     assert sampler.state_dict() == before and ahead.ready == {}
-    assert generator.agree_in_generate is True  # the server's own agreement is back for the training thread
+    assert (
+        generator.on_worker is False
+    )  # the server's own push and agreement are back for the training thread
     ahead.launch(9)  # past the run's end: nothing
     assert ahead.wait() == 0.0 and calls == ["sync"]
     ahead.close()

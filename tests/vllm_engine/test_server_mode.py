@@ -127,16 +127,29 @@ def test_lora_in_server_mode_pushes_the_merged_weights(
     assert rows[-1]["objective/kl"] > 0
 
 
+@pytest.mark.parametrize("ahead", [False, True], ids=["sync", "async"])
 def test_two_training_processes_share_one_server(
-    qwen: TinySetup, prompts: Path, vllm_env: dict[str, str], server: PolicyServer, tmp_path: Path
+    qwen: TinySetup,
+    prompts: Path,
+    vllm_env: dict[str, str],
+    server: PolicyServer,
+    tmp_path: Path,
+    ahead: bool,
 ) -> None:
+    """Async: the first process sends the weights from its worker, the second waits on its own worker until
+    the server reports their version before it samples (no collective off the training thread)."""
     out = tmp_path / "out"
-    args = server_args(qwen, prompts, out, server.url, steps=3)
+    args = server_args(qwen, prompts, out, server.url, *(["--async_generation"] if ahead else []), steps=3)
     args[args.index("--per_device_train_batch_size") + 1] = "2"  # the same 4 prompts per update, 2 a rank
     launcher = ["--standalone", "--nproc_per_node", "2", "-m", "rloo.cli"]
     _ok(rloo([*launcher, *args], vllm_env, module="torch.distributed.run"))
-    gaps = [r[GAP] for r in metrics(out)]
-    assert len(gaps) == 3 and max(gaps) < TOLERANCE, gaps
+    rows = metrics(out)
+    gaps = [r[GAP] for r in rows]
+    if ahead:  # batch 1 from the starting weights, then one step old: the gap shows it was not sampled late
+        assert [r["async/staleness"] for r in rows] == [0.0, 1.0, 1.0]
+        assert gaps[0] < TOLERANCE < gaps[2], gaps
+    else:
+        assert len(gaps) == 3 and max(gaps) < TOLERANCE, gaps
 
 
 def test_a_server_lost_mid_run_checkpoints_exits_75_and_the_run_resumes(

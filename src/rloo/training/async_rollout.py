@@ -105,11 +105,15 @@ class RolloutsAhead:
         if update >= self.num_updates:
             return
         assert self._in_flight is None, "one batch in flight at a time"
-        self.generator.sync_weights()  # read now: the optimization changes them next
+        self._on_worker(True)
+        try:
+            self.generator.sync_weights()  # read now: the optimization changes them next
+        except BaseException:
+            self._on_worker(False)
+            raise
         version = self.generator.weights_version or 0
         before = self.producer.sampler.state_dict()
         index = self.producer.draw()
-        self._local_failures(True)
         future = self._pool.submit(self._generate, update, index)
         self._in_flight = (update, index, version, before, future)
 
@@ -132,7 +136,7 @@ class RolloutsAhead:
         except UserError as e:  # lost (75) or refused (2)
             failure = e
         finally:
-            self._local_failures(False)
+            self._on_worker(False)
         waited = time.perf_counter() - t0
         try:
             agree_on_failure(self.accelerator, failure, "rollout generation")
@@ -145,10 +149,11 @@ class RolloutsAhead:
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    def _local_failures(self, local: bool) -> None:
-        # a generator that agrees on failures inside generate (the server's) must not while on the worker
-        if hasattr(self.generator, "agree_in_generate"):
-            self.generator.agree_in_generate = not local
+    def _on_worker(self, on: bool) -> None:
+        # the server's generator agrees on failures inside generate and pushes in sync_weights: from launch to
+        # wait it copies the weights in sync_weights, sends them from the worker, and raises locally
+        if hasattr(self.generator, "on_worker"):
+            self.generator.on_worker = on
 
     # -- checkpoints --------------------------------------------------------------------------------------
     def state(self) -> dict[str, Any]:

@@ -195,6 +195,18 @@ class VLLMServerClient:
                 "'rloo vllm-serve', which adds them (VLLM_SERVER_DEV_MODE=1 and the weight-sync extension)"
             ) from None
 
+    def await_version(self, version: int | None) -> None:
+        """Return once the server reports the weights of ``version`` (another process pushes them); a server
+        that does not within the timeout is lost."""
+        deadline = time.monotonic() + self.timeout
+        while self.rpc(INFO_METHOD).get("version") != version:
+            if time.monotonic() > deadline:
+                raise GeneratorLost(
+                    f"the vLLM server at {self.base_url} did not get the weights of optimizer step {version} "
+                    f"from the first process in {self.timeout:.0f} s"
+                )
+            time.sleep(0.05)
+
     def complete(self, requests: list[Request], model: str, *, with_logprobs: bool) -> list[Completion]:
         """Every request's completion, in order; sent concurrently (the server batches them)."""
         if not requests:
@@ -208,7 +220,11 @@ class VLLMServerClient:
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], version: int | None) -> int:
         """Send ``weights`` (checkpoint names) to the server's workers in chunks, load them in one reload,
         and drop the KV blocks computed with the old ones; the number of tensors loaded."""
-        for payload in weight_chunks(weights):
+        return self.load_payloads(weight_chunks(weights), version)
+
+    def load_payloads(self, payloads: Iterable[bytes], version: int | None) -> int:
+        """:meth:`load_weights` of weights already in :func:`weight_chunks`' payloads."""
+        for payload in payloads:
             self.rpc(STAGE_METHOD, data=base64.b64encode(payload).decode())
         loaded = int(self.rpc(WEIGHTS_METHOD, version=version)["tensors"])
         reset = self.call("/reset_prefix_cache", post=True)
@@ -246,9 +262,13 @@ class VLLMServerGenerator:
     weights_version: int | None = None  # the trainer's optimizer steps; pushed when it changed
 
     def __init__(self, client: VLLMServerClient, model: Any, *, accelerator: Any, served_model: str) -> None:
-        # False: generate raises its failure in this process only, and the caller agrees on it
-        # (agree_on_failure): asynchronous generation runs it on a thread beside the training collectives
-        self.agree_in_generate = True
+        # True while asynchronous generation runs generate on a worker beside the training collectives:
+        # sync_weights (on the training thread) only copies the weights, generate sends them (the first
+        # process; the others wait for the server to report them), and a failure is raised in this process
+        # only, for the caller to agree on after joining the worker (agree_on_failure)
+        self.on_worker = False
+        self._staged: list[bytes] | None = None  # the first process's copy of the weights, not sent yet
+        self._awaited: int | None = None  # the others: the version the server must report before they sample
         self.client = client
         self.model = model
         self.accelerator = accelerator
@@ -275,10 +295,34 @@ class VLLMServerGenerator:
         self._agree(failure)
 
     def sync_weights(self) -> None:
-        """The policy's weights pushed when ``weights_version`` moved since the last push."""
-        if self.weights_version is None or self.weights_version != self._pushed_version:
+        """The policy's weights pushed when ``weights_version`` moved since the last push; on a worker
+        (``on_worker``) copied now, for the next ``generate`` to send."""
+        if self.weights_version is not None and self.weights_version == self._pushed_version:
+            return
+        if self.on_worker:
+            self._stage()
+        else:
             self.push_weights()
-            self._pushed_version = self.weights_version
+        self._pushed_version = self.weights_version
+
+    def _stage(self) -> None:
+        """The weights as the payloads the push sends, copied to host memory by the first process (every
+        process runs the gathers); the others note the version to wait for."""
+        first = self.accelerator is None or self.accelerator.is_main_process
+        weights = policy_weights(self.model, self.accelerator)
+        self._staged = list(weight_chunks(weights)) if first else None
+        for _ in weights:  # the rest of the collective gathers, on every process
+            pass
+        self._awaited = None if first else self.weights_version
+
+    def _send_staged(self) -> None:
+        """The weights copied by :meth:`_stage` loaded into the server (first process), or waited for."""
+        if self._staged is not None:
+            payloads, self._staged = self._staged, None
+            self.client.load_payloads(payloads, self._pushed_version)
+        elif self._awaited is not None:
+            version, self._awaited = self._awaited, None
+            self.client.await_version(version)
 
     def generate(
         self,
@@ -298,10 +342,11 @@ class VLLMServerGenerator:
         failure: UserError | None = None
         completions: list[Completion] = []
         try:
+            self._send_staged()
             completions = self.client.complete(requests, self.served_model, with_logprobs=with_logprobs)
         except UserError as e:  # lost (75) or refused (2)
             failure = e
-        if self.agree_in_generate:
+        if not self.on_worker:
             self._agree(failure)
         elif failure is not None:
             raise failure
