@@ -49,9 +49,15 @@ FIRST, LAST = 3, 5
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shape", default="qwen50k", choices=sorted(bench_vs_trl.SHAPES))
-    p.add_argument("--updates", type=int, default=20, help="Updates per run.")
+    p.add_argument("--updates", type=int, default=24, help="Updates per run.")
     p.add_argument("--repeats", type=int, default=1, help="Runs per mode (alternating).")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--lr",
+        type=float,
+        default=5e-3,
+        help="Learning rate (high enough that the tiny policy learns the toy task).",
+    )
     p.add_argument(
         "--write-results", action="store_true", help=f"Replace the section in {RESULTS_FILE.name}."
     )
@@ -115,7 +121,7 @@ def train_argv(
         "response_length": shape["length"],
         "temperature": 1.0,
         "kl_coef": 0.05,
-        "learning_rate": shape["lr"],
+        "learning_rate": args.lr,
         "warmup_steps": 0,
         "save_steps": 0,
         "num_sample_generations": 0,
@@ -193,7 +199,7 @@ def report(summary: dict[str, Any], args: argparse.Namespace, shape: dict[str, A
         f"- machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; the server and the "
         "trainer one thread each",
         f"- versions: {versions()}",
-        f"- settings: {shape['doc']}; {args.updates} updates, seed {args.seed}, "
+        f"- settings: {shape['doc']}; {args.updates} updates, lr {args.lr:g}, seed {args.seed}, "
         f"{args.repeats} run(s) per mode (medians), `--vllm_importance_sampling_correction`",
         "",
         "| mode | episodes/s | steady episodes/s | generation s | optimization s | waited s | staleness | "
