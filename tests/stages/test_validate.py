@@ -57,6 +57,15 @@ def test_the_validated_config_is_what_rloo_train_reads(tmp_path: Path) -> None:
     assert (from_file.kl_coef, from_file.learning_rate, from_file.reward_weights) == (0.1, 1e-5, [1.0, -0.5])
 
 
+def test_the_rollout_server_topology_reaches_the_train_step_through_extra_train_args() -> None:
+    """The chart's rolloutServer Service, generation one update ahead: the config the train step gets."""
+    url = "http://rloo-rloo-kfp-rollout.ml.svc.cluster.local:8000"
+    flags = f"--use_vllm --vllm_mode server --vllm_server_base_url {url} --async_generation --max_staleness 2"
+    config = build_plan(good(extra_train_args=flags)).train
+    assert (config["use_vllm"], config["vllm_mode"], config["vllm_server_base_url"]) == (True, "server", url)
+    assert (config["async_generation"], config["max_staleness"]) == (True, 2)
+
+
 @pytest.mark.parametrize("flag", ["--output_dir x", "--model_name_or_path m", "--checkpoint_uri s3://bk/c"])
 def test_pod_locations_are_not_the_users_to_give(flag: str) -> None:
     with pytest.raises(UserError, match=f"^{flag.split()[0]} is set by the pipeline itself"):
@@ -97,6 +106,8 @@ def test_good_parameters_pass() -> None:
         ({"num_nodes": 0}, "num_nodes must be >= 1"),
         ({"num_nodes": 2, "output_uri": "/local"}, "s3:// output_uri"),
         ({"extra_train_args": "--nope 1"}, "unknown flag"),
+        ({"extra_train_args": "--max_staleness 2"}, "--max_staleness bounds generation that runs ahead"),
+        ({"extra_train_args": "--use_vllm --vllm_mode server --vllm_server_base_url rollout:8000"}, "http"),
         ({"promotion_margin": 2.0}, "promotion_margin"),
     ],
 )
