@@ -34,7 +34,7 @@ TIMING = ("time/", "memory/", "throughput/", "eps", "timestamp")  # measurements
 UPDATES = 4
 
 
-def _config(tiny: TinySetup, data: Path, out: Path) -> RLOOConfig:
+def _config(tiny: TinySetup, data: Path, out: Path, **change: Any) -> RLOOConfig:
     # a sample table after every update, a periodic checkpoint after update 2
     return recipes.config(
         tiny,
@@ -48,6 +48,7 @@ def _config(tiny: TinySetup, data: Path, out: Path) -> RLOOConfig:
         per_device_eval_batch_size=2,
         preemption_grace_seconds=3600,
         seed=3,
+        **change,
     )
 
 
@@ -269,3 +270,25 @@ def test_rloo_train_signalled_in_its_sample_table_exits_without_a_traceback_and_
     assert resumed.returncode == 0, resumed.stderr
     assert sorted({row["update"] for row in _samples(out)}) == [1, 2, 3]
     assert [m["update"] for m in _metrics(out)] == [1, 2, 3]
+
+
+def test_sigterm_while_the_next_batch_generates_resumes_exactly(
+    tiny: TinySetup, toy_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--async_generation: SIGTERM in update 2's optimization, while the worker generates batch 3. The batch in
+    flight is finished and kept in the checkpoint (rollouts_ahead.pt), which is taken after update 2; the
+    resumed run trains on it and ends as the uninterrupted asynchronous run, bit for bit."""
+    straight, out = tmp_path / "straight", tmp_path / "out"
+    trainer.train(_config(tiny, toy_data, straight, async_generation=True))
+    t = trainer.RLOOTrainer(_config(tiny, toy_data, out, async_generation=True))
+    with monkeypatch.context() as patched:
+        _in_optimization(t, patched, signal.SIGTERM)
+        with pytest.raises(SystemExit) as stopped:
+            t.train()
+    assert stopped.value.code == 143
+    (update, newest), *_ = list_checkpoints(out)
+    assert update == 2 and checkpoint_problem(newest) is None
+    ahead = torch.load(newest / "rollouts_ahead.pt", weights_only=True)
+    assert [sorted(part) for part in ahead["parts"]] == [[2]]
+    trainer.train(_config(tiny, toy_data, out, async_generation=True))
+    _assert_same_run(out, straight)
