@@ -39,25 +39,37 @@ sys.path.insert(0, str(HERE))
 import bench_vs_trl  # noqa: E402  (the shapes and the model/data builder)
 
 RESULTS_FILE = HERE / "RESULTS.md"
-START, END = "<!-- bench:async:start -->", "<!-- bench:async:end -->"
 HEADING = "## Asynchronous generation with a vLLM server on CPU (`bench_async.py`)"
 MODES = ("sync", "async")
+# the toy task at a size where the tiny policy learns it within a few dozen updates (the demo's vocabulary),
+# in a Qwen2 of head_dim 64 (vLLM's CPU attention has no head_dim 16)
+SHAPES: dict[str, dict[str, Any]] = {
+    **bench_vs_trl.SHAPES,
+    "qwen-toy": {
+        "doc": "Qwen2 2 layers x 256 hidden (head_dim 64) with the demo tokenizer's vocabulary, 32-token "
+        "completions, 8 prompts x k=4 (32 completions per update), one PPO epoch",
+        "arch": "qwen2",
+        "hidden": 256,
+        "layers": 2,
+        "vocab": 0,
+        "prompt_words": 0,
+        "length": 32,
+        "prompts": 8,
+        "k": 4,
+        "lr": 5e-3,
+    },
+}
 WARMUP = 2  # steady state: the updates after the first WARMUP
 FIRST, LAST = 3, 5
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--shape", default="qwen50k", choices=sorted(bench_vs_trl.SHAPES))
+    p.add_argument("--shape", default="qwen50k", choices=sorted(SHAPES))
     p.add_argument("--updates", type=int, default=24, help="Updates per run.")
     p.add_argument("--repeats", type=int, default=1, help="Runs per mode (alternating).")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument(
-        "--lr",
-        type=float,
-        default=5e-3,
-        help="Learning rate (high enough that the tiny policy learns the toy task).",
-    )
+    p.add_argument("--lr", type=float, help="Learning rate (default: the shape's).")
     p.add_argument(
         "--write-results", action="store_true", help=f"Replace the section in {RESULTS_FILE.name}."
     )
@@ -121,7 +133,7 @@ def train_argv(
         "response_length": shape["length"],
         "temperature": 1.0,
         "kl_coef": 0.05,
-        "learning_rate": args.lr,
+        "learning_rate": args.lr or shape["lr"],
         "warmup_steps": 0,
         "save_steps": 0,
         "num_sample_generations": 0,
@@ -199,7 +211,7 @@ def report(summary: dict[str, Any], args: argparse.Namespace, shape: dict[str, A
         f"- machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; the server and the "
         "trainer one thread each",
         f"- versions: {versions()}",
-        f"- settings: {shape['doc']}; {args.updates} updates, lr {args.lr:g}, seed {args.seed}, "
+        f"- settings: {shape['doc']}; {args.updates} updates, lr {args.lr or shape['lr']:g}, seed {args.seed}, "
         f"{args.repeats} run(s) per mode (medians), `--vllm_importance_sampling_correction`",
         "",
         "| mode | episodes/s | steady episodes/s | generation s | optimization s | waited s | staleness | "
@@ -224,22 +236,31 @@ def report(summary: dict[str, Any], args: argparse.Namespace, shape: dict[str, A
     return "\n".join(lines)
 
 
-def write_results(block: str) -> None:
+def markers(shape: str) -> tuple[str, str]:
+    """The RESULTS.md markers of a shape's block (one block per shape, under one heading)."""
+    return f"<!-- bench:async-{shape}:start -->", f"<!-- bench:async-{shape}:end -->"
+
+
+def write_results(block: str, shape: str) -> None:
+    """Replace the shape's block in RESULTS.md, or add it (the heading first, before the images section)."""
+    start, end = markers(shape)
     text = RESULTS_FILE.read_text()
-    section = f"{START}\n{block}\n{END}"
-    if START in text:
-        head, rest = text.split(START, 1)
-        text = head + section + rest.split(END, 1)[1]
+    section = f"{start}\n{block}\n{end}"
+    if start in text:
+        head, rest = text.split(start, 1)
+        text = head + section + rest.split(end, 1)[1]
+    elif HEADING in text:
+        head, tail = text.split(HEADING, 1)
+        text = f"{head}{HEADING}\n\n{section}\n{tail}"
     else:
-        marker = "## Images:"
-        head, sep, tail = text.partition(marker)
+        head, sep, tail = text.partition("## Images:")
         text = f"{head}{HEADING}\n\n{section}\n\n{sep}{tail}" if sep else f"{text}\n{HEADING}\n\n{section}\n"
     RESULTS_FILE.write_text(text)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    shape = bench_vs_trl.SHAPES[args.shape]
+    shape = SHAPES[args.shape]
     with tempfile.TemporaryDirectory(prefix="bench-async-") as tmp:
         root = Path(tmp)
         ns = argparse.Namespace(
@@ -275,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps({"summary": summary, "runs": runs}, indent=2))
     if args.write_results:
-        write_results(block)
+        write_results(block, args.shape)
         print(f"wrote {RESULTS_FILE}")
     return 0
 

@@ -22,8 +22,9 @@ def bench() -> ModuleType:
 
 def test_defaults_are_the_vllm_training_benchmarks_shape(bench: ModuleType) -> None:
     args = bench.parse_args([])
-    shape = bench.bench_vs_trl.SHAPES[args.shape]
-    assert args.shape == "qwen50k" and shape["hidden"] // 4 == 64  # vLLM's CPU attention: head_dim 64
+    assert args.shape == "qwen50k" and bench.SHAPES["qwen50k"] == bench.bench_vs_trl.SHAPES["qwen50k"]
+    for shape in bench.SHAPES.values():
+        assert shape["hidden"] // 4 == 64  # vLLM's CPU attention: head_dim 64 (4 heads)
     assert args.updates > bench.WARMUP + bench.LAST and args.repeats == 1
 
 
@@ -73,15 +74,16 @@ def test_figures_from_the_runs_metrics(
     summary = bench.summarise([sync, ahead])
     assert summary["speedup"] == pytest.approx(48 / 26)  # 8 + 10 x 4 s against 6 + 10 x 2 s
     assert summary["steady_speedup"] == pytest.approx(2.0)
-    block = bench.report(summary, bench.parse_args([]), bench.bench_vs_trl.SHAPES["qwen50k"])
+    block = bench.report(summary, bench.parse_args([]), bench.SHAPES["qwen50k"])
     assert "**Async / sync episodes/s: 1.85x** (steady state 2.00x)" in block
 
     results = tmp_path / "RESULTS.md"
     results.write_text("# Results\n\n## Images: build\n\ntext\n")
     monkeypatch.setattr(bench, "RESULTS_FILE", results)
-    bench.write_results(block)
-    bench.write_results(block.replace("1.85x", "3.00x"))  # replaced in place, not appended
+    bench.write_results(block, "qwen50k")
+    bench.write_results(block.replace("1.85x", "3.00x"), "qwen50k")  # replaced in place, not appended
+    bench.write_results("the toy task's block", "qwen-toy")  # a second shape: its own block, same heading
     text = results.read_text()
-    assert text.count(bench.HEADING) == 1 and text.count(bench.START) == 1
-    assert "3.00x" in text and "1.85x" not in text
-    assert text.index(bench.HEADING) < text.index("## Images:")
+    assert text.count(bench.HEADING) == 1 and text.count(bench.markers("qwen50k")[0]) == 1
+    assert "3.00x" in text and "1.85x" not in text and "the toy task's block" in text
+    assert text.index(bench.HEADING) < text.index("the toy task's block") < text.index("## Images:")
