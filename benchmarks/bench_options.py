@@ -38,6 +38,8 @@ OPTIONS: dict[str, dict[str, Any]] = {
     "token-mean alone": {"loss_agg_mode": "token-mean"},
     "overlong_buffer_len=4": {"overlong_buffer_len": 4, "stop_token": "eos"},
     "sync_ref_model (every 5)": {"sync_ref_model": True, "ref_model_sync_steps": 5},
+    "async_generation (one update ahead)": {"async_generation": True},
+    "async_generation + IS correction": {"async_generation": True, "vllm_importance_sampling_correction": True},
 }
 # the defaults spelled out: must give the defaults' metrics exactly
 EXPLICIT_OFF: dict[str, Any] = {
@@ -51,6 +53,7 @@ EXPLICIT_OFF: dict[str, Any] = {
     "top_entropy_quantile": 1.0,
     "overlong_buffer_len": 0,
     "sync_ref_model": False,
+    "async_generation": False,
 }
 # the demo's graded reward (a vowel fraction: groups nearly always have spread), or a pass/fail one (many
 # groups without spread at the start: what --filter_groups and --scale_rewards act on)
