@@ -39,7 +39,10 @@ OPTIONS: dict[str, dict[str, Any]] = {
     "overlong_buffer_len=4": {"overlong_buffer_len": 4, "stop_token": "eos"},
     "sync_ref_model (every 5)": {"sync_ref_model": True, "ref_model_sync_steps": 5},
     "async_generation (one update ahead)": {"async_generation": True},
-    "async_generation + IS correction": {"async_generation": True, "vllm_importance_sampling_correction": True},
+    "async_generation + IS correction": {
+        "async_generation": True,
+        "vllm_importance_sampling_correction": True,
+    },
 }
 # the defaults spelled out: must give the defaults' metrics exactly
 EXPLICIT_OFF: dict[str, Any] = {
