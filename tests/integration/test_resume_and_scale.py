@@ -9,6 +9,7 @@ import json
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -215,18 +216,36 @@ ALGORITHM_VARIANT_METRICS = (
 def test_loss_options_resume_exactly(
     tiny, toy_data: Path, tmp_path: Path, options: dict[str, object], logged: tuple[str, ...]
 ) -> None:
+    out = _killed_then_resumed_as_straight(tiny, toy_data, tmp_path, options, "3:optimization")
+    assert all(key in m for m in _metrics(out) for key in logged)
+
+
+def _killed_then_resumed_as_straight(
+    tiny,
+    toy_data: Path,
+    tmp_path: Path,
+    options: dict[str, object],
+    kill_at: str,
+    after_kill: Callable[[Path], None] | None = None,
+) -> Path:
+    """A run with ``options`` SIGKILLed at ``kill_at`` (``after_kill`` then sees its output) and resumed ends
+    as the uninterrupted one, bit for bit (weights and metrics); the resumed output."""
     straight, out = tmp_path / "straight", tmp_path / "out"
     proc = _run(_args(tiny, toy_data, straight, **options))
     assert proc.returncode == 0, proc.stderr
-    killed = _run(_args(tiny, toy_data, out, **options), kill_at="3:optimization")
+    killed = _run(_args(tiny, toy_data, out, **options), kill_at=kill_at)
     assert killed.returncode == -signal.SIGKILL
+    checkpoints = sorted(p.name for p in out.glob("checkpoint-*"))
+    if after_kill is not None:
+        after_kill(out)
     resumed = _run(_args(tiny, toy_data, out, **options))
     assert resumed.returncode == 0, resumed.stderr
     assert "resumed from" in resumed.stdout
     w_straight, w_resumed = _weights(straight), _weights(out)
     assert all(torch.equal(w_straight[k], w_resumed[k]) for k in w_straight)
     assert _metrics(out) == _metrics(straight)
-    assert all(key in m for m in _metrics(out) for key in logged)
+    assert checkpoints  # it resumed from one, not from scratch
+    return out
 
 
 @pytest.mark.parametrize(
@@ -408,19 +427,16 @@ def test_async_generation_resumes_exactly(tiny, toy_data: Path, tmp_path: Path, 
     """--async_generation (rloo.training.async_rollout): checkpoint-2 holds the batch of update 3 that was
     generated during update 2 from update 2's weights, so the resumed run trains on the very batches of the
     uninterrupted one, bit for bit, though its weights have moved on since."""
-    straight, out = tmp_path / "straight", tmp_path / "out"
-    proc = _run(_args(tiny, toy_data, straight, **ASYNC_FLAGS))
-    assert proc.returncode == 0, proc.stderr
-    killed = _run(_args(tiny, toy_data, out, **ASYNC_FLAGS), kill_at=f"3:{phase}")
-    assert killed.returncode == -signal.SIGKILL
-    ahead = torch.load(out / "checkpoint-2" / "rollouts_ahead.pt", weights_only=True)
-    assert [sorted(part) for part in ahead["parts"]] == [[2]]  # one rank, the batch of update index 2
-    resumed = _run(_args(tiny, toy_data, out, **ASYNC_FLAGS))
-    assert resumed.returncode == 0, resumed.stderr
-    assert "resumed from" in resumed.stdout
-    w_straight, w_resumed = _weights(straight), _weights(out)
-    assert all(torch.equal(w_straight[k], w_resumed[k]) for k in w_straight)
-    assert _metrics(out) == _metrics(straight)
+    held: list[list[int]] = []
+
+    def look(out: Path) -> None:  # what the killed run left for the resumed one
+        ahead = torch.load(out / "checkpoint-2" / "rollouts_ahead.pt", weights_only=True)
+        held.extend(sorted(part) for part in ahead["parts"])
+
+    out = _killed_then_resumed_as_straight(
+        tiny, toy_data, tmp_path, ASYNC_FLAGS, f"3:{phase}", after_kill=look
+    )
+    assert held == [[2]]  # one rank, the batch of update index 2
     assert [m["async/staleness"] for m in _metrics(out)] == [0.0] + [2.0] * 5  # 2 epochs: 2 steps an update
 
 

@@ -179,15 +179,18 @@ def test_a_copy_of_the_policy_is_sampled_from_while_it_trains(
     trainer.release_output()
 
 
-def _ahead(world: int, rank: int) -> Any:
+def _ahead(world: int = 1, rank: int = 0, **producer: Any) -> Any:
+    """RolloutsAhead over a stand-in producer (``producer``: its attributes) on rank ``rank`` of ``world``."""
     from types import SimpleNamespace
 
     from rloo.training.async_rollout import RolloutsAhead
 
     comm = SimpleNamespace(world=world, rank=rank, gather_objects=lambda obj: [obj])
-    producer = SimpleNamespace(generator=SimpleNamespace(), comm=comm, accelerator=None)
+    stand_in = SimpleNamespace(
+        **{"generator": SimpleNamespace(), **producer, "comm": comm, "accelerator": None}
+    )
     return RolloutsAhead(
-        producer,  # type: ignore[arg-type]
+        stand_in,  # type: ignore[arg-type]
         staleness=1,
         num_updates=9,
         comm=comm,  # type: ignore[arg-type]
@@ -248,44 +251,25 @@ def test_a_generator_lost_on_the_worker_is_raised_after_the_wait_with_its_prompt
     the prompts it had drawn go back to the sampler, so the checkpoint taken next draws them again."""
     from types import SimpleNamespace
 
-    from rloo.training.async_rollout import RolloutsAhead
     from rloo.training.sampler import PromptSampler
     from rloo.training.vllm_server import GeneratorLost
 
     sampler = PromptSampler(8, seed=0)
-    comm = SimpleNamespace(world=1, rank=0)
     calls: list[str] = []
 
     def lost(update: int, index: list[int]) -> Any:
         raise GeneratorLost("the vLLM server at http://rollout:8000 did not answer for 5 s")
 
     generator = SimpleNamespace(weights_version=3, sync_weights=lambda: calls.append("sync"), on_worker=False)
-    producer = SimpleNamespace(
-        generator=generator,
-        sampler=sampler,
-        draw=lambda: sampler.next(2),
-        generate=lost,
-        comm=comm,
-        accelerator=None,
-    )
-    ahead = RolloutsAhead(
-        producer,  # type: ignore[arg-type]
-        staleness=1,
-        num_updates=4,
-        comm=comm,  # type: ignore[arg-type]
-        accelerator=None,
-        rloo_k=2,
-        pad_token_id=0,
-    )
+    ahead = _ahead(generator=generator, sampler=sampler, draw=lambda: sampler.next(2), generate=lost)
     before = sampler.state_dict()
     ahead.launch(1)
     assert calls == ["sync"] and sampler.state_dict() != before  # weights read, prompts drawn
     with pytest.raises(GeneratorLost, match="did not answer"):
         ahead.wait()
     assert sampler.state_dict() == before and ahead.ready == {}
-    assert (
-        generator.on_worker is False
-    )  # the server's own push and agreement are back for the training thread
+    # the server's own push and agreement are back for the training thread
+    assert generator.on_worker is False
     ahead.launch(9)  # past the run's end: nothing
     assert ahead.wait() == 0.0 and calls == ["sync"]
     ahead.close()
