@@ -7,9 +7,6 @@ left out of its group's leave-one-out baseline and gets a zero advantage.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import inspect
 import math
 import numbers
 import traceback
@@ -20,6 +17,7 @@ from typing import Any
 import torch
 
 from rloo.errors import UserError
+from rloo.importing import load_callable
 from rloo.models import reward_model_scores
 
 
@@ -52,38 +50,7 @@ class RewardBatch:
 
 def load_reward_function(spec: str) -> Callable[..., Any]:
     """Resolve ``pkg.module:fn`` (or ``pkg.module.fn``) to a callable."""
-    module_name, sep, attr = spec.partition(":")
-    if not sep:
-        module_name, _, attr = spec.rpartition(".")
-    if not module_name or not attr:
-        raise UserError(f"--reward_funcs {spec!r} is not an import path: write 'pkg.module:function'.")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as e:
-        raise UserError(
-            f"--reward_funcs {spec}: cannot import module {module_name!r} ({type(e).__name__}: {e}); "
-            "install it or add its directory to PYTHONPATH."
-        ) from None
-    fn = getattr(module, attr, None)
-    if not sep and (inspect.ismodule(fn) or (fn is None and _is_module(spec))):
-        raise UserError(
-            f"--reward_funcs {spec} names a module, not a function: write '{spec}:function' (the function "
-            "that scores the completions)."
-        )
-    if fn is None:
-        raise UserError(
-            f"--reward_funcs {spec}: module {module_name!r} has no attribute {attr!r}; check the name."
-        )
-    if not callable(fn):
-        raise UserError(f"--reward_funcs {spec}: {attr!r} is a {type(fn).__name__}, not a function.")
-    return fn
-
-
-def _is_module(name: str) -> bool:
-    try:
-        return importlib.util.find_spec(name) is not None
-    except (ImportError, ValueError):
-        return False
+    return load_callable(spec, flag="--reward_funcs", role="the function that scores the completions")
 
 
 def _where(e: BaseException) -> str:
