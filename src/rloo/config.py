@@ -430,7 +430,8 @@ class RLOOConfig:
     )
     max_staleness: int = option(
         1,
-        "With --async_generation: how many updates ahead of the training weights the rollouts may be generated.",
+        "With --async_generation: how many updates ahead of the training weights the rollouts may be generated "
+        "(async/staleness logs the lag in optimizer steps: this times the optimizer steps per update).",
         check=at_least(1),
     )
     vllm_gpu_memory_utilization: float = option(
@@ -451,8 +452,9 @@ class RLOOConfig:
     )
     vllm_importance_sampling_correction: bool = option(
         False,
-        "With --use_vllm: weight the loss by min(pi_train / pi_vllm, cap) (truncated importance sampling) to "
-        "correct the mismatch between vLLM's sampling and the trainer's forward.",
+        "With --use_vllm or --async_generation: weight the loss by min(pi_train / pi_sampler, cap) (truncated "
+        "importance sampling) to correct the mismatch between the sampler (vLLM, or older weights) and the "
+        "trainer's forward.",
     )
     vllm_importance_sampling_mode: str = option(
         "auto",
@@ -482,7 +484,7 @@ class RLOOConfig:
     generation_dtype: str = option(
         "auto",
         "Weights the built-in generator samples from: 'bfloat16' / 'float16' a copy of the policy in that dtype "
-        "(2 bytes per parameter, refreshed after each optimizer step; its KV cache in that dtype too), 'policy' "
+        "(2 bytes per parameter, refreshed before each rollout; its KV cache in that dtype too), 'policy' "
         "the policy itself under the training autocast; 'auto': a bf16 copy on a GPU run with --bf16, without "
         "LoRA or DeepSpeed, else 'policy'.",
         choices=GENERATION_DTYPES,

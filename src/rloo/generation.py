@@ -261,7 +261,7 @@ class TransformersGenerator:
         """What this generator samples with, in one phrase for the run's log."""
         if self.source is not None:
             dtype = str(next(self.model.parameters()).dtype).removeprefix("torch.")
-            weights = f"a {dtype} copy of the policy (refreshed after each optimizer step)"
+            weights = f"a {dtype} copy of the policy (refreshed from it before each rollout)"
         else:
             weights = "the policy's weights" + (" under autocast" if self.autocast is not None else "")
         cache = "a dynamic KV cache"

@@ -587,7 +587,7 @@ def test_bf16_rollouts_from_a_copy_of_the_policy(make_config, caplog: pytest.Log
     with caplog.at_level(logging.INFO, logger="rloo"):
         trainer = RLOOTrainer(cfg)
     assert (
-        "rollouts: built-in generator from a bfloat16 copy of the policy (refreshed after each optimizer step), "
+        "rollouts: built-in generator from a bfloat16 copy of the policy (refreshed from it before each rollout), "
         "a static KV cache, an uncompiled step" in caplog.messages
     )
     gen = trainer.generator

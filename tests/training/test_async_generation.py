@@ -63,12 +63,16 @@ class Recorder:
 
 
 def test_the_next_batch_is_generated_on_a_worker_from_the_weights_one_update_old(
-    tiny_setup: TinySetup, toy_dataset: Path, tmp_path: Path
+    tiny_setup: TinySetup, toy_dataset: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """num_ppo_epochs 1, num_mini_batches 1: one optimizer step per update. Batches 0 and 1 come from the
     starting weights (0 steps), batch u from the weights after u - 1 steps; the first is generated on the
     training thread (nothing to overlap yet), the rest on the worker while the previous update trains."""
-    trainer = RLOOTrainer(_cfg(tiny_setup, toy_dataset, tmp_path / "out", async_generation=True))
+    with caplog.at_level("INFO", logger="rloo"):
+        trainer = RLOOTrainer(_cfg(tiny_setup, toy_dataset, tmp_path / "out", async_generation=True))
+    # the run says so, in the unit async/staleness logs
+    assert "async generation: the batch of update u+1 is generated from update u's weights" in caplog.text
+    assert "(its rows 1 optimizer step old when trained: async/staleness)" in caplog.text
     seen = Recorder(trainer)
     history = trainer.train().history
 

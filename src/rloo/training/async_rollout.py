@@ -74,6 +74,15 @@ class RolloutsAhead:
         """The run's batches ahead with --async_generation (of ``cfg``, an ``RLOOConfig``), else None."""
         if not cfg.async_generation:
             return None
+        steps = cfg.num_ppo_epochs * cfg.num_mini_batches
+        if producer.accelerator is None or producer.accelerator.is_main_process:
+            log.info(
+                "async generation: the batch of update u+%d is generated from update u's weights while update u "
+                "trains (its rows %d optimizer step%s old when trained: async/staleness)",
+                cfg.max_staleness,
+                cfg.max_staleness * steps,
+                "" if cfg.max_staleness * steps == 1 else "s",
+            )
         return cls(
             producer,
             staleness=cfg.max_staleness,
