@@ -94,7 +94,10 @@ def main(argv: list[str]) -> int:
         f"mean reward {first:.3f} (first {_updates(n)}) -> {last:.3f} (last {_updates(n)})\n"
         f"  model + tokenizer: {out.resolve()}\n"
         f"  metrics:           {out.resolve() / 'metrics.jsonl'}\n"
-        f"  samples:           {out.resolve() / 'samples'}",
+        f"  samples:           {out.resolve() / 'samples'}\n"
+        f"  its models, data:  {out.resolve() / ASSETS_DIR}\n"
+        f"  train it yourself: rloo train --config {out.resolve() / 'rloo_config.json'} --output_dir OTHER_DIR "
+        "[more flags]",
         soft_wrap=True,  # a long path stays one line that can be copied, not folded at the terminal's width
     )
     if cfg.report_to == "mlflow":
