@@ -277,3 +277,37 @@ def test_a_generator_lost_on_the_worker_is_raised_after_the_wait_with_its_prompt
     ahead.launch(9)  # past the run's end: nothing
     assert ahead.wait() == 0.0 and calls == ["sync"]
     ahead.close()
+
+
+def test_lora_generates_ahead_from_a_copy_of_the_adapted_policy(
+    tiny_setup: TinySetup, toy_dataset: Path, tmp_path: Path
+) -> None:
+    """Under LoRA the built-in generator's copy holds the base and the adapters; each launch refreshes the
+    copy from the policy, so batch 3 is sampled from the adapters after one step, neither the starting ones
+    nor today's."""
+    pytest.importorskip("peft")
+    cfg = _cfg(
+        tiny_setup,
+        toy_dataset,
+        tmp_path / "out",
+        async_generation=True,
+        use_peft=True,
+        lora_r=4,
+        lora_alpha=8.0,
+        max_steps=3,
+    )
+    trainer = RLOOTrainer(cfg)
+    copy = trainer.generator.model  # type: ignore[attr-defined]
+    assert copy is not trainer.policy and hasattr(copy, "peft_config")
+    seen = Recorder(trainer)
+    history = trainer.train().history
+    assert [set(b.policy_version.tolist()) for b in seen.batches] == [{0}, {0}, {1}]
+    # the copy was refreshed at the last launch (before update 2 trained): its adapters are the policy's of then,
+    # which update 2 and 3 have moved on from
+    adapters = {n: p for n, p in trainer.policy.named_parameters() if "lora_" in n}
+    copied = {n: p for n, p in copy.named_parameters() if "lora_" in n}
+    assert adapters.keys() == copied.keys() and adapters
+    assert any(not torch.equal(adapters[n], copied[n]) for n in adapters)
+    # LoRA's B starts at zero: the copy's moved off it, so it was refreshed after a step, not only at the start
+    assert any(bool(p.abs().sum() > 0) for n, p in copied.items() if "lora_B" in n)
+    assert all(math.isfinite(h["loss/policy_avg"]) for h in history)
