@@ -238,9 +238,8 @@ class ExperienceProducer:
         scored. ``round_`` > 0 (--max_num_gen_batches) draws other seeds, so a prompt met again samples anew."""
         if ahead is None:
             index = self.draw()
-            version = (
-                self.generator.weights_version or 0
-            )  # the weights every round of this batch samples from
+            # the weights every round of this batch samples from
+            version = self.generator.weights_version or 0
             with timer("generation"):
                 self.policy.eval()
                 with deepspeed_utils.gather_for_generation(
