@@ -217,6 +217,7 @@ def test_a_checkpoint_from_two_processes_splits_over_one_or_four(tmp_path: Path)
                 "tokens": torch.arange(1, 5)[:, None].repeat(1, 3),
                 "logprobs": None,
                 "version": 7,
+                "seconds": 2.5,
             }
         },
         {
@@ -225,6 +226,7 @@ def test_a_checkpoint_from_two_processes_splits_over_one_or_four(tmp_path: Path)
                 "tokens": torch.arange(5, 9)[:, None].repeat(1, 2),
                 "logprobs": None,
                 "version": 7,
+                "seconds": 1.5,
             }
         },
     ]
@@ -234,6 +236,7 @@ def test_a_checkpoint_from_two_processes_splits_over_one_or_four(tmp_path: Path)
     one.load(tmp_path)
     whole = one.take(5)
     assert whole.index == [10, 11, 12, 13] and whole.version == 7
+    assert whole.seconds == 2.5  # the slower rank's generation time, logged as time/generation_s
     assert whole.generated.tokens.tolist() == [[r, r, r] for r in (1, 2, 3, 4)] + [
         [r, r, 0] for r in (5, 6, 7, 8)
     ]

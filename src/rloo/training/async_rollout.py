@@ -173,6 +173,7 @@ class RolloutsAhead:
                 "tokens": r.generated.tokens.cpu(),
                 "logprobs": None if r.generated.logprobs is None else r.generated.logprobs.cpu(),
                 "version": r.version,
+                "seconds": r.seconds,  # its generation's time, logged when it is trained on
             }
             for u, r in self.ready.items()
         }
@@ -222,4 +223,5 @@ class RolloutsAhead:
             logprobs=None if logprobs is None else padded(logprobs, 0.0),
         )
         version = min(int(p["version"]) for p in parts)
-        return Rollout(update, index[rank * ppr : (rank + 1) * ppr], gen, version)
+        seconds = max(float(p.get("seconds", 0.0)) for p in parts)
+        return Rollout(update, index[rank * ppr : (rank + 1) * ppr], gen, version, seconds)
