@@ -191,17 +191,16 @@ def _ahead(world: int = 1, rank: int = 0, **producer: Any) -> Any:
 
     comm = SimpleNamespace(world=world, rank=rank, gather_objects=lambda obj: [obj])
     stand_in = SimpleNamespace(
-        **{"generator": SimpleNamespace(), **producer, "comm": comm, "accelerator": None}
+        **{
+            "generator": SimpleNamespace(),
+            **producer,
+            "comm": comm,
+            "accelerator": None,
+            "cfg": SimpleNamespace(rloo_k=2),
+            "tokenizer": SimpleNamespace(pad_token_id=0),
+        }
     )
-    return RolloutsAhead(
-        stand_in,  # type: ignore[arg-type]
-        staleness=1,
-        num_updates=9,
-        comm=comm,  # type: ignore[arg-type]
-        accelerator=None,
-        rloo_k=2,
-        pad_token_id=0,
-    )
+    return RolloutsAhead(stand_in, staleness=1, num_updates=9)  # type: ignore[arg-type]
 
 
 def test_a_checkpoint_from_two_processes_splits_over_one_or_four(tmp_path: Path) -> None:

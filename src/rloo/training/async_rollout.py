@@ -32,7 +32,6 @@ import torch
 
 from rloo.errors import UserError
 from rloo.generation import Generated
-from rloo.training.collectives import Collectives
 from rloo.training.experience import ExperienceProducer, Rollout
 from rloo.training.vllm_server import agree_on_failure
 
@@ -45,21 +44,12 @@ AHEAD_FILE = "rollouts_ahead.pt"
 class RolloutsAhead:
     """The batches generated ahead of the update that trains on them, and the one being generated."""
 
-    def __init__(
-        self,
-        producer: ExperienceProducer,
-        *,
-        staleness: int,
-        num_updates: int,
-        comm: Collectives,
-        accelerator: Any,
-        rloo_k: int,
-        pad_token_id: int,
-    ) -> None:
+    def __init__(self, producer: ExperienceProducer, *, staleness: int, num_updates: int) -> None:
         self.producer, self.generator = producer, producer.generator
         self.staleness, self.num_updates = staleness, num_updates
-        self.comm, self.accelerator = comm, accelerator
-        self.rloo_k, self.pad_token_id = rloo_k, pad_token_id
+        # the producer's collectives, process group, group size and pad id: the batches are its
+        self.comm, self.accelerator = producer.comm, producer.accelerator
+        self.rloo_k, self.pad_token_id = producer.cfg.rloo_k, producer.tokenizer.pad_token_id
         self.ready: dict[int, Rollout] = {}  # update -> its batch
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rloo-rollout")
         # (update, prompts, weights' version, the sampler's state before the draw, the worker's future)
@@ -68,9 +58,7 @@ class RolloutsAhead:
         ) = None
 
     @classmethod
-    def for_run(
-        cls, cfg: Any, producer: ExperienceProducer, num_updates: int, pad_token_id: int
-    ) -> RolloutsAhead | None:
+    def for_run(cls, cfg: Any, producer: ExperienceProducer, num_updates: int) -> RolloutsAhead | None:
         """The run's batches ahead with --async_generation (of ``cfg``, an ``RLOOConfig``), else None."""
         if not cfg.async_generation:
             return None
@@ -83,15 +71,7 @@ class RolloutsAhead:
                 cfg.max_staleness * steps,
                 "" if cfg.max_staleness * steps == 1 else "s",
             )
-        return cls(
-            producer,
-            staleness=cfg.max_staleness,
-            num_updates=num_updates,
-            comm=producer.comm,
-            accelerator=producer.accelerator,
-            rloo_k=cfg.rloo_k,
-            pad_token_id=pad_token_id,
-        )
+        return cls(producer, staleness=cfg.max_staleness, num_updates=num_updates)
 
     # -- the loop -----------------------------------------------------------------------------------------
     def fill(self, position: int) -> None:

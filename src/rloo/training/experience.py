@@ -351,13 +351,15 @@ class ExperienceProducer:
             pad_token_id=tok.pad_token_id,
         )
 
+    def _prompt_batch(self, index: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The training prompts ``index``, left-padded: ids and attention mask, each (P, L)."""
+        return left_pad([self.train.ids[i] for i in index], self.tokenizer.pad_token_id, self.device)
+
     def generate(self, update: int, index: list[int], round_: int = 0) -> Generated:
         """K completions of each prompt of ``index`` for ``update``, as the generator returns them. Nothing
         but the generator is touched: asynchronous generation runs this on another thread."""
         cfg = self.cfg
-        prompt_ids, prompt_mask = left_pad(
-            [self.train.ids[i] for i in index], self.tokenizer.pad_token_id, self.device
-        )  # (P, L)
+        prompt_ids, prompt_mask = self._prompt_batch(index)  # (P, L)
         seeds = row_seeds(cfg.seed + round_ * 1_000_003, update, torch.tensor(index), cfg.rloo_k)
         return self.generator.generate(
             prompt_ids,
@@ -373,9 +375,7 @@ class ExperienceProducer:
         log-probs of them (B, T) when it returned them (else None)."""
         cfg, tok, dev = self.cfg, self.tokenizer, self.device
         k, p = cfg.rloo_k, len(index)
-        prompt_ids, prompt_mask = left_pad(
-            [self.train.ids[i] for i in index], tok.pad_token_id, dev
-        )  # (P, L)
+        prompt_ids, prompt_mask = self._prompt_batch(index)  # (P, L)
         responses = gen.tokens.to(dev)  # (B, T)
         mask = algo.completion_mask(responses, self.stop_token_id)  # (B, T)
         loss_mask = mask

@@ -96,7 +96,7 @@ def replace_groups(
         scores=pick(base.scores, fresh.scores),
         valid=pick(base.valid, fresh.valid),
         contains_eos=pick(base.contains_eos, fresh.contains_eos),
-        version=pick(base.version, fresh.version.to(base.version.device)),
+        version=pick(base.version, fresh.version),
     )
     return merged, n
 

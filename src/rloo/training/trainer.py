@@ -398,7 +398,7 @@ class RLOOTrainer:
             # one optimizer step per batch: the sampler's log-probs are the policy's
             on_policy=cfg.num_ppo_epochs * cfg.num_mini_batches == 1,
         )
-        self.ahead = RolloutsAhead.for_run(cfg, self.producer, self.num_updates, self.tokenizer.pad_token_id)
+        self.ahead = RolloutsAhead.for_run(cfg, self.producer, self.num_updates)
         self.updater = PolicyUpdater(
             cfg,
             policy=self.policy,
