@@ -19,7 +19,7 @@ from tests.fixtures.servers import wait_until_serving
 
 @pytest.fixture
 def scripted_judge() -> Iterator[ScriptedJudge]:
-    with ScriptedJudge(stall_seconds=2.0) as server:
+    with ScriptedJudge(stall_seconds=10.0) as server:
         yield server
 
 

@@ -31,7 +31,9 @@ def settings(server: ScriptedJudge, **kw: object) -> JudgeSettings:
         template=DEFAULT_TEMPLATE,
         concurrency=4,
         max_retries=3,
-        timeout=0.5,
+        # generous: a loaded CI machine can take a second to answer a plain request, and a timeout there
+        # would add a retry the server never counted; the stalled case still stalls far longer
+        timeout=3.0,
         backoff=0.01,
     )
     base.update(kw)
