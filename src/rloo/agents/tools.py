@@ -7,9 +7,9 @@ sync or async, with type hints and a Google-style docstring.
 - :func:`parse_tool_calls` finds the calls in a completion: the tokenizer's own response parser where its
   template declares one (``tokenizer.parse_response``), else the ``<tool_call>{json}</tool_call>`` blocks of
   the Hermes format that Qwen2.5/Qwen3 and most tool-calling templates use.
-- :func:`run_tool_calls` runs a completion's calls concurrently, each under a timeout. A tool that raises,
-  hangs, is unknown, or gets bad arguments becomes an error message to the model, never a crashed run; a
-  result that is not text is sent as JSON (or ``str``).
+- :func:`run_tool_calls` (and :func:`run_calls`, for calls with tools of their own) runs calls concurrently
+  under one timeout. A tool that raises, hangs, is unknown, or gets bad arguments becomes an error message to
+  the model, never a crashed run; a result that is not text is sent as JSON (or ``str``).
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import asyncio
 import inspect
 import json
 import re
+import threading
+import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -117,31 +117,36 @@ def _from_json(payload: dict[str, Any]) -> ToolCall:
     return ToolCall(name=name, arguments=arguments)
 
 
-def run_tool_calls(
-    calls: Sequence[ToolCall],
-    tools: Sequence[Tool],
-    *,
-    timeout: float,
-    pool: ThreadPoolExecutor | None = None,
-) -> list[str]:
-    """Each call's result as the text of a tool message, in the calls' order. The calls run concurrently
-    (sync tools on ``pool``'s threads, async ones on an event loop there), each waited for ``timeout``
-    seconds; what fails is an ``error: ...`` message for the model."""
+def run_tool_calls(calls: Sequence[ToolCall], tools: Sequence[Tool], *, timeout: float) -> list[str]:
+    """Each call's result as the text of a tool message, in the calls' order: :func:`run_calls` with one set of
+    tools for every call."""
     by_name = {t.name: t for t in tools}
-    own = pool is None
-    pool = pool or ThreadPoolExecutor(max_workers=max(1, len(calls)), thread_name_prefix="rloo-tool")
-    try:
-        futures = [pool.submit(_call, call, by_name) for call in calls]
-        results = []
-        for call, future in zip(calls, futures, strict=True):
-            try:
-                results.append(future.result(timeout=timeout))
-            except FutureTimeout:
-                results.append(f"error: {call.name} did not return within {timeout:g} s")
-        return results
-    finally:
-        if own:
-            pool.shutdown(wait=False, cancel_futures=True)
+    return run_calls([(call, by_name) for call in calls], timeout=timeout)
+
+
+def run_calls(jobs: Sequence[tuple[ToolCall, dict[str, Tool]]], *, timeout: float) -> list[str]:
+    """Each call, with the tools it may use by name, run at once on its own thread (async tools on an event
+    loop there); what has not returned ``timeout`` seconds after they all started is an ``error: ...``
+    message, as is any failure. The threads are daemons: a tool that never returns holds neither the batch
+    nor the process's exit."""
+    results: list[str | None] = [None] * len(jobs)
+
+    def work(i: int, call: ToolCall, by_name: dict[str, Tool]) -> None:
+        results[i] = _call(call, by_name)
+
+    threads = [
+        threading.Thread(target=work, args=(i, call, by_name), name="rloo-tool", daemon=True)
+        for i, (call, by_name) in enumerate(jobs)
+    ]
+    deadline = time.monotonic() + timeout
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    return [
+        r if r is not None else f"error: {call.name} did not return within {timeout:g} s"
+        for r, (call, _) in zip(list(results), jobs, strict=True)
+    ]
 
 
 def _call(call: ToolCall, by_name: dict[str, Tool]) -> str:
