@@ -434,6 +434,32 @@ class RLOOConfig:
         "(async/staleness logs the lag in optimizer steps: this times the optimizer steps per update).",
         check=at_least(1),
     )
+    tools: list[str] = option(
+        [],
+        "Agents: functions the model may call, as import paths 'pkg.module:fn' (type hints and a Google-style "
+        "docstring describe them to it); each rollout is then an episode of turns, tool calls and results.",
+        check=IMPORT_PATH,
+    )
+    environment: str | None = option(
+        None,
+        "Agents: a class 'pkg.module:Class' (TRL's environment_factory), one instance per episode: reset(**row) "
+        "before it, its public methods the tools, its get_reward() (if any) one more reward source.",
+        aliases=("environment_factory",),
+        check=IMPORT_PATH,
+    )
+    max_tool_calling_iterations: int | None = option(
+        None,
+        "Agents: rounds of tool calls an episode may make (default: as many as --response_length holds; the "
+        "episode's tokens, the tools' results included, are at most --response_length).",
+        check=at_least(0),
+        hint="; omit it for no limit",
+    )
+    tool_timeout: float = option(
+        30.0,
+        "Agents: seconds a round of tool calls may take; a call still running then is an error message to the "
+        "model (a tool that raises is one too: no tool stops the run).",
+        check=above(0),
+    )
     vllm_gpu_memory_utilization: float = option(
         0.3,
         "Fraction of the GPU's total memory the colocated vLLM engine may take (weights + KV cache + "
@@ -615,33 +641,6 @@ class RLOOConfig:
             and self.importance_sampling_level == "auto"
         )
 
-    # -------------------------------------------------------------------------------------------------
-    @property
-    def remote_output(self) -> Location | None:
-        """The ``s3://`` location of ``output_dir``, or None when it is a local directory."""
-        from rloo.storage.location import Location, has_scheme
-
-        return Location.parse(self.output_dir) if has_scheme(self.output_dir) else None
-
-    @property
-    def local_output_dir(self) -> Path:
-        """Where the trainer writes: ``output_dir`` itself, or the staging directory of an s3:// one."""
-        remote = self.remote_output
-        if remote is None:
-            return Path(self.output_dir)
-        if self.local_dir:
-            return Path(self.local_dir)
-        digest = hashlib.sha256(remote.uri.encode()).hexdigest()[:16]
-        return Path(tempfile.gettempdir()) / "rloo-staging" / digest
-
-    @property
-    def mirror_uri(self) -> str | None:
-        """Where checkpoints are mirrored: ``checkpoint_uri``, else ``<output_dir>/checkpoints`` for s3://."""
-        if self.checkpoint_uri:
-            return self.checkpoint_uri
-        remote = self.remote_output
-        return remote.child(CHECKPOINTS_SUBDIR).uri if remote is not None else None
-
     @property
     def policy_path(self) -> str:
         """The checkpoint the policy starts from and the reference stays at."""
@@ -681,6 +680,32 @@ class RLOOConfig:
     @classmethod
     def field_names(cls) -> list[str]:
         return [f.name for f in dataclasses.fields(cls)]
+
+
+def output_location(cfg: RLOOConfig) -> Location | None:
+    """The ``s3://`` location of ``output_dir``, or None when it is a local directory."""
+    from rloo.storage.location import Location, has_scheme
+
+    return Location.parse(cfg.output_dir) if has_scheme(cfg.output_dir) else None
+
+
+def local_output_dir(cfg: RLOOConfig) -> Path:
+    """Where the trainer writes: ``output_dir`` itself, or the staging directory of an s3:// one."""
+    remote = output_location(cfg)
+    if remote is None:
+        return Path(cfg.output_dir)
+    if cfg.local_dir:
+        return Path(cfg.local_dir)
+    digest = hashlib.sha256(remote.uri.encode()).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / "rloo-staging" / digest
+
+
+def mirror_uri(cfg: RLOOConfig) -> str | None:
+    """Where checkpoints are mirrored: ``checkpoint_uri``, else ``<output_dir>/checkpoints`` for s3://."""
+    if cfg.checkpoint_uri:
+        return cfg.checkpoint_uri
+    remote = output_location(cfg)
+    return remote.child(CHECKPOINTS_SUBDIR).uri if remote is not None else None
 
 
 # Settings a run may change when it resumes (or extends) an output_dir: where and how often it reports,
@@ -790,15 +815,17 @@ def changed(cfg: RLOOConfig, *names: str) -> list[str]:
 
 
 def check_reward_sources(cfg: RLOOConfig) -> None:
-    """At least one reward source, and one weight per source when weights are given."""
-    if not cfg.reward_model_path and not cfg.reward_funcs:
+    """At least one reward source, and one weight per source when weights are given (an --environment's
+    get_reward, found when the class loads, is one more source whose weight may be given last)."""
+    if not cfg.reward_model_path and not cfg.reward_funcs and not cfg.environment:
         raise UserError("no reward source: pass --reward_model_path DIR and/or --reward_funcs pkg.module:fn.")
     if cfg.reward_weights is not None:
         n = int(bool(cfg.reward_model_path)) + len(cfg.reward_funcs)
-        if len(cfg.reward_weights) != n:
+        if len(cfg.reward_weights) not in ((n, n + 1) if cfg.environment else (n,)):
+            env = ", then the --environment's get_reward" if cfg.environment else ""
             raise UserError(
                 f"--reward_weights has {len(cfg.reward_weights)} values but there are {n} reward sources "
-                "(reward model first, then each --reward_funcs entry): give one weight per source."
+                f"(reward model first, then each --reward_funcs entry{env}): give one weight per source."
             )
 
 
@@ -969,6 +996,30 @@ def check_async_generation(cfg: RLOOConfig) -> None:
         )
 
 
+def check_agents(cfg: RLOOConfig) -> None:
+    """Episodes are generated with the update's weights, turn by turn."""
+    agents = bool(cfg.tools or cfg.environment)
+    if not agents and (changed(cfg, "max_tool_calling_iterations") or changed(cfg, "tool_timeout")):
+        flag = (
+            "--max_tool_calling_iterations"
+            if changed(cfg, "max_tool_calling_iterations")
+            else "--tool_timeout"
+        )
+        raise UserError(
+            f"{flag} applies to episodes with tools: add --tools or --environment, or drop {flag}."
+        )
+    if agents and cfg.filter_groups:
+        raise UserError(
+            "--filter_groups does not resample multi-turn episodes yet: drop --filter_groups, or "
+            "--tools/--environment."
+        )
+    if agents and cfg.async_generation:
+        raise UserError(
+            "--async_generation does not run multi-turn episodes yet (their tools and environments run with the "
+            "update's weights): drop --async_generation, or --tools/--environment."
+        )
+
+
 def check_lora(cfg: RLOOConfig) -> None:
     """The flags that act on LoRA adapters need --use_peft."""
     if not cfg.use_peft and (cfg.merge_adapter or cfg.load_in_4bit):
@@ -989,6 +1040,7 @@ RULES_BETWEEN_FIELDS: tuple[Callable[[RLOOConfig], None], ...] = (
     check_reference_sync,
     check_generation_backend,
     check_async_generation,
+    check_agents,
     check_lora,
 )
 

@@ -593,15 +593,26 @@ def load_prompt_dataset(
     return PromptDataset(prompts=prompts, extra=columns, split=split, record=record)
 
 
-def format_prompts(prompts: list[Any], tokenizer: Any) -> list[str]:
-    """Prompt text as the policy sees it: chat messages go through the tokenizer's chat template."""
+def format_prompts(
+    prompts: list[Any], tokenizer: Any, *, tools: list[dict[str, Any]] | None = None
+) -> list[str]:
+    """Prompt text as the policy sees it: chat messages go through the tokenizer's chat template (with the
+    schemas of the ``tools`` an agent may call)."""
+    if tools and prompts and not isinstance(prompts[0], list):
+        raise UserError(
+            "--tools and --environment need chat prompts (the tools are described through the chat template): "
+            "give the dataset a 'prompt' column of message lists."
+        )
     if prompts and isinstance(prompts[0], list):
         if getattr(tokenizer, "chat_template", None) is None:
             raise UserError(
                 "the prompts are chat messages but the tokenizer has no chat template; use a chat model's "
                 "tokenizer or a dataset of plain-text prompts."
             )
-        return [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in prompts]
+        return [
+            tokenizer.apply_chat_template(p, tools=tools or None, tokenize=False, add_generation_prompt=True)
+            for p in prompts
+        ]
     return list(prompts)
 
 

@@ -29,8 +29,14 @@ from typing import Any
 
 import torch
 
-from rloo.agents.environments import Environment, EnvironmentPool, environment_rewards, with_observation
-from rloo.agents.tools import Tool, ToolCall, parse_tool_calls, run_calls
+from rloo.agents.environments import (
+    Environment,
+    EnvironmentPool,
+    environment_rewards,
+    load_environment,
+    with_observation,
+)
+from rloo.agents.tools import Tool, ToolCall, load_tools, parse_tool_calls, run_calls
 from rloo.errors import UserError
 from rloo.generation import Generated, Generator, SamplingParams, left_pad
 
@@ -155,6 +161,11 @@ class EpisodeRunner:
         self.budget = budget
         self.max_prompt_length = max_prompt_length
 
+    @property
+    def owns_reward(self) -> bool:
+        """The environment scores the episodes (its ``get_reward``): one more reward source."""
+        return self.environment is not None and self.environment.owns_reward
+
     def schemas(self) -> list[dict[str, Any]]:
         """Every tool's schema as the chat template shows it: ``--tools``, then the environment's methods."""
         out = [t.schema for t in self.tools]
@@ -208,7 +219,7 @@ class EpisodeRunner:
             room = max(episodes[b].budget - episodes[b].used for b in active)
             turn = replace(params, max_new_tokens=room)
             gen = generator.generate(ids, mask, 1, turn, turn_seeds, return_logprobs=return_logprobs)
-        rewards = environment_rewards(instances) if instances and self.environment.owns_reward else None  # type: ignore[union-attr]
+        rewards = environment_rewards(instances) if self.owns_reward else None
         return self._collect(
             episodes, prompt_ids, prompts_seen, rewards, return_logprobs, params.pad_token_id
         )
@@ -341,3 +352,28 @@ class EpisodeRunner:
             env_rewards=rewards,
         )
         return Generated(tokens=tokens, logprobs=logprobs if return_logprobs else None, episodes=info)
+
+
+def make_episode_runner(
+    tokenizer: Any,
+    *,
+    tools: Sequence[str],
+    environment: str | None,
+    max_iterations: int | None,
+    tool_timeout: float,
+    budget: int,
+    max_prompt_length: int | None,
+) -> EpisodeRunner | None:
+    """The runner of ``--tools`` and ``--environment`` (import paths, loaded and checked now, with the chat
+    template), or None when neither is given: single-turn rollouts."""
+    if not tools and environment is None:
+        return None
+    return EpisodeRunner(
+        tokenizer,
+        tools=load_tools(tools),
+        environment=load_environment(environment) if environment is not None else None,
+        max_iterations=max_iterations,
+        tool_timeout=tool_timeout,
+        budget=budget,
+        max_prompt_length=max_prompt_length,
+    )

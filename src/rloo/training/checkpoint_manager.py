@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rloo.config import RLOOConfig
+from rloo.config import RLOOConfig, mirror_uri
 from rloo.diskspace import disk_full_as_one_line, honour_umask, tensor_bytes, write_bytes_atomic
 from rloo.errors import UserError
 from rloo.models import MERGED_SUBDIR, describe_value, find_bad_tensor
@@ -569,7 +569,7 @@ class CheckpointManager:
         None. A damaged checkpoint is never a reason to start over: with an earlier intact one that one is used
         (one warning line saying so); with none, a UserError names the damaged file."""
         path, damaged = newest_intact_checkpoint(out_dir)
-        if path is None and self.cfg.mirror_uri:
+        if path is None and mirror_uri(self.cfg):
             self._restore_from_mirror(out_dir)
             path, damaged = newest_intact_checkpoint(out_dir)
         if not damaged:
@@ -591,7 +591,7 @@ class CheckpointManager:
         if self.accelerator.is_main_process and self.mirror is not None:
             restored = self.mirror.restore_latest(out_dir)
             if restored is not None:
-                log.info("restored %s from %s", restored.name, self.cfg.mirror_uri)
+                log.info("restored %s from %s", restored.name, mirror_uri(self.cfg))
                 snapshot = restored / METRICS_FILE
                 if snapshot.is_file() and not (out_dir / METRICS_FILE).is_file():
                     shutil.copy2(snapshot, out_dir / METRICS_FILE)

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from rloo import algo
+from rloo.agents.episodes import EpisodeRunner, Episodes
 from rloo.config import BatchPlan, RLOOConfig
 from rloo.data import PromptDataset
 from rloo.generation import Generated, SamplingParams, left_pad, row_seeds
@@ -114,6 +115,7 @@ class ExperienceProducer:
         gather_for_generation: bool,
         deepspeed: bool,
         on_policy: bool,
+        episodes: EpisodeRunner | None = None,
     ) -> None:
         self.cfg, self.plan = cfg, plan
         self.generator, self.sources, self.reward_weights = generator, sources, reward_weights
@@ -129,6 +131,7 @@ class ExperienceProducer:
         self.deepspeed = deepspeed
         # One optimizer step per batch: the sampler's own log-probs serve as the old ones
         self.on_policy = on_policy
+        self.episodes = episodes  # --tools / --environment: each rollout a multi-turn episode
         self._warned_nothing_kept = False
 
     def produce(self, update: int, timer: StepTimer, ahead: Rollout | None = None) -> Experience:
@@ -189,6 +192,8 @@ class ExperienceProducer:
             k,
             response_length=cfg.response_length,
         )
+        if sampled.episodes is not None:
+            metrics.update(episode_metrics(self.comm.gather(episode_stats(sampled.episodes).to(dev))))
         if cfg.async_generation:  # optimizer steps between the weights that sampled a row and today's
             lag = self.comm.gather((current - got.version).float().to(dev))  # (global B,)
             metrics["async/staleness"] = float(lag.mean())
@@ -270,10 +275,15 @@ class ExperienceProducer:
         penalty (B,), which completions every source could score (B,), which hold an EOS token (B,)."""
         cfg, dev = self.cfg, self.device
         responses, mask = sampled.responses, sampled.mask  # (B, T)
-        batch = self._reward_batch(self.train.ds, self.train.texts, index, cfg.rloo_k, responses, mask)
+        batch = self._reward_batch(
+            self.train.ds, self.train.texts, index, cfg.rloo_k, responses, mask, sampled.episodes
+        )
         per_source = score_all(self.sources, batch).to(dev)  # (B, S)
         scores, valid = algo.combine_reward_sources(per_source, self.reward_weights.to(dev))  # (B,), (B,)
-        contains_eos = ((responses == self.tokenizer.eos_token_id) & mask).any(1)  # (B,)
+        if sampled.episodes is not None:  # an episode's turns end with the stop token: did the last one?
+            contains_eos = sampled.episodes.finished.to(dev)  # (B,)
+        else:
+            contains_eos = ((responses == self.tokenizer.eos_token_id) & mask).any(1)  # (B,)
         scores = algo.apply_missing_eos_penalty(scores, contains_eos, cfg.missing_eos_penalty)
         if cfg.overlong_buffer_len:
             lengths = sampled.mask.sum(1)  # (B,)
@@ -359,8 +369,21 @@ class ExperienceProducer:
         """K completions of each prompt of ``index`` for ``update``, as the generator returns them. Nothing
         but the generator is touched: asynchronous generation runs this on another thread."""
         cfg = self.cfg
-        prompt_ids, prompt_mask = self._prompt_batch(index)  # (P, L)
         seeds = row_seeds(cfg.seed + round_ * 1_000_003, update, torch.tensor(index), cfg.rloo_k)
+        if self.episodes is not None:
+            ds = self.train.ds
+            return self.episodes.run(
+                self.generator,
+                [self.train.ids[i] for i in index],
+                cfg.rloo_k,
+                self._sampling_params(),
+                seeds,
+                return_logprobs=self.on_policy or cfg.vllm_importance_sampling_correction,
+                prompts=[ds.prompts[i] for i in index],
+                rows=dataset_rows(ds, index),
+                device=self.device,
+            )
+        prompt_ids, prompt_mask = self._prompt_batch(index)  # (P, L)
         return self.generator.generate(
             prompt_ids,
             prompt_mask,
@@ -375,16 +398,23 @@ class ExperienceProducer:
         log-probs of them (B, T) when it returned them (else None)."""
         cfg, tok, dev = self.cfg, self.tokenizer, self.device
         k, p = cfg.rloo_k, len(index)
-        prompt_ids, prompt_mask = self._prompt_batch(index)  # (P, L)
         responses = gen.tokens.to(dev)  # (B, T)
-        mask = algo.completion_mask(responses, self.stop_token_id)  # (B, T)
-        loss_mask = mask
-        if cfg.mask_truncated_completions:  # the config requires a stop token with this flag
-            assert self.stop_token_id is not None
-            truncated = algo.truncated_completions(responses, self.stop_token_id)  # (B,)
-            loss_mask = mask & ~truncated[:, None]  # (B, T)
-        if self.stop_token_id is not None:
-            responses = algo.truncate_after_stop(responses, self.stop_token_id, tok.pad_token_id)
+        episodes = gen.episodes
+        if episodes is not None:  # the model's tokens count, the tools' results do not (nor in the KL)
+            prompt_ids, prompt_mask = left_pad(episodes.prompt_ids, tok.pad_token_id, dev)  # (P, L)
+            mask = episodes.policy_mask.to(dev)  # (B, T)
+            finished = episodes.finished.to(dev)  # (B,)
+            loss_mask = mask & finished[:, None] if cfg.mask_truncated_completions else mask
+        else:
+            prompt_ids, prompt_mask = self._prompt_batch(index)  # (P, L)
+            mask = algo.completion_mask(responses, self.stop_token_id)  # (B, T)
+            loss_mask = mask
+            if cfg.mask_truncated_completions:  # the config requires a stop token with this flag
+                assert self.stop_token_id is not None
+                truncated = algo.truncated_completions(responses, self.stop_token_id)  # (B,)
+                loss_mask = mask & ~truncated[:, None]  # (B, T)
+            if self.stop_token_id is not None:
+                responses = algo.truncate_after_stop(responses, self.stop_token_id, tok.pad_token_id)
         gen_logprobs = (
             None if gen.logprobs is None else gen.logprobs.to(dev).masked_fill(~mask, 0.0)
         )  # (B, T)
@@ -399,6 +429,7 @@ class ExperienceProducer:
             mask=mask,
             loss_mask=loss_mask,
             sampling_logprobs=gen_logprobs if cfg.vllm_importance_sampling_correction else None,
+            episodes=episodes,
         )
         return sampled, gen_logprobs
 
@@ -446,8 +477,11 @@ class ExperienceProducer:
         k: int,
         responses: torch.Tensor,
         mask: torch.Tensor,
+        episodes: Episodes | None = None,
     ) -> RewardBatch:
         tok = self.tokenizer
+        if episodes is not None:
+            return episode_reward_batch(tok, episodes, ds, index, k, responses, self.state)
         ids = [r[m].tolist() for r, m in zip(responses.cpu(), mask.cpu(), strict=True)]
         completion_texts = tok.batch_decode(ids, skip_special_tokens=True)
         raw = tok.batch_decode(ids, skip_special_tokens=False)
@@ -482,12 +516,28 @@ class ExperienceProducer:
             greedy=True,
         )
         self.policy.eval()
+        seeds = torch.zeros(n, dtype=torch.long)
         with deepspeed_utils.gather_for_generation(self.policy, self.accelerator, self.gather_for_generation):
-            responses = self.generator.generate(
-                prompt_ids, prompt_mask, 1, params, torch.zeros(n, dtype=torch.long)
-            ).tokens
-        mask = algo.completion_mask(responses, self.stop_token_id)
-        batch = self._reward_batch(self.eval.ds, self.eval.texts, index, 1, responses, mask)
+            if self.episodes is not None:  # the whole episode: the model's turns and the tools' results
+                gen = self.episodes.run(
+                    self.generator,
+                    [self.eval.ids[i] for i in index],
+                    1,
+                    params,
+                    seeds,
+                    return_logprobs=False,
+                    prompts=[self.eval.ds.prompts[i] for i in index],
+                    rows=dataset_rows(self.eval.ds, index),
+                    device=self.device,
+                )
+            else:
+                gen = self.generator.generate(prompt_ids, prompt_mask, 1, params, seeds)
+        responses = gen.tokens
+        episodes = gen.episodes
+        mask = (
+            algo.completion_mask(responses, self.stop_token_id) if episodes is None else episodes.policy_mask
+        )
+        batch = self._reward_batch(self.eval.ds, self.eval.texts, index, 1, responses, mask, episodes)
         scores, valid = algo.combine_reward_sources(score_all(self.sources, batch), self.reward_weights)
         return [
             {
@@ -497,3 +547,71 @@ class ExperienceProducer:
             }
             for i, (s, v) in enumerate(zip(scores.tolist(), valid.tolist(), strict=True))
         ]
+
+
+def dataset_rows(ds: PromptDataset, index: list[int]) -> list[dict[str, Any]]:
+    """The dataset's rows ``index`` (the prompt and the other columns): what an environment is reset with."""
+    extra = ds.extra_for(index)
+    return [{"prompt": ds.prompts[i], **{c: v[j] for c, v in extra.items()}} for j, i in enumerate(index)]
+
+
+def episode_reward_batch(
+    tok: Any,
+    episodes: Episodes,
+    ds: PromptDataset,
+    index: list[int],
+    k: int,
+    responses: torch.Tensor,
+    state: TrainerState,
+) -> RewardBatch:
+    """What reward sources read of episodes: the prompt as the episode saw it (with the environment's text),
+    each episode's messages (the model's turns and the tools' results, TRL's ``completions`` of a tool-calling
+    run) and its whole text, the environment's rewards."""
+    lengths = (episodes.policy_mask.cumsum(1) == episodes.policy_mask.sum(1, keepdim=True)).int().argmax(
+        1
+    ) + 1
+    ids = [
+        r[:n].tolist() for r, n in zip(responses.cpu(), lengths.tolist(), strict=True)
+    ]  # up to the last turn
+    texts = tok.batch_decode(ids, skip_special_tokens=True)
+    raw = tok.batch_decode(ids, skip_special_tokens=False)
+    prompt_texts = [
+        tok.decode(episodes.prompt_ids[b // k], skip_special_tokens=False) for b in range(len(ids))
+    ]
+    extra = {c: [v for v in vals for _ in range(k)] for c, vals in ds.extra_for(index).items()}
+    return RewardBatch(
+        prompts=[episodes.prompts[b // k] or ds.prompts[index[b // k]] for b in range(len(ids))],
+        prompt_texts=prompt_texts,
+        completions=episodes.messages,
+        completion_texts=texts,
+        completion_ids=ids,
+        scoring_texts=[p + r for p, r in zip(prompt_texts, raw, strict=True)],
+        extra=extra,
+        trainer_state=state,
+        environment_rewards=episodes.env_rewards,
+    )
+
+
+def episode_stats(episodes: Episodes) -> torch.Tensor:
+    """(B, 5) per episode: tool calls, failed calls, the model's turns, its tokens, the tools' tokens."""
+    policy = episodes.policy_mask  # (B, T)
+    last = (policy.cumsum(1) == policy.sum(1, keepdim=True)).int().argmax(1) + 1  # (B,) episode length
+    model = policy.sum(1)
+    return torch.stack(
+        [episodes.tool_calls, episodes.tool_errors, episodes.turns, model, last - model], dim=1
+    ).float()
+
+
+def episode_metrics(stats: torch.Tensor) -> dict[str, float]:
+    """The episodes' metrics over the global batch from :func:`episode_stats` rows: TRL's
+    ``tools/call_frequency`` (calls per episode) and ``tools/failure_frequency`` (failed calls per call), the
+    turns per episode and the episode's length in tokens, and the share of them the tools wrote."""
+    calls, errors, turns, model, tool = stats.unbind(1)  # (B,) each
+    total = model + tool
+    return {
+        "tools/call_frequency": float(calls.mean()),
+        "tools/failure_frequency": float(errors.sum() / calls.sum()) if calls.sum() > 0 else 0.0,
+        "tools/turns": float(turns.mean()),
+        "tools/episode_length": float(total.mean()),
+        "tools/tool_token_frac": float(tool.sum() / total.sum().clamp(min=1)),
+    }

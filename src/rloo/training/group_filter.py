@@ -76,7 +76,12 @@ def replace_groups(
     per_row: dict[str, torch.Tensor | None] = {}
     for f in fields(Sampled):
         a, b = getattr(base.sampled, f.name), getattr(fresh.sampled, f.name)
-        if f.name in ("prompt_ids", "prompt_mask", "rows"):
+        if f.name in (
+            "prompt_ids",
+            "prompt_mask",
+            "rows",
+            "episodes",
+        ):  # episodes: the config refuses them here
             continue
         if a is None or b is None:
             per_row[f.name] = None

@@ -43,6 +43,8 @@ class RewardBatch:
     scoring_texts: list[str]  # prompt + completion, special tokens kept (what a reward model reads)
     extra: dict[str, list[Any]] = field(default_factory=dict)  # other dataset columns
     trainer_state: TrainerState = field(default_factory=TrainerState)
+    # multi-turn episodes in an environment that scores them: its get_reward() at each episode's end
+    environment_rewards: list[float | None] | None = None
 
     def __len__(self) -> int:
         return len(self.completion_texts)
@@ -112,6 +114,26 @@ class RewardFunctionSource:
                     "finite float, or None when the completion cannot be scored."
                 )
             values.append(float(v))
+        return torch.tensor(values, dtype=torch.float32)
+
+
+class EnvironmentRewardSource:
+    """The reward an environment gives each episode (``get_reward()``, TRL's ``environment_factory``), read at
+    the episode's end; None leaves the episode unscored by it."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __call__(self, batch: RewardBatch) -> torch.Tensor:
+        got = batch.environment_rewards
+        if got is None or len(got) != len(batch):
+            raise RuntimeError("the batch carries no environment reward per episode")
+        values = [math.nan if v is None else float(v) for v in got]
+        if not all(math.isnan(v) or math.isfinite(v) for v in values):
+            raise UserError(
+                f"--environment {self.name}: get_reward() returned a non-finite value; return a finite float, or "
+                "None when the episode cannot be scored."
+            )
         return torch.tensor(values, dtype=torch.float32)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
+from typing import Any
 
 import torch
 
@@ -30,6 +31,8 @@ class Sampled:
     loss_mask: torch.Tensor
     # (B, T) the sampler's (vLLM's) log-probs, kept for --vllm_importance_sampling_correction; else None
     sampling_logprobs: torch.Tensor | None
+    # multi-turn episodes (rloo.agents.episodes.Episodes): mask then holds only the model's own tokens
+    episodes: Any = None
 
 
 @dataclass

@@ -28,7 +28,8 @@ from typing import Any
 
 import torch
 
-from rloo.config import BatchPlan, RLOOConfig
+from rloo.agents.episodes import EpisodeRunner, make_episode_runner
+from rloo.config import BatchPlan, RLOOConfig, local_output_dir, mirror_uri, output_location
 from rloo.data import (
     TRAINING_DATASET_FILE,
     format_prompts,
@@ -62,6 +63,7 @@ from rloo.training.output_lock import OutputLock
 from rloo.training.preemption import Preempted, Preemption
 from rloo.training.prompts import fit_prompts, warn_if_batch_exceeds_prompts
 from rloo.training.rewards import (
+    EnvironmentRewardSource,
     RewardFunctionSource,
     RewardModelSource,
     TrainerState,
@@ -116,7 +118,7 @@ class RLOOTrainer:
         if self.accelerator.is_main_process:
             flag = "--local_dir" if self.remote is not None and cfg.local_dir else "--output_dir"
             try:
-                self.output_lock = OutputLock.acquire(cfg.local_output_dir, self.remote, local_dir_flag=flag)
+                self.output_lock = OutputLock.acquire(local_output_dir(cfg), self.remote, local_dir_flag=flag)
             except UserError as e:
                 failure = e
         failure = Collectives(self.accelerator).broadcast(failure)
@@ -204,11 +206,7 @@ class RLOOTrainer:
                 cfg.policy_path, flag=policy_flag, trust_remote_code=cfg.trust_remote_code
             )
             self.ref_policy.eval().requires_grad_(False)
-        self.stop_token_id = (
-            cfg.stop_token_id
-            if cfg.stop_token_id is not None
-            else (self.tokenizer.eos_token_id if cfg.stop_token == "eos" else None)
-        )
+        self.stop_token_id = stop_token_id(cfg, self.tokenizer)
 
     def _setup_rewards(self) -> None:
         """Reward sources: a reward model and/or reward functions, with their weights."""
@@ -226,15 +224,17 @@ class RLOOTrainer:
                 )
             )
         self.sources += [RewardFunctionSource(spec) for spec in cfg.reward_funcs]
-        self.reward_weights = torch.tensor(
-            cfg.reward_weights or [1.0] * len(self.sources), dtype=torch.float32
-        )
+        self.episodes = episode_runner(cfg, self.tokenizer)  # None: single-turn rollouts
+        self.sources += environment_source(self.episodes, others=len(self.sources))
+        weights = (cfg.reward_weights or [1.0] * len(self.sources)) + [1.0]  # the environment's: 1 by default
+        self.reward_weights = torch.tensor(weights[: len(self.sources)], dtype=torch.float32)
 
     def _setup_prompts(self) -> None:
         """Prompts formatted and tokenised once, cut to the model's length."""
-        self.train_texts = format_prompts(self.train_ds.prompts, self.tokenizer)
+        tools = self.episodes.schemas() if self.episodes is not None else None  # shown to the model
+        self.train_texts = format_prompts(self.train_ds.prompts, self.tokenizer, tools=tools)
         self.train_ids = tokenize_prompts(self.train_texts, self.tokenizer, chat=self.train_ds.conversational)
-        self.eval_texts = format_prompts(self.eval_ds.prompts, self.tokenizer)
+        self.eval_texts = format_prompts(self.eval_ds.prompts, self.tokenizer, tools=tools)
         self.eval_ids = tokenize_prompts(self.eval_texts, self.tokenizer, chat=self.eval_ds.conversational)
         if any(len(ids) == 0 for ids in self.train_ids):
             raise UserError("a training prompt tokenises to nothing; drop empty prompts from the dataset.")
@@ -393,6 +393,7 @@ class RLOOTrainer:
             accelerator=self.accelerator,
             guard=guard,
             stop_token_id=self.stop_token_id,
+            episodes=self.episodes,
             gather_for_generation=self.gather_for_generation,
             deepspeed=self.deepspeed,
             # one optimizer step per batch: the sampler's log-probs are the policy's
@@ -421,7 +422,7 @@ class RLOOTrainer:
 
     def _train(self) -> TrainResult:
         cfg = self.cfg
-        out_dir = cfg.local_output_dir
+        out_dir = local_output_dir(cfg)
         start = time.perf_counter()
         if self.remote is not None:
             log.info("output %s, staged in %s", self.remote.uri, out_dir)
@@ -714,8 +715,8 @@ def check_locations(cfg: RLOOConfig) -> Any:
     if cfg.fp16 and not torch.cuda.is_available():
         raise UserError("--fp16 needs a CUDA GPU; use --bf16 (or neither) on CPU.")
     # an s3:// output_dir is staged locally (checkpoints mirrored, the result uploaded at the end)
-    remote = cfg.remote_output
-    out = cfg.local_output_dir
+    remote = output_location(cfg)
+    out = local_output_dir(cfg)
     if out.exists() and not out.is_dir():
         flag = "--local_dir" if remote is not None and cfg.local_dir else "--output_dir"
         raise UserError(f"{flag} {out} is a file; pass a directory.")
@@ -747,12 +748,48 @@ def reporting(cfg: RLOOConfig, remote: Any, main: bool) -> tuple[list[Any], Any]
         for sink in sinks:  # the pipeline uploads output_dir there: the durable name of this run
             if hasattr(sink, "tags"):
                 sink.tags[TAG_OUTPUT_DIR] = cfg.publish_uri
-    mirror = None
-    if cfg.mirror_uri and main:
+    mirror, uri = None, mirror_uri(cfg)
+    if uri and main:
         from rloo.storage import CheckpointMirror
 
-        mirror = CheckpointMirror(cfg.mirror_uri, keep_last=cfg.save_total_limit)
+        mirror = CheckpointMirror(uri, keep_last=cfg.save_total_limit)
     return sinks, mirror
+
+
+def stop_token_id(cfg: RLOOConfig, tokenizer: Any) -> int | None:
+    """The token a completion stops at: --stop_token_id, else EOS with --stop_token eos or with episodes (a
+    turn of an agent ends there: --tools, --environment), else None (completions run to the length)."""
+    if cfg.stop_token_id is not None:
+        return cfg.stop_token_id
+    agents = bool(cfg.tools or cfg.environment)
+    return int(tokenizer.eos_token_id) if cfg.stop_token == "eos" or agents else None
+
+
+def episode_runner(cfg: RLOOConfig, tokenizer: Any) -> EpisodeRunner | None:
+    """What runs each rollout as a multi-turn episode with --tools / --environment; None without them."""
+    return make_episode_runner(
+        tokenizer,
+        tools=cfg.tools,
+        environment=cfg.environment,
+        max_iterations=cfg.max_tool_calling_iterations,
+        tool_timeout=cfg.tool_timeout,
+        budget=cfg.response_length,
+        max_prompt_length=cfg.max_prompt_length,
+    )
+
+
+def environment_source(episodes: EpisodeRunner | None, *, others: int) -> list[EnvironmentRewardSource]:
+    """The environment's reward source when it owns one (its get_reward), else none; one line when it has
+    none and there is no ``other`` source."""
+    env = episodes.environment if episodes is not None else None
+    if env is None:
+        return []
+    if not env.owns_reward and not others:
+        raise UserError(
+            f"--environment {env.name} has no get_reward method and no other reward source is given: add "
+            "get_reward(self) to it, or pass --reward_funcs / --reward_model_path."
+        )
+    return [EnvironmentRewardSource(env.name)] if env.owns_reward else []
 
 
 def watch_length_correlation(cfg: RLOOConfig, streak: int, update: int, corr: float, main: bool) -> int:
