@@ -14,12 +14,9 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import torch
-
-if TYPE_CHECKING:
-    from rloo.agents.episodes import Episodes
 
 _MASK32 = 0xFFFFFFFF
 # The reference divides logits by T + 1e-7 when scoring; log-probs everywhere use the same divisor.
@@ -149,8 +146,9 @@ class Generated:
     # (P*K, T) float32 log-probs of the sampled tokens at the sampling temperature, if asked for.
     # Only good enough for reward shaping (the KL penalty): the PPO ratio needs a training forward.
     logprobs: torch.Tensor | None = None
-    # multi-turn episodes (rloo.agents.episodes): which tokens are the model's, the messages, tool statistics
-    episodes: Episodes | None = None
+    # multi-turn episodes: an rloo.agents.episodes.Episodes (which tokens are the model's, the messages, tool
+    # statistics); Any here, as rloo.agents builds on this module
+    episodes: Any = None
 
 
 class Generator(Protocol):
