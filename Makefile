@@ -29,8 +29,8 @@ ui: install
 PYTEST_PARALLEL ?= -n auto --maxprocesses=4 --dist loadfile
 
 test: install
-	$(BIN)/ruff check src tests benchmarks components pipelines
-	$(BIN)/ruff format --check src tests benchmarks components pipelines
+	$(BIN)/ruff check src tests benchmarks components pipelines examples
+	$(BIN)/ruff format --check src tests benchmarks components pipelines examples
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/python -m pytest -q $(PYTEST_PARALLEL)
 
@@ -93,14 +93,14 @@ test-images: install
 
 # lint-imports: the dependency contracts ([tool.importlinter]); mypy: the type check of src/ ([tool.mypy])
 lint: install
-	$(BIN)/ruff check src tests benchmarks components pipelines
-	$(BIN)/ruff format --check src tests benchmarks components pipelines
+	$(BIN)/ruff check src tests benchmarks components pipelines examples
+	$(BIN)/ruff format --check src tests benchmarks components pipelines examples
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/mypy
 
 format: install
-	$(BIN)/ruff format src tests benchmarks components pipelines
-	$(BIN)/ruff check --fix src tests benchmarks components pipelines
+	$(BIN)/ruff format src tests benchmarks components pipelines examples
+	$(BIN)/ruff check --fix src tests benchmarks components pipelines examples
 
 bench: install
 	$(BIN)/pip install -q -c constraints.txt -e '.[bench]'

@@ -63,7 +63,7 @@ class Scripted:
         for i in range(prompt_ids.size(0)):
             context = self.tok.decode(prompt_ids[i][prompt_mask[i].bool()].tolist())
             for j in range(k):
-                ids = self.tok.encode(self.script(context, j)) + [self.tok.eos_token_id]
+                ids = [*self.tok.encode(self.script(context, j)), self.tok.eos_token_id]
                 rows.append(ids[: params.max_new_tokens])
         self.calls.append((k, seeds.tolist()))
         width = max(len(r) for r in rows)
@@ -119,9 +119,9 @@ def test_an_episode_is_the_sampled_turns_and_the_tool_messages_in_order(tok: Any
     out = runner(tok).run(gen, [prompt(tok, "six times seven?")], 2, params(tok), seeds, return_logprobs=True)
     ep = out.episodes
     assert ep is not None
-    turn1 = tok.encode(call("multiply", a=6, b=7)) + [tok.eos_token_id]
+    turn1 = [*tok.encode(call("multiply", a=6, b=7)), tok.eos_token_id]
     suffix = tool_suffix_ids(tok, [{"role": "tool", "name": "multiply", "content": "42"}])
-    turn2 = tok.encode(" it is 42") + [tok.eos_token_id]
+    turn2 = [*tok.encode(" it is 42"), tok.eos_token_id]
     n = len(turn1) + len(suffix) + len(turn2)
     assert out.tokens[0, :n].tolist() == turn1 + suffix + turn2
     assert ep.policy_mask[0, :n].tolist() == [True] * len(turn1) + [False] * len(suffix) + [True] * len(turn2)
@@ -226,5 +226,5 @@ def test_templates_that_cannot_hold_episodes_are_refused_in_one_line(tok: Any, t
     with pytest.raises(UserError, match="need a chat template"):
         check_template(plain)
     plain.chat_template = "{{ raise_exception('Conversation roles must alternate') }}"
-    with pytest.raises(UserError, match="cannot render tool messages .*roles must alternate"):
+    with pytest.raises(UserError, match=r"cannot render tool messages .*roles must alternate"):
         check_template(plain)
