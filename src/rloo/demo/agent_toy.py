@@ -222,7 +222,14 @@ def build_agent_tokenizer(path: str | Path) -> PreTrainedTokenizerFast:
     return tokenizer
 
 
-def build_agent_sft_model(path: str | Path, *, seed: int = 0, steps: int = 500) -> Path:
+def build_agent_sft_model(
+    path: str | Path,
+    *,
+    seed: int = 0,
+    steps: int = 500,
+    hidden_size: int = _HIDDEN_SIZE,
+    num_heads: int = _NUM_HEADS,
+) -> Path:
     """Build a tiny Qwen2 model, warm it up on toy agent episodes and save it with its tokenizer to ``path``.
 
     The tokenizer is :func:`build_agent_tokenizer`'s. The model, random-init by
@@ -230,7 +237,8 @@ def build_agent_sft_model(path: str | Path, *, seed: int = 0, steps: int = 500) 
     rendered with the template (the tool listed): half call :func:`add` and answer with its result, half
     guess a number at once; the loss is on the assistant turns only. So the saved model starts some of its
     turns with a well-formed call and others with a guess. Deterministic for ``seed``, the caller's RNG state
-    untouched; about 20 s on two CPU cores. Returns ``path``.
+    untouched; about 20 s on two CPU cores. ``hidden_size`` / ``num_heads``: vLLM's CPU attention needs heads of
+    64 dimensions (128 / 2). Returns ``path``.
     """
     import torch
     from transformers import AutoModelForCausalLM
@@ -242,9 +250,9 @@ def build_agent_sft_model(path: str | Path, *, seed: int = 0, steps: int = 500) 
         path,
         path,
         arch="qwen2",
-        hidden_size=_HIDDEN_SIZE,
+        hidden_size=hidden_size,
         num_layers=_NUM_LAYERS,
-        num_heads=_NUM_HEADS,
+        num_heads=num_heads,
         seed=seed,
     )
     rng = random.Random(seed)
