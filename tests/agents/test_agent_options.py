@@ -81,3 +81,24 @@ def test_a_turn_ends_at_eos_with_tools_unless_told_otherwise(tmp_path: Path) -> 
     assert stop_token_id(cfg(reward_funcs=["a:b"]), Tok()) is None
     assert stop_token_id(cfg(reward_funcs=["a:b"], tools=["a:f"]), Tok()) == 7
     assert stop_token_id(cfg(reward_funcs=["a:b"], tools=["a:f"], stop_token_id=3), Tok()) == 3
+
+
+def test_the_evaluation_declares_training_s_agent_settings_alike() -> None:
+    """``rloo eval`` takes the episode settings under training's names, defaults and rules, so the pipeline
+    hands training's values over unchanged (rloo.stages.validate.AGENT_SETTINGS)."""
+    import dataclasses
+
+    from rloo.eval.config import EvalConfig
+    from rloo.stages.validate import AGENT_SETTINGS
+
+    train = {f.name: f for f in dataclasses.fields(RLOOConfig)}
+    evaluate = {f.name: f for f in dataclasses.fields(EvalConfig)}
+    for name in AGENT_SETTINGS:
+        assert evaluate[name].type == train[name].type, name
+        assert default(evaluate[name]) == default(train[name]), name
+
+
+def default(f: Any) -> Any:
+    import dataclasses
+
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default

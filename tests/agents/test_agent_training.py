@@ -235,3 +235,48 @@ def test_trl_style_code_runs_through_rloo_train_by_import_path(
     assert run.returncode == 0, run.stderr[-2000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 2 and all("tools/call_frequency" in r for r in rows)
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [["--tools", "rloo.demo.agent_toy:add"], ["--environment_factory", "calculator:CalculatorEnv"]],
+    ids=["tools", "environment"],
+)
+def test_rloo_eval_judges_whole_episodes(
+    agent_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flags: list[str]
+) -> None:
+    """``rloo eval`` runs the episodes training ran, for the trained and the baseline model, and the judge reads
+    each whole: the model's turns and the tools' results (an environment reset with the eval row's columns)."""
+    from rloo.cli.eval_cmd import main
+    from tests.eval.scripted_server import API_KEY, MODEL, ScriptedJudge
+
+    data = tmp_path / "eval"
+    (data / "data").mkdir(parents=True)
+    rows = [
+        {
+            "prompt": [{"role": "user", "content": f"add {a} and {b}"}],
+            "completion": str(a + b),
+            "answer": str(a + b),
+        }
+        for a, b in [(3, 4), (1, 2), (5, 0)]
+    ]
+    (data / "data" / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    monkeypatch.setenv("OPENAI_API_KEY", API_KEY)
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    out = tmp_path / "out"
+    with ScriptedJudge() as judge:
+        argv = [
+            "--model_name_or_path", str(agent_model), "--baseline_model", str(agent_model),
+            "--dataset_name", str(data), "--dataset_split", "test", "--judge_base_url", judge.base_url,
+            "--judge_model", MODEL, "--output_dir", str(out), "--max_new_tokens", "128",
+            "--judge_backoff", "0.01", "--report_to", "none", *flags,
+        ]  # fmt: skip
+        assert main(argv) == 0
+        asked = list(judge.seen)
+    judged = [json.loads(x) for x in (out / "judgements.jsonl").read_text().splitlines()]
+    results = json.loads((out / "eval_results.json").read_text())
+    assert results["engine"] == "transformers"  # auto picks it for episodes
+    answers = [ex["outputs"]["trained"] for ex in judged]
+    # greedy, the warm-started model calls add on every prompt (its greedy turn always does), then answers
+    assert all(f"[add returned] {r['answer']}" in a for a, r in zip(answers, rows, strict=True)), answers
+    assert any("[add returned]" in body for body in asked)  # what the judge was sent

@@ -203,9 +203,9 @@ def test_results_reach_mlflow(
         engine = real_make_engine(cfg)
         generate = engine.generate
 
-        def timed(model_path: str, prompts: list) -> list[str]:
+        def timed(model_path: str, prompts: list, rows: object = None) -> list[str]:
             t0 = time.time()
-            result = generate(model_path, prompts)
+            result = generate(model_path, prompts, rows)
             spans.append((t0, time.time()))
             return result
 
@@ -312,7 +312,7 @@ def test_failed_evaluation_leaves_no_output_dir(
     class Broken:
         name = "broken"
 
-        def generate(self, path: str, prompts: list) -> list[str]:
+        def generate(self, path: str, prompts: list, rows: object = None) -> list[str]:
             raise UserError("generation failed")
 
     for pre_existing in (False, True):
@@ -369,7 +369,7 @@ class _Fixed:
     def __init__(self, text: str) -> None:
         self.text = text
 
-    def generate(self, path: str, prompts: list) -> list[str]:
+    def generate(self, path: str, prompts: list, rows: object = None) -> list[str]:
         return [self.text] * len(prompts)
 
 
@@ -424,6 +424,10 @@ def test_mostly_unusable_verdicts_fail_the_evaluation(
 EVAL_BAD_VALUES = {
     "engine": "tpu",
     "max_new_tokens": 0,
+    "max_tool_calling_iterations": -1,
+    "tools": ["calculator"],
+    "environment": "envs",
+    "tool_timeout": 0.0,
     "temperature": -0.5,
     "generation_batch_size": 0,
     "vllm_tensor_parallel_size": 0,

@@ -188,7 +188,7 @@ def test_without_the_option_nothing_changes(runs: dict) -> None:
 class NoGeneration:
     name = "spy"
 
-    def generate(self, model_path: str, prompts: list[Any]) -> list[str]:
+    def generate(self, model_path: str, prompts: list[Any], rows: Any = None) -> list[str]:
         raise AssertionError("generated before the reward model was checked")
 
 

@@ -306,3 +306,16 @@ def test_a_single_node_runs_queue_name_is_noted(caplog: pytest.LogCaptureFixture
     with caplog.at_level(logging.WARNING, logger="rloo.stages.validate"):
         run(good(model=str(tiny_setup.policy), queue_name="gpu-q"), env={})
     assert "queue_name 'gpu-q' queues the multi-node job only" in caplog.text
+
+
+def test_evaluation_runs_the_episodes_training_ran() -> None:
+    """--tools / --environment and their settings in extra_train_args reach the evaluation's config."""
+    plan = build_plan(
+        good(
+            extra_train_args="--tools rloo.demo.agent_toy:add --max_tool_calling_iterations 2 --tool_timeout 5"
+        )
+    )
+    assert plan.eval["tools"] == ["rloo.demo.agent_toy:add"] == plan.train["tools"]
+    assert (plan.eval["max_tool_calling_iterations"], plan.eval["tool_timeout"]) == (2, 5.0)
+    assert "environment" not in plan.eval  # not set in training: the evaluation's default
+    assert "tools" not in build_plan(good()).eval

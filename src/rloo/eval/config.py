@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rloo.config import IMPORT_PATH
 from rloo.errors import UserError
 from rloo.options import Exposed, above, at_least, check_fields, in_range, option
 
@@ -94,6 +95,25 @@ class EvalConfig:
         False,
         "Run vLLM with VLLM_BATCH_INVARIANT=1 (batch-invariant kernels, slower): greedy outputs then do not "
         "depend on which prompts share a batch.",
+    )
+
+    # --- agents: the episodes training ran (rloo train's flags of the same names) ----------------------
+    tools: list[str] = option(
+        [],
+        "Functions the model may call, 'pkg.module:fn' (as in training): each answer is a whole episode.",
+        check=IMPORT_PATH,
+    )
+    environment: str | None = option(
+        None,
+        "Environment class 'pkg.module:Class' (as in training), one instance per episode.",
+        aliases=("environment_factory",),
+        check=IMPORT_PATH,
+    )
+    max_tool_calling_iterations: int | None = option(
+        None, "Rounds of tool calls an episode may make (as in training).", check=at_least(0)
+    )
+    tool_timeout: float = option(
+        30.0, "Seconds a round of tool calls may take (as in training).", check=above(0)
     )
 
     # --- judge --------------------------------------------------------------------------------------
@@ -181,10 +201,20 @@ class EvalConfig:
             raise UserError(f"--num_examples must be >= 1 (got {self.num_examples}); omit it for all rows.")
         if self.judge_template is not None:
             load_template(self.judge_template)
+        if (self.tools or self.environment) and self.engine == "vllm":
+            raise UserError(
+                "--engine vllm does not run multi-turn episodes yet (--tools, --environment): use --engine "
+                "transformers (auto picks it)."
+            )
         from rloo.eval.endpoint import check_base_url
 
         assert self.judge_base_url is not None  # required above
         check_base_url(self.judge_base_url)
+
+    @property
+    def agents(self) -> bool:
+        """Each answer is a multi-turn episode with tools."""
+        return bool(self.tools or self.environment)
 
     @property
     def greedy(self) -> bool:

@@ -18,6 +18,7 @@ class EvalRows:
     references: list[str]
     judge_prompts: list[str]  # the prompt as plain text, for the judge
     record: DatasetRecord | None = None  # what was read: name, source, digest
+    rows: list[dict[str, Any]] | None = None  # every column of each row (an environment is reset with it)
 
     def __len__(self) -> int:
         return len(self.prompts)
@@ -83,6 +84,11 @@ def load_eval_rows(
             f"{where} has no reference completions (columns: {', '.join(sorted(cols)) or 'none'}); expected "
             "'prompt' + 'completion' columns or chat 'messages' ending with the assistant's answer."
         )
+    columns = [{c: vals[i] for c, vals in cols.items()} for i in range(n)]
     return EvalRows(
-        prompts=prompts, references=refs, judge_prompts=[prompt_text(p) for p in prompts], record=record
+        prompts=prompts,
+        references=refs,
+        judge_prompts=[prompt_text(p) for p in prompts],
+        record=record,
+        rows=columns,
     )

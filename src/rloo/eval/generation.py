@@ -29,8 +29,11 @@ log = logging.getLogger(__name__)
 class GenerationEngine(Protocol):
     name: str
 
-    def generate(self, model_path: str, prompts: list[Any]) -> list[str]:
-        """One completion per prompt, from the model at ``model_path`` (loaded, used, released)."""
+    def generate(
+        self, model_path: str, prompts: list[Any], rows: list[dict[str, Any]] | None = None
+    ) -> list[str]:
+        """One completion per prompt, from the model at ``model_path`` (loaded, used, released); with agents,
+        the whole episode, ``rows`` the dataset rows its environments are reset with."""
         ...
 
 
@@ -48,7 +51,8 @@ def resolve_engine(choice: str, *, vllm_platform: str | None, cuda: bool) -> str
 
 
 def make_engine(cfg: EvalConfig) -> GenerationEngine:
-    name = resolve_engine(cfg.engine, vllm_platform=vllm_platform(), cuda=torch.cuda.is_available())
+    choice = "transformers" if cfg.agents and cfg.engine == "auto" else cfg.engine  # episodes: see EvalConfig
+    name = resolve_engine(choice, vllm_platform=vllm_platform(), cuda=torch.cuda.is_available())
     return VLLMEngine(cfg) if name == "vllm" else TransformersEngine(cfg)
 
 
@@ -61,7 +65,10 @@ class TransformersEngine:
         self.cfg = cfg
         self.device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
-    def generate(self, model_path: str, prompts: list[Any]) -> list[str]:
+    def generate(
+        self, model_path: str, prompts: list[Any], rows: list[dict[str, Any]] | None = None
+    ) -> list[str]:
+        from rloo.agents.episodes import make_episode_runner
         from rloo.generation import SamplingParams, TransformersGenerator, left_pad
         from rloo.models import load_causal_lm, load_tokenizer, position_limit
 
@@ -72,8 +79,18 @@ class TransformersEngine:
         dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         model = load_causal_lm(model_path, flag=flag, trust_remote_code=cfg.trust_remote_code, dtype=dtype)
         model.to(self.device).eval()
+        episodes = make_episode_runner(
+            tok,
+            tools=cfg.tools,
+            environment=cfg.environment,
+            max_iterations=cfg.max_tool_calling_iterations,
+            tool_timeout=cfg.tool_timeout,
+            budget=cfg.max_new_tokens,
+            max_prompt_length=None,
+        )
         found = position_limit(model.config, tok)
-        ids = prompt_token_ids(prompts, tok, found[0] if found else None, cfg.max_new_tokens)
+        tools = episodes.schemas() if episodes is not None else None
+        ids = prompt_token_ids(prompts, tok, found[0] if found else None, cfg.max_new_tokens, tools=tools)
         params = SamplingParams(
             max_new_tokens=cfg.max_new_tokens,
             temperature=cfg.temperature if cfg.temperature > 0 else 1.0,
@@ -86,18 +103,41 @@ class TransformersEngine:
         bs = cfg.generation_batch_size
         for start in range(0, len(ids), bs):
             batch = ids[start : start + bs]
-            pids, pmask = left_pad(batch, tok.pad_token_id, self.device)
             # per-prompt seeds from the dataset index: the same prompt samples the same way in any batch
             seeds = torch.arange(start, start + len(batch), device=self.device) + cfg.seed
-            out = gen.generate(pids, pmask, 1, params, seeds).tokens.cpu()
-            texts.extend(_decode(tok, row.tolist()) for row in out)
+            if episodes is not None:  # the judge reads the whole episode: turns and tool results
+                out = episodes.run(
+                    gen, batch, 1, params, seeds, return_logprobs=False, device=self.device,
+                    prompts=prompts[start : start + bs], rows=(rows or [{} for _ in prompts])[start : start + bs],
+                )  # fmt: skip
+                texts.extend(episode_text(m) for m in out.episodes.messages)
+                continue
+            pids, pmask = left_pad(batch, tok.pad_token_id, self.device)
+            tokens = gen.generate(pids, pmask, 1, params, seeds).tokens.cpu()
+            texts.extend(_decode(tok, row.tolist()) for row in tokens)
         del model, gen
         release_memory()
         return texts
 
 
+def episode_text(messages: list[dict[str, Any]]) -> str:
+    """An episode as the judge reads it: each turn on its own line, the tools' results marked as such."""
+    lines = []
+    for m in messages:
+        if m["role"] == "tool":
+            lines.append(f"[{m.get('name', 'tool')} returned] {m['content']}")
+        else:
+            lines.append(str(m["content"]).strip())
+    return "\n".join(lines)
+
+
 def prompt_token_ids(
-    prompts: list[Any], tok: Any, max_len: int | None, max_new_tokens: int
+    prompts: list[Any],
+    tok: Any,
+    max_len: int | None,
+    max_new_tokens: int,
+    *,
+    tools: list[dict[str, Any]] | None = None,
 ) -> list[list[int]]:
     """Token ids of each prompt, as the policy saw them in training, cut to fit ``max_len`` with the answer.
 
@@ -108,7 +148,7 @@ def prompt_token_ids(
     from rloo.data import format_prompts, tokenize_prompts
 
     chat = bool(prompts) and isinstance(prompts[0], list)
-    ids = tokenize_prompts(format_prompts(prompts, tok), tok, chat=chat)
+    ids = tokenize_prompts(format_prompts(prompts, tok, tools=tools), tok, chat=chat)
     if max_len is not None:
         if max_len <= max_new_tokens:  # no room for even one prompt token: positions past the model's
             raise UserError(
@@ -226,7 +266,9 @@ class VLLMEngine:  # pragma: no cover - needs vLLM and a GPU; its arguments are 
     def __init__(self, cfg: EvalConfig) -> None:
         self.cfg = cfg
 
-    def generate(self, model_path: str, prompts: list[Any]) -> list[str]:
+    def generate(
+        self, model_path: str, prompts: list[Any], rows: list[dict[str, Any]] | None = None
+    ) -> list[str]:
         import os
 
         from rloo.models import check_safetensors_weights, load_tokenizer

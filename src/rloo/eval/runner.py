@@ -143,7 +143,7 @@ def _evaluate(
     outputs: dict[str, list[str]] = {}
     for label, path in models.items():
         log.info("generating %d completions with %s (%s engine)", len(rows), path, engine.name)
-        outputs[label] = engine.generate(path, list(rows.prompts))
+        outputs[label] = engine.generate(path, list(rows.prompts), rows.rows)
     rm_scores = None
     if cfg.reward_model_path:  # before the judge: a reward model that fails to load costs no judge requests
         device = getattr(engine, "device", None) or torch.device(

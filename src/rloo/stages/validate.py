@@ -65,11 +65,18 @@ def build_plan(params: dict[str, Any], *, check_paths: bool = True, check_hub: b
         # extra_train_args' --reward_model_path): its agreement with the judge is the reward-hacking monitor.
         # Not one at weight 0: the policy never chased it, so its agreement would say nothing of hacking.
         eval_values["reward_model_path"] = train["reward_model_path"]
+    for name in AGENT_SETTINGS:  # the evaluation runs the episodes training ran
+        if name in train:
+            eval_values[name] = train[name]
     placeholders = {"model_name_or_path": _PLACEHOLDER_MODEL, "baseline_model": _PLACEHOLDER_MODEL}
     _part(EvalConfig, "eval", eval_values, **placeholders, report_to="none")
     push_values = config_values("push", params)
     _part(PushConfig, "push", push_values, model_path=_PLACEHOLDER_MODEL)
     return PipelinePlan(run=run, cluster=cluster, train=train, eval=eval_values, push=push_values)
+
+
+# the training settings of multi-turn episodes that the evaluation shares (EvalConfig declares the same names)
+AGENT_SETTINGS = ("tools", "environment", "max_tool_calling_iterations", "tool_timeout")
 
 
 def _check_reward_model(path: str | None) -> None:
