@@ -24,6 +24,7 @@ DOCS = [
     ROOT / "pipelines" / "README.md",
     ROOT / "helm" / "README.md",
     *sorted((ROOT / "docs").glob("*.md")),
+    *sorted((ROOT / "examples").glob("*/README.md")),
 ]
 
 

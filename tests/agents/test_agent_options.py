@@ -87,14 +87,16 @@ def test_the_evaluation_declares_training_s_agent_settings_alike() -> None:
     """``rloo eval`` takes the episode settings under training's names, defaults and rules, so the pipeline
     hands training's values over unchanged (rloo.stages.validate.AGENT_SETTINGS)."""
     import dataclasses
+    import typing
 
     from rloo.eval.config import EvalConfig
     from rloo.stages.validate import AGENT_SETTINGS
 
     train = {f.name: f for f in dataclasses.fields(RLOOConfig)}
     evaluate = {f.name: f for f in dataclasses.fields(EvalConfig)}
+    train_types, eval_types = typing.get_type_hints(RLOOConfig), typing.get_type_hints(EvalConfig)
     for name in AGENT_SETTINGS:
-        assert evaluate[name].type == train[name].type, name
+        assert eval_types[name] == train_types[name], name
         assert default(evaluate[name]) == default(train[name]), name
 
 

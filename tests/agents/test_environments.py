@@ -76,3 +76,20 @@ def test_an_async_tool_of_an_environment_and_one_without_a_reward() -> None:
     assert reset_all([inst], [{}]) == [None]
     assert run_tool_calls([ToolCall("ping")], env.tools(inst), timeout=5) == ["pong"]
     assert environment_rewards([inst]) == [None]
+
+
+def test_an_environment_that_raises_is_one_line_naming_it() -> None:
+    from rloo.agents.environments import environment_rewards, reset_all
+
+    env = load_environment("tests.agents.toy_envs:Strict")
+    inst = env.factory()
+    with pytest.raises(UserError) as e:
+        reset_all([inst], [{"prompt": "p"}])
+    assert str(e.value) == (
+        "--environment Strict: reset raised TypeError: Strict.reset() missing 1 required positional argument: "
+        "'answer' (row columns: prompt); make reset accept the dataset's rows."
+    )
+    with pytest.raises(
+        UserError, match=r"^--environment Strict: get_reward raised ValueError: no episode yet; "
+    ):
+        environment_rewards([inst])

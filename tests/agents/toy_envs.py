@@ -67,3 +67,13 @@ class BadTool:
 
     def act(self, what):  # type: ignore[no-untyped-def]
         return what
+
+
+class Strict:
+    """A reset that needs a column the rows may lack, and a reward that fails."""
+
+    def reset(self, answer: str, **row: object) -> None:
+        self.answer = answer
+
+    def get_reward(self) -> float:
+        raise ValueError("no episode yet")

@@ -39,17 +39,21 @@ def tool_method_names(cls: type) -> list[str]:
 
 @dataclass(frozen=True)
 class Environment:
-    """An environment's factory and what its probe instance showed: its tools' names and whether it owns a
-    reward."""
+    """An environment's factory and what its probe instance showed: its tools' schemas (by name, in order) and
+    whether it owns a reward."""
 
     name: str  # the class's name: the reward source's name when it owns one
     factory: Callable[[], Any]
-    tool_names: list[str]
+    schemas: dict[str, dict[str, Any]]
     owns_reward: bool
 
+    @property
+    def tool_names(self) -> list[str]:
+        return list(self.schemas)
+
     def tools(self, instance: Any) -> list[Tool]:
-        """The tools of one instance: its bound methods."""
-        return [tool_from_function(getattr(instance, n), flag="--environment") for n in self.tool_names]
+        """The tools of one instance: its bound methods, with the schemas read once from the probe."""
+        return [Tool(name=n, fn=getattr(instance, n), schema=s) for n, s in self.schemas.items()]
 
 
 def load_environment(spec: str, *, flag: str = "--environment") -> Environment:
@@ -66,15 +70,14 @@ def load_environment(spec: str, *, flag: str = "--environment") -> Environment:
             f"{flag} {spec}: {cls.__name__} has no reset method; give it reset(self, **row), called with each "
             "rollout's dataset row (it may return text to append to the prompt)."
         )
-    names = tool_method_names(cls)
-    env = Environment(
+    # every tool method describable, or one line now
+    tools = [tool_from_function(getattr(probe, n), flag=flag) for n in tool_method_names(cls)]
+    return Environment(
         name=cls.__name__,
         factory=factory,
-        tool_names=names,
+        schemas={t.name: t.schema for t in tools},
         owns_reward=callable(getattr(probe, "get_reward", None)),
     )
-    env.tools(probe)  # every tool method describable, or one line now
-    return env
 
 
 class EnvironmentPool:
@@ -92,8 +95,18 @@ class EnvironmentPool:
 
 
 def reset_all(instances: Sequence[Any], rows: Sequence[dict[str, Any]]) -> list[Any]:
-    """Each instance reset with its rollout's row; what each ``reset`` returned (None or text)."""
-    return [inst.reset(**row) for inst, row in zip(instances, rows, strict=True)]
+    """Each instance reset with its rollout's row; what each ``reset`` returned (None or text). An exception is
+    one line naming the class and the row."""
+    out = []
+    for inst, row in zip(instances, rows, strict=True):
+        try:
+            out.append(inst.reset(**row))
+        except Exception as e:
+            raise UserError(
+                f"--environment {type(inst).__name__}: reset raised {type(e).__name__}: {e} (row columns: "
+                f"{', '.join(sorted(row)) or 'none'}); make reset accept the dataset's rows."
+            ) from None
+    return out
 
 
 def with_observation(messages: list[dict[str, Any]], observation: Any) -> list[dict[str, Any]]:
@@ -118,9 +131,15 @@ def environment_rewards(instances: Sequence[Any]) -> list[float | None]:
         if get is None:
             out.append(None)
             continue
-        value = get()
-        if inspect.isawaitable(value):
-            value = asyncio.run(_awaited(value))
+        try:
+            value = get()
+            if inspect.isawaitable(value):
+                value = asyncio.run(_awaited(value))
+        except Exception as e:
+            raise UserError(
+                f"--environment {type(inst).__name__}: get_reward raised {type(e).__name__}: {e}; return a float, "
+                "or None when the episode cannot be scored."
+            ) from None
         out.append(None if value is None else float(value))
     return out
 

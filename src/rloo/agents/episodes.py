@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -34,6 +34,7 @@ from rloo.agents.environments import (
     EnvironmentPool,
     environment_rewards,
     load_environment,
+    reset_all,
     with_observation,
 )
 from rloo.agents.tools import Tool, ToolCall, load_tools, parse_tool_calls, run_calls
@@ -50,6 +51,7 @@ class Episodes:
     """What a batch of episodes was, beyond its tokens; every list and tensor has one entry per episode (B)."""
 
     policy_mask: torch.Tensor  # (B, T) bool: the model's own tokens (the tools' results are False)
+    lengths: torch.Tensor  # (B,) long: the episode's tokens, the tools' included
     finished: torch.Tensor  # (B,) bool: the last turn ended with the stop token
     tool_calls: torch.Tensor  # (B,) long: calls the model made
     tool_errors: torch.Tensor  # (B,) long: calls whose result is an error message
@@ -170,7 +172,7 @@ class EpisodeRunner:
         """Every tool's schema as the chat template shows it: ``--tools``, then the environment's methods."""
         out = [t.schema for t in self.tools]
         if self.environment is not None:
-            out += [t.schema for t in self.environment.tools(self.environment.factory())]
+            out += list(self.environment.schemas.values())
         return out
 
     def run(
@@ -237,7 +239,7 @@ class EpisodeRunner:
         rows = rows or [{} for _ in prompt_ids]
         out_ids, out_prompts = list(prompt_ids), list(prompts)
         for p, row in enumerate(rows):
-            seen = [instances[p * k + j].reset(**row) for j in range(k)]
+            seen = reset_all(instances[p * k : (p + 1) * k], [row] * k)
             if any(s != seen[0] for s in seen):
                 raise UserError(
                     f"--environment {self.environment.name}: reset returned different text for the {k} "  # type: ignore[union-attr]
@@ -342,6 +344,7 @@ class EpisodeRunner:
             logprobs[b, :n] = torch.tensor(ep.logprobs, dtype=torch.float32)
         info = Episodes(
             policy_mask=policy,
+            lengths=torch.tensor([ep.used for ep in episodes]),
             finished=torch.tensor([ep.finished for ep in episodes]),
             tool_calls=torch.tensor([ep.calls for ep in episodes]),
             tool_errors=torch.tensor([ep.errors for ep in episodes]),
@@ -354,26 +357,28 @@ class EpisodeRunner:
         return Generated(tokens=tokens, logprobs=logprobs if return_logprobs else None, episodes=info)
 
 
+class AgentSettings(Protocol):
+    """The episode settings a command declares (``rloo train``'s and ``rloo eval``'s configs, alike)."""
+
+    tools: list[str]
+    environment: str | None
+    max_tool_calling_iterations: int | None
+    tool_timeout: float
+
+
 def make_episode_runner(
-    tokenizer: Any,
-    *,
-    tools: Sequence[str],
-    environment: str | None,
-    max_iterations: int | None,
-    tool_timeout: float,
-    budget: int,
-    max_prompt_length: int | None,
+    tokenizer: Any, settings: AgentSettings, *, budget: int, max_prompt_length: int | None = None
 ) -> EpisodeRunner | None:
     """The runner of ``--tools`` and ``--environment`` (import paths, loaded and checked now, with the chat
-    template), or None when neither is given: single-turn rollouts."""
-    if not tools and environment is None:
+    template), or None when neither is given: single-turn rollouts. ``budget``: tokens after the prompt."""
+    if not settings.tools and settings.environment is None:
         return None
     return EpisodeRunner(
         tokenizer,
-        tools=load_tools(tools),
-        environment=load_environment(environment) if environment is not None else None,
-        max_iterations=max_iterations,
-        tool_timeout=tool_timeout,
+        tools=load_tools(settings.tools),
+        environment=load_environment(settings.environment) if settings.environment is not None else None,
+        max_iterations=settings.max_tool_calling_iterations,
+        tool_timeout=settings.tool_timeout,
         budget=budget,
         max_prompt_length=max_prompt_length,
     )

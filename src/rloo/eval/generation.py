@@ -79,15 +79,7 @@ class TransformersEngine:
         dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         model = load_causal_lm(model_path, flag=flag, trust_remote_code=cfg.trust_remote_code, dtype=dtype)
         model.to(self.device).eval()
-        episodes = make_episode_runner(
-            tok,
-            tools=cfg.tools,
-            environment=cfg.environment,
-            max_iterations=cfg.max_tool_calling_iterations,
-            tool_timeout=cfg.tool_timeout,
-            budget=cfg.max_new_tokens,
-            max_prompt_length=None,
-        )
+        episodes = make_episode_runner(tok, cfg, budget=cfg.max_new_tokens)  # None: single answers
         found = position_limit(model.config, tok)
         tools = episodes.schemas() if episodes is not None else None
         ids = prompt_token_ids(prompts, tok, found[0] if found else None, cfg.max_new_tokens, tools=tools)

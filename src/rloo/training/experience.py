@@ -567,12 +567,7 @@ def episode_reward_batch(
     """What reward sources read of episodes: the prompt as the episode saw it (with the environment's text),
     each episode's messages (the model's turns and the tools' results, TRL's ``completions`` of a tool-calling
     run) and its whole text, the environment's rewards."""
-    lengths = (episodes.policy_mask.cumsum(1) == episodes.policy_mask.sum(1, keepdim=True)).int().argmax(
-        1
-    ) + 1
-    ids = [
-        r[:n].tolist() for r, n in zip(responses.cpu(), lengths.tolist(), strict=True)
-    ]  # up to the last turn
+    ids = [r[:n].tolist() for r, n in zip(responses.cpu(), episodes.lengths.tolist(), strict=True)]
     texts = tok.batch_decode(ids, skip_special_tokens=True)
     raw = tok.batch_decode(ids, skip_special_tokens=False)
     prompt_texts = [
@@ -594,11 +589,10 @@ def episode_reward_batch(
 
 def episode_stats(episodes: Episodes) -> torch.Tensor:
     """(B, 5) per episode: tool calls, failed calls, the model's turns, its tokens, the tools' tokens."""
-    policy = episodes.policy_mask  # (B, T)
-    last = (policy.cumsum(1) == policy.sum(1, keepdim=True)).int().argmax(1) + 1  # (B,) episode length
-    model = policy.sum(1)
+    model = episodes.policy_mask.sum(1)  # (B,)
+    tool = episodes.lengths - model  # (B,)
     return torch.stack(
-        [episodes.tool_calls, episodes.tool_errors, episodes.turns, model, last - model], dim=1
+        [episodes.tool_calls, episodes.tool_errors, episodes.turns, model, tool], dim=1
     ).float()
 
 

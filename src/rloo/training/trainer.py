@@ -768,13 +768,7 @@ def stop_token_id(cfg: RLOOConfig, tokenizer: Any) -> int | None:
 def episode_runner(cfg: RLOOConfig, tokenizer: Any) -> EpisodeRunner | None:
     """What runs each rollout as a multi-turn episode with --tools / --environment; None without them."""
     return make_episode_runner(
-        tokenizer,
-        tools=cfg.tools,
-        environment=cfg.environment,
-        max_iterations=cfg.max_tool_calling_iterations,
-        tool_timeout=cfg.tool_timeout,
-        budget=cfg.response_length,
-        max_prompt_length=cfg.max_prompt_length,
+        tokenizer, cfg, budget=cfg.response_length, max_prompt_length=cfg.max_prompt_length
     )
 
 
