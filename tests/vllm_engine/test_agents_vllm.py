@@ -10,6 +10,7 @@ on another context would differ by far more than rounding (measured: 3.3e-7 to 3
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -50,21 +51,42 @@ def agent_args(agent: tuple[Path, Path], out: Path, *extra: str, steps: int) -> 
 def test_the_toy_agent_learns_on_a_colocated_engine(
     agent: tuple[Path, Path], vllm_env: dict[str, str], tmp_path: Path
 ) -> None:
-    """24 updates (~50 s). Measured: calls per episode 0.5 -> 1.0, reward 0.27 -> 0.52 (this model copies
-    the question's digits less often than the built-in generator's smaller one: 0.5 is a call with a wrong
-    sum)."""
+    """12 updates (~30 s). Measured: calls per episode 0.64 -> 0.99, reward 0.33 -> 0.52 (the first three
+    updates' mean -> the last four's; this model copies the question's digits less often than the smaller
+    one the built-in tests train: 0.5 is a call with a wrong sum)."""
     out = tmp_path / "out"
-    proc = rloo(agent_args(agent, out, steps=24), {**vllm_env, "PYTHONPATH": str(EXAMPLES)})
+    proc = rloo(agent_args(agent, out, steps=12), {**vllm_env, "PYTHONPATH": str(EXAMPLES)})
     assert proc.returncode == 0, proc.stderr[-4000:]
     rows = metrics(out)
     assert all(r[GAP] < TOLERANCE for r in rows), [r[GAP] for r in rows]
     calls = [r["tools/call_frequency"] for r in rows]
     scores = [r["objective/scores"] for r in rows]
     mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
-    # it learns within a few updates: the first three against the last six
-    assert mean(calls[-6:]) > mean(calls[:3]) + 0.2, calls
-    assert mean(scores[-6:]) > mean(scores[:3]) + 0.1, scores
+    # it learns within a few updates: the first three against the last four
+    assert mean(calls[-4:]) > mean(calls[:3]) + 0.2, calls
+    assert mean(scores[-4:]) > mean(scores[:3]) + 0.1, scores
     assert all(r["tools/tool_token_frac"] > 0 for r in rows)  # tool messages between the turns
+
+
+def test_vllm_runs_the_same_episodes_as_the_built_in_generator(
+    agent: tuple[Path, Path], vllm_env: dict[str, str], tmp_path: Path
+) -> None:
+    """The sample table's greedy episodes (the model's turns, the tool calls, the tools' results, the answers)
+    are the same text from a colocated engine as from the built-in generator, both in float32. The table is
+    drawn after update 1, so that update's rollout samples at temperature 0.01: the same episodes on both, the
+    same weights after it."""
+    tables = []
+    for name, extra in (("builtin", []), ("vllm", ["--use_vllm"])):
+        out = tmp_path / name
+        args = agent_args(agent, out, "--num_sample_generations", "1", "--temperature", "0.01", steps=1)
+        args = [a for a in args if a != "--vllm_importance_sampling_correction"]
+        args = [a for a in args if a != "--use_vllm"] + extra
+        proc = rloo(args, {**vllm_env, "PYTHONPATH": str(EXAMPLES)})
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        tables.append([json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()])
+    builtin, vllm = tables
+    assert len(builtin) == 8 and any("tool_call" in row["response"] for row in builtin)
+    assert [r["response"] for r in vllm] == [r["response"] for r in builtin]
 
 
 @pytest.fixture(scope="module")
