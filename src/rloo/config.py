@@ -63,6 +63,11 @@ IMPORT_PATH = Check(
     "an import path 'pkg.module:function'",
     message="{flag} entry {value!r} is not an import path: write 'pkg.module:function'.",
 )
+CLASS_PATH = Check(
+    lambda spec: ":" in spec or "." in spec,
+    "an import path 'pkg.module:Class'",
+    message="{flag} {value!r} is not an import path: write 'pkg.module:Class'.",
+)
 SPLIT_NAME = text_given("{flag} is empty: name a split of the dataset, e.g. train or test.")
 RUN_LENGTH_IN_UPDATES = Check(
     lambda steps: steps > 0 or steps == -1,
@@ -445,7 +450,7 @@ class RLOOConfig:
         "Agents: a class 'pkg.module:Class' (TRL's environment_factory), one instance per episode: reset(**row) "
         "before it, its public methods the tools, its get_reward() (if any) one more reward source.",
         aliases=("environment_factory",),
-        check=IMPORT_PATH,
+        check=CLASS_PATH,
     )
     max_tool_calling_iterations: int | None = option(
         None,

@@ -32,7 +32,9 @@ def load_callable(spec: str, *, flag: str, role: str) -> Callable[..., Any]:
     if fn is None:
         raise UserError(f"{flag} {spec}: module {module_name!r} has no attribute {attr!r}; check the name.")
     if not callable(fn):
-        raise UserError(f"{flag} {spec}: {attr!r} is a {type(fn).__name__}, not a function.")
+        kind = type(fn).__name__
+        article = "an" if kind[:1].lower() in "aeiou" else "a"
+        raise UserError(f"{flag} {spec}: {attr!r} is {article} {kind}, not a function.")
     return fn
 
 

@@ -104,3 +104,53 @@ def default(f: Any) -> Any:
     import dataclasses
 
     return f.default_factory() if f.default is dataclasses.MISSING else f.default
+
+
+def test_a_class_as_a_tool_a_function_as_an_environment_and_a_name_given_twice_are_refused(
+    tmp_path: Path,
+) -> None:
+    from rloo.agents.episodes import EpisodeRunner
+    from rloo.agents.tools import load_tools
+    from rloo.demo.tiny import EOS_TOKEN, build_tokenizer
+
+    with pytest.raises(UserError) as e:
+        load_tools(["tests.agents.toy_envs:Counter"])
+    assert str(e.value) == (
+        "--tools tests.agents.toy_envs:Counter is a class; a tool is a function. Give a class whose public methods "
+        "are the tools as --environment pkg.module:Class."
+    )
+    with pytest.raises(UserError, match=r"^--environment tests.agents.toy_tools:multiply is a function; "):
+        load_environment("tests.agents.toy_tools:multiply")
+    with pytest.raises(
+        UserError, match=r"^--tools tests.agents.toy_tools:undocumented: the chat template cannot"
+    ):
+        load_tools(["tests.agents.toy_tools:undocumented"])
+    tok = build_tokenizer(tmp_path / "tok", with_pad_token=True)
+    tok.chat_template = "{% for m in messages %}{{ m.role }}: {{ m.content }}" + EOS_TOKEN + "{% endfor %}"
+    with pytest.raises(UserError) as e:
+        EpisodeRunner(
+            tok,
+            tools=load_tools(["tests.agents.toy_tools:add"]),
+            environment=load_environment("tests.agents.toy_envs:Counter"),
+            max_iterations=None,
+            tool_timeout=1.0,
+            budget=10,
+        )
+    assert str(e.value) == (
+        "--tools and --environment Counter both give a tool named 'add': the model calls tools by name; rename "
+        "one, or drop it from --tools."
+    )
+
+
+def test_eval_refuses_episode_settings_without_tools() -> None:
+    from rloo.eval.config import EvalConfig
+
+    with pytest.raises(UserError) as e:
+        EvalConfig(
+            model_name_or_path="m", dataset_name="d", judge_base_url="http://127.0.0.1:1/v1", judge_model="j",
+            max_tool_calling_iterations=2,
+        )  # fmt: skip
+    assert str(e.value) == (
+        "--max_tool_calling_iterations applies to episodes with tools: add --tools or --environment, or drop "
+        "--max_tool_calling_iterations."
+    )

@@ -53,7 +53,7 @@ def test_tools_load_by_import_path_and_bad_ones_are_one_line() -> None:
     for specs, message in [
         (
             ["tests.agents.toy_tools:undocumented"],
-            r"^--tools undocumented: the chat template cannot describe it",
+            r"^--tools tests.agents.toy_tools:undocumented: the chat template cannot describe it",
         ),
         (["tests.agents.toy_tools:nope"], r"has no attribute 'nope'"),
         (["no_such_pkg.mod:fn"], r"cannot import module 'no_such_pkg.mod'"),

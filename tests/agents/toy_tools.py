@@ -53,3 +53,12 @@ def opaque() -> object:
 
 def undocumented(a, b):  # type: ignore[no-untyped-def]
     return a + b
+
+
+def add(amount: int) -> int:
+    """Add to nothing: a function named like a method of toy_envs.Counter.
+
+    Args:
+        amount: How much to add.
+    """
+    return amount

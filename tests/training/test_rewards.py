@@ -97,7 +97,7 @@ def test_load_reward_function_variants(plugin: str) -> None:
         ("no_such_module_xyz:fn", "cannot import module 'no_such_module_xyz'.*PYTHONPATH"),
         ("rloo_test_broken:fn", "cannot import module 'rloo_test_broken' \\(ModuleNotFoundError"),
         ("rloo_test_plugin:nope", "module 'rloo_test_plugin' has no attribute 'nope'; check the name"),
-        ("rloo_test_plugin:NOT_CALLABLE", "'NOT_CALLABLE' is a int, not a function"),
+        ("rloo_test_plugin:NOT_CALLABLE", "'NOT_CALLABLE' is an int, not a function"),
     ],
 )
 def test_load_reward_function_errors(plugin: str, spec: str, match: str) -> None:

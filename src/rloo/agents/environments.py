@@ -60,6 +60,11 @@ def load_environment(spec: str, *, flag: str = "--environment") -> Environment:
     """The environment ``pkg.module:Class``, probed once: it must have a callable ``reset``, and each tool method
     a schema the chat template can show."""
     factory = load_callable(spec, flag=flag, role="the class of the rollouts' environment")
+    if inspect.isfunction(factory):
+        raise UserError(
+            f"{flag} {spec} is a function; an environment is a class (reset, its methods the tools). Give a "
+            "function the model may call as --tools pkg.module:fn."
+        )
     try:
         probe = factory()
     except Exception as e:

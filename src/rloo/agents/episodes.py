@@ -154,6 +154,12 @@ class EpisodeRunner:
         max_prompt_length: int | None = None,
     ) -> None:
         check_template(tokenizer)
+        clash = sorted({t.name for t in tools} & set(environment.schemas if environment is not None else ()))
+        if clash and environment is not None:
+            raise UserError(
+                f"--tools and --environment {environment.name} both give a tool named {clash[0]!r}: the model "
+                "calls tools by name; rename one, or drop it from --tools."
+            )
         self.tokenizer = tokenizer
         self.tools = list(tools)
         self.environment = environment
@@ -355,6 +361,18 @@ class EpisodeRunner:
             env_rewards=rewards,
         )
         return Generated(tokens=tokens, logprobs=logprobs if return_logprobs else None, episodes=info)
+
+
+def episode_text(messages: list[dict[str, Any]]) -> str:
+    """An episode as a person reads it (the judge, the sample tables): each turn on its own line, the tools'
+    results marked as such."""
+    lines = []
+    for m in messages:
+        if m["role"] == "tool":
+            lines.append(f"[{m.get('name', 'tool')} returned] {m['content']}")
+        else:
+            lines.append(str(m["content"]).strip())
+    return "\n".join(lines)
 
 
 class AgentSettings(Protocol):

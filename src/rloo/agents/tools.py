@@ -48,18 +48,24 @@ class ToolCall:
     error: str | None = None  # the call was malformed: this goes back to the model instead of a result
 
 
-def tool_from_function(fn: Callable[..., Any], *, flag: str = "--tools") -> Tool:
-    """``fn`` with its schema; a one-line UserError when its docstring or type hints cannot describe it."""
+def tool_from_function(fn: Callable[..., Any], *, flag: str = "--tools", spec: str | None = None) -> Tool:
+    """``fn`` with its schema; a one-line UserError when it is a class, or its docstring or type hints cannot
+    describe it (``spec``: how the user named it)."""
     from transformers.utils import get_json_schema
     from transformers.utils.chat_template_utils import DocstringParsingException, TypeHintParsingException
 
     name = getattr(fn, "__name__", type(fn).__name__)
+    if inspect.isclass(fn):
+        raise UserError(
+            f"{flag} {spec or name} is a class; a tool is a function. Give a class whose public methods are the "
+            "tools as --environment pkg.module:Class."
+        )
     try:
         schema = get_json_schema(fn)
     except (DocstringParsingException, TypeHintParsingException) as e:
         reason = " ".join(str(e).split())
         raise UserError(
-            f"{flag} {name}: the chat template cannot describe it ({reason}); give it type hints and a "
+            f"{flag} {spec or name}: the chat template cannot describe it ({reason}); give it type hints and a "
             "Google-style docstring with an Args: section."
         ) from None
     return Tool(name=name, fn=fn, schema=schema)
@@ -68,7 +74,9 @@ def tool_from_function(fn: Callable[..., Any], *, flag: str = "--tools") -> Tool
 def load_tools(specs: Sequence[str], *, flag: str = "--tools") -> list[Tool]:
     """The tools named ``pkg.module:fn``, each with its schema; two tools of one name are refused."""
     tools = [
-        tool_from_function(load_callable(spec, flag=flag, role="a tool the model may call"), flag=flag)
+        tool_from_function(
+            load_callable(spec, flag=flag, role="a tool the model may call"), flag=flag, spec=spec
+        )
         for spec in specs
     ]
     seen: dict[str, str] = {}

@@ -119,8 +119,9 @@ def write_agent_toy_dataset(
 
     Files ``data/train-00000-of-00001.parquet`` and ``data/test-00000-of-00001.parquet``; columns ``prompt``
     (``[{"role": "user", "content": "add 3 and 4"}]``, digits 0 to 9) and ``answer`` (the sum as a string,
-    the extra column :func:`tool_use_reward` reads). Rows come from ``random.Random(seed)``. Raises
-    ``ValueError`` for non-positive sizes.
+    the extra column :func:`tool_use_reward` reads); the test split also has ``completion``, the reference
+    answer ``rloo eval`` compares with. Rows come from ``random.Random(seed)``. Raises ``ValueError`` for
+    non-positive sizes.
     """
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -130,16 +131,19 @@ def write_agent_toy_dataset(
     rng = random.Random(seed)
     message = pa.struct([("role", pa.string()), ("content", pa.string())])
 
-    def table(n: int) -> pa.Table:
+    def table(n: int, reference: bool) -> pa.Table:
         pairs = [(rng.randint(0, _MAX_DIGIT), rng.randint(0, _MAX_DIGIT)) for _ in range(n)]
         prompts = pa.array([_question(a, b) for a, b in pairs], type=pa.list_(message))
         answers = pa.array([str(a + b) for a, b in pairs], type=pa.string())
-        return pa.table({"prompt": prompts, "answer": answers})
+        columns = {"prompt": prompts, "answer": answers}
+        if reference:  # what the judge compares an episode with
+            columns["completion"] = pa.array([f"{a} + {b} = {a + b}" for a, b in pairs], type=pa.string())
+        return pa.table(columns)
 
     data = Path(path) / "data"
     data.mkdir(parents=True, exist_ok=True)
     for name, n in (("train", num_train), ("test", num_test)):
-        pq.write_table(table(n), data / f"{name}-00000-of-00001.parquet")
+        pq.write_table(table(n, reference=name == "test"), data / f"{name}-00000-of-00001.parquet")
     return Path(path)
 
 

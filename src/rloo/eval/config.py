@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rloo.config import IMPORT_PATH
+from rloo.config import CLASS_PATH, IMPORT_PATH
 from rloo.errors import UserError
 from rloo.options import Exposed, above, at_least, check_fields, in_range, option
 
@@ -107,7 +107,7 @@ class EvalConfig:
         None,
         "Environment class 'pkg.module:Class' (as in training), one instance per episode.",
         aliases=("environment_factory",),
-        check=IMPORT_PATH,
+        check=CLASS_PATH,
     )
     max_tool_calling_iterations: int | None = option(
         None, "Rounds of tool calls an episode may make (as in training).", check=at_least(0)
@@ -201,6 +201,11 @@ class EvalConfig:
             raise UserError(f"--num_examples must be >= 1 (got {self.num_examples}); omit it for all rows.")
         if self.judge_template is not None:
             load_template(self.judge_template)
+        for name in ("max_tool_calling_iterations", "tool_timeout"):
+            if not self.agents and getattr(self, name) != _FIELD_DEFAULTS[name]:
+                raise UserError(
+                    f"--{name} applies to episodes with tools: add --tools or --environment, or drop --{name}."
+                )
         if (self.tools or self.environment) and self.engine == "vllm":
             raise UserError(
                 "--engine vllm does not run multi-turn episodes yet (--tools, --environment): use --engine "
@@ -225,6 +230,9 @@ class EvalConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+_FIELD_DEFAULTS = {f.name: f.default for f in dataclasses.fields(EvalConfig)}
 
 
 def load_template(path: str) -> str:

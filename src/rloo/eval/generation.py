@@ -68,7 +68,7 @@ class TransformersEngine:
     def generate(
         self, model_path: str, prompts: list[Any], rows: list[dict[str, Any]] | None = None
     ) -> list[str]:
-        from rloo.agents.episodes import make_episode_runner
+        from rloo.agents.episodes import episode_text, make_episode_runner
         from rloo.generation import SamplingParams, TransformersGenerator, left_pad
         from rloo.models import load_causal_lm, load_tokenizer, position_limit
 
@@ -110,17 +110,6 @@ class TransformersEngine:
         del model, gen
         release_memory()
         return texts
-
-
-def episode_text(messages: list[dict[str, Any]]) -> str:
-    """An episode as the judge reads it: each turn on its own line, the tools' results marked as such."""
-    lines = []
-    for m in messages:
-        if m["role"] == "tool":
-            lines.append(f"[{m.get('name', 'tool')} returned] {m['content']}")
-        else:
-            lines.append(str(m["content"]).strip())
-    return "\n".join(lines)
 
 
 def prompt_token_ids(

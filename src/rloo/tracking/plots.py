@@ -18,6 +18,8 @@ MAIN_CURVES = (
     "val/ratio",
     "loss/policy_avg",
     "eps",
+    "tools/call_frequency",  # agents' runs only (--tools, --environment)
+    "tools/failure_frequency",
 )
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from rloo import algo
-from rloo.agents.episodes import EpisodeRunner, Episodes
+from rloo.agents.episodes import EpisodeRunner, Episodes, episode_text
 from rloo.config import BatchPlan, RLOOConfig
 from rloo.data import PromptDataset
 from rloo.generation import Generated, SamplingParams, left_pad, row_seeds
@@ -568,7 +568,7 @@ def episode_reward_batch(
     each episode's messages (the model's turns and the tools' results, TRL's ``completions`` of a tool-calling
     run) and its whole text, the environment's rewards."""
     ids = [r[:n].tolist() for r, n in zip(responses.cpu(), episodes.lengths.tolist(), strict=True)]
-    texts = tok.batch_decode(ids, skip_special_tokens=True)
+    texts = [episode_text(m) for m in episodes.messages]  # the turns on their lines, the results marked
     raw = tok.batch_decode(ids, skip_special_tokens=False)
     prompt_texts = [
         tok.decode(episodes.prompt_ids[b // k], skip_special_tokens=False) for b in range(len(ids))

@@ -767,9 +767,20 @@ def stop_token_id(cfg: RLOOConfig, tokenizer: Any) -> int | None:
 
 def episode_runner(cfg: RLOOConfig, tokenizer: Any) -> EpisodeRunner | None:
     """What runs each rollout as a multi-turn episode with --tools / --environment; None without them."""
-    return make_episode_runner(
+    runner = make_episode_runner(
         tokenizer, cfg, budget=cfg.response_length, max_prompt_length=cfg.max_prompt_length
     )
+    if runner is not None:
+        rounds = cfg.max_tool_calling_iterations
+        log.info(
+            "agents: each rollout is an episode; tools %s; %s rounds of tool calls, %g s each; %d tokens after "
+            "the prompt, the tools' included",
+            ", ".join(s["function"]["name"] for s in runner.schemas()) or "none",
+            "unlimited" if rounds is None else f"at most {rounds}",
+            cfg.tool_timeout,
+            cfg.response_length,
+        )
+    return runner
 
 
 def environment_source(episodes: EpisodeRunner | None, *, others: int) -> list[EnvironmentRewardSource]:
