@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rloo.demo.tiny import EOS_TOKEN, _save_tokenizer, build_causal_lm, build_tokenizer
+from rloo.demo.tiny import EOS_TOKEN, _save_tokenizer, build_causal_lm, build_tokenizer, quiet_progress_bars
 from rloo.diskspace import honour_umask
 
 if TYPE_CHECKING:
@@ -246,7 +246,6 @@ def build_agent_sft_model(
     """
     import torch
     from transformers import AutoModelForCausalLM
-    from transformers.utils import logging as hf_logging
 
     path = Path(path)
     tokenizer = build_agent_tokenizer(path)
@@ -263,15 +262,10 @@ def build_agent_sft_model(
     tools = [_tool_schema()]
     pool = [_encode(tokenizer, _episode(rng), tools) for _ in range(1024)]
     # No "Loading weights" nor "Writing model shards" progress bars for a sub-megabyte model.
-    bar_was_enabled = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
+    with quiet_progress_bars():
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
         _train(model, pool, pad_id=tokenizer.pad_token_id, seed=seed, steps=steps)
         model.save_pretrained(str(path))
-    finally:
-        if bar_was_enabled:
-            hf_logging.enable_progress_bar()
     honour_umask(path)
     return path
 

@@ -13,9 +13,11 @@ quickly by shifting probability mass towards them.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -172,6 +174,21 @@ def build_tokenizer(
     return cast("PreTrainedTokenizerFast", AutoTokenizer.from_pretrained(str(path)))
 
 
+@contextlib.contextmanager
+def quiet_progress_bars() -> Iterator[None]:
+    """transformers' progress bars ("Loading weights", "Writing model shards") off for a sub-megabyte model,
+    the caller's setting restored after."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
 def _save_tokenizer(tokenizer: PreTrainedTokenizerFast, path: Path) -> None:
     """``save_pretrained``, then record absent special tokens as explicit nulls in ``tokenizer_config.json``.
 
@@ -248,7 +265,6 @@ def _build(
 ) -> Path:
     import torch
     import transformers
-    from transformers.utils import logging as hf_logging
 
     tokenizer = _load_tokenizer(tokenizer_path)
     config = _make_config(
@@ -270,14 +286,8 @@ def _build(
         generation_config.pad_token_id = tokenizer.eos_token_id
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    # No "Writing model shards" progress bar for a sub-megabyte model; restore the caller's setting after.
-    bar_was_enabled = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
+    with quiet_progress_bars():  # no "Writing model shards" bar for a sub-megabyte model
         model.save_pretrained(str(path))
-    finally:
-        if bar_was_enabled:
-            hf_logging.enable_progress_bar()
     _save_tokenizer(tokenizer, path)
     honour_umask(path)  # safetensors writes its weights 0600
     return path
@@ -348,17 +358,11 @@ def build_letter_judge(
     path = build_causal_lm(
         path, tokenizer_path, arch="llama", hidden_size=hidden_size, max_position_embeddings=4096
     )
-    from transformers.utils import logging as hf_logging
 
-    bar_was_enabled = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
+    with quiet_progress_bars():
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
         _make_bigram(model, letter_id, eos_id)
         model.save_pretrained(str(path))
-    finally:
-        if bar_was_enabled:
-            hf_logging.enable_progress_bar()
     honour_umask(path)
     return path
 
