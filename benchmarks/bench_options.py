@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
 import statistics
 import sys
 import tempfile
@@ -43,6 +44,43 @@ OPTIONS: dict[str, dict[str, Any]] = {
         "async_generation": True,
         "vllm_importance_sampling_correction": True,
     },
+    # the newer surrogates, each beside the aggregation it runs with alone
+    "loss_type=cispo (token-mean)": {"loss_type": "cispo", "loss_agg_mode": "token-mean"},
+    "seq-mean-token-mean alone": {"loss_agg_mode": "seq-mean-token-mean"},
+    "loss_type=sapo (seq-mean-token-mean)": {"loss_type": "sapo", "loss_agg_mode": "seq-mean-token-mean"},
+    "loss_type=gmpo (seq-mean-token-mean)": {"loss_type": "gmpo", "loss_agg_mode": "seq-mean-token-mean"},
+    # the demo runs 2 PPO epochs: the second is off policy, where the mask acts
+    "off_policy_mask_threshold=0.001": {"off_policy_mask_threshold": 0.001},
+    "kl_in_loss k3": {"kl_in_loss": True, "kl_estimator": "k3"},
+    "kl_in_loss k3 + use_bias_correction_kl": {
+        "kl_in_loss": True,
+        "kl_estimator": "k3",
+        "use_bias_correction_kl": True,
+    },
+    "use_adaptive_entropy (target 5.0)": {"use_adaptive_entropy": True, "entropy_target": 5.0},
+    "bf16 alone": {"bf16": True},
+    "cast_lm_head_to_fp32 (bf16)": {"bf16": True, "cast_lm_head_to_fp32": True},
+    # the demo weighs its reward model 0: weigh both sources to see how they are combined
+    "reward_weights=1,1 (summed)": {"reward_weights": [1.0, 1.0]},
+    "multi_objective_aggregation=normalize_then_sum (1,1)": {
+        "reward_weights": [1.0, 1.0],
+        "multi_objective_aggregation": "normalize_then_sum",
+    },
+    # on-policy distillation from a teacher that favours the all-vowel tokens (rloo.demo.tiny's
+    # build_vowel_teacher): with the letters weighed 0 the teacher is the only signal
+    "teacher, no reward (letters weighed 0)": {
+        "teacher": True,
+        "reward_model_path": None,
+        "reward_weights": [0.0],
+    },
+    "teacher + reward": {"teacher": True},
+    "teacher_kl_in_loss (k3), no reward": {
+        "teacher": True,
+        "teacher_kl_in_loss": True,
+        "kl_estimator": "k3",
+        "reward_model_path": None,
+        "reward_weights": [0.0],
+    },
 }
 # the defaults spelled out: must give the defaults' metrics exactly
 EXPLICIT_OFF: dict[str, Any] = {
@@ -57,6 +95,12 @@ EXPLICIT_OFF: dict[str, Any] = {
     "overlong_buffer_len": 0,
     "sync_ref_model": False,
     "async_generation": False,
+    "loss_type": "clip",
+    "off_policy_mask_threshold": None,
+    "use_bias_correction_kl": False,
+    "use_adaptive_entropy": False,
+    "multi_objective_aggregation": "sum_then_normalize",
+    "cast_lm_head_to_fp32": False,
 }
 # the demo's graded reward (a vowel fraction: groups nearly always have spread), or a pass/fail one (many
 # groups without spread at the start: what --filter_groups and --scale_rewards act on)
@@ -73,8 +117,14 @@ def run_one(
     from rloo.demo.cli import build_config
     from rloo.training.trainer import train
 
-    out = workdir / f"{name.split(' ')[0].replace('=', '-')}-{seed}"
+    out = workdir / f"{re.sub(r'[^A-Za-z0-9_.-]+', '-', name)}-{seed}"
     cfg = build_config(out, updates=updates, arch="gpt_neox", seed=seed)
+    overrides = dict(overrides)
+    if overrides.pop("teacher", False):
+        from rloo.demo.tiny import build_vowel_teacher
+
+        teacher = build_vowel_teacher(out.parent / f"{out.name}-teacher", cfg.model_name_or_path)
+        overrides["teacher_model_path"] = str(teacher)
     cfg = dataclasses.replace(
         cfg, report_to="none", disable_tqdm=True, num_sample_generations=0, **TASKS[task], **overrides
     )
@@ -138,7 +188,16 @@ def main(argv: list[str] | None = None) -> int:
                         k: statistics.mean(r["history"][-1][k] for r in runs.values())
                         for k in runs[args.seeds[0]]["history"][-1]
                         if k.startswith(
-                            ("filter_groups/", "clip_ratio/dual", "policy/top_entropy", "loss/entropy")
+                            (
+                                "filter_groups/",
+                                "clip_ratio/dual",
+                                "policy/top_entropy",
+                                "loss/entropy",
+                                "entropy_coef",
+                                "policy/off_policy",
+                                "policy/clipfrac",
+                                "teacher/kl",
+                            )
                         )
                     },
                 }

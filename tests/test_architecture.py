@@ -144,7 +144,7 @@ def test_steps_stand_on_one_floor() -> None:
 PER_PACKAGE_BASENAMES = {"__init__.py", "config.py", "runner.py", "errors.py"}
 # The names still shared, each path listed: a new module of one of these names is refused too. Each pair is two
 # different things of the same word (KFP's parameters and MLflow's params, torch.compile and the KFP compiler,
-# the demo's judge server and the evaluation's judge client, ...), kept until they are renamed.
+# ...), kept until they are renamed.
 SHARED_BASENAMES = {
     "base.py": {"parsing/base.py", "tracking/base.py"},
     "compile.py": {"pipeline/compile.py", "training/compile.py"},
@@ -152,7 +152,6 @@ SHARED_BASENAMES = {
     "generation.py": {"generation.py", "eval/generation.py"},
     "hub.py": {"push/hub.py", "storage/hub.py"},
     "images.py": {"k8s/images.py", "pipeline/images.py"},
-    "judge.py": {"demo/judge.py", "eval/judge.py"},
     "params.py": {"pipeline/params.py", "tracking/params.py"},
     "rewards.py": {"algo/rewards.py", "training/rewards.py"},
 }

@@ -330,6 +330,18 @@ ALGORITHM_VARIANTS_OFF: dict[str, Any] = {
     "sync_ref_model": False,
     "ref_model_mixup_alpha": 0.6,  # TRL's
     "ref_model_sync_steps": 512,  # TRL's
+    "loss_type": "clip",
+    "sapo_temperature_pos": 1.0,  # TRL's
+    "sapo_temperature_neg": 1.05,  # TRL's
+    "off_policy_mask_threshold": None,
+    "use_bias_correction_kl": False,  # TRL's default is True: here the classic KL stays unless asked
+    "use_adaptive_entropy": False,
+    "entropy_target": 0.2,  # TRL's
+    "entropy_coef_min": 0.0,  # TRL's
+    "entropy_coef_max": 1.0,  # TRL's
+    "entropy_coef_delta": 0.005,  # TRL's
+    "multi_objective_aggregation": "sum_then_normalize",
+    "cast_lm_head_to_fp32": False,
 }
 
 
@@ -422,7 +434,49 @@ ALGORITHM_VARIANT_BAD_VALUES = [
     ({"ref_model_sync_steps": 8}, r"--ref_model_mixup_alpha and --ref_model_sync_steps set --sync_ref_model"),
     ({"overlong_penalty_factor": 0.5}, r"--overlong_penalty_factor .* --overlong_buffer_len turns on"),
     ({"length_corr_warn_threshold": 1.5}, r"--length_corr_warn_threshold must be a correlation in \[-1, 1\]"),
+    (
+        {"loss_type": "cispo", "delta": 4.0},
+        r"--delta bounds PPO's clipped surrogate, which --loss_type cispo",
+    ),
+    ({"loss_type": "sapo", "clip_ratio_c": 3.0}, r"--clip_ratio_c bounds PPO's clipped surrogate"),
+    ({"loss_type": "cispo", "cliprange_high": 0.28}, r"--loss_type cispo caps its weight .* must be > 1"),
+    ({"loss_type": "gmpo", "importance_sampling_level": "token"}, r"--loss_type gmpo takes its own"),
+    ({"sapo_temperature_neg": 2.0}, r"--sapo_temperature_neg applies to --loss_type sapo"),
+    (
+        {"loss_type": "dapo", "loss_agg_mode": "seq-mean-token-mean"},
+        r"--loss_type dapo means --loss_agg_mode",
+    ),
+    ({"entropy_target": 0.5}, r"--entropy_target applies to --use_adaptive_entropy"),
+    (
+        {"use_adaptive_entropy": True, "entropy_coef_min": 0.5, "entropy_coef_max": 0.1},
+        r"--entropy_coef_min \(0.5\) is above --entropy_coef_max",
+    ),
+    ({"use_bias_correction_kl": True}, r"--use_bias_correction_kl .* add --kl_in_loss"),
+    ({"multi_objective_aggregation": "normalize_then_sum"}, r"normalize_then_sum .* give two or more"),
 ]
+
+
+@pytest.mark.parametrize(
+    ("loss_type", "agg"),
+    [
+        ("grpo", "seq-mean-token-mean"),
+        ("bnpo", "token-mean"),
+        ("dapo", "token-mean"),
+        ("dr_grpo", "seq-mean-token-sum-norm"),
+    ],
+)
+def test_trl_aggregation_loss_types_pick_the_aggregation(loss_type: str, agg: str) -> None:
+    """TRL's loss_type values that name an aggregation (trl/trainer/grpo_trainer.py, ``_compute_loss``: grpo
+    averages each sequence's tokens, bnpo and dapo every token, dr_grpo divides by the completion length)
+    run PPO's clipped surrogate with that aggregation."""
+    cfg = make(loss_type=loss_type)
+    assert (cfg.loss_type, cfg.loss_agg_mode) == ("clip", agg)
+    assert make(loss_type=loss_type, loss_agg_mode=agg).loss_agg_mode == agg  # both, agreeing: accepted
+
+
+def test_cispo_cap_is_cliprange_high_as_trl_reads_it() -> None:
+    assert make(loss_type="cispo").cispo_max == 5.0  # ScaleRL's epsilon_max when not given
+    assert make(loss_type="cispo", cliprange_high=4.0).cispo_max == 4.0
 
 
 @pytest.mark.parametrize(
@@ -442,6 +496,14 @@ SINGLE_FIELD_BAD: dict[str, Any] = {
     "dataset_name": "",
     "output_dir": "",
     "reward_funcs": ["m:f", "nodotnocolon"],
+    "judge_reward_coef": -0.5,
+    "judge_reward_mode": "listwise",
+    "judge_max_tokens": 0,
+    "judge_concurrency": 0,
+    "judge_max_retries": -1,
+    "judge_request_budget": 0,
+    "judge_timeout": math.inf,
+    "judge_backoff": -1.0,
     "dataset_train_split": " ",
     "dataset_test_split": "",
     "seed": 2**32,
@@ -466,11 +528,21 @@ SINGLE_FIELD_BAD: dict[str, Any] = {
     "clip_ratio_c": 1.0,
     "entropy_coef": -0.1,
     "top_entropy_quantile": 0.0,
+    "loss_type": "vespo",
+    "sapo_temperature_pos": 0.0,
+    "sapo_temperature_neg": math.inf,
+    "off_policy_mask_threshold": 0.0,
+    "entropy_target": -0.1,
+    "entropy_coef_min": -1.0,
+    "entropy_coef_max": math.nan,
+    "entropy_coef_delta": -0.005,
+    "multi_objective_aggregation": "sum",
     "overlong_penalty_factor": math.nan,
     "ref_model_mixup_alpha": 1.5,
     "ref_model_sync_steps": 0,
     "length_corr_warn_threshold": -1.5,
     "length_corr_warn_updates": -1,
+    "teacher_kl_coef": math.inf,
     "response_length": 0,
     "max_prompt_length": 0,
     "temperature": 0.0,

@@ -27,6 +27,8 @@ from rloo.algo.choices import (
     IS_MODES,
     KL_ESTIMATORS,
     LOSS_AGG_MODES,
+    LOSS_TYPES,
+    MULTI_OBJECTIVE_AGGREGATIONS,
     SCALE_REWARDS_MODES,
 )
 from rloo.errors import UserError
@@ -54,6 +56,15 @@ CHECKPOINTS_SUBDIR = "checkpoints"
 LR_SCHEDULERS = ("linear", "cosine", "constant", "constant_with_warmup")
 CACHE_IMPLEMENTATIONS = ("dynamic", "static")
 GENERATION_DTYPES = ("auto", "policy", "bfloat16", "float16")
+JUDGE_REWARD_MODES = ("pairwise", "pointwise")
+# TRL's loss_type values that name an aggregation (TRL's grpo_trainer.py, _compute_loss), not a surrogate:
+# they set --loss_agg_mode, with PPO's clipped surrogate
+TRL_AGGREGATION_LOSS_TYPES: dict[str, str] = {
+    "grpo": "seq-mean-token-mean",
+    "bnpo": "token-mean",
+    "dapo": "token-mean",
+    "dr_grpo": "seq-mean-token-sum-norm",
+}
 # TRL's names: per token or per completion, each of rloo.algo's modes; 'auto' picks by the loss
 VLLM_IS_MODES = ("auto", *(f"{level}_{mode}" for level in ("token", "sequence") for mode in IS_MODES))
 
@@ -85,8 +96,9 @@ SERVER_URL = Check(
 
 
 @dataclass
-class RLOOConfig:
-    """Everything ``rloo train`` needs. Counts of "episodes" are counts of completions."""
+class RunOptions:
+    """The models, the data, the run's length and its batch sizes: the first fields of :class:`RLOOConfig`
+    (declared in parts so that no class holds them all; the fields keep this order)."""
 
     # --- models -------------------------------------------------------------------------------------
     model_name_or_path: str | None = option(
@@ -114,6 +126,51 @@ class RLOOConfig:
     )
     reward_weights: list[float] | None = option(
         None, "One weight per reward source: the reward model first (if any), then each reward function."
+    )
+    # --- an LLM judge as one more reward source, named 'judge' (rloo.training.judge_reward) -----------------
+    # The judge_* settings are `rloo eval`'s, under the same names, types and defaults.
+    judge_reward_coef: float = option(
+        0.0,
+        "Weight of an LLM judge's reward, one more reward source named 'judge' (--reward_weights covers the "
+        "others); 0 (the default) asks no judge. Needs --judge_base_url and --judge_model.",
+        check=at_least(0, finite=True),
+    )
+    judge_reward_mode: str = option(
+        "pairwise",
+        "pairwise: each completion against the row's reference (the 'completion' column) in both orders, 1 a "
+        "win, 0.5 a tie, 0 a loss; pointwise: the judge's score from 0 to 10, divided by 10.",
+        choices=JUDGE_REWARD_MODES,
+    )
+    judge_base_url: str | None = option(
+        None,
+        "The judge's OpenAI-compatible API base URL, e.g. http://vllm:8000/v1 or https://api.openai.com/v1.",
+    )
+    judge_model: str | None = option(None, "Judge model name as the API knows it, e.g. gpt-4o-mini.")
+    judge_api_key_env: str = option("OPENAI_API_KEY", "Environment variable holding the judge API key.")
+    judge_template: str | None = option(
+        None,
+        "File with the judge prompt (default: the mode's own); pairwise: with {prompt}, {response_a} and "
+        "{response_b}; pointwise: with {prompt} and {response}.",
+    )
+    judge_max_tokens: int = option(
+        16, "Maximum tokens of a judge answer (a letter, or a score).", check=at_least(1)
+    )
+    judge_concurrency: int = option(8, "Judge requests in flight at once.", check=at_least(1))
+    judge_max_retries: int = option(
+        5, "Retries per judge request on 429, 5xx, timeouts and connection errors.", check=at_least(0)
+    )
+    judge_request_budget: int | None = option(
+        None,
+        "Most judge HTTP requests of the run, retries and the preflight included (default: no limit).",
+        check=at_least(1),
+    )
+    judge_timeout: float = option(
+        60.0, "Seconds before a judge request times out (and is retried).", check=above(0, finite=True)
+    )
+    judge_backoff: float = option(
+        1.0,
+        "First retry delay in seconds; doubles per retry (capped at 30 s).",
+        check=at_least(0, finite=True),
     )
     trust_remote_code: bool = option(
         False, "Allow custom model code from the checkpoint (transformers option)."
@@ -215,6 +272,12 @@ class RLOOConfig:
     local_rollout_forward_batch_size: int = option(
         64, "Completions per no-grad forward (generation, log-probs, reward).", check=at_least(1)
     )
+
+
+@dataclass
+class AlgorithmOptions(RunOptions):
+    """The RLOO objective: rewards, KL, the policy loss and its variants (the fields after
+    :class:`RunOptions`' in :class:`RLOOConfig`)."""
 
     # --- RLOO / PPO ---------------------------------------------------------------------------------
     rloo_k: int = option(
@@ -333,6 +396,62 @@ class RLOOConfig:
         check=in_range(0, 1, open_low=True),
         hint="; 1.0 is off, the paper uses 0.2",
     )
+    loss_type: str = option(
+        "clip",
+        "Policy surrogate: 'clip' (PPO's clipped ratio, the classic), 'cispo' (the ratio capped at "
+        "--cliprange_high, default 5.0, as a stop-gradient weight on the log-prob: no token loses its gradient), "
+        "'sapo' (soft gates, --sapo_temperature_pos/neg) or 'gmpo' (geometric mean of the token ratios, each "
+        "clipped in log space to [-cliprange, cliprange_high]). TRL's grpo, bnpo, dapo and dr_grpo pick "
+        "--loss_agg_mode instead.",
+        choices=(*LOSS_TYPES, *TRL_AGGREGATION_LOSS_TYPES),
+    )
+    sapo_temperature_pos: float = option(
+        1.0,
+        "With --loss_type sapo: the gate's temperature for positive advantages.",
+        check=above(0, finite=True),
+    )
+    sapo_temperature_neg: float = option(
+        1.05,
+        "With --loss_type sapo: the gate's temperature for the other advantages.",
+        check=above(0, finite=True),
+    )
+    off_policy_mask_threshold: float | None = option(
+        None,
+        "Off-policy sequence masking (DeepSeek-V3.2): leave out of the loss the negative-advantage completions "
+        "whose mean per-token KL(sampler || policy) exceeds this (e.g. 0.5). Default off.",
+        check=above(0, finite=True),
+        hint="; e.g. 0.5",
+    )
+    use_bias_correction_kl: bool = option(
+        False,
+        "With --kl_in_loss: multiply each token's KL by the importance ratio pi/pi_old (DeepSeek-V3.2), the "
+        "unbiased KL gradient on samples from older weights. TRL's default is on; here off keeps the classic.",
+    )
+    use_adaptive_entropy: bool = option(
+        False,
+        "Adapt --entropy_coef (its start value) each optimizer step: up by --entropy_coef_delta while the "
+        "entropy is at or below --entropy_target, down otherwise; applied only at or below the target.",
+    )
+    entropy_target: float = option(
+        0.2,
+        "With --use_adaptive_entropy: the entropy (nats per token) to hold.",
+        check=at_least(0, finite=True),
+    )
+    entropy_coef_min: float = option(
+        0.0, "With --use_adaptive_entropy: the coefficient's floor.", check=at_least(0, finite=True)
+    )
+    entropy_coef_max: float = option(
+        1.0, "With --use_adaptive_entropy: the coefficient's ceiling.", check=at_least(0, finite=True)
+    )
+    entropy_coef_delta: float = option(
+        0.005, "With --use_adaptive_entropy: the coefficient's step.", check=at_least(0, finite=True)
+    )
+    multi_objective_aggregation: str = option(
+        "sum_then_normalize",
+        "Several reward sources: 'sum_then_normalize' (their weighted sum is the score) or 'normalize_then_sum' "
+        "(GDPO: each standardised within its prompt's group first, so no source's scale drowns another's).",
+        choices=MULTI_OBJECTIVE_AGGREGATIONS,
+    )
     overlong_buffer_len: int = option(
         0,
         "DAPO's soft overlong penalty: completions longer than response_length - overlong_buffer_len lose up "
@@ -370,6 +489,26 @@ class RLOOConfig:
         check=at_least(0),
         hint="; 0 never warns",
     )
+    teacher_model_path: str | None = option(
+        None,
+        "On-policy distillation: a frozen teacher (Hub id, local dir or s3:// prefix, fetched like the reward "
+        "model) whose per-token KL on the policy's own samples is a penalty; needs the policy's vocabulary.",
+    )
+    teacher_kl_coef: float = option(
+        1.0,
+        "With --teacher_model_path: the coefficient of the KL to the teacher (summed k1 logp - teacher_logp).",
+        check=at_least(0, finite=True),
+    )
+    teacher_kl_in_loss: bool = option(
+        False,
+        "With --teacher_model_path: add teacher_kl_coef x the KL estimate to the teacher (--kl_estimator k2 or "
+        "k3, aggregated like the loss) to the loss instead of subtracting it from the reward.",
+    )
+
+
+@dataclass
+class RLOOConfig(AlgorithmOptions):
+    """Everything ``rloo train`` needs. Counts of "episodes" are counts of completions."""
 
     # --- generation ---------------------------------------------------------------------------------
     response_length: int = option(
@@ -580,6 +719,11 @@ class RLOOConfig:
     )
     bf16: bool = option(False, "bfloat16 mixed precision.")
     fp16: bool = option(False, "float16 mixed precision (GPU only).")
+    cast_lm_head_to_fp32: bool = option(
+        False,
+        "Compute the LM head (and so the logits and log-probs) in float32 under --bf16/--fp16 (ScaleRL): the "
+        "trainer's log-probs then match the sampler's more closely.",
+    )
 
     # --- logging and saving -------------------------------------------------------------------------
     logging_steps: int = option(1, "Log metrics every N updates.", check=at_least(1))
@@ -624,6 +768,7 @@ class RLOOConfig:
     )
 
     def __post_init__(self) -> None:
+        translate_aggregation_loss_type(self)
         self.validate()
 
     # -------------------------------------------------------------------------------------------------
@@ -636,6 +781,17 @@ class RLOOConfig:
         for rule in RULES_BETWEEN_FIELDS:
             rule(self)
         self.batch_plan(world_size=1)  # raises on indivisible batch arithmetic
+
+    @property
+    def cispo_max(self) -> float:
+        """--loss_type cispo: the cap of its weight, --cliprange_high as TRL reads it there (ScaleRL's 5.0
+        when not given)."""
+        return 5.0 if self.cliprange_high is None else self.cliprange_high
+
+    @property
+    def entropy_bonus(self) -> bool:
+        """The loss carries an entropy term: a fixed coefficient, or one the adaptive control may raise."""
+        return self.entropy_coef > 0 or self.use_adaptive_entropy
 
     @property
     def classic_sequence_ratio(self) -> bool:
@@ -759,6 +915,10 @@ RESUMABLE_SETTINGS = (
 RUN_LENGTH_SETTINGS = ("max_steps", "total_episodes", "num_train_epochs")
 
 
+# The LLM judge's reward settings (declared in RunOptions)
+JUDGE_SETTINGS = tuple(f.name for f in dataclasses.fields(RLOOConfig) if f.name.startswith("judge_"))
+
+
 # current-trainer name -> classic name, as the fields declare them. Users bring either; the classic name is
 # canonical.
 ALIASES: dict[str, str] = aliases_of(RLOOConfig)
@@ -801,6 +961,11 @@ def check_locations(cfg: RLOOConfig) -> None:
         "give a Hub id, a local directory or s3://bucket/prefix.",
     )
     require_local_or_s3(
+        "--teacher_model_path",
+        cfg.teacher_model_path,
+        "give a Hub id, a local directory or s3://bucket/prefix.",
+    )
+    require_local_or_s3(
         "--dataset_name", cfg.dataset_name, "give a Hub id, a local directory or s3://bucket/prefix."
     )
     require_local_path(
@@ -814,6 +979,20 @@ def check_locations(cfg: RLOOConfig) -> None:
         )
 
 
+def translate_aggregation_loss_type(cfg: RLOOConfig) -> None:
+    """TRL's ``loss_type`` grpo/bnpo/dapo/dr_grpo name an aggregation with PPO's clipped surrogate: set
+    --loss_agg_mode from it, unless that is given otherwise."""
+    mode = TRL_AGGREGATION_LOSS_TYPES.get(cfg.loss_type)
+    if mode is None:
+        return
+    if changed(cfg, "loss_agg_mode") and cfg.loss_agg_mode != mode:
+        raise UserError(
+            f"--loss_type {cfg.loss_type} means --loss_agg_mode {mode} (TRL's aggregation), but --loss_agg_mode "
+            f"is {cfg.loss_agg_mode}: drop one of them."
+        )
+    cfg.loss_agg_mode, cfg.loss_type = mode, "clip"
+
+
 def changed(cfg: RLOOConfig, *names: str) -> list[str]:
     """The fields of ``names`` set to other than their declared default."""
     return [name for name in names if getattr(cfg, name) != default_of(cfg, name)]
@@ -822,8 +1001,19 @@ def changed(cfg: RLOOConfig, *names: str) -> list[str]:
 def check_reward_sources(cfg: RLOOConfig) -> None:
     """At least one reward source, and one weight per source when weights are given (an --environment's
     get_reward, found when the class loads, is one more source whose weight may be given last)."""
-    if not cfg.reward_model_path and not cfg.reward_funcs and not cfg.environment:
-        raise UserError("no reward source: pass --reward_model_path DIR and/or --reward_funcs pkg.module:fn.")
+    # a teacher alone is pure on-policy distillation: every score is 0, the KL to the teacher is the reward
+    judge = cfg.judge_reward_coef > 0  # an LLM judge may be the only reward source
+    if not (cfg.reward_model_path or cfg.reward_funcs or cfg.environment or cfg.teacher_model_path or judge):
+        raise UserError(
+            "no reward source: pass --reward_model_path DIR and/or --reward_funcs pkg.module:fn (or "
+            "--teacher_model_path to distil a teacher alone)."
+        )
+    n_sources = int(bool(cfg.reward_model_path)) + len(cfg.reward_funcs) + int(bool(cfg.environment)) + judge
+    if cfg.multi_objective_aggregation == "normalize_then_sum" and n_sources < 2:
+        raise UserError(
+            "--multi_objective_aggregation normalize_then_sum standardises each of several reward sources: give "
+            "two or more (--reward_model_path, --reward_funcs), or drop it."
+        )
     if cfg.reward_weights is not None:
         n = int(bool(cfg.reward_model_path)) + len(cfg.reward_funcs)
         if len(cfg.reward_weights) not in ((n, n + 1) if cfg.environment else (n,)):
@@ -851,6 +1041,11 @@ def check_kl_placement(cfg: RLOOConfig) -> None:
             "--kl_in_loss needs --kl_estimator k2 or k3: the gradient of k1 (logp - ref_logp) is 0 in "
             "expectation, so it would not pull the policy towards the reference."
         )
+    if cfg.use_bias_correction_kl and not cfg.kl_in_loss:
+        raise UserError(
+            "--use_bias_correction_kl corrects the KL loss term's gradient: add --kl_in_loss (the KL in the "
+            "reward has no gradient to correct), or drop it."
+        )
 
 
 def check_clipping(cfg: RLOOConfig) -> None:
@@ -867,6 +1062,40 @@ def check_clipping(cfg: RLOOConfig) -> None:
         raise UserError(
             f"--delta must be a finite number > 1 + cliprange_high ({1 + c_high:g}) (got {cfg.delta}); "
             "INTELLECT-2 uses 4."
+        )
+
+
+def check_surrogate(cfg: RLOOConfig) -> None:
+    """Each surrogate's own settings only with it; PPO's bounds only on PPO's clip."""
+    if cfg.loss_type != "clip":
+        for name in changed(cfg, "delta", "clip_ratio_c"):
+            raise UserError(
+                f"--{name} bounds PPO's clipped surrogate, which --loss_type {cfg.loss_type} does not use: drop "
+                f"--{name} or use --loss_type clip."
+            )
+    if cfg.loss_type == "cispo" and not cfg.cispo_max > 1:
+        raise UserError(
+            f"--loss_type cispo caps its weight at --cliprange_high (got {cfg.cispo_max}), which must be > 1: "
+            "ScaleRL uses 5.0."
+        )
+    if cfg.loss_type == "gmpo" and cfg.importance_sampling_level != "auto":
+        raise UserError(
+            "--loss_type gmpo takes its own sequence ratio (the geometric mean of the token ratios): drop "
+            "--importance_sampling_level."
+        )
+    if cfg.loss_type != "sapo" and (names := changed(cfg, "sapo_temperature_pos", "sapo_temperature_neg")):
+        raise UserError(f"--{names[0]} applies to --loss_type sapo: add it, or drop the temperature.")
+
+
+def check_entropy_control(cfg: RLOOConfig) -> None:
+    """The adaptive entropy control's settings come with it, and its range holds the start value."""
+    knobs = changed(cfg, "entropy_target", "entropy_coef_min", "entropy_coef_max", "entropy_coef_delta")
+    if knobs and not cfg.use_adaptive_entropy:
+        raise UserError(f"--{knobs[0]} applies to --use_adaptive_entropy: add it, or drop --{knobs[0]}.")
+    if cfg.use_adaptive_entropy and not cfg.entropy_coef_min <= cfg.entropy_coef_max:
+        raise UserError(
+            f"--entropy_coef_min ({cfg.entropy_coef_min}) is above --entropy_coef_max ({cfg.entropy_coef_max}): "
+            "swap them."
         )
 
 
@@ -1032,11 +1261,64 @@ def check_lora(cfg: RLOOConfig) -> None:
         raise UserError(f"{flag} applies to LoRA training: add --use_peft, or drop {flag}.")
 
 
+def check_teacher(cfg: RLOOConfig) -> None:
+    """On-policy distillation: its settings need a teacher, and its KL in the loss an estimator with a
+    gradient; a teacher alone (no reward source) gives every completion the same score."""
+    if not cfg.teacher_model_path and (cfg.teacher_kl_in_loss or changed(cfg, "teacher_kl_coef")):
+        flag = "--teacher_kl_in_loss" if cfg.teacher_kl_in_loss else "--teacher_kl_coef"
+        raise UserError(
+            f"{flag} sets the distillation toward a teacher: add --teacher_model_path, or drop {flag}."
+        )
+    if cfg.teacher_kl_in_loss and cfg.kl_estimator == "k1":
+        raise UserError(
+            "--teacher_kl_in_loss needs --kl_estimator k2 or k3: the gradient of k1 (logp - teacher_logp) is 0 "
+            "in expectation, so it would not pull the policy towards the teacher."
+        )
+    rewarded = cfg.reward_model_path or cfg.reward_funcs or cfg.environment or cfg.judge_reward_coef > 0
+    if cfg.filter_groups and not rewarded:
+        raise UserError(
+            "--filter_groups leaves out the groups whose scores are all equal, which is every group when the "
+            "teacher is the only reward: add a reward source, or drop --filter_groups."
+        )
+
+
+def check_judge(cfg: RLOOConfig) -> None:
+    """The LLM judge's reward: its settings need a weight (--judge_reward_coef > 0), and a weight needs a judge
+    to ask, at a URL of the right form, with a template that has its mode's placeholders."""
+    if cfg.judge_reward_coef == 0:
+        given = changed(cfg, *(n for n in JUDGE_SETTINGS if n != "judge_reward_coef"))
+        if given:
+            raise UserError(
+                f"--{given[0]} sets the LLM judge's reward: add --judge_reward_coef > 0 (its weight), or drop "
+                f"--{given[0]}."
+            )
+        return
+    missing = [f"--{n}" for n in ("judge_base_url", "judge_model") if not getattr(cfg, n)]
+    if missing:
+        raise UserError(
+            f"--judge_reward_coef {cfg.judge_reward_coef:g} asks an LLM judge: add {' and '.join(missing)} (an "
+            "OpenAI-compatible server and the model it serves), or drop --judge_reward_coef."
+        )
+    from rloo.judging.endpoint import check_base_url
+    from rloo.judging.templates import PAIRWISE_FIELDS, POINTWISE_FIELDS, load_template
+    from rloo.storage.location import require_local_path
+
+    assert cfg.judge_base_url is not None  # given, checked above
+    check_base_url(cfg.judge_base_url)
+    if cfg.judge_template is not None:
+        require_local_path("--judge_template", cfg.judge_template)
+        load_template(
+            cfg.judge_template, PAIRWISE_FIELDS if cfg.judge_reward_mode == "pairwise" else POINTWISE_FIELDS
+        )
+
+
 RULES_BETWEEN_FIELDS: tuple[Callable[[RLOOConfig], None], ...] = (
     check_reward_sources,
     check_precision,
     check_kl_placement,
     check_clipping,
+    check_surrogate,
+    check_entropy_control,
     check_stop_token_users,
     check_sampling_correction,
     check_group_filtering,
@@ -1047,6 +1329,8 @@ RULES_BETWEEN_FIELDS: tuple[Callable[[RLOOConfig], None], ...] = (
     check_async_generation,
     check_agents,
     check_lora,
+    check_teacher,
+    check_judge,
 )
 
 

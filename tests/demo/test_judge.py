@@ -11,7 +11,8 @@ import pytest
 
 from rloo.demo.judge import MODEL, ToyJudge, verdict
 from rloo.eval.config import DEFAULT_TEMPLATE
-from rloo.eval.judge import JudgeSettings, PairwiseJudge, render_prompt
+from rloo.judging.client import JudgeSettings
+from rloo.judging.pairwise import PairwiseJudge, render_prompt
 
 
 def test_verdict_prefers_more_vowels_and_breaks_ties_to_a() -> None:

@@ -1,8 +1,13 @@
 """A small OpenAI-compatible chat server whose answers are scripted by markers in the judged responses.
 
-It reads the two responses out of the default judge template and answers:
+It reads the two responses out of the default (pairwise) judge template and answers:
 - the letter of the response containing ``GOOD`` (``A`` when both or neither do: a position-biased judge);
+  with ``grade`` (a function of a response's text), the letter of the higher-graded one (``A`` on a tie);
 - ``I like both of them`` (unparseable) when a response contains ``MALFORMED``;
+
+and the one response of the default pointwise template: ``SCORE<text>`` in it answers ``<text>`` (``SCORE7``:
+``7``), ``MALFORMED`` the unparseable line; else, with ``grade``, ``round(10 * grade(response))``, else ``5``.
+Besides:
 - ``E429xN`` / ``E500xN`` / ``STALLxN``: the first N requests with that exact body get HTTP 429 / 500 / no
   answer for ``stall_seconds`` (longer than the client's timeout);
 - HTTP 401 for a key other than ``API_KEY`` and 404 for a model other than ``MODEL``;
@@ -18,11 +23,26 @@ import re
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 API_KEY = "sk-test"
 MODEL = "judge"
+
+
+def _pointwise_response(content: str) -> str | None:
+    m = re.search(r"## Response\n\n(.*)\n\nHow good is the response", content, re.S)
+    return m.group(1) if m else None
+
+
+def _pointwise_answer(response: str, grade: Callable[[str], float] | None) -> str:
+    scripted = re.search(r"SCORE(\S+)", response)
+    if scripted:
+        return scripted.group(1)
+    if "MALFORMED" in response:
+        return "I like both of them"
+    return str(round(10 * grade(response))) if grade is not None else "5"
 
 
 def _responses(content: str) -> tuple[str, str]:
@@ -32,8 +52,13 @@ def _responses(content: str) -> tuple[str, str]:
 
 class ScriptedJudge:
     def __init__(
-        self, stall_seconds: float = 3.0, context_chars: int | None = None, max_model_len: int | None = None
+        self,
+        stall_seconds: float = 3.0,
+        context_chars: int | None = None,
+        max_model_len: int | None = None,
+        grade: Callable[[str], float] | None = None,
     ) -> None:
+        self.grade = grade
         self.stall_seconds = stall_seconds
         self.context_chars = context_chars
         self.max_model_len = max_model_len
@@ -96,8 +121,13 @@ class ScriptedJudge:
                             return self._send(500, {"error": {"message": "boom"}})
                         time.sleep(owner.stall_seconds)
                         return self._send(500, {"error": {"message": "late"}})
-                if "MALFORMED" in a or "MALFORMED" in b:
+                pointwise = _pointwise_response(content)
+                if pointwise is not None:
+                    answer = _pointwise_answer(pointwise, owner.grade)
+                elif "MALFORMED" in a or "MALFORMED" in b:
                     answer = "I like both of them"
+                elif owner.grade is not None:
+                    answer = "B" if owner.grade(b) > owner.grade(a) else "A"
                 elif "GOOD" in b and "GOOD" not in a:
                     answer = "B"
                 else:

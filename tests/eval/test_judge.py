@@ -8,17 +8,9 @@ import pytest
 
 from rloo.errors import ServiceUnavailable, UserError
 from rloo.eval.config import DEFAULT_TEMPLATE
-from rloo.eval.judge import (
-    BUDGET,
-    ERROR,
-    INVALID,
-    OK,
-    JudgeSettings,
-    PairwiseJudge,
-    api_key_from_env,
-    parse_answer,
-)
 from rloo.eval.stats import MODEL, REFERENCE, pair_score, summarize_scores
+from rloo.judging.client import BUDGET, ERROR, INVALID, OK, JudgeSettings, api_key_from_env
+from rloo.judging.pairwise import PairwiseJudge, parse_answer
 from tests.eval.scripted_server import API_KEY, ScriptedJudge
 from tests.eval.scripted_server import MODEL as JUDGE_MODEL
 
@@ -229,13 +221,14 @@ def test_judge_answering_200_without_json_is_one_line(body: bytes, content_type:
     ],
 )  # fmt: skip
 def test_which_judge_failures_a_retry_may_heal(error: str | None, transient: bool) -> None:
-    from rloo.eval.judge import _transient
+    from rloo.judging.client import transient as may_heal
 
-    assert _transient(error) is transient
+    assert may_heal(error) is transient
 
 
 def test_a_judge_that_kept_failing_is_temporary_one_that_refused_is_not() -> None:
-    from rloo.eval.judge import ERROR, OK, Judgement, usable_verdicts_problem
+    from rloo.eval.runner import usable_verdicts_problem
+    from rloo.judging.pairwise import Judgement
 
     def pair(status: str, error: str | None = None) -> tuple[Judgement, Judgement]:
         return (

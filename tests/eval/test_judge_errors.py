@@ -14,7 +14,8 @@ from rloo.cli import main as rloo_main
 from rloo.demo.tiny import TinySetup
 from rloo.errors import UserError
 from rloo.eval.config import DEFAULT_TEMPLATE
-from rloo.eval.judge import JudgeSettings, PairwiseJudge
+from rloo.judging.client import JudgeSettings
+from rloo.judging.pairwise import PairwiseJudge
 from tests.eval.scripted_server import API_KEY, MODEL, ScriptedJudge
 from tests.eval.test_eval_cli import argv, write_jsonl
 from tests.fixtures.servers import free_port
@@ -154,7 +155,7 @@ def test_the_validate_check_passes_a_model_served_on_first_use(
     """transformers/cli/serving/model_manager.py (get_gen_models) lists only the models in the Hugging Face
     cache at /v1/models and loads any other on its first request: a model it does not list is asked for one
     token before it is refused."""
-    from rloo.eval.endpoint import check_judge_server
+    from rloo.judging.endpoint import check_judge_server
 
     check_judge_server(transformers_server, str(tiny_setup.policy), api_key="EMPTY", min_context_tokens=10**6)
     with pytest.raises(UserError) as info:

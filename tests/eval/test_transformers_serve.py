@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from rloo.demo.tiny import TinySetup
 from rloo.eval.config import DEFAULT_TEMPLATE
-from rloo.eval.judge import INVALID, OK, JudgeSettings, PairwiseJudge, parse_answer
 from rloo.eval.stats import summarize_scores
+from rloo.judging.client import INVALID, OK, JudgeSettings
+from rloo.judging.pairwise import PairwiseJudge, parse_answer
 
 
 def test_judge_against_transformers_serve(transformers_server: str, tiny_setup: TinySetup) -> None:

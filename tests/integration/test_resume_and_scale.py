@@ -208,16 +208,49 @@ ALGORITHM_VARIANT_METRICS = (
 )
 
 
+# The newer options together: two reward sources normalised per group (GDPO), SAPO's soft gates, the
+# off-policy sequence mask (the second epoch has drifted), the bias-corrected KL in the loss, and the adaptive
+# entropy coefficient, whose state (coefficient and last entropy) the checkpoint must carry: a target above
+# any entropy makes it climb each optimizer step, so a resume that restarted it would log other values.
+NEWER_OPTION_FLAGS: dict[str, object] = dict(
+    reward_funcs=["rloo.demo.toy:vowel_majority_reward", "rloo.demo.toy:letter_reward"],
+    multi_objective_aggregation="normalize_then_sum",
+    loss_type="sapo",
+    loss_agg_mode="seq-mean-token-mean",
+    off_policy_mask_threshold=0.001,
+    kl_estimator="k3",
+    kl_in_loss="true",
+    use_bias_correction_kl="true",
+    entropy_coef=0.01,
+    use_adaptive_entropy="true",
+    entropy_target=100.0,
+)
+NEWER_OPTION_METRICS = (
+    "entropy_coef",
+    "policy/off_policy_masked_frac",
+    "loss/kl_avg",
+    "loss/entropy_bonus_avg",
+)
+
+
 @pytest.mark.parametrize(
     ("options", "logged"),
-    [(LOSS_OPTION_FLAGS, ("loss/kl_avg",)), (ALGORITHM_VARIANT_FLAGS, ALGORITHM_VARIANT_METRICS)],
-    ids=["loss_options", "algorithm_variants"],
+    [
+        (LOSS_OPTION_FLAGS, ("loss/kl_avg",)),
+        (ALGORITHM_VARIANT_FLAGS, ALGORITHM_VARIANT_METRICS),
+        (NEWER_OPTION_FLAGS, NEWER_OPTION_METRICS),
+    ],
+    ids=["loss_options", "algorithm_variants", "newer_options"],
 )
 def test_loss_options_resume_exactly(
     tiny, toy_data: Path, tmp_path: Path, options: dict[str, object], logged: tuple[str, ...]
 ) -> None:
     out = _killed_then_resumed_as_straight(tiny, toy_data, tmp_path, options, "3:optimization")
     assert all(key in m for m in _metrics(out) for key in logged)
+    if options is NEWER_OPTION_FLAGS:  # 2 optimizer steps per update, each 0.005 up from 0.01
+        assert [m["entropy_coef"] for m in _metrics(out)] == pytest.approx(
+            [0.01 + 0.01 * u for u in range(1, 7)]
+        )
 
 
 def _killed_then_resumed_as_straight(
@@ -248,10 +281,16 @@ def _killed_then_resumed_as_straight(
     return out
 
 
+# the newer options on two ranks: the adaptive entropy reads the entropy over all ranks, the group
+# normalisation of the reward sources runs on each rank's whole groups (the off-policy mask is per completion,
+# and a threshold decision that a summation order flips would make the trajectories part, so it stays out)
+NEWER_OPTIONS_ON_RANKS = {k: v for k, v in NEWER_OPTION_FLAGS.items() if k != "off_policy_mask_threshold"}
+
+
 @pytest.mark.parametrize(
     "options",
-    [{}, LOSS_OPTION_FLAGS, ALGORITHM_VARIANT_FLAGS],
-    ids=["classic", "loss_options", "algorithm_variants"],
+    [{}, LOSS_OPTION_FLAGS, ALGORITHM_VARIANT_FLAGS, NEWER_OPTIONS_ON_RANKS],
+    ids=["classic", "loss_options", "algorithm_variants", "newer_options"],
 )
 def test_two_processes_match_one(tiny, toy_data: Path, tmp_path: Path, options: dict[str, object]) -> None:
     # 16 completions per update (4 prompts x k=4, two mini-batches of 2 prompts): 1 process x 16 in

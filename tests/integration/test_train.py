@@ -449,6 +449,15 @@ ALGORITHM_VARIANT_RUNS: dict[str, dict[str, Any]] = {
     "top_entropy": dict(top_entropy_quantile=0.2, loss_agg_mode="token-mean"),
     "overlong": dict(overlong_buffer_len=3, stop_token="eos"),
     "sync_ref_model": dict(sync_ref_model=True, ref_model_sync_steps=1),
+    "cispo": dict(loss_type="cispo", loss_agg_mode="token-mean", num_ppo_epochs=2),
+    "sapo": dict(loss_type="sapo", loss_agg_mode="seq-mean-token-mean", num_ppo_epochs=2),
+    "gmpo": dict(loss_type="gmpo", loss_agg_mode="seq-mean-token-mean", num_ppo_epochs=2),
+    "off_policy_mask": dict(off_policy_mask_threshold=1e-4, num_ppo_epochs=2),
+    "bias_corrected_kl": dict(
+        kl_in_loss=True, kl_estimator="k3", use_bias_correction_kl=True, num_ppo_epochs=2
+    ),
+    "adaptive_entropy": dict(use_adaptive_entropy=True, entropy_coef=0.01, entropy_target=100.0),
+    "fp32_lm_head": dict(cast_lm_head_to_fp32=True, bf16=True),
 }
 
 
@@ -471,6 +480,14 @@ def test_each_algorithm_variant_trains(make_config, options: dict[str, Any]) -> 
         assert last["loss/entropy_bonus_avg"] > 0
     if "clip_ratio_c" in options:
         assert 0.0 <= last["clip_ratio/dual_clip_frac"] <= 1.0
+    if "off_policy_mask_threshold" in options:
+        # the first epoch is on policy (no drift); the second drops some negative-advantage completions
+        assert 0.0 <= last["policy/off_policy_masked_frac"] <= 0.5
+    if "use_adaptive_entropy" in options:
+        # below the target at every step: 0.005 up per optimizer step; the bonus acts from update 2 on
+        assert [m["entropy_coef"] for m in history] == pytest.approx([0.015, 0.02])
+    if "loss_type" in options and options["loss_type"] == "sapo":
+        assert last["policy/clipfrac_avg"] == 0.0  # soft gates clip nothing
     if "overlong_buffer_len" in options:
         # the tiny policy seldom stops early: completions at the limit lose the whole factor (1)
         at_limit = last["monitor/at_response_length_frac"]
@@ -541,6 +558,27 @@ def test_vllm_mismatch_masking_with_a_stand_in_sampler(
     assert h["objective/vllm_is_capped_frac"] == (1.0 if is_mode == "token_truncate" else 0.0)
     if masked == 1.0:  # every surrogate weighed 0: nothing to learn from but the (absent) KL term
         assert h["loss/policy_avg"] == 0.0
+
+
+@pytest.mark.parametrize("loss_type", ["cispo", "gmpo"])
+def test_newer_options_with_lora(make_config, loss_type: str) -> None:
+    pytest.importorskip("peft")
+    cfg = make_config(
+        use_peft=True,
+        lora_r=4,
+        reward_funcs=["rloo.demo.toy:vowel_majority_reward", "rloo.demo.toy:letter_reward"],
+        multi_objective_aggregation="normalize_then_sum",
+        loss_type=loss_type,
+        loss_agg_mode="token-mean",
+        off_policy_mask_threshold=1e-3,
+        use_adaptive_entropy=True,
+        cast_lm_head_to_fp32=True,
+        bf16=True,
+        num_ppo_epochs=2,
+    )
+    history = train(cfg).history
+    assert len(history) == 2 and all(math.isfinite(m["loss/policy_avg"]) for m in history)
+    assert all(m["entropy_coef"] >= 0 for m in history)
 
 
 def test_algorithm_variants_with_lora(make_config) -> None:

@@ -89,3 +89,49 @@ def test_cast_parameters_leaves_the_rotary_frequencies_in_fp32(tmp_path) -> None
         assert p.dtype == torch.bfloat16 and torch.equal(p, weights[name].to(torch.bfloat16)), name
     for name, b in model.named_buffers():
         assert b.dtype == buffers[name].dtype and torch.equal(b, buffers[name]), name
+
+
+def test_lm_head_in_fp32_under_bf16(tmp_path) -> None:
+    """--cast_lm_head_to_fp32 (TRL's grpo_trainer.py ``_cast_lm_head_to_fp32``): the logits come out in fp32
+    under a bf16 autocast and from bf16 weights, closer to an fp32 model's; the weights keep dtype and names,
+    and a deep copy (the rollout copy) computes its head in fp32 too."""
+    import copy
+
+    from rloo.demo.tiny import build_causal_lm, build_tokenizer
+    from rloo.models import load_causal_lm
+    from rloo.training.precision import lm_head_in_fp32
+
+    build_tokenizer(tmp_path / "tok")
+    path = str(build_causal_lm(tmp_path / "lm", tmp_path / "tok", arch="qwen2"))
+    ids = torch.tensor([[1, 5, 9, 3, 7, 2]])
+    reference = load_causal_lm(path, flag="m")
+    with torch.no_grad():
+        exact = reference(input_ids=ids).logits.log_softmax(-1)  # (1, 6, V) fp32 throughout
+    plain, cast = load_causal_lm(path, flag="m"), load_causal_lm(path, flag="m")
+    names = [n for n, _ in cast.named_parameters()]
+    lm_head_in_fp32(cast)
+    assert [n for n, _ in cast.named_parameters()] == names
+    for model in (plain, cast):
+        cast_parameters(model, torch.bfloat16)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        low = plain(input_ids=ids).logits
+        high = cast(input_ids=ids).logits
+        copied = copy.deepcopy(cast)(input_ids=ids).logits
+    assert low.dtype == torch.bfloat16 and high.dtype == torch.float32 and copied.dtype == torch.float32
+    err_low = (low.float().log_softmax(-1) - exact).abs().max()
+    err_high = (high.log_softmax(-1) - exact).abs().max()
+    assert err_high < err_low, (err_high, err_low)
+    assert cast.get_output_embeddings().weight.dtype == torch.bfloat16  # the weights as they were
+
+
+def test_lm_head_in_fp32_refuses_an_adapted_head() -> None:
+    class Adapted(torch.nn.Linear):
+        pass
+
+    from rloo.training.precision import lm_head_in_fp32
+
+    model = SimpleNamespace(get_output_embeddings=lambda: Adapted(2, 3))
+    with pytest.raises(
+        UserError, match=r"needs a plain linear LM head \(got Adapted\).*--lora_target_modules"
+    ):
+        lm_head_in_fp32(model)

@@ -4,7 +4,15 @@ parsed where torch is not installed (``rloo pipeline`` on a client), read the sa
 
 from __future__ import annotations
 
-__all__ = ["IMPORTANCE_SAMPLING_LEVELS", "IS_MODES", "KL_ESTIMATORS", "LOSS_AGG_MODES", "SCALE_REWARDS_MODES"]
+__all__ = [
+    "IMPORTANCE_SAMPLING_LEVELS",
+    "IS_MODES",
+    "KL_ESTIMATORS",
+    "LOSS_AGG_MODES",
+    "LOSS_TYPES",
+    "MULTI_OBJECTIVE_AGGREGATIONS",
+    "SCALE_REWARDS_MODES",
+]
 
 KL_ESTIMATORS: tuple[str, ...] = ("k1", "k2", "k3")
 
@@ -22,3 +30,10 @@ SCALE_REWARDS_MODES: tuple[str, ...] = ("none", "group", "batch")
 
 # what truncated importance sampling does with a weight above its cap
 IS_MODES: tuple[str, ...] = ("truncate", "mask")
+
+# the policy surrogate: PPO's clipped ratio (the classic), CISPO's clipped stop-gradient weight on the
+# log-prob (MiniMax-M1, TRL), SAPO's soft gate (TRL), GMPO's geometric mean of clipped token ratios (verl)
+LOSS_TYPES: tuple[str, ...] = ("clip", "cispo", "sapo", "gmpo")
+
+# how several reward sources become one score: weighted sum, or each normalised within its group first (GDPO)
+MULTI_OBJECTIVE_AGGREGATIONS: tuple[str, ...] = ("sum_then_normalize", "normalize_then_sum")

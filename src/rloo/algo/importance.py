@@ -18,7 +18,7 @@ from torch import Tensor
 from .choices import IS_MODES
 from .masking import masked_mean, masked_sum
 
-__all__ = ["IS_MODES", "SamplingMismatchStats", "truncated_importance_weights"]
+__all__ = ["IS_MODES", "SamplingMismatchStats", "off_policy_sequence_mask", "truncated_importance_weights"]
 
 
 @dataclass
@@ -105,3 +105,46 @@ def truncated_importance_weights(
             capped_frac=capped_frac,
             masked_frac=masked_frac,
         )
+
+
+def off_policy_sequence_mask(
+    advantages: Tensor,
+    logprobs: Tensor,
+    sampling_logprobs: Tensor,
+    mask: Tensor,
+    threshold: float,
+) -> Tensor:
+    """DeepSeek-V3.2's off-policy sequence masking (TRL's ``off_policy_mask_threshold``): which sequences
+    the loss keeps.
+
+    A sequence is dropped when its advantage is negative and it has drifted off policy: the mean over its
+    completion tokens of ``sampler_logp - logp`` (a per-token estimate of KL(pi_sampler || pi_theta)) is above
+    ``threshold``. Positive-advantage sequences are always kept: pushing up a sample the policy has moved away
+    from cannot destabilise it, pushing down one it no longer produces can.
+
+    Args:
+        advantages: (B,) sequence advantages, or (B, T) per token (the sign of a sequence with per-token advantages
+            tokens is its mean over the completion).
+        logprobs: (B, T) current policy log-probs of the sampled tokens (used without gradient).
+        sampling_logprobs: (B, T) log-probs under whatever sampled them (vLLM's, else the old policy's).
+        mask: (B, T) bool completion mask.
+        threshold: the KL bound, > 0 (the paper's delta; TRL suggests e.g. 0.5).
+
+    Returns:
+        (B,) bool, True for the sequences to keep.
+    """
+    if not threshold > 0:
+        raise ValueError(f"threshold must be > 0 (got {threshold}); use e.g. 0.5")
+    if logprobs.dim() != 2 or sampling_logprobs.shape != logprobs.shape or mask.shape != logprobs.shape:
+        raise ValueError(
+            f"logprobs {tuple(logprobs.shape)}, sampling_logprobs {tuple(sampling_logprobs.shape)} and mask "
+            f"{tuple(mask.shape)} must share one (B, T) shape; align them"
+        )
+    with torch.no_grad():
+        zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
+        # where(): padding's garbage (or NaN a sampler could not score) gives no evidence of drift
+        drift = torch.where(mask, sampling_logprobs - logprobs, zero).nan_to_num(nan=0.0)  # (B, T)
+        mean_drift = masked_mean(drift, mask, dim=1)  # (B,)
+        if advantages.dim() == 2:
+            advantages = masked_mean(torch.where(mask, advantages, zero), mask, dim=1)  # (B,)
+        return (advantages >= 0) | (mean_drift <= threshold)  # (B,)

@@ -2,25 +2,27 @@
 
 Loss aggregation follows verl's ``loss_agg_mode`` names (see :func:`agg_loss`); the default,
 ``seq-mean-token-sum``, is the classic RLOO loss. Optional variants: GSPO's length-normalised sequence
-ratio (``importance_sampling_level="sequence"``), dual-clip PPO (``clip_ratio_c``) and TRL's two-sided
-GRPO cap (``delta``).
+ratio (``importance_sampling_level="sequence"``), dual-clip PPO (``clip_ratio_c``), TRL's two-sided
+GRPO cap (``delta``) and other surrogates than PPO's clip (``loss_type``: CISPO, SAPO, GMPO).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from .choices import IMPORTANCE_SAMPLING_LEVELS, LOSS_AGG_MODES
+from .choices import IMPORTANCE_SAMPLING_LEVELS, LOSS_AGG_MODES, LOSS_TYPES
 from .kl import per_token_kl
 from .masking import masked_mean, masked_sum, masked_var
 
 __all__ = [
     "IMPORTANCE_SAMPLING_LEVELS",
     "LOSS_AGG_MODES",
+    "LOSS_TYPES",
     "PolicyLossStats",
     "agg_loss",
     "kl_loss",
@@ -86,11 +88,16 @@ def kl_loss(
     loss_agg_mode: str = "seq-mean-token-sum",
     max_response_length: int | None = None,
     num_tokens: float | Tensor | None = None,
+    importance_ratio: Tensor | None = None,
 ) -> Tensor:
     """KL(policy || ref) as a loss term (GRPO / verl ``use_kl_loss``), aggregated like the policy loss.
 
     The gradient flows through ``logprobs`` (the current policy's); the reference is a constant. With
     k1 the gradient is 0 in expectation (it is the score function), so use k2 or k3 here.
+
+    ``importance_ratio`` (DeepSeek-V3.2's bias-corrected KL, TRL's ``use_bias_correction_kl``): each token's
+    KL is multiplied by ``pi_theta / pi_old`` of the sampled token (with its gradient), so that on samples
+    drawn by an older policy the k3 term's gradient is the unbiased gradient of KL(pi_theta || ref).
 
     Args:
         logprobs: (B, T) current policy log-probs of the sampled tokens (with grad).
@@ -100,11 +107,16 @@ def kl_loss(
         loss_agg_mode: one of ``LOSS_AGG_MODES`` (see :func:`agg_loss`).
         max_response_length: the constant of ``seq-mean-token-sum-norm``.
         num_tokens: the denominator of ``token-mean`` (see :func:`agg_loss`).
+        importance_ratio: (B, T) per-token ratio, or (B,) one per sequence broadcast to its tokens (GSPO's);
+            default none.
 
     Returns:
         0-dim KL estimate; multiply by the KL coefficient and add to the policy loss.
     """
     kl = per_token_kl(logprobs, ref_logprobs.detach(), mask, estimator)  # (B, T)
+    if importance_ratio is not None:
+        ratio = importance_ratio if importance_ratio.dim() == 2 else importance_ratio.unsqueeze(1)  # (B, T|1)
+        kl = torch.where(mask, kl * ratio, torch.zeros_like(kl))  # (B, T): garbage ratios at padding stay out
     return agg_loss(kl, mask, loss_agg_mode, max_response_length, num_tokens)
 
 
@@ -116,7 +128,8 @@ class PolicyLossStats:
     (per-token ratios); see :func:`policy_loss`.
 
     Attributes:
-        clipfrac: fraction where the clipped surrogate was the active (larger) loss.
+        clipfrac: fraction where the clipped surrogate was the active (larger) loss (CISPO: where the cap
+            bounded the weight; GMPO: the share of tokens whose log-ratio was clipped; SAPO: 0).
         approxkl: mean of ``0.5 * logratio**2``.
         ratio_mean: mean importance ratio.
         ratio_var: unbiased variance of the ratio (0 with fewer than two entries).
@@ -163,12 +176,54 @@ def _clipped_surrogate(
     return torch.where(dual_clipped, bound, loss), clipped, unclipped, dual_clipped
 
 
+def _surrogate(
+    loss_type: str,
+    ratio: Tensor,
+    advantages: Tensor,
+    logp: Tensor,
+    c_low: float,
+    c_high: float,
+    delta: float | None,
+    clip_ratio_c: float | None,
+    cispo_max: float,
+    sapo_temperature_pos: float,
+    sapo_temperature_neg: float,
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Elementwise surrogate loss of ``ratio`` (sequences or tokens): ``(loss, clip_flags, dual_clipped)``.
+
+    - ``clip``: PPO's ``max(-A*r, -A*clip(r))`` (see :func:`_clipped_surrogate`).
+    - ``cispo``: ``-sg(min(r, cispo_max)) * A * logp`` (MiniMax-M1's CISPO as TRL writes it): the ratio only
+      weighs the REINFORCE term and is capped, so no token loses its gradient to clipping.
+    - ``sapo``: ``-A * (4 / tau) * sigmoid(tau * (r - 1))`` with ``tau`` the temperature of A's sign (TRL's
+      SAPO): a soft gate whose gradient at ``r = 1`` equals PPO's and fades smoothly off policy.
+
+    ``logp`` is the log-prob term CISPO's gradient flows through (the token's, or a sequence's sum).
+    ``clip_flags`` marks where the loss ignores a change of the ratio (the cap of CISPO; never for SAPO).
+    """
+    if loss_type == "clip":
+        loss, clipped, unclipped, dual = _clipped_surrogate(
+            ratio, advantages, c_low, c_high, delta, clip_ratio_c
+        )
+        return loss, clipped > unclipped, dual
+    if loss_type == "cispo":
+        weight = torch.clamp(ratio, max=cispo_max).detach()
+        return -weight * advantages * logp, ratio > cispo_max, None
+    if loss_type == "sapo":
+        tau = torch.where(
+            advantages > 0,
+            torch.full_like(ratio, sapo_temperature_pos),
+            torch.full_like(ratio, sapo_temperature_neg),
+        )
+        gate = torch.sigmoid(tau * (ratio - 1.0)) * 4.0 / tau
+        return -gate * advantages, torch.zeros_like(ratio, dtype=torch.bool), None
+    raise ValueError(f"loss_type must be one of {LOSS_TYPES} (got {loss_type!r}); pick one")
+
+
 def _stats(
     logratio: Tensor,
     ratio: Tensor,
     advantages: Tensor,
-    clipped: Tensor,
-    unclipped: Tensor,
+    clip_flags: Tensor,
     dual_clipped: Tensor | None,
     mask: Tensor,
     c_low: float,
@@ -198,7 +253,7 @@ def _stats(
             return masked_mean(f, mask)
 
         return PolicyLossStats(
-            clipfrac=frac(clipped > unclipped),
+            clipfrac=frac(clip_flags),
             approxkl=masked_mean(0.5 * logratio**2, mask),
             ratio_mean=masked_mean(ratio, mask),
             ratio_var=masked_var(ratio, mask, unbiased=True),
@@ -230,8 +285,12 @@ def policy_loss(
     clip_ratio_c: float | None = None,
     delta: float | None = None,
     ratio_mask: Tensor | None = None,
+    loss_type: str = "clip",
+    cispo_max: float = 5.0,
+    sapo_temperature_pos: float = 1.0,
+    sapo_temperature_neg: float = 1.05,
 ) -> tuple[Tensor, PolicyLossStats]:
-    """PPO-clipped RLOO policy loss.
+    """PPO-clipped RLOO policy loss (or another surrogate, ``loss_type``).
 
     Sequence level (``advantages`` (B,) with ``loss_agg_mode="seq-mean-token-sum"``, the reference's):
     ``logratio = sum_t new - sum_t old`` over the completion tokens, ``ratio = exp(logratio)``, loss
@@ -254,6 +313,15 @@ def policy_loss(
     also bounded above by ``-A * clip_ratio_c``, so a huge ratio on a bad sample cannot dominate the step.
     ``delta`` (TRL's two-sided GRPO, INTELLECT-2) caps the ratio at ``delta`` in the unclipped surrogate
     only: ``max(-A*min(r, delta), -A*clip(r))``. Both apply to whichever ratio the level picks.
+
+    ``loss_type`` swaps PPO's clipped surrogate (``clip``) for another on the same ratio (see
+    :func:`_surrogate`): ``cispo`` (``-sg(min(r, cispo_max)) * A * logp``; on the summed sequence ratio
+    ``logp`` is the sequence's summed log-prob) or ``sapo`` (soft gates, ``sapo_temperature_pos/neg``);
+    ``gmpo`` (Zhao et al. 2025, verl's ``geo_mean``) is its own sequence ratio: the geometric mean of the
+    token ratios, each clipped PPO-style in log space to ``[-cliprange, cliprange_high]``, ``loss_b =
+    -A_b * exp(mean_t min(sgn(A) l_t, sgn(A) clip(l_t)) * sgn(A))``, shared by the sequence's tokens and
+    reduced by :func:`agg_loss` (``seq-mean-token-mean`` gives the paper's mean over sequences; a (B, T)
+    advantage enters as its mean over the sequence's tokens). ``delta`` and ``clip_ratio_c`` are PPO's only.
 
     Positions where ``mask`` is False never influence the loss, its gradient or the stats, whatever
     ``logprobs`` / ``old_logprobs`` / ``advantages`` hold there.
@@ -278,6 +346,10 @@ def policy_loss(
         ratio_mask: with ``sequence``, the (B, T) bool tokens GSPO's ratio averages over when they are more
             than the tokens the loss trains on (``mask``, e.g. only the high-entropy ones): the ratio
             measures the whole completion's change, as TRL computes it; default ``mask``.
+        loss_type: one of ``LOSS_TYPES``.
+        cispo_max: with ``cispo``, the cap of the weight, > 1 (ScaleRL's epsilon_max: 5.0).
+        sapo_temperature_pos: with ``sapo``, the gate's temperature where ``A > 0``, > 0.
+        sapo_temperature_neg: with ``sapo``, the gate's temperature where ``A <= 0``, > 0.
 
     Returns:
         ``(loss, stats)``: 0-dim loss and :class:`PolicyLossStats`: over sequences with tokens for the
@@ -296,6 +368,24 @@ def policy_loss(
             f"importance_sampling_level must be one of {IMPORTANCE_SAMPLING_LEVELS} "
             f"(got {importance_sampling_level!r}); pick one"
         )
+    if loss_type not in LOSS_TYPES:
+        raise ValueError(f"loss_type must be one of {LOSS_TYPES} (got {loss_type!r}); pick one")
+    if loss_type != "clip" and (delta is not None or clip_ratio_c is not None):
+        raise ValueError(
+            f"delta and clip_ratio_c bound PPO's clipped surrogate; loss_type {loss_type!r} has none"
+        )
+    if loss_type == "gmpo" and importance_sampling_level != "auto":
+        raise ValueError(
+            "loss_type 'gmpo' takes its own sequence ratio: leave importance_sampling_level 'auto'"
+        )
+    if not (cispo_max > 1 and math.isfinite(cispo_max)):
+        raise ValueError(f"cispo_max must be a finite number > 1 (got {cispo_max}); ScaleRL uses 5.0")
+    for name, tau in (
+        ("sapo_temperature_pos", sapo_temperature_pos),
+        ("sapo_temperature_neg", sapo_temperature_neg),
+    ):
+        if not (tau > 0 and math.isfinite(tau)):
+            raise ValueError(f"{name} must be a finite number > 0 (got {tau}); TRL uses 1.0 and 1.05")
     if clip_ratio_c is not None and not (clip_ratio_c > 1 and math.isfinite(clip_ratio_c)):
         raise ValueError(
             f"clip_ratio_c must be a finite number > 1 (got {clip_ratio_c}); use e.g. 3.0, or None to disable"
@@ -326,6 +416,7 @@ def policy_loss(
         importance_sampling_level == "auto"
         and advantages.dim() == 1
         and loss_agg_mode == "seq-mean-token-sum"
+        and loss_type != "gmpo"
     )
     if is_weights is not None and is_weights.shape not in (
         logprobs.shape[:1],
@@ -339,21 +430,44 @@ def policy_loss(
     old_logprobs = old_logprobs.detach()
     zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
     w = None if is_weights is None else is_weights.detach().to(logprobs.dtype)
+    surrogate = functools.partial(
+        _surrogate,
+        loss_type,
+        c_low=cliprange,
+        c_high=c_high,
+        delta=delta,
+        clip_ratio_c=clip_ratio_c,
+        cispo_max=cispo_max,
+        sapo_temperature_pos=sapo_temperature_pos,
+        sapo_temperature_neg=sapo_temperature_neg,
+    )
+    if loss_type == "gmpo":
+        return _geometric_mean_loss(
+            logprobs,
+            old_logprobs,
+            advantages,
+            mask,
+            cliprange,
+            c_high,
+            w,
+            loss_agg_mode,
+            max_response_length,
+            num_tokens,
+        )
 
     if sequence_ratio:
         advantages = advantages.detach().to(logprobs.dtype)
         # Sequence-level: one ratio per completion, as in the reference trainer.
         logratio = masked_sum(logprobs, mask, dim=1) - masked_sum(old_logprobs, mask, dim=1)  # (B,)
         ratio = torch.exp(logratio)  # (B,)
-        losses, clipped, unclipped, dual = _clipped_surrogate(
-            ratio, advantages, cliprange, c_high, delta, clip_ratio_c
-        )  # (B,) each
+        seq_logp = masked_sum(logprobs, mask, dim=1)  # (B,) CISPO's REINFORCE term
+        losses, flags, dual = surrogate(ratio, advantages, seq_logp)  # (B,) each
         has_tokens = mask.any(dim=1)  # (B,) e.g. False for a masked truncated completion
         losses = torch.where(has_tokens, losses, zero)  # (B,)
         if w is not None:
             losses = losses * w
         loss = losses.mean()
-        stats = _stats(logratio, ratio, advantages, clipped, unclipped, dual, has_tokens, cliprange, c_high)
+        stats = _stats(logratio, ratio, advantages, flags, dual, has_tokens, cliprange, c_high)
         return loss, stats
 
     if advantages.dim() == 1:
@@ -373,9 +487,8 @@ def policy_loss(
         ratio = seq_ratio.unsqueeze(1).expand_as(logprobs)  # (B, T): one ratio for all of b's tokens
     else:
         ratio = torch.exp(logratio)  # (B, T)
-    losses, clipped, unclipped, dual = _clipped_surrogate(
-        ratio, advantages, cliprange, c_high, delta, clip_ratio_c
-    )  # (B, T) each
+    token_logp = torch.where(mask, logprobs, zero)  # (B, T) CISPO's REINFORCE term, padding's garbage out
+    losses, flags, dual = surrogate(ratio, advantages, token_logp)  # (B, T) each
     if w is not None:
         losses = losses * (w.unsqueeze(1) if w.dim() == 1 else w)  # (B, T)
     loss = agg_loss(losses, mask, loss_agg_mode, max_response_length, num_tokens)
@@ -385,8 +498,7 @@ def policy_loss(
             seq_logratio,
             seq_ratio,
             advantages,
-            clipped,
-            unclipped,
+            flags,
             dual,
             has_tokens,
             cliprange,
@@ -394,5 +506,50 @@ def policy_loss(
             token_mask=mask,
         )
     else:
-        stats = _stats(logratio, ratio, advantages, clipped, unclipped, dual, mask, cliprange, c_high)
+        stats = _stats(logratio, ratio, advantages, flags, dual, mask, cliprange, c_high)
+    return loss, stats
+
+
+def _geometric_mean_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    c_low: float,
+    c_high: float,
+    w: Tensor | None,
+    loss_agg_mode: str,
+    max_response_length: int | None,
+    num_tokens: float | Tensor | None,
+) -> tuple[Tensor, PolicyLossStats]:
+    """GMPO's loss (see :func:`policy_loss`), after its checks."""
+    zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
+    adv = advantages.detach().to(logprobs.dtype)
+    seq_adv = adv if adv.dim() == 1 else masked_mean(torch.where(mask, adv, zero), mask, dim=1)  # (B,)
+    # clamp as verl does: exp of a wild log-ratio must not overflow before the clip decides
+    logratio = torch.where(mask, logprobs - old_logprobs, zero).clamp(-20.0, 20.0)  # (B, T)
+    sign = torch.sign(seq_adv).unsqueeze(1)  # (B, 1)
+    clipped = logratio.clamp(-c_low, c_high)  # (B, T)
+    # pessimistic in A's direction: a move that helps the surrogate is capped, one that hurts it is not
+    pessimistic = sign * torch.minimum(sign * logratio, sign * clipped)  # (B, T)
+    n_tokens = mask.sum(dim=1).clamp(min=1).to(logprobs.dtype)  # (B,)
+    seq_logratio = torch.where(mask, pessimistic, zero).sum(dim=1) / n_tokens  # (B,)
+    seq_ratio = torch.exp(seq_logratio)  # (B,) the geometric mean of the clipped token ratios
+    losses = (-seq_adv * seq_ratio).unsqueeze(1).expand_as(logprobs)  # (B, T): one value per sequence
+    if w is not None:
+        losses = losses * (w.unsqueeze(1) if w.dim() == 1 else w)  # (B, T)
+    loss = agg_loss(losses, mask, loss_agg_mode, max_response_length, num_tokens)
+    flags = mask & (pessimistic != logratio)  # (B, T) tokens whose change the clip ignored
+    raw = torch.exp((logratio.sum(dim=1) / n_tokens).detach())  # (B,) unclipped geometric mean, for the stats
+    stats = _stats(
+        (logratio.sum(dim=1) / n_tokens).detach(),
+        raw,
+        seq_adv.unsqueeze(1).expand_as(logprobs),  # (B, T): the stats' flags are per token
+        flags,
+        None,
+        mask.any(dim=1),
+        c_low,
+        c_high,
+        token_mask=mask,
+    )
     return loss, stats

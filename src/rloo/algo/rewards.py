@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -13,6 +15,7 @@ __all__ = [
     "combine_reward_sources",
     "normalize_advantages",
     "normalize_and_clip_scores",
+    "normalize_reward_sources",
     "sequence_level_rewards",
     "soft_overlong_penalty",
     "token_level_advantages",
@@ -63,6 +66,43 @@ def combine_reward_sources(per_source: Tensor, weights: Tensor | None = None) ->
     scores = torch.where(present, per_source, torch.zeros_like(per_source))  # (B, S)
     rewards = (scores * weights.to(scores)).sum(dim=1)  # (B,)
     return rewards, present.any(dim=1)
+
+
+def normalize_reward_sources(per_source: Tensor, k: int, eps: float = 1e-4) -> Tensor:
+    """Each reward source's scores standardised within its prompt's group, before any weighted sum (GDPO,
+    TRL's ``multi_objective_aggregation="normalize_then_sum"``): a source on a large scale no longer drowns a
+    0/1 one, and a source that does not tell a group's completions apart adds nothing to their advantages.
+
+    ``(r - mean) / (std + eps)`` over the completions of the group the source scored (unbiased std, 0 with
+    under two), so a constant source becomes 0 and a single scored completion 0.
+
+    Args:
+        per_source: (B, S) scores, prompt-major (flat index ``p * k + j``); NaN where a source did not score.
+        k: completions per prompt, >= 1, dividing B.
+        eps: added to the std, > 0 (TRL's 1e-4).
+
+    Returns:
+        (B, S), NaN exactly where ``per_source`` is.
+    """
+    if per_source.dim() != 2 or not per_source.is_floating_point():
+        raise ValueError(
+            f"per_source must be a floating-point (B, S) tensor (got {per_source.dtype} "
+            f"{tuple(per_source.shape)}); stack one column per source"
+        )
+    if k < 1 or per_source.shape[0] % k:
+        raise ValueError(f"k must be >= 1 and divide B = {per_source.shape[0]} (got k={k}); pass rloo_k")
+    if not eps > 0:
+        raise ValueError(f"eps must be > 0 (got {eps}); use e.g. 1e-4")
+    b, n_sources = per_source.shape
+    grouped = per_source.view(b // k, k, n_sources)  # (P, K, S)
+    present = ~grouped.isnan()  # (P, K, S)
+    r = torch.where(present, grouped, torch.zeros_like(grouped))  # (P, K, S), NaN-free
+    n = present.sum(dim=1, keepdim=True).to(r.dtype)  # (P, 1, S)
+    mean = r.sum(dim=1, keepdim=True) / n.clamp(min=1)  # (P, 1, S)
+    sq = torch.where(present, (r - mean) ** 2, torch.zeros_like(r)).sum(dim=1, keepdim=True)  # (P, 1, S)
+    std = torch.sqrt(sq / (n - 1).clamp(min=1))  # (P, 1, S), 0 with under two scored
+    normed = (r - mean) / (std + eps)  # (P, K, S)
+    return torch.where(present, normed, torch.full_like(normed, math.nan)).view(b, n_sources)  # (B, S)
 
 
 def apply_missing_eos_penalty(scores: Tensor, contains_eos: Tensor, penalty: float | None) -> Tensor:

@@ -338,6 +338,35 @@ def build_causal_lm(
     )
 
 
+def build_vowel_teacher(path: str | Path, tokenizer_path: str | Path, *, seed: int = 7) -> Path:
+    """A teacher for on-policy distillation on the toy task: the tiny GPT-NeoX of :func:`build_causal_lm`
+    (another seed than the policy's) with a taste a tiny policy can learn in a few updates, every all-vowel
+    token 5 logits up whatever the context (a random tiny model is near uniform, and matching a random
+    function of the context takes far longer), so distilling it alone raises the toy's vowel reward."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rloo.demo.toy import VOWELS
+
+    out = build_causal_lm(path, tokenizer_path, seed=seed)
+    tok = _load_tokenizer(tokenizer_path)
+    vowels = [
+        i
+        for token, i in tok.get_vocab().items()
+        if (text := tok.convert_tokens_to_string([token]).strip()) and set(text) <= VOWELS
+    ]
+    with quiet_progress_bars():
+        model: Any = AutoModelForCausalLM.from_pretrained(out)
+        with torch.no_grad():
+            norm = model.gpt_neox.final_layer_norm
+            norm.weight[0], norm.bias[0] = 0.0, 1.0  # the last hidden state's dimension 0: always 1
+            head = model.get_output_embeddings().weight  # (V, H)
+            head[:, 0] = 0.0
+            head[vowels, 0] = 5.0  # so each vowel token's logit is 5 more than the model would give it
+        model.save_pretrained(str(out))
+    return out
+
+
 def build_letter_judge(
     path: str | Path, tokenizer_path: str | Path, *, letter: str = "A", hidden_size: int = 256
 ) -> Path:

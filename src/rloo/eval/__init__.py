@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING, Any
 # The names below, by the module that defines them, are imported on first use (PEP 562), not with the
 # package: the pipeline's parameters read rloo.eval.config, and a client install ('rloo pipeline
 # compile/submit' without torch) must get it without the generation and judging modules, which import torch.
+# The judge client itself is rloo.judging's (training's judge reward uses it too).
 _EXPORTS = {
     "config": ("DEFAULT_TEMPLATE", "EvalConfig"),
-    "judge": ("Judgement", "JudgeSettings", "PairwiseJudge", "parse_answer"),
     "runner": ("run_eval",),
     "stats": ("pair_score", "paired_difference", "rate_interval", "summarize_scores"),
 }
@@ -19,12 +19,8 @@ _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = [
     "DEFAULT_TEMPLATE",
     "EvalConfig",
-    "JudgeSettings",
-    "Judgement",
-    "PairwiseJudge",
     "pair_score",
     "paired_difference",
-    "parse_answer",
     "rate_interval",
     "run_eval",
     "summarize_scores",
@@ -41,6 +37,5 @@ def __getattr__(name: str) -> Any:
 
 if TYPE_CHECKING:  # what the names are, for the type checker
     from .config import DEFAULT_TEMPLATE, EvalConfig
-    from .judge import Judgement, JudgeSettings, PairwiseJudge, parse_answer
     from .runner import run_eval
     from .stats import pair_score, paired_difference, rate_interval, summarize_scores

@@ -9,16 +9,17 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from rloo.config import CLASS_PATH, IMPORT_PATH
 from rloo.errors import UserError
+from rloo.judging.templates import PAIRWISE_TEMPLATE as DEFAULT_TEMPLATE
+from rloo.judging.templates import load_template
 from rloo.options import Exposed, above, at_least, check_fields, in_range, option
 
+__all__ = ["DEFAULT_TEMPLATE", "ENGINES", "EvalConfig"]
+
 ENGINES = ("auto", "vllm", "transformers")
-# Placeholders a judge template must contain (filled with str.replace: prompts may hold braces).
-TEMPLATE_FIELDS = ("{prompt}", "{response_a}", "{response_b}")
 
 
 @dataclass
@@ -211,7 +212,7 @@ class EvalConfig:
                 "--engine vllm does not run multi-turn episodes yet (--tools, --environment): use --engine "
                 "transformers (auto picks it)."
             )
-        from rloo.eval.endpoint import check_base_url
+        from rloo.judging.endpoint import check_base_url
 
         assert self.judge_base_url is not None  # required above
         check_base_url(self.judge_base_url)
@@ -233,36 +234,3 @@ class EvalConfig:
 
 
 _FIELD_DEFAULTS = {f.name: f.default for f in dataclasses.fields(EvalConfig)}
-
-
-def load_template(path: str) -> str:
-    p = Path(path).expanduser()
-    if not p.is_file():
-        raise UserError(f"--judge_template {path}: no such file; pass a text file with the judge prompt.")
-    text = p.read_text()
-    missing = [t for t in TEMPLATE_FIELDS if t not in text]
-    if missing:
-        raise UserError(f"--judge_template {path}: missing placeholder(s) {', '.join(missing)}; add them.")
-    return text
-
-
-# Project-written (not TRL's): asks for one letter so parsing is unambiguous; A/B rather than 0/1 so that a
-# number inside an explanation is not mistaken for a verdict.
-DEFAULT_TEMPLATE = """You compare two responses to the same prompt and decide which one is better.
-A better response follows the prompt's instructions, is accurate, relevant and concise. For a summary: it
-keeps the most important points of the text without adding anything that is not there.
-Do not let the order of the responses or their length influence you.
-
-## Prompt
-
-{prompt}
-
-## Response A
-
-{response_a}
-
-## Response B
-
-{response_b}
-
-Which response is better? Answer with exactly one letter, A or B, and nothing else."""

@@ -10,6 +10,7 @@ from typing import Any
 # `rloo train`.
 from rloo.data import DatasetRecord, dataset_record, num_rows, read_split
 from rloo.errors import UserError
+from rloo.judging.templates import completion_text, prompt_text
 
 
 @dataclass
@@ -22,27 +23,6 @@ class EvalRows:
 
     def __len__(self) -> int:
         return len(self.prompts)
-
-
-def _content(message: Any) -> str:
-    return str(message.get("content", "")) if isinstance(message, dict) else str(message)
-
-
-def prompt_text(prompt: Any) -> str:
-    """Plain text of a prompt for the judge: chat messages become 'role: content' lines."""
-    if isinstance(prompt, list):
-        if len(prompt) == 1:
-            return _content(prompt[0])
-        return "\n\n".join(f"{m.get('role', 'user')}: {_content(m)}" for m in prompt)
-    return str(prompt)
-
-
-def _completion_text(value: Any) -> str | None:
-    if isinstance(value, str):
-        return value
-    if isinstance(value, list) and value and all(isinstance(m, dict) for m in value):
-        return "\n".join(_content(m) for m in value if m.get("role", "assistant") == "assistant")
-    return None
 
 
 def load_eval_rows(
@@ -62,7 +42,7 @@ def load_eval_rows(
     refs: list[str] = []
     if "prompt" in cols and "completion" in cols:
         for i in range(n):
-            p, ref = cols["prompt"][i], _completion_text(cols["completion"][i])
+            p, ref = cols["prompt"][i], completion_text(cols["completion"][i])
             if ref is None or not isinstance(p, (str, list)):
                 raise UserError(f"{where}: row {i} has no usable prompt/completion; fix or drop that row.")
             prompts.append(p)
@@ -78,7 +58,7 @@ def load_eval_rows(
                     "the last assistant message is the reference."
                 )
             prompts.append(msgs[:-1])
-            refs.append(_content(msgs[-1]))
+            refs.append(str(msgs[-1].get("content", "")))
     else:
         raise UserError(
             f"{where} has no reference completions (columns: {', '.join(sorted(cols)) or 'none'}); expected "

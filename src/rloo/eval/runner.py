@@ -15,10 +15,10 @@ import torch
 
 from rloo.algo.eval_results import EvalResults
 from rloo.algo.intervals import Interval
+from rloo.errors import ServiceUnavailable, UserError
 from rloo.eval.config import EvalConfig
 from rloo.eval.data import load_eval_rows
 from rloo.eval.generation import GenerationEngine, make_engine
-from rloo.eval.judge import JudgeSettings, PairwiseJudge, api_key_from_env, usable_verdicts_problem
 from rloo.eval.report import flat_metrics, kfp_metrics, render_html
 from rloo.eval.reward_model import REFERENCE, score_pairs
 from rloo.eval.stats import (
@@ -28,6 +28,8 @@ from rloo.eval.stats import (
     summarize_reward_model,
     summarize_scores,
 )
+from rloo.judging.client import BUDGET, ERROR, INVALID, OK, settings_from, transient
+from rloo.judging.pairwise import Judgement, PairwiseJudge, render_prompt
 
 log = logging.getLogger(__name__)
 
@@ -38,21 +40,46 @@ KFP_METRICS_FILE = "kfp_metrics.json"
 
 
 def make_judge(cfg: EvalConfig) -> PairwiseJudge:
-    assert cfg.judge_base_url and cfg.judge_model  # validated
-    return PairwiseJudge(
-        JudgeSettings(
-            base_url=cfg.judge_base_url,
-            model=cfg.judge_model,
-            api_key=api_key_from_env(cfg.judge_api_key_env, cfg.judge_base_url),
-            template=cfg.template_text(),
-            concurrency=cfg.judge_concurrency,
-            max_retries=cfg.judge_max_retries,
-            request_budget=cfg.judge_request_budget,
-            timeout=cfg.judge_timeout,
-            backoff=cfg.judge_backoff,
-            max_tokens=cfg.judge_max_tokens,
-        )
+    return PairwiseJudge(settings_from(cfg, cfg.template_text()))
+
+
+def usable_verdicts_problem(label: str, judged: list[tuple[Judgement, Judgement]]) -> UserError | None:
+    """Why the pairs of one model cannot measure anything, or None. The rule: at least half of the pairs
+    must have two usable verdicts (both orders answered with A or B); below that the win rate says more about
+    the judge than about the model. The error names the commonest judge failure, the server's own words, and
+    is a temporary one (exit 75) when that failure may heal by itself."""
+    n = len(judged)
+    usable = sum(1 for a, b in judged if a.status == OK and b.status == OK)
+    if n == 0 or 2 * usable >= n:
+        return None
+    errors: dict[str, int] = {}
+    invalid = unasked = 0
+    example = ""
+    for pair in judged:
+        for j in pair:
+            if j.status == ERROR:
+                errors[j.error or "error"] = errors.get(j.error or "error", 0) + 1
+            if j.status == INVALID:
+                invalid += 1
+                example = example or " ".join((j.answer or "").split())[:80]
+            unasked += j.status == BUDGET
+    parts = [
+        f"{count} request(s) failed with {error!r}"
+        for error, count in sorted(errors.items(), key=lambda kv: -kv[1])[:2]
+    ]
+    if invalid:
+        parts.append(f"{invalid} answer(s) were not a single A or B (e.g. {example!r})")
+    if unasked:
+        parts.append(f"{unasked} request(s) not sent: --judge_request_budget ran out")
+    message = (
+        f"only {usable} of {n} {label} pairs got two usable verdicts, fewer than half, so no win rate is "
+        f"measured: {'; '.join(parts)}; fix the judge (--judge_base_url, --judge_model, its context length, "
+        "--judge_template) and run the evaluation again."
     )
+    top = max(errors, key=lambda k: errors[k]) if errors else None
+    if top is not None and transient(top) and errors[top] >= invalid + unasked:
+        return ServiceUnavailable(message)
+    return UserError(message)
 
 
 def run_eval(
@@ -116,8 +143,6 @@ def run_eval(
 def largest_request(cfg: EvalConfig, rows: Any) -> str:
     """The judge prompt of the evaluation's largest example, with its reference in both response slots (a
     model output is at most ``max_new_tokens``; the reference is what there is before generation)."""
-    from rloo.eval.judge import render_prompt
-
     i = max(range(len(rows)), key=lambda k: len(rows.judge_prompts[k]) + 2 * len(rows.references[k]))
     return render_prompt(cfg.template_text(), rows.judge_prompts[i], rows.references[i], rows.references[i])
 

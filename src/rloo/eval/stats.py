@@ -5,7 +5,8 @@ Verdicts are told from the model's side: ``"model"`` (the model's output was pre
 or ``None`` (no usable answer: unparseable, failed, or not asked because the budget ran out).
 
 The intervals are :mod:`rloo.algo.intervals`' (Wilson for a win rate, Agresti-Min for a paired difference;
-the push gate uses the same ones), re-exported here.
+the push gate uses the same ones), and the two-order score is :func:`rloo.judging.pairwise.pair_score` (the
+training's pairwise judge reward too), re-exported here.
 """
 
 from __future__ import annotations
@@ -14,8 +15,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from rloo.algo.intervals import Interval, difference_interval, rate_interval
+from rloo.judging.pairwise import MODEL, REFERENCE, pair_score
 
 __all__ = [
+    "MODEL",
+    "REFERENCE",
     "Interval",
     "difference_interval",
     "interval_record",
@@ -27,23 +31,6 @@ __all__ = [
     "summarize_reward_model",
     "summarize_scores",
 ]
-
-MODEL = "model"
-REFERENCE = "reference"
-
-
-def pair_score(verdict_ab: str | None, verdict_ba: str | None) -> float | None:
-    """MT-Bench style two-order score: 1 both orders prefer the model, 0 both prefer the reference, 0.5 when
-    they disagree (position bias decided it, a tie). ``None`` when either order has no usable verdict: such a
-    pair is counted as invalid, never as a loss."""
-    for v in (verdict_ab, verdict_ba):
-        if v not in (MODEL, REFERENCE, None):
-            raise ValueError(f"verdict must be {MODEL!r}, {REFERENCE!r} or None (got {v!r})")
-    if verdict_ab is None or verdict_ba is None:
-        return None
-    if verdict_ab == verdict_ba:
-        return 1.0 if verdict_ab == MODEL else 0.0
-    return 0.5
 
 
 def paired_difference(a: Sequence[float | None], b: Sequence[float | None]) -> Interval | None:

@@ -220,7 +220,8 @@ def _reward_source_gap(params: dict[str, Any]) -> str:
     """The reward source a run with the user's own model lacks too, said with the missing parameters (the
     validate step would only say it after they are given), else nothing."""
     extra = str(params.get("extra_train_args") or "")
-    if params.get("reward_model_path") or "--reward_funcs" in extra or "--reward-funcs" in extra:
+    flags = ("--reward_funcs", "--reward-funcs", "--teacher_model_path", "--teacher-model-path")
+    if params.get("reward_model_path") or any(flag in extra for flag in flags):
         return ""
     return "; also a reward source: reward_model_path, or --reward_funcs pkg.module:fn in extra_train_args"
 

@@ -89,8 +89,10 @@ _NOT_A_STRING_IN_YAML_12 = re.compile(
 
 
 def _has_reward_source(params: dict[str, Any]) -> bool:
-    return bool(params.get("reward_model_path")) or "--reward_funcs" in str(
-        params.get("extra_train_args", "")
+    extra = str(params.get("extra_train_args", ""))
+    # a teacher alone is a run too: on-policy distillation
+    return (
+        bool(params.get("reward_model_path")) or "--reward_funcs" in extra or "--teacher_model_path" in extra
     )
 
 

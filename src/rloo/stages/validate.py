@@ -328,14 +328,14 @@ def run(
 def check_judge_endpoint(eval_values: Mapping[str, Any], env: Mapping[str, str]) -> None:
     """The judge, before any GPU is requested: it answers, accepts the key the evaluate step will send
     (``judge_secret``'s, mounted here too), serves ``judge_model`` and has context for the evaluation's
-    requests as far as they are known here (:func:`rloo.eval.endpoint.request_floor_tokens`: this image
+    requests as far as they are known here (:func:`rloo.judging.endpoint.request_floor_tokens`: this image
     reads no dataset; the evaluate step checks the largest request before it generates)."""
     from rloo.eval.config import EvalConfig
-    from rloo.eval.endpoint import check_judge_server, request_floor_tokens
+    from rloo.judging.endpoint import check_judge_server, request_floor_tokens
 
     cfg = EvalConfig(**{"model_name_or_path": _PLACEHOLDER_MODEL, "report_to": "none", **eval_values})
     assert cfg.judge_base_url and cfg.judge_model  # required
-    key = env.get(cfg.judge_api_key_env) or "EMPTY"  # a self-hosted judge may need none (rloo.eval.judge)
+    key = env.get(cfg.judge_api_key_env) or "EMPTY"  # a self-hosted judge may need none (rloo.judging.client)
     check_judge_server(
         cfg.judge_base_url,
         cfg.judge_model,

@@ -99,6 +99,7 @@ class LogProbs:
 # what each check of NonFiniteGuard.check measures, in its one-line error
 _CHECKED = {
     "rollout/logprobs": "policy or reference log-probs of the rollout",
+    "rollout/teacher_logprobs": "teacher log-probs of the rollout",
     "loss": "policy loss",
     "grad norm": "gradient norm",
 }

@@ -18,7 +18,7 @@ from rloo.agents.episodes import EpisodeRunner, Episodes, episode_text
 from rloo.config import BatchPlan, RLOOConfig
 from rloo.data import PromptDataset
 from rloo.generation import Generated, SamplingParams, left_pad, row_seeds
-from rloo.training import deepspeed_utils, group_filter, lora
+from rloo.training import deepspeed_utils, group_filter, lora, teacher
 from rloo.training.collectives import Collectives
 from rloo.training.completion_logprobs import LogProbs, NonFiniteGuard
 from rloo.training.rewards import RewardBatch, TrainerState, score_all
@@ -65,6 +65,8 @@ class Experience:
     metrics: dict[str, float]  # the rollout's metrics over the global batch
     # (B,) bool with --filter_groups: the completions of groups with spread, the ones the loss keeps
     kept: torch.Tensor | None = None
+    # (B, T) the teacher's log-probs with --teacher_kl_in_loss (the loss's distillation term); else None
+    teacher_logprobs: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -116,6 +118,7 @@ class ExperienceProducer:
         deepspeed: bool,
         on_policy: bool,
         episodes: EpisodeRunner | None = None,
+        teacher_model: Any = None,
     ) -> None:
         self.cfg, self.plan = cfg, plan
         self.generator, self.sources, self.reward_weights = generator, sources, reward_weights
@@ -132,6 +135,7 @@ class ExperienceProducer:
         # One optimizer step per batch: the sampler's own log-probs serve as the old ones
         self.on_policy = on_policy
         self.episodes = episodes  # --tools / --environment: each rollout a multi-turn episode
+        self.teacher = teacher_model  # --teacher_model_path: on-policy distillation; else None
         self._warned_nothing_kept = False
 
     def produce(self, update: int, timer: StepTimer, ahead: Rollout | None = None) -> Experience:
@@ -159,10 +163,17 @@ class ExperienceProducer:
         stale = bool((got.version != current).any())
         with timer("logprobs"):
             old_logprobs, ref_logprobs = self._logprobs(update, sampled, got.gen_logprobs, stale=stale)
+            teacher_logprobs = (
+                None
+                if self.teacher is None
+                else teacher.completion_logprobs(self.teacher, self.logprobs, sampled, self.guard, update)
+            )  # (B, T)
 
         with timer("scoring"):
             scores, valid = got.scores, got.valid
             raw_scores = scores.clone()
+            if cfg.multi_objective_aggregation == "normalize_then_sum":
+                scores = normalized_sum(got.per_source, scores, self.reward_weights.to(dev), k)
             if cfg.normalize_reward:  # statistics over the global batch, whatever the process count
                 g_scores = algo.normalize_and_clip_scores(
                     self.comm.gather(scores), cfg.reward_clip_range, self.comm.gather(valid)
@@ -171,7 +182,12 @@ class ExperienceProducer:
             kl = algo.per_token_kl(old_logprobs, ref_logprobs, mask, cfg.kl_estimator)  # (B, T)
             # objective/kl and kl keep the classic meaning (k1 summed per sequence) whatever the estimator
             kl_k1 = kl if cfg.kl_estimator == "k1" else algo.per_token_kl(old_logprobs, ref_logprobs, mask)
-            advantages, rlhf_reward, non_score = self._advantages(scores, valid, kl, mask)
+            # the teacher's KL (k1, like objective/kl) in the reward, or in the loss with --teacher_kl_in_loss
+            teacher_kl = (
+                None if teacher_logprobs is None else algo.per_token_kl(old_logprobs, teacher_logprobs, mask)
+            )  # (B, T)
+            in_reward = None if cfg.teacher_kl_in_loss else teacher_kl
+            advantages, rlhf_reward, non_score = self._advantages(scores, valid, kl, mask, in_reward)
 
         stats = RolloutStats(
             scores=raw_scores,
@@ -191,7 +207,10 @@ class ExperienceProducer:
             [src.name for src in self.sources],
             k,
             response_length=cfg.response_length,
+            weights=self.reward_weights,
         )
+        if teacher_kl is not None:
+            metrics.update(teacher.teacher_metrics(self.comm.gather(algo.sequence_kl(teacher_kl, mask))))
         if sampled.episodes is not None:
             metrics.update(episode_metrics(self.comm.gather(episode_stats(sampled.episodes).to(dev))))
         if cfg.async_generation:  # optimizer steps between the weights that sampled a row and today's
@@ -234,6 +253,7 @@ class ExperienceProducer:
             policy_version=got.version,
             metrics=metrics,
             kept=kept,
+            teacher_logprobs=teacher_logprobs if cfg.teacher_kl_in_loss else None,
         )
 
     def _sample_and_score(
@@ -280,6 +300,8 @@ class ExperienceProducer:
         )
         per_source = score_all(self.sources, batch).to(dev)  # (B, S)
         scores, valid = algo.combine_reward_sources(per_source, self.reward_weights.to(dev))  # (B,), (B,)
+        if not self.sources:  # a teacher alone (pure distillation): every completion scores 0, and counts
+            valid = torch.ones_like(valid)
         if sampled.episodes is not None:  # an episode's turns end with the stop token: did the last one?
             contains_eos = sampled.episodes.finished.to(dev)  # (B,)
         else:
@@ -293,27 +315,36 @@ class ExperienceProducer:
         return per_source, scores, valid, contains_eos
 
     def _advantages(
-        self, scores: torch.Tensor, valid: torch.Tensor, kl: torch.Tensor, mask: torch.Tensor
+        self,
+        scores: torch.Tensor,
+        valid: torch.Tensor,
+        kl: torch.Tensor,
+        mask: torch.Tensor,
+        teacher_kl: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Leave-one-out advantages, (B,) or per token (B, T), and the RLHF reward and its KL part (B,), (B,)
-        the KL placement asks for (in the reward, per token, or in the loss)."""
+        the KL placement asks for (in the reward, per token, or in the loss). ``teacher_kl`` (B, T): the
+        teacher's KL, a penalty of the reward beside the reference's (per token with --token_level_kl)."""
         cfg = self.cfg
         k = cfg.rloo_k
         p, t = scores.numel() // k, mask.size(1)
-        if cfg.kl_in_loss:
+        kl_coef = cfg.kl_coef
+        if teacher_kl is not None:  # without a teacher the reward is computed as it always was, bit for bit
+            kl, kl_coef = teacher.reward_penalty(cfg, kl, teacher_kl)  # (B, T)
+        if cfg.kl_in_loss and teacher_kl is None:
             # The KL is a loss term on the current policy (see PolicyUpdater): the reward is the score alone.
             rlhf_reward, non_score = scores, torch.zeros_like(scores)  # (B,), (B,)
             advantages = algo.leave_one_out_advantages(rlhf_reward.view(p, k), valid.view(p, k)).view(-1)
             adv_mask = valid
         elif cfg.token_level_kl:
             adv, non_score = algo.token_level_advantages(
-                scores.view(p, k), kl.view(p, k, t), mask.view(p, k, t), cfg.kl_coef, valid.view(p, k)
+                scores.view(p, k), kl.view(p, k, t), mask.view(p, k, t), kl_coef, valid.view(p, k)
             )
             advantages, non_score = adv.reshape(p * k, t), non_score.reshape(-1)  # (B, T), (B,)
             rlhf_reward = scores + non_score
             adv_mask = mask & valid[:, None]
         else:
-            rlhf_reward, non_score = algo.sequence_level_rewards(scores, kl, mask, cfg.kl_coef)  # (B,), (B,)
+            rlhf_reward, non_score = algo.sequence_level_rewards(scores, kl, mask, kl_coef)  # (B,), (B,)
             advantages = algo.leave_one_out_advantages(rlhf_reward.view(p, k), valid.view(p, k)).view(-1)
             adv_mask = valid
         if cfg.scale_rewards != "none":
@@ -547,6 +578,17 @@ class ExperienceProducer:
             }
             for i, (s, v) in enumerate(zip(scores.tolist(), valid.tolist(), strict=True))
         ]
+
+
+def normalized_sum(
+    per_source: torch.Tensor, scores: torch.Tensor, weights: torch.Tensor, k: int
+) -> torch.Tensor:
+    """--multi_objective_aggregation normalize_then_sum (GDPO): the weighted sum of the reward sources each
+    standardised within its group (:func:`rloo.algo.normalize_reward_sources`), plus what ``scores`` (B,)
+    adds to the plain weighted sum of ``per_source`` (B, S): the missing-EOS and overlong penalties."""
+    plain, _ = algo.combine_reward_sources(per_source, weights)  # (B,)
+    normed, _ = algo.combine_reward_sources(algo.normalize_reward_sources(per_source, k), weights)  # (B,)
+    return normed + (scores - plain)  # (B,)
 
 
 def dataset_rows(ds: PromptDataset, index: list[int]) -> list[dict[str, Any]]:

@@ -36,6 +36,7 @@ class LossStats:
     )  # --entropy_coef: the term before the coef
     top_entropy_threshold: list[torch.Tensor] = field(default_factory=list)  # --top_entropy_quantile < 1
     top_entropy_kept: list[torch.Tensor] = field(default_factory=list)  # the share of tokens trained on
+    off_policy_masked: list[torch.Tensor] = field(default_factory=list)  # --off_policy_mask_threshold
     policy: dict[str, list[torch.Tensor]] = field(
         default_factory=lambda: {name: [] for name in _POLICY_FIELDS}
     )
@@ -110,6 +111,8 @@ class LossStats:
         if self.top_entropy_threshold:
             out["policy/top_entropy_threshold"] = avg(self.top_entropy_threshold)
             out["policy/top_entropy_kept_frac"] = avg(self.top_entropy_kept)
+        if self.off_policy_masked:  # the share of completions the off-policy mask left out of the loss
+            out["policy/off_policy_masked_frac"] = avg(self.off_policy_masked)
         if dual_clip:
             out["clip_ratio/dual_clip_frac"] = avg(self.policy["dual_clip_frac"])
         return out

@@ -78,3 +78,30 @@ def cast_parameters(model: Any, dtype: torch.dtype) -> None:
         for p in model.parameters():
             if p.is_floating_point():
                 p.data = p.data.to(dtype)
+
+
+def lm_head_in_fp32(model: Any) -> None:
+    """--cast_lm_head_to_fp32 (ScaleRL; TRL's option of that name): ``model``'s output projection computes
+    in float32 whatever the autocast or the weights' dtype, so the logits and every log-prob drawn from them
+    keep fp32 precision (a bf16 logit has 8 bits of mantissa: log-prob errors of ~1e-2 at a 150k vocabulary).
+
+    The weights keep their dtype and names (checkpoints, the optimizer and weight pushes see no change):
+    the head's forward upcasts them at each call. The override is a bound method, so a deep copy of the
+    model (the rollout copy) computes its head in fp32 too. A head that is not a plain linear layer (a LoRA
+    adapter on it) is refused in one line.
+    """
+    import types
+
+    head = model.get_output_embeddings()
+    if not isinstance(head, torch.nn.Linear) or type(head) is not torch.nn.Linear:
+        raise UserError(
+            f"--cast_lm_head_to_fp32 needs a plain linear LM head (got {type(head).__name__}): leave lm_head out "
+            "of --lora_target_modules, or drop --cast_lm_head_to_fp32."
+        )
+    head.forward = types.MethodType(_fp32_linear, head)  # type: ignore[method-assign]
+
+
+def _fp32_linear(self: torch.nn.Linear, hidden: torch.Tensor) -> torch.Tensor:
+    with torch.autocast(device_type=hidden.device.type, enabled=False):
+        bias = None if self.bias is None else self.bias.float()
+        return torch.nn.functional.linear(hidden.float(), self.weight.float(), bias)

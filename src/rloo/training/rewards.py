@@ -186,5 +186,8 @@ class RewardModelSource:
 
 
 def score_all(sources: list[Any], batch: RewardBatch) -> torch.Tensor:
-    """(B, S): every source's reward for every completion, NaN where a function returned None."""
+    """(B, S): every source's reward for every completion, NaN where a function returned None; (B, 0) with no
+    source (a distillation teacher alone)."""
+    if not sources:
+        return torch.zeros(len(batch.completion_ids), 0)
     return torch.stack([src(batch) for src in sources], dim=1)

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from rloo import algo
+from rloo.training.judge_reward import JUDGE
 
 
 @dataclass
@@ -69,10 +70,12 @@ def rollout_metrics(
     k: int,
     *,
     response_length: int | None = None,
+    weights: torch.Tensor | None = None,
 ) -> dict[str, float]:
     """The rollout's metrics over the batch given (the global one): stats of B = P*K sequences in prompt
     order, per_source (B, S) the raw score of each reward source (NaN where it gave none). With
-    ``response_length``, the reward-hacking monitors too (``monitor/*``)."""
+    ``response_length``, the reward-hacking monitors too (``monitor/*``); with the sources' ``weights`` (S,),
+    an LLM judge's agreement with the other sources (``monitor/judge_reward_corr``)."""
     valid, contains_eos, lengths = stats.valid.bool(), stats.contains_eos.bool(), stats.length
     m: dict[str, float] = {}
     m["objective/kl"] = float(stats.kl.mean())
@@ -105,6 +108,19 @@ def rollout_metrics(
         # climbs and completions pile up at the length limit
         m["monitor/score_length_corr"] = float(algo.pearson_correlation(stats.scores, lengths.float(), valid))
         m["monitor/at_response_length_frac"] = float((lengths >= response_length).float().mean())
+    if weights is not None and JUDGE in source_names and len(source_names) > 1:
+        m["monitor/judge_reward_corr"] = judge_reward_corr(per_source, source_names.index(JUDGE), weights)
     m["tokens/completion"] = float(lengths.sum())
     m["tokens/prompt"] = float(stats.prompt_length.sum())
     return m
+
+
+def judge_reward_corr(per_source: torch.Tensor, judge: int, weights: torch.Tensor) -> float:
+    """Pearson correlation over the batch of the LLM judge's reward (column ``judge`` of ``per_source``,
+    (B, S)) and the weighted sum of the other sources (``weights``, (S,)), over the completions both scored:
+    a policy that games the judge (or the other rewards) pulls the two apart. 0 where either is constant."""
+    others = [s for s in range(per_source.size(1)) if s != judge]
+    rest, scored = algo.combine_reward_sources(per_source[:, others], weights[others])  # (B,), (B,)
+    verdict = per_source[:, judge]  # (B,)
+    ok = scored & ~torch.isnan(verdict)
+    return float(algo.pearson_correlation(torch.nan_to_num(verdict), rest, ok))

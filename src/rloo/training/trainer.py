@@ -50,7 +50,7 @@ from rloo.models import (
     position_limit,
 )
 from rloo.tracking.base import Status
-from rloo.training import deepspeed_utils, lora, precision, ref_sync
+from rloo.training import deepspeed_utils, frozen, judge_reward, lora, precision, ref_sync, teacher
 from rloo.training.async_rollout import AHEAD_FILE, RolloutsAhead
 from rloo.training.checkpoint_manager import CheckpointManager
 from rloo.training.collectives import Collectives
@@ -181,6 +181,8 @@ class RLOOTrainer:
             trust_remote_code=cfg.trust_remote_code,
             **lora.quantization_kwargs(cfg.load_in_4bit, bf16=cfg.bf16),
         )
+        if cfg.cast_lm_head_to_fp32:  # the LoRA reference is this model too; a separate one: frozen.place
+            precision.lm_head_in_fp32(self.policy)
         # LoRA: the reference is the policy with its adapters off (lora.adapter_disabled), not a copy
         self.ref_policy: Any = None
         if cfg.use_peft:
@@ -209,7 +211,7 @@ class RLOOTrainer:
         self.stop_token_id = stop_token_id(cfg, self.tokenizer)
 
     def _setup_rewards(self) -> None:
-        """Reward sources: a reward model and/or reward functions, with their weights."""
+        """Reward sources: a reward model, reward functions, an environment's, an LLM judge's; their weights."""
         cfg = self.cfg
         self.sources: list[Any] = []
         if cfg.reward_model_path:
@@ -225,9 +227,11 @@ class RLOOTrainer:
             )
         self.sources += [RewardFunctionSource(spec) for spec in cfg.reward_funcs]
         self.episodes = episode_runner(cfg, self.tokenizer)  # None: single-turn rollouts
-        self.sources += environment_source(self.episodes, others=len(self.sources))
+        self.sources += environment_source(
+            self.episodes, others=len(self.sources) + bool(cfg.teacher_model_path or cfg.judge_reward_coef)
+        )
         weights = (cfg.reward_weights or [1.0] * len(self.sources)) + [1.0]  # the environment's: 1 by default
-        self.reward_weights = torch.tensor(weights[: len(self.sources)], dtype=torch.float32)
+        self.sources, self.reward_weights = judge_reward.with_judge(cfg, self.train_ds, self.sources, weights)
 
     def _setup_prompts(self) -> None:
         """Prompts formatted and tokenised once, cut to the model's length."""
@@ -278,7 +282,7 @@ class RLOOTrainer:
         )
 
     def _setup_distributed(self) -> None:
-        """Collectives, DeepSpeed or plain placement of the policy, reference and reward models."""
+        """Collectives, DeepSpeed or plain placement of the policy, reference, teacher and reward models."""
         cfg = self.cfg
         from accelerate.utils import DistributedType
 
@@ -297,13 +301,8 @@ class RLOOTrainer:
             # Not wrapped in DDP: gradients are averaged by Collectives.average_gradients (see there for why).
             self.policy.to(self.device)
             self.optimizer = self.accelerator.prepare(self.optimizer)
-        ref_dtype = precision.reference_dtype(self.accelerator, moving=cfg.sync_ref_model)
-        if self.ref_policy is not None and ref_dtype is not None:
-            precision.cast_parameters(self.ref_policy, ref_dtype)  # what autocast casts at every call, once
-            log.info("reference model: weights in %s", str(ref_dtype).removeprefix("torch."))
-        # under ZeRO-3 the frozen models become DeepSpeed inference engines; otherwise just moved
-        if self.ref_policy is not None and (self.deepspeed or not cfg.offload_ref_model):
-            self.ref_policy = deepspeed_utils.prepare_reference_model(self.ref_policy, self.accelerator)
+        self.ref_policy = frozen.place_reference(self.ref_policy, self.accelerator, cfg, self.deepspeed)
+        self.teacher = teacher.load_teacher(cfg, self.tokenizer, self.accelerator)  # None: no distillation
         for src in self.sources:
             if isinstance(src, RewardModelSource):
                 src.model = deepspeed_utils.prepare_reference_model(src.model, self.accelerator)
@@ -394,6 +393,7 @@ class RLOOTrainer:
             guard=guard,
             stop_token_id=self.stop_token_id,
             episodes=self.episodes,
+            teacher_model=self.teacher,
             gather_for_generation=self.gather_for_generation,
             deepspeed=self.deepspeed,
             # one optimizer step per batch: the sampler's log-probs are the policy's
@@ -663,6 +663,7 @@ class RLOOTrainer:
             "samples_due": self._samples_due,
             "policy_version": self.updater.version,  # optimizer steps: what a batch's rows are compared with
             **self.sampler.state_dict(),
+            **self.updater.entropy.state_dict(),
             "world_size": self.world,
             "seed": self.cfg.seed,
         }
@@ -679,6 +680,7 @@ class RLOOTrainer:
         due = st.get("samples_due")
         self._samples_due = None if due is None else int(due)
         self.sampler.load_state_dict(st)
+        self.updater.entropy.load_state_dict(st)
         self.updater.version = self.generator.weights_version = int(st.get("policy_version", 0))
         return int(st["update"])
 
@@ -721,7 +723,7 @@ def check_locations(cfg: RLOOConfig) -> Any:
         flag = "--local_dir" if remote is not None and cfg.local_dir else "--output_dir"
         raise UserError(f"{flag} {out} is a file; pass a directory.")
     # a mistyped local model path is one line now, not after the datasets have loaded
-    for name in ("model_name_or_path", "sft_model_path", "reward_model_path"):
+    for name in ("model_name_or_path", "sft_model_path", "reward_model_path", "teacher_model_path"):
         if getattr(cfg, name):
             check_model_source(name, getattr(cfg, name))
     return remote

@@ -42,11 +42,17 @@ class PolicyUpdater:
         self.world, self.rank = comm.world, comm.rank
         self.deepspeed = deepspeed
         # Options that can leave a micro-batch with no token to train on: its ratio stats are left out.
-        self.masks_loss = cfg.mask_truncated_completions or cfg.filter_groups or cfg.top_entropy_quantile < 1
+        self.masks_loss = (
+            cfg.mask_truncated_completions
+            or cfg.filter_groups
+            or cfg.top_entropy_quantile < 1
+            or cfg.off_policy_mask_threshold is not None
+        )
         # One optimizer step per batch: the policy is never updated between sampling and its loss.
         self.on_policy = cfg.num_ppo_epochs * cfg.num_mini_batches == 1
         self._reuse_forward = self.on_policy
         self.version = 0
+        self.entropy = EntropyControl(cfg)
 
     def update(self, batch: Experience) -> dict[str, float]:
         """``num_ppo_epochs`` passes of mini-batch optimizer steps over one batch of experience; the loss
@@ -90,6 +96,8 @@ class PolicyUpdater:
         metrics = stats.metrics(
             self.comm, self.device, skip_nan=self.masks_loss, dual_clip=cfg.clip_ratio_c is not None
         )
+        if cfg.use_adaptive_entropy:
+            metrics["entropy_coef"] = self.entropy.coef  # TRL's name: the coefficient after this update
         if batch.kept is not None:
             metrics["filter_groups/skipped_steps"] = float(stats.skipped_steps)
         return metrics
@@ -116,8 +124,10 @@ class PolicyUpdater:
         cfg, lists = self.cfg, []
         if cfg.kl_in_loss:
             lists.append(stats.kl_loss)
-        if cfg.entropy_coef > 0:
+        if cfg.entropy_bonus:
             lists.append(stats.entropy_bonus)
+        if cfg.off_policy_mask_threshold is not None:
+            lists.append(stats.off_policy_masked)
         if cfg.top_entropy_quantile < 1:
             lists += [stats.top_entropy_threshold, stats.top_entropy_kept]
         if batch.sampling_logprobs is not None:
@@ -144,23 +154,27 @@ class PolicyUpdater:
     ) -> torch.Tensor:
         """The loss of completions ``idx`` (a forward with gradients), its diagnostics appended to ``stats``."""
         cfg = self.cfg
-        bonus = cfg.entropy_coef > 0
+        coef = self.entropy.applied()  # the same for every micro-batch of an optimizer step
+        bonus = cfg.entropy_bonus
         logprobs, ent = self.logprobs.forward(
-            self.policy, batch, idx, entropy=True, entropy_grad=bonus
+            self.policy, batch, idx, entropy=True, entropy_grad=bonus and coef > 0
         )  # (b, T)
         assert ent is not None  # entropy=True
         # On-policy the weights that sampled the rollout are the ones in this forward, so its own detached
         # log-probs are the exact "old" ones: ratio 1, no extra forward.
         old = logprobs.detach() if self._reuse_forward else batch.old_logprobs[idx]
         loss_mask = batch.loss_mask[idx]  # (b, T)
+        advantages = batch.advantages[idx]  # (b,) or (b, T)
         is_weights = self._sampling_weights(batch, idx, old, stats)
         policy_mask = (
             self._top_entropy(ent.detach(), loss_mask, stats) if cfg.top_entropy_quantile < 1 else loss_mask
         )
+        if cfg.off_policy_mask_threshold is not None:
+            policy_mask = self._off_policy_mask(batch, idx, logprobs, old, advantages, policy_mask, stats)
         loss, st = algo.policy_loss(
             logprobs,
             old,
-            batch.advantages[idx],
+            advantages,
             policy_mask,
             cfg.cliprange,
             cliprange_high=cfg.cliprange_high,
@@ -173,6 +187,10 @@ class PolicyUpdater:
             delta=cfg.delta,
             # GSPO's ratio measures the whole completion, even where only its high-entropy tokens train
             ratio_mask=None if policy_mask is loss_mask else loss_mask,
+            loss_type=cfg.loss_type,
+            cispo_max=cfg.cispo_max,
+            sapo_temperature_pos=cfg.sapo_temperature_pos,
+            sapo_temperature_neg=cfg.sapo_temperature_neg,
         )
         stats.policy_loss.append(loss.detach())
         if cfg.kl_in_loss:
@@ -184,16 +202,63 @@ class PolicyUpdater:
                 cfg.loss_agg_mode,
                 cfg.response_length,
                 num_tokens,
+                importance_ratio=self._kl_ratio(logprobs, old, loss_mask)
+                if cfg.use_bias_correction_kl
+                else None,
             )
             stats.kl_loss.append(kl_term.detach())
             loss = loss + cfg.kl_coef * kl_term
+        if batch.teacher_logprobs is not None:  # --teacher_kl_in_loss: on-policy distillation as a loss term
+            teacher_term = algo.kl_loss(
+                logprobs,
+                batch.teacher_logprobs[idx],
+                loss_mask,
+                cfg.kl_estimator,
+                cfg.loss_agg_mode,
+                cfg.response_length,
+                num_tokens,
+            )
+            loss = loss + cfg.teacher_kl_coef * teacher_term
         if bonus:
             ent_term = algo.agg_loss(ent, loss_mask, cfg.loss_agg_mode, cfg.response_length, num_tokens)
             stats.entropy_bonus.append(ent_term.detach())
-            loss = loss - cfg.entropy_coef * ent_term
+            if coef > 0:
+                loss = loss - coef * ent_term
+            self.entropy.measure(ent.detach(), loss_mask)
         stats.entropy.append(algo.masked_mean(ent.detach(), batch.mask[idx]))
         stats.add_policy(st, trained=not self.masks_loss or bool(policy_mask.any()))
         return loss
+
+    def _off_policy_mask(
+        self,
+        batch: Experience,
+        idx: torch.Tensor,
+        logprobs: torch.Tensor,
+        old: torch.Tensor,
+        advantages: torch.Tensor,
+        policy_mask: torch.Tensor,
+        stats: LossStats,
+    ) -> torch.Tensor:
+        """--off_policy_mask_threshold: ``policy_mask`` (b, T) without the negative-advantage completions that
+        drifted off policy since they were sampled (vLLM's log-probs when it sampled, else the old policy's)."""
+        sampler = old if batch.sampling_logprobs is None else batch.sampling_logprobs[idx]  # (b, T)
+        loss_mask = batch.loss_mask[idx]  # (b, T)
+        keep = algo.off_policy_sequence_mask(
+            advantages, logprobs.detach(), sampler, loss_mask, float(self.cfg.off_policy_mask_threshold or 0)
+        )  # (b,)
+        has_tokens = loss_mask.any(dim=1)  # (b,)
+        dropped = (has_tokens & ~keep).sum().float()
+        n = has_tokens.sum().float()
+        stats.off_policy_masked.append(torch.where(n > 0, dropped / n.clamp(min=1), math.nan))
+        return policy_mask & keep.unsqueeze(1)  # (b, T)
+
+    def _kl_ratio(self, logprobs: torch.Tensor, old: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """--use_bias_correction_kl: the importance ratio pi/pi_old with its gradient, per token (b, T), or
+        GSPO's one per sequence (b,) with --importance_sampling_level sequence, as TRL weighs the KL."""
+        logratio = torch.where(mask, logprobs - old, torch.zeros_like(logprobs))  # (b, T)
+        if self.cfg.importance_sampling_level == "sequence":
+            return torch.exp(logratio.sum(1) / mask.sum(1).clamp(min=1))  # (b,)
+        return torch.exp(logratio)  # (b, T)
 
     def _sampling_weights(
         self, batch: Experience, idx: torch.Tensor, old: torch.Tensor, stats: LossStats
@@ -254,3 +319,61 @@ class PolicyUpdater:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.version += 1
+        self.entropy.step(self.comm)
+
+
+class EntropyControl:
+    """--use_adaptive_entropy: the entropy coefficient, moved once per optimizer step toward
+    --entropy_target from the entropy of that step's trained tokens on every rank (TRL's control; the math
+    is :func:`rloo.algo.next_entropy_coef`). Without it the coefficient is --entropy_coef throughout. Its
+    state (:meth:`state_dict`) is checkpointed: a resumed run continues with the same coefficient."""
+
+    def __init__(self, cfg: RLOOConfig) -> None:
+        self.cfg = cfg
+        self.coef = cfg.entropy_coef
+        self.last_entropy = math.inf  # none measured yet: the bonus waits for the first step's entropy
+        self._window: torch.Tensor | None = None  # (2,) this step's entropy sum and token count
+
+    def applied(self) -> float:
+        """The coefficient this optimizer step's loss uses."""
+        if not self.cfg.use_adaptive_entropy:
+            return self.cfg.entropy_coef
+        return algo.applied_entropy_coef(self.coef, self.last_entropy, self.cfg.entropy_target)
+
+    def measure(self, ent: torch.Tensor, mask: torch.Tensor) -> None:
+        """Add a micro-batch's token entropies (b, T) where ``mask`` to this step's window."""
+        if not self.cfg.use_adaptive_entropy:
+            return
+        part = torch.stack([torch.where(mask, ent, 0.0).sum(), mask.sum()]).float()  # (2,)
+        self._window = part if self._window is None else self._window + part
+
+    def step(self, comm: Collectives) -> None:
+        """At an optimizer step: the window's entropy over every rank moves the coefficient."""
+        if not self.cfg.use_adaptive_entropy or self._window is None:
+            return
+        total = comm.sum(self._window)  # (2,) one token-weighted mean over all ranks
+        self._window = None
+        entropy = float(total[0] / total[1]) if float(total[1]) > 0 else math.nan
+        cfg = self.cfg
+        self.coef = algo.next_entropy_coef(
+            self.coef,
+            entropy,
+            target=cfg.entropy_target,
+            delta=cfg.entropy_coef_delta,
+            coef_min=cfg.entropy_coef_min,
+            coef_max=cfg.entropy_coef_max,
+        )
+        if not math.isnan(entropy):
+            self.last_entropy = entropy
+
+    def state_dict(self) -> dict[str, float | None]:
+        """What a checkpoint's trainer state holds of it (JSON: no entropy measured yet is None)."""
+        last = None if math.isinf(self.last_entropy) else self.last_entropy
+        return {"entropy_coef": self.coef, "last_entropy": last}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore from a checkpoint's trainer state; one taken before the control existed has none."""
+        if "entropy_coef" in state:
+            last = state.get("last_entropy")
+            self.coef = float(state["entropy_coef"])
+            self.last_entropy = math.inf if last is None else float(last)

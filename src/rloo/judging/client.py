@@ -1,10 +1,11 @@
-"""Pairwise LLM judge over any OpenAI-compatible chat API (OpenAI, a vLLM server, ``transformers serve``).
+"""An LLM judge over any OpenAI-compatible chat API (OpenAI, a vLLM server, ``transformers serve``): what the
+pairwise judge (:mod:`rloo.judging.pairwise`) and the pointwise one (:mod:`rloo.judging.pointwise`) share.
 
-Each (prompt, model output, reference) pair is judged twice, once in each order, to cancel position bias.
 Requests run concurrently under a semaphore, are retried with exponential backoff on 429 / 5xx / timeouts /
-connection errors, and are bounded by a request budget counting every HTTP attempt. An answer that is not
-one letter A or B is kept as ``invalid``; a request that failed or was never sent is ``error`` / ``budget``.
-None of these is ever counted as a loss.
+connection errors, and are bounded by a request budget counting every HTTP attempt. A request that failed
+is ``error``, one never sent for want of budget ``budget``; an answer the judge's kind cannot read is
+``invalid``. An authentication failure, an unknown model or a server that is no chat API ends the batch
+with a one-line :class:`~rloo.errors.UserError`: no request after it could succeed.
 """
 
 from __future__ import annotations
@@ -14,53 +15,27 @@ import logging
 import os
 import random
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from rloo.errors import ServiceUnavailable, UserError
-from rloo.eval.endpoint import failure_hint, retryable_status
-from rloo.eval.stats import MODEL, REFERENCE
+from rloo.judging.endpoint import EVAL_LENGTH_FLAG, failure_hint, retryable_status
 
 log = logging.getLogger(__name__)
 
 OK, INVALID, ERROR, BUDGET = "ok", "invalid", "error", "budget"
-ORDERS = ("model_first", "reference_first")
 _MAX_BACKOFF = 30.0
-# The letter alone, optionally wrapped in quotes/markdown/brackets and followed by a period.
-_ANSWER = re.compile(r"^[\s\"'`*_\[(]*(?:response\s+)?([AB])[\s\"'`*_\])]*[.!]?[\s\"'`*_]*$", re.IGNORECASE)
+T = TypeVar("T", bound="Attempt")
 
 
-def parse_answer(text: str | None) -> str | None:
-    """'A' or 'B' when the answer is exactly one of those letters (lightly decorated), else None."""
-    if text is None:
-        return None
-    m = _ANSWER.match(text)
-    return m.group(1).upper() if m else None
+class Attempt(Protocol):
+    """What one judge request records of itself (a pairwise judgement, a pointwise grade)."""
 
-
-def render_prompt(template: str, prompt: str, response_a: str, response_b: str) -> str:
-    # str.replace, not str.format: prompts and responses may contain braces
-    return (
-        template.replace("{prompt}", prompt)
-        .replace("{response_a}", response_a)
-        .replace("{response_b}", response_b)
-    )
-
-
-@dataclass
-class Judgement:
-    """One judge request (one order of one pair) and what came of it."""
-
-    order: str  # "model_first" (model output is A) or "reference_first" (model output is B)
-    status: str = BUDGET  # ok | invalid | error | budget
-    verdict: str | None = None  # "model" | "reference" | None
-    answer: str | None = None  # raw judge text
-    attempts: int = 0
-    error: str | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    status: str
+    answer: str | None
+    attempts: int
+    error: str | None
 
 
 @dataclass
@@ -87,6 +62,27 @@ class JudgeSettings:
     timeout: float = 60.0
     backoff: float = 1.0
     max_tokens: int = 16
+    # the flag that bounds the judged responses' length, named when the judge's context is too short
+    length_flag: str = EVAL_LENGTH_FLAG
+
+
+def settings_from(cfg: Any, template: str, **more: Any) -> JudgeSettings:
+    """The judge settings of a stage's config (``rloo eval``'s, ``rloo train``'s: the same ``judge_*`` names),
+    the API key read from the variable ``judge_api_key_env`` names; ``more``: other fields."""
+    assert cfg.judge_base_url and cfg.judge_model  # the configs require them with a judge
+    return JudgeSettings(
+        base_url=cfg.judge_base_url,
+        model=cfg.judge_model,
+        api_key=api_key_from_env(cfg.judge_api_key_env, cfg.judge_base_url),
+        template=template,
+        concurrency=cfg.judge_concurrency,
+        max_retries=cfg.judge_max_retries,
+        request_budget=cfg.judge_request_budget,
+        timeout=cfg.judge_timeout,
+        backoff=cfg.judge_backoff,
+        max_tokens=cfg.judge_max_tokens,
+        **more,
+    )
 
 
 def api_key_from_env(env_name: str, base_url: str) -> str:
@@ -100,14 +96,26 @@ def api_key_from_env(env_name: str, base_url: str) -> str:
     return "EMPTY"
 
 
-class PairwiseJudge:
-    """Judges (prompt, model output, reference) triples in both orders; see the module docstring."""
+@dataclass
+class _Probe:
+    """The preflight request's record."""
 
-    def __init__(self, settings: JudgeSettings) -> None:
+    status: str = BUDGET
+    answer: str | None = None
+    attempts: int = 0
+    error: str | None = None
+
+
+class JudgeClient:
+    """Sends judge prompts and counts what came of them; see the module docstring. ``progress``: log a line
+    per tenth of each batch (an evaluation's one long batch; training's small ones say nothing)."""
+
+    def __init__(self, settings: JudgeSettings, *, progress: bool = True) -> None:
         self.s = settings
         self.stats = JudgeStats()
         self._budget_left = settings.request_budget
         self._fatal: UserError | None = None
+        self._progress = progress
         self._done = self._total = 0  # progress of the current batch
 
     def _client(self) -> Any:
@@ -119,6 +127,10 @@ class PairwiseJudge:
             base_url=self.s.base_url, api_key=self.s.api_key, max_retries=0, timeout=self.s.timeout
         )
 
+    @property
+    def budget_spent(self) -> bool:
+        return self._budget_left is not None and self._budget_left <= 0
+
     def _take_request(self) -> bool:
         if self._budget_left is None:
             self.stats.requests += 1
@@ -129,7 +141,7 @@ class PairwiseJudge:
         self.stats.requests += 1
         return True
 
-    async def _ask(self, client: Any, content: str, j: Judgement) -> str | None:
+    async def _ask(self, client: Any, content: str, j: Attempt) -> str | None:
         """The judge's text, or None with ``j.status``/``j.error`` set. Raises UserError on fatal errors."""
         import openai
 
@@ -190,69 +202,46 @@ class PairwiseJudge:
         j.status = ERROR
         return None
 
-    async def _judge_one(
-        self, client: Any, sem: asyncio.Semaphore, prompt: str, output: str, reference: str, order: str
-    ) -> Judgement:
-        j = Judgement(order=order)
-        a, b = (output, reference) if order == ORDERS[0] else (reference, output)
-        content = render_prompt(self.s.template, prompt, a, b)
-        async with sem:
-            text = await self._ask(client, content, j)
-        if text is not None:
-            j.answer = text
-            letter = parse_answer(text)
-            if letter is None:
-                j.status = INVALID
-            else:
-                j.status, j.error = OK, None
-                model_letter = "A" if order == ORDERS[0] else "B"
-                j.verdict = MODEL if letter == model_letter else REFERENCE
+    def _finished(self, j: Attempt) -> None:
+        """Count one request of the current batch."""
         self.stats.statuses[j.status] = self.stats.statuses.get(j.status, 0) + 1
         self._done += 1
-        if self._done % max(1, self._total // 10) == 0 or self._done == self._total:
+        if self._progress and (self._done % max(1, self._total // 10) == 0 or self._done == self._total):
             log.info("judged %d/%d (%s)", self._done, self._total, self.stats.statuses)
-        return j
 
-    async def _judge_all(
-        self, prompts: Sequence[str], outputs: Sequence[str], references: Sequence[str]
-    ) -> list[tuple[Judgement, Judgement]]:
-        sem = asyncio.Semaphore(self.s.concurrency)
-        self._done, self._total = 0, 2 * len(prompts)
-        client = self._client()
-        try:
-            tasks = [
-                asyncio.ensure_future(self._judge_one(client, sem, p, o, r, order))
-                for p, o, r in zip(prompts, outputs, references, strict=True)
-                for order in ORDERS
-            ]
+    def _run(self, requests: Callable[[Any, asyncio.Semaphore], list[Coroutine[Any, Any, T]]]) -> list[T]:
+        """The results of the coroutines ``requests(client, semaphore)`` makes, run concurrently (at most
+        ``concurrency`` in flight: each holds the semaphore while it asks); the first UserError cancels the
+        rest and is raised."""
+
+        async def run_all() -> list[T]:
+            sem = asyncio.Semaphore(self.s.concurrency)
+            client = self._client()
             try:
-                done = await asyncio.gather(*tasks)
-            except UserError:
-                for t in tasks:
-                    t.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
-                raise
-        finally:
-            await client.close()
-        return [(done[i], done[i + 1]) for i in range(0, len(done), 2)]
+                coros = requests(client, sem)
+                self._done, self._total = 0, len(coros)
+                tasks = [asyncio.ensure_future(c) for c in coros]
+                try:
+                    return list(await asyncio.gather(*tasks))
+                except UserError:
+                    for t in tasks:
+                        t.cancel()
+                    await asyncio.gather(*tasks, return_exceptions=True)
+                    raise
+            finally:
+                await client.close()
 
-    def judge(
-        self, prompts: Sequence[str], outputs: Sequence[str], references: Sequence[str]
-    ) -> list[tuple[Judgement, Judgement]]:
-        """Both-order judgements of each (prompt, output, reference): ``[(model_first, reference_first)]``."""
-        if not len(prompts) == len(outputs) == len(references):
-            raise ValueError("prompts, outputs and references must have equal lengths")
-        return asyncio.run(self._judge_all(prompts, outputs, references))
+        return asyncio.run(run_all())
 
     def preflight(self, content: str = "Answer with the letter A.") -> None:
         """One request before any generation, so a wrong URL, key or model fails in seconds. ``content``: a
-        request as large as the evaluation's largest (its prompt and reference rendered into the template),
-        so that a judge whose context is too short says so now, not for every pair later."""
+        request as large as the largest to come (its prompt and reference rendered into the template), so
+        that a judge whose context is too short says so now, not for every request later."""
 
-        async def go() -> Judgement:
+        async def go() -> _Probe:
             client = self._client()
             try:
-                j = Judgement(order="preflight")
+                j = _Probe()
                 await self._ask(client, content, j)
                 return j
             finally:
@@ -263,19 +252,18 @@ class PairwiseJudge:
         self.stats.preflight_requests += self.stats.requests - before[0]
         self.stats.requests, self.stats.retries = before
         if j.status == ERROR:
+            hint = failure_hint(j.error, length_flag=self.s.length_flag)
             # Down, overloaded or still starting (the chart's vLLM judge loads its model for minutes): exit 75,
             # so a retried pipeline step tries again; a refused request (another 4xx) is the caller's to fix.
-            if _transient(j.error):
+            if transient(j.error):
                 raise ServiceUnavailable(
                     f"the judge at {self.s.base_url} is unreachable or failing ({j.error} after {j.attempts} "
-                    f"attempt(s)): {failure_hint(j.error)}."
+                    f"attempt(s)): {hint}."
                 )
-            raise UserError(
-                f"the judge at {self.s.base_url} refused the request ({j.error}): {failure_hint(j.error)}."
-            )
+            raise UserError(f"the judge at {self.s.base_url} refused the request ({j.error}): {hint}.")
 
 
-def _transient(error: str | None) -> bool:
+def transient(error: str | None) -> bool:
     """Whether a judge request's last error may heal by itself: no connection, a timeout, 408/409/429, 5xx."""
     if error in ("APIConnectionError", "APITimeoutError"):
         return True
@@ -292,45 +280,6 @@ def _server_message(e: Any) -> str:
         if message:
             return " ".join(str(message).split())[:300]
     return " ".join(str(getattr(e, "message", "") or e).split())[:300]
-
-
-def usable_verdicts_problem(label: str, judged: list[tuple[Judgement, Judgement]]) -> UserError | None:
-    """Why the pairs of one model cannot measure anything, or None. The rule: at least half of the pairs
-    must have two usable verdicts (both orders answered with A or B); below that the win rate says more about
-    the judge than about the model. The error names the commonest judge failure, the server's own words, and
-    is a temporary one (exit 75) when that failure may heal by itself."""
-    n = len(judged)
-    usable = sum(1 for a, b in judged if a.status == OK and b.status == OK)
-    if n == 0 or 2 * usable >= n:
-        return None
-    errors: dict[str, int] = {}
-    invalid = unasked = 0
-    example = ""
-    for pair in judged:
-        for j in pair:
-            if j.status == ERROR:
-                errors[j.error or "error"] = errors.get(j.error or "error", 0) + 1
-            if j.status == INVALID:
-                invalid += 1
-                example = example or " ".join((j.answer or "").split())[:80]
-            unasked += j.status == BUDGET
-    parts = [
-        f"{count} request(s) failed with {error!r}"
-        for error, count in sorted(errors.items(), key=lambda kv: -kv[1])[:2]
-    ]
-    if invalid:
-        parts.append(f"{invalid} answer(s) were not a single A or B (e.g. {example!r})")
-    if unasked:
-        parts.append(f"{unasked} request(s) not sent: --judge_request_budget ran out")
-    message = (
-        f"only {usable} of {n} {label} pairs got two usable verdicts, fewer than half, so no win rate is "
-        f"measured: {'; '.join(parts)}; fix the judge (--judge_base_url, --judge_model, its context length, "
-        "--judge_template) and run the evaluation again."
-    )
-    top = max(errors, key=lambda k: errors[k]) if errors else None
-    if top is not None and _transient(top) and errors[top] >= invalid + unasked:
-        return ServiceUnavailable(message)
-    return UserError(message)
 
 
 def _describe_body(response: Any) -> str:

@@ -1,5 +1,6 @@
-"""The judge's endpoint: a base URL the client can call, what a failed request means, and (for the validate
-step, before any GPU is requested) a server that answers, serves the judge model and has context enough.
+"""The judge's endpoint: a base URL the client can call, what a failed request means, and (for the pipeline's
+validate step, before any GPU is requested) a server that answers, serves the judge model and has context
+enough. Shared by the evaluation's judge and training's judge reward (:mod:`rloo.judging.client`).
 
 Standard library only: the validate step's image has no OpenAI client (its extras are tracking and kfp).
 """
@@ -57,16 +58,26 @@ def check_base_url(url: str, flag: str = "--judge_base_url") -> None:
         )
 
 
-def failure_hint(error: str | None, message: str = "", *, url_flag: str = "--judge_base_url") -> str:
+# The flag that bounds the judged responses' length in `rloo eval` (training's is --response_length)
+EVAL_LENGTH_FLAG = "--max_new_tokens (the pipeline's eval_max_new_tokens)"
+
+
+def failure_hint(
+    error: str | None,
+    message: str = "",
+    *,
+    url_flag: str = "--judge_base_url",
+    length_flag: str = EVAL_LENGTH_FLAG,
+) -> str:
     """What to do about a judge request that failed with ``error`` (``HTTP 400``, ``APIConnectionError``...)
-    and the server's own ``message``: the hint that fits the status."""
+    and the server's own ``message``: the hint that fits the status. ``length_flag``: the flag that bounds
+    the length of the judged responses."""
     m = re.match(r"HTTP (\d+)", error or "")
     status = int(m[1]) if m else None
     if status == 400 and _CONTEXT_REFUSAL.search(f"{error} {message}"):
         return (
-            "the judge's context is too short for the request: lower --max_new_tokens (the pipeline's "
-            "eval_max_new_tokens) or --judge_max_tokens, or raise the judge server's --max-model-len (the "
-            "chart's judge.maxModelLen)"
+            f"the judge's context is too short for the request: lower {length_flag} or --judge_max_tokens, or "
+            "raise the judge server's --max-model-len (the chart's judge.maxModelLen)"
         )
     if status in (401, 403):
         return "check the API key (the variable --judge_api_key_env names; the pipeline's judge_secret)"
