@@ -13,8 +13,10 @@ defaults' run reproduced a run with the option's "off" value spelled out (it mus
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
+import os
 import re
 import statistics
 import sys
@@ -81,6 +83,14 @@ OPTIONS: dict[str, dict[str, Any]] = {
         "reward_model_path": None,
         "reward_weights": [0.0],
     },
+    # an LLM judge as the only weighed reward: tests/eval's scripted OpenAI-compatible judge grading a
+    # completion 0-10 by its share of vowel letters (the toy task's own criterion), asked over HTTP
+    "judge_reward_coef=1 (pointwise), letters weighed 0": {
+        "judge": True,
+        "judge_reward_mode": "pointwise",
+        "judge_reward_coef": 1.0,
+        "reward_weights": [0.0, 0.0],
+    },
 }
 # the defaults spelled out: must give the defaults' metrics exactly
 EXPLICIT_OFF: dict[str, Any] = {
@@ -115,7 +125,6 @@ def run_one(
     workdir: Path, name: str, overrides: dict[str, Any], seed: int, updates: int, task: str
 ) -> dict[str, Any]:
     from rloo.demo.cli import build_config
-    from rloo.training.trainer import train
 
     out = workdir / f"{re.sub(r'[^A-Za-z0-9_.-]+', '-', name)}-{seed}"
     cfg = build_config(out, updates=updates, arch="gpt_neox", seed=seed)
@@ -125,6 +134,31 @@ def run_one(
 
         teacher = build_vowel_teacher(out.parent / f"{out.name}-teacher", cfg.model_name_or_path)
         overrides["teacher_model_path"] = str(teacher)
+    with contextlib.ExitStack() as stack:
+        if overrides.pop("judge", False):
+            overrides.update(_toy_judge(stack))
+        return _timed_train(cfg, task, overrides)
+
+
+def _toy_judge(stack: contextlib.ExitStack) -> dict[str, Any]:
+    """tests/eval's scripted judge serving for the run's length, grading by the share of vowel letters; the
+    flags that point the run at it."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: tests.eval
+    from rloo.demo.toy import letter_reward
+    from tests.eval.scripted_server import API_KEY, MODEL, ScriptedJudge
+
+    judge = stack.enter_context(ScriptedJudge(grade=lambda text: letter_reward([text])[0] or 0.0))
+    os.environ["RLOO_BENCH_JUDGE_KEY"] = API_KEY
+    return {
+        "judge_base_url": judge.base_url,
+        "judge_model": MODEL,
+        "judge_api_key_env": "RLOO_BENCH_JUDGE_KEY",
+    }
+
+
+def _timed_train(cfg: Any, task: str, overrides: dict[str, Any]) -> dict[str, Any]:
+    from rloo.training.trainer import train
+
     cfg = dataclasses.replace(
         cfg, report_to="none", disable_tqdm=True, num_sample_generations=0, **TASKS[task], **overrides
     )

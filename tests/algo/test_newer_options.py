@@ -101,6 +101,10 @@ def test_gmpo_ignores_padding_and_refuses_ppo_only_bounds() -> None:
         algo.policy_loss(new, old, adv, mask, 0.2, loss_type="gmpo", clip_ratio_c=3.0)
     with pytest.raises(ValueError, match="loss_type must be one of"):
         algo.policy_loss(new, old, adv, mask, 0.2, loss_type="vespo")
+    with pytest.raises(ValueError, match="cispo_max must be a finite number > 1"):
+        algo.policy_loss(new, old, adv, mask, 0.2, loss_type="cispo", cispo_max=0.28)
+    # the other surrogates ignore CISPO's cap (a run passes --cliprange_high whatever its loss)
+    algo.policy_loss(new, old, adv, mask, 0.2, loss_type="clip", cispo_max=0.28)
 
 
 def test_clip_is_unchanged_by_the_new_surrogates() -> None:

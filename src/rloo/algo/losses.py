@@ -378,13 +378,13 @@ def policy_loss(
         raise ValueError(
             "loss_type 'gmpo' takes its own sequence ratio: leave importance_sampling_level 'auto'"
         )
-    if not (cispo_max > 1 and math.isfinite(cispo_max)):
+    if loss_type == "cispo" and not (cispo_max > 1 and math.isfinite(cispo_max)):
         raise ValueError(f"cispo_max must be a finite number > 1 (got {cispo_max}); ScaleRL uses 5.0")
     for name, tau in (
         ("sapo_temperature_pos", sapo_temperature_pos),
         ("sapo_temperature_neg", sapo_temperature_neg),
     ):
-        if not (tau > 0 and math.isfinite(tau)):
+        if loss_type == "sapo" and not (tau > 0 and math.isfinite(tau)):
             raise ValueError(f"{name} must be a finite number > 0 (got {tau}); TRL uses 1.0 and 1.05")
     if clip_ratio_c is not None and not (clip_ratio_c > 1 and math.isfinite(clip_ratio_c)):
         raise ValueError(
