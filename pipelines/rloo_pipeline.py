@@ -165,6 +165,8 @@ def rloo_pipeline(p: dict[str, Any]) -> None:
             _secrets(single, p["s3_secret"], C.S3_SECRET_KEYS)
             _secrets(single, p["mlflow_secret"], C.MLFLOW_SECRET_KEYS, optional=True)
             _secrets(single, p["hf_secret"], C.HF_SECRET_KEYS, optional=True)
+            # a judge reward (--judge_reward_coef in extra_train_args) reads the judge's key; other runs do not
+            _secrets(single, p["judge_secret"], C.JUDGE_SECRET_KEYS, optional=True)
         with dsl.Else(name="multi-node"):
             multi = train_rloo_multinode(
                 sft_model=sft,

@@ -169,3 +169,31 @@ def test_zero3_off_policy_run_with_persistent_parameters_trains(
     proc = _launch("deepspeed_zero3.yaml", argv, real_launcher=real, DS_PERSISTENCE_THRESHOLD="100000")
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     assert [m["update"] for m in _metrics(out)] == [1, 2]
+
+
+def test_zero3_run_with_the_newer_options_and_a_teacher(tiny, toy_data: Path, tmp_path: Path) -> None:
+    """The newer algorithm options under ZeRO-3 on two ranks: CISPO, the off-policy mask (the second epoch
+    drifts), the bias-corrected KL, the adaptive entropy (its entropy summed over both ranks), fp32 logits
+    from a partitioned LM head, and a teacher placed as the reference is (a DeepSpeed inference engine)."""
+    pytest.importorskip("deepspeed")
+    from rloo.demo.tiny import build_vowel_teacher
+
+    teacher = build_vowel_teacher(tmp_path / "teacher", tiny.tokenizer)
+    out = tmp_path / "out"
+    argv = _args(tiny, toy_data, out)
+    argv[argv.index("--max_steps") + 1] = "2"
+    argv += [
+        *("--loss_type", "cispo", "--loss_agg_mode", "token-mean"),
+        *("--off_policy_mask_threshold", "0.001"),
+        *("--kl_in_loss", "true", "--kl_estimator", "k3", "--use_bias_correction_kl", "true"),
+        *("--use_adaptive_entropy", "true", "--entropy_coef", "0.01", "--entropy_target", "100"),
+        *("--cast_lm_head_to_fp32", "true"),
+        *("--teacher_model_path", str(teacher)),
+    ]
+    proc = _launch("deepspeed_zero3.yaml", argv)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    metrics = _metrics(out)
+    assert [m["update"] for m in metrics] == [1, 2]
+    # two optimizer steps per update (two epochs), each 0.005 up: the same on both ranks, or the run would hang
+    assert [m["entropy_coef"] for m in metrics] == pytest.approx([0.02, 0.03])
+    assert all(m["teacher/kl"] > 0 and 0 <= m["policy/off_policy_masked_frac"] <= 1 for m in metrics)

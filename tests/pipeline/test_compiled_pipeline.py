@@ -226,7 +226,14 @@ def test_platform_spec(docs: tuple[dict[str, Any], dict[str, Any]]) -> None:
         for s in e.get("secretAsEnv", []):
             if s["secretNameParameter"]["componentInputParameter"].endswith("mlflow_secret"):
                 assert s["optional"], e
-    assert "pipelinechannel--judge_secret" not in _secret_names(execs["exec-train-rloo"])  # least privilege
+    # a judge reward (--judge_reward_coef in extra_train_args) asks the judge from the train pods, so they get
+    # its key, optionally: a run without a judge reward never reads it, and a missing secret fails no pod
+    train_secrets = {
+        s["secretNameParameter"]["componentInputParameter"]: s
+        for s in execs["exec-train-rloo"]["secretAsEnv"]
+    }
+    assert _secret_names(execs["exec-train-rloo"])["pipelinechannel--judge_secret"] == {"OPENAI_API_KEY"}
+    assert train_secrets["pipelinechannel--judge_secret"]["optional"]
     # the multi-node launcher reads and records the run's failure for good in the store before its job starts
     assert _secret_names(execs["exec-train-rloo-multinode"]) == {"pipelinechannel--s3_secret": s3}
     assert _secret_names(execs["exec-finish-run"]) == {"mlflow_secret": set(C.MLFLOW_SECRET_KEYS.values())}

@@ -202,3 +202,15 @@ def test_the_jobs_pods_mount_s3_keys_optionally_under_a_workload_identity() -> N
     s3 = {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "S3_ENDPOINT_URL"}
     assert not any(keyed[k] for k in s3) and all(irsa[k] for k in s3)
     assert {k: v for k, v in keyed.items() if k not in s3} == {k: v for k, v in irsa.items() if k not in s3}
+
+
+def test_the_jobs_pods_get_the_judge_key_optionally() -> None:
+    """A judge reward (--judge_reward_coef in extra_train_args) asks the judge from every rank, so the job's
+    pods read the judge Secret's key as the single-node step does; optionally (kubelet
+    ``pkg/kubelet/kubelet_pods.go``, ``makeEnvironmentVariables``: an optional missing key leaves the variable
+    unset), since a run without a judge reward never reads it."""
+    plan = _plan()
+    judge = [e for e in _spec(plan).secret_env if e.env == "OPENAI_API_KEY"]  # type: ignore[attr-defined]
+    assert [(e.secret, e.key, e.optional) for e in judge] == [
+        (plan.cluster.judge_secret, "OPENAI_API_KEY", True)
+    ]

@@ -150,11 +150,14 @@ def scratch_size(step: str) -> str:
 
 
 def secret_env(
-    *, s3_secret: str, mlflow_secret: str, hf_secret: str, s3_optional: bool = False
+    *, s3_secret: str, mlflow_secret: str, hf_secret: str, judge_secret: str, s3_optional: bool = False
 ) -> list[SecretEnv]:
-    """The secrets of a training pod as env entries (MLflow and HF optional: a run may use neither; S3's with
-    ``s3_optional``, where the pods' service account carries a workload identity the S3 client uses)."""
+    """The secrets of a training pod as env entries (MLflow, HF and the judge's optional: a run may use none of
+    them, the judge's key being read only by a run with a judge reward, --judge_reward_coef in
+    extra_train_args; S3's with ``s3_optional``, where the pods' service account carries a workload identity
+    the S3 client uses)."""
     out = [SecretEnv(env, s3_secret, key, optional=s3_optional) for key, env in S3_SECRET_KEYS.items()]
     out += [SecretEnv(env, mlflow_secret, key, optional=True) for key, env in MLFLOW_SECRET_KEYS.items()]
     out += [SecretEnv(env, hf_secret, key, optional=True) for key, env in HF_SECRET_KEYS.items()]
+    out += [SecretEnv(env, judge_secret, key, optional=True) for key, env in JUDGE_SECRET_KEYS.items()]
     return out

@@ -147,6 +147,7 @@ def multinode_spec(
             s3_secret=cluster.s3_secret,
             mlflow_secret=cluster.mlflow_secret,
             hf_secret=cluster.hf_secret,
+            judge_secret=cluster.judge_secret,
             s3_optional=pod_platform.s3_workload_identity,
         ),
         # the GPU taint every pool of the common providers carries, then the pools' own (gpu_tolerations): the
