@@ -671,3 +671,21 @@ def test_torch_compile_trains_like_eager(make_config, tmp_path: Path) -> None:
         assert bool(calls) is compiled  # the training forwards ran through the graph, not around it
     for key in ("loss/policy_avg", "policy/approxkl_avg", "val/ratio", "policy/entropy_avg", "objective/kl"):
         assert runs[True][key] == pytest.approx(runs[False][key], rel=1e-4, abs=1e-6), key
+
+
+def test_the_off_policy_mask_sees_the_staleness_of_asynchronous_rollouts(make_config) -> None:
+    """The mask measures drift against the generator's own log-probs: one epoch on fresh rollouts has none
+    (the sampler's weights are the trained ones), while with --async_generation each batch after the first was
+    sampled by the weights one optimizer step back, and some negative-advantage completions drift past a small
+    threshold."""
+    options = dict(
+        reward_funcs=["rloo.demo.toy:vowel_majority_reward"],
+        off_policy_mask_threshold=1e-4,
+        num_ppo_epochs=1,
+        max_steps=3,
+    )
+    fresh = train(make_config(**options)).history
+    assert [m["policy/off_policy_masked_frac"] for m in fresh] == [0.0, 0.0, 0.0]
+    stale = train(make_config(async_generation=True, overwrite_output_dir=True, **options)).history
+    assert stale[0]["policy/off_policy_masked_frac"] == 0.0  # the first batch is sampled by today's weights
+    assert max(m["policy/off_policy_masked_frac"] for m in stale[1:]) > 0

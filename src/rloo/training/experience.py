@@ -459,7 +459,7 @@ class ExperienceProducer:
             responses=responses,
             mask=mask,
             loss_mask=loss_mask,
-            sampling_logprobs=gen_logprobs if cfg.vllm_importance_sampling_correction else None,
+            sampling_logprobs=gen_logprobs if sampler_logprobs_used(cfg) else None,
             episodes=episodes,
         )
         return sampled, gen_logprobs
@@ -578,6 +578,15 @@ class ExperienceProducer:
             }
             for i, (s, v) in enumerate(zip(scores.tolist(), valid.tolist(), strict=True))
         ]
+
+
+def sampler_logprobs_used(cfg: RLOOConfig) -> bool:
+    """Whether the loss reads the generator's own log-probs of its samples: the importance sampling correction
+    does, and the off-policy mask does where they are comparable with the trainer's (no top-k/top-p, which
+    renormalise them), so it sees how far the sampling weights (vLLM's, or an older policy's with
+    --async_generation) are from today's."""
+    comparable = cfg.top_k == 0 and cfg.top_p == 1.0
+    return cfg.vllm_importance_sampling_correction or (cfg.off_policy_mask_threshold is not None and comparable)
 
 
 def normalized_sum(

@@ -130,7 +130,7 @@ class PolicyUpdater:
             lists.append(stats.off_policy_masked)
         if cfg.top_entropy_quantile < 1:
             lists += [stats.top_entropy_threshold, stats.top_entropy_kept]
-        if batch.sampling_logprobs is not None:
+        if cfg.vllm_importance_sampling_correction:
             lists += [stats.vllm_logp_diff_abs, stats.vllm_is_capped, stats.vllm_is_masked]
         return tuple(lists)
 
@@ -240,7 +240,8 @@ class PolicyUpdater:
         stats: LossStats,
     ) -> torch.Tensor:
         """--off_policy_mask_threshold: ``policy_mask`` (b, T) without the negative-advantage completions that
-        drifted off policy since they were sampled (vLLM's log-probs when it sampled, else the old policy's)."""
+        drifted off policy since they were sampled: measured against the generator's own log-probs when the
+        batch has them (:func:`rloo.training.experience.sampler_logprobs_used`), else the old policy's."""
         sampler = old if batch.sampling_logprobs is None else batch.sampling_logprobs[idx]  # (b, T)
         loss_mask = batch.loss_mask[idx]  # (b, T)
         keep = algo.off_policy_sequence_mask(
@@ -266,9 +267,9 @@ class PolicyUpdater:
         """--vllm_importance_sampling_correction: the weights pi_train / pi_vllm of the sampled tokens, per
         sequence for the classic sequence ratio (whose tokens have no surrogate of their own), per token
         otherwise, unless the mode says; truncated at the cap or masked above it. None without the flag."""
-        if batch.sampling_logprobs is None:
-            return None
         cfg = self.cfg
+        if batch.sampling_logprobs is None or not cfg.vllm_importance_sampling_correction:
+            return None
         mode = cfg.vllm_importance_sampling_mode
         weights, mismatch = algo.truncated_importance_weights(
             old,
