@@ -453,6 +453,14 @@ ALGORITHM_VARIANT_BAD_VALUES = [
     ),
     ({"use_bias_correction_kl": True}, r"--use_bias_correction_kl .* add --kl_in_loss"),
     ({"multi_objective_aggregation": "normalize_then_sum"}, r"normalize_then_sum .* give two or more"),
+    (
+        {"use_adaptive_entropy": True, "entropy_coef": 2.0},
+        r"--entropy_coef 2.0 is the adaptive coefficient's start, outside \[--entropy_coef_min",
+    ),
+    (
+        {"filter_groups": True, "reward_weights": [0.0]},
+        r"--filter_groups .* no reward source weighs anything",
+    ),
 ]
 
 
@@ -472,6 +480,19 @@ def test_trl_aggregation_loss_types_pick_the_aggregation(loss_type: str, agg: st
     cfg = make(loss_type=loss_type)
     assert (cfg.loss_type, cfg.loss_agg_mode) == ("clip", agg)
     assert make(loss_type=loss_type, loss_agg_mode=agg).loss_agg_mode == agg  # both, agreeing: accepted
+
+
+@pytest.mark.parametrize(
+    ("given", "mode"), [(True, "group"), (False, "none"), ("true", "group"), ("False", "none")]
+)
+def test_trl_boolean_scale_rewards_name_ours(given: Any, mode: str) -> None:
+    """TRL's GRPOConfig takes ``scale_rewards`` True/False (trl/trainer/grpo_config.py: True is "group", False
+    "none"), as a YAML config carries them."""
+    assert make(scale_rewards=given).scale_rewards == mode
+
+
+def test_filter_groups_with_a_weighed_source_is_taken() -> None:
+    assert make(filter_groups=True, reward_weights=[0.5]).filter_groups
 
 
 def test_cispo_cap_is_cliprange_high_as_trl_reads_it() -> None:

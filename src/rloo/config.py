@@ -65,6 +65,7 @@ TRL_AGGREGATION_LOSS_TYPES: dict[str, str] = {
     "dapo": "token-mean",
     "dr_grpo": "seq-mean-token-sum-norm",
 }
+TRL_SCALE_REWARDS: dict[str, str] = {"true": "group", "false": "none"}
 # TRL's names: per token or per completion, each of rloo.algo's modes; 'auto' picks by the loss
 VLLM_IS_MODES = ("auto", *(f"{level}_{mode}" for level in ("token", "sequence") for mode in IS_MODES))
 
@@ -425,7 +426,8 @@ class AlgorithmOptions(RunOptions):
     use_bias_correction_kl: bool = option(
         False,
         "With --kl_in_loss: multiply each token's KL by the importance ratio pi/pi_old (DeepSeek-V3.2), the "
-        "unbiased KL gradient on samples from older weights. TRL's default is on; here off keeps the classic.",
+        "unbiased KL gradient on samples from older weights. TRL 1.16 turns it on by default; here off keeps the "
+        "classic loss.",
     )
     use_adaptive_entropy: bool = option(
         False,
@@ -768,7 +770,7 @@ class RLOOConfig(AlgorithmOptions):
     )
 
     def __post_init__(self) -> None:
-        translate_aggregation_loss_type(self)
+        translate_trl_values(self)
         self.validate()
 
     # -------------------------------------------------------------------------------------------------
@@ -979,9 +981,12 @@ def check_locations(cfg: RLOOConfig) -> None:
         )
 
 
-def translate_aggregation_loss_type(cfg: RLOOConfig) -> None:
-    """TRL's ``loss_type`` grpo/bnpo/dapo/dr_grpo name an aggregation with PPO's clipped surrogate: set
-    --loss_agg_mode from it, unless that is given otherwise."""
+def translate_trl_values(cfg: RLOOConfig) -> None:
+    """TRL's values of shared options that name ours: ``scale_rewards`` True/False (TRL's grpo_config.py
+    accepts the bools) are 'group'/'none'; ``loss_type`` grpo/bnpo/dapo/dr_grpo name an aggregation with PPO's
+    clipped surrogate: set --loss_agg_mode from it, unless that is given otherwise."""
+    if str(cfg.scale_rewards).lower() in TRL_SCALE_REWARDS:  # TRL takes a bool too: True is 'group'
+        cfg.scale_rewards = TRL_SCALE_REWARDS[str(cfg.scale_rewards).lower()]
     mode = TRL_AGGREGATION_LOSS_TYPES.get(cfg.loss_type)
     if mode is None:
         return
@@ -1096,6 +1101,11 @@ def check_entropy_control(cfg: RLOOConfig) -> None:
         raise UserError(
             f"--entropy_coef_min ({cfg.entropy_coef_min}) is above --entropy_coef_max ({cfg.entropy_coef_max}): "
             "swap them."
+        )
+    if cfg.use_adaptive_entropy and not cfg.entropy_coef_min <= cfg.entropy_coef <= cfg.entropy_coef_max:
+        raise UserError(
+            f"--entropy_coef {cfg.entropy_coef} is the adaptive coefficient's start, outside [--entropy_coef_min, "
+            f"--entropy_coef_max] = [{cfg.entropy_coef_min}, {cfg.entropy_coef_max}]: start within them."
         )
 
 
@@ -1274,12 +1284,25 @@ def check_teacher(cfg: RLOOConfig) -> None:
             "--teacher_kl_in_loss needs --kl_estimator k2 or k3: the gradient of k1 (logp - teacher_logp) is 0 "
             "in expectation, so it would not pull the policy towards the teacher."
         )
-    rewarded = cfg.reward_model_path or cfg.reward_funcs or cfg.environment or cfg.judge_reward_coef > 0
-    if cfg.filter_groups and not rewarded:
+    if cfg.filter_groups and not weighed_reward(cfg):
         raise UserError(
-            "--filter_groups leaves out the groups whose scores are all equal, which is every group when the "
-            "teacher is the only reward: add a reward source, or drop --filter_groups."
+            "--filter_groups leaves out the groups whose scores are all equal, which is every group when no "
+            "reward source weighs anything (the teacher's KL is no score): add a weighed reward source, or drop "
+            "--filter_groups."
         )
+
+
+def weighed_reward(cfg: RLOOConfig) -> bool:
+    """Some reward source weighs more than 0 in the score: a judge with its coefficient, an environment
+    without a weight of its own (1), or a source --reward_weights does not zero."""
+    sources = bool(cfg.reward_model_path or cfg.reward_funcs or cfg.environment)
+    if cfg.judge_reward_coef > 0:
+        return True
+    if cfg.reward_weights is None:
+        return sources
+    n = int(bool(cfg.reward_model_path)) + len(cfg.reward_funcs)
+    implicit_environment = bool(cfg.environment) and len(cfg.reward_weights) == n
+    return implicit_environment or any(w != 0 for w in cfg.reward_weights)
 
 
 def check_judge(cfg: RLOOConfig) -> None:

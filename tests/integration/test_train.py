@@ -689,3 +689,22 @@ def test_the_off_policy_mask_sees_the_staleness_of_asynchronous_rollouts(make_co
     stale = train(make_config(async_generation=True, overwrite_output_dir=True, **options)).history
     assert stale[0]["policy/off_policy_masked_frac"] == 0.0  # the first batch is sampled by today's weights
     assert max(m["policy/off_policy_masked_frac"] for m in stale[1:]) > 0
+
+
+def test_fp32_lm_head_refuses_a_lora_adapter_on_the_head(make_config) -> None:
+    """The head's fp32 forward would bypass an adapter on it: refused in one line, as TRL's
+    ``_cast_lm_head_to_fp32`` refuses it (trl/trainer/grpo_trainer.py)."""
+    pytest.importorskip("peft")
+    from rloo.errors import UserError
+    from rloo.training.trainer import RLOOTrainer
+
+    cfg = make_config(
+        use_peft=True,
+        lora_r=4,
+        lora_target_modules=["query_key_value", "lm_head"],
+        cast_lm_head_to_fp32=True,
+        bf16=True,
+    )
+    with pytest.raises(UserError, match=r"^--cast_lm_head_to_fp32 needs a plain linear LM head") as refused:
+        RLOOTrainer(cfg)
+    assert "\n" not in str(refused.value)

@@ -133,6 +133,32 @@ def test_a_batch_the_judge_scored_nothing_of_ends_the_run_in_one_line(server: Sc
     assert spent.value.exit_code == 2
 
 
+def test_a_batch_none_of_whose_answers_can_be_read_ends_the_run_in_one_line(
+    server: ScriptedJudge, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A judge that answers but never with a score (a chatty one, an answer cut short) would give its weight to
+    no completion and train on nothing: the run stops (exit 2), naming an answer; a batch mostly unreadable
+    warns once."""
+    with pytest.raises(UserError) as unread:
+        pointwise(server)(batch(["MALFORMED one", "MALFORMED two"]))
+    assert str(unread.value) == (
+        f"the judge at {server.base_url} answered 2 of the 2 requests of a batch, none as a score from 0 to 10 "
+        "(e.g. 'I like both of them'): raise --judge_max_tokens (16) or give a --judge_template that asks for "
+        "the bare answer."
+    )
+    assert unread.value.exit_code == 2
+    source = pointwise(server)
+    with caplog.at_level("WARNING", logger="rloo"):
+        got = source(batch(["SCORE6", "MALFORMED a", "MALFORMED b"]))
+        source(batch(["MALFORMED c", "MALFORMED d", "SCORE1"]))
+    assert values(got) == pytest.approx([0.6, None, None], nan_ok=True)
+    warned = [r.getMessage() for r in caplog.records if "could not be read as scores" in r.getMessage()]
+    assert warned == [
+        "the judge's answers to 2 of 3 requests could not be read as scores; those completions get no judge "
+        "reward. Check --judge_max_tokens and --judge_template (said once)."
+    ]
+
+
 # --- the source of a run: its config, its dataset, its server --------------------------------------------
 def config(url: str, **kw: Any) -> RLOOConfig:
     base: dict[str, Any] = dict(

@@ -30,10 +30,25 @@ def teacher_model(tiny_setup: TinySetup, tmp_path_factory: pytest.TempPathFactor
 
 @pytest.fixture(scope="module")
 def other_vocab_teacher(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A teacher whose tokenizer has one more token (a pad token): ids no longer line up one to one."""
+    """A teacher whose tokenizer gives two of the policy's tokens each other's ids ("a" and "e"): the same
+    strings, other ids, as another model family's tokenizer would."""
+    import json
+
     root = tmp_path_factory.mktemp("other_vocab")
-    build_tokenizer(root / "tokenizer", with_pad_token=True)
+    build_tokenizer(root / "tokenizer")
+    spec = json.loads((root / "tokenizer" / "tokenizer.json").read_text())
+    vocab = spec["model"]["vocab"]
+    vocab["a"], vocab["e"] = vocab["e"], vocab["a"]
+    (root / "tokenizer" / "tokenizer.json").write_text(json.dumps(spec))
     return build_causal_lm(root / "teacher", root / "tokenizer", seed=7)
+
+
+def test_tokens_only_the_teacher_has_are_no_obstacle(tmp_path: Path) -> None:
+    """An appended pad token leaves every policy token's id as it was: the policy never samples it."""
+    policy = build_tokenizer(tmp_path / "policy")
+    padded = build_tokenizer(tmp_path / "padded", with_pad_token=True)
+    assert len(padded.get_vocab()) == len(policy.get_vocab()) + 1
+    teacher.check_shared_vocabulary(policy, padded, policy="p", teacher="t")
 
 
 # -- the reward term, by hand ------------------------------------------------------------------------------
@@ -143,8 +158,11 @@ def test_a_teacher_with_another_vocabulary_is_refused_at_start(
         RLOOTrainer(cfg)
     text = str(refused.value)
     assert "\n" not in text
-    assert text.startswith(f"--teacher_model_path {other_vocab_teacher}: its tokenizer's vocabulary differs")
+    assert text.startswith(
+        f"--teacher_model_path {other_vocab_teacher}: its tokenizer maps 2 of the policy's"
+    )
     assert f"--model_name_or_path {tiny_setup.policy}" in text and "same token ids" in text
+    assert "(the first, 'a', is" in text or "(the first, 'e', is" in text
 
 
 def test_the_teacher_is_a_setting_a_resume_must_repeat() -> None:
@@ -205,8 +223,12 @@ def test_with_the_kl_in_the_loss_the_policy_moves_toward_the_teacher(
     cfg = _distillation(
         tiny_setup, toy_dataset, teacher_model, tmp_path / "out", teacher_kl_in_loss=True, kl_estimator="k3"
     )
-    first, last = _falls(RLOOTrainer(cfg).train().history)
+    history = RLOOTrainer(cfg).train().history
+    first, last = _falls(history)
     assert last < 0.3 * first, (first, last)
+    # the loss's term is logged too, and falls with the KL (k3 of the same log-probs, before the coefficient)
+    terms = [h["loss/teacher_kl_avg"] for h in history]
+    assert terms[-1] < terms[0]
 
 
 @pytest.mark.slow

@@ -85,6 +85,9 @@ def settings_from(cfg: Any, template: str, **more: Any) -> JudgeSettings:
     )
 
 
+NO_KEY = "EMPTY"  # what the client sends when the key's variable is unset
+
+
 def api_key_from_env(env_name: str, base_url: str) -> str:
     key = os.environ.get(env_name)
     if key:
@@ -93,7 +96,7 @@ def api_key_from_env(env_name: str, base_url: str) -> str:
         raise UserError(f"--judge_api_key_env {env_name}: the variable is not set; export the judge API key.")
     # Self-hosted OpenAI-compatible servers (vLLM, transformers serve) usually need no key; the client
     # insists on a non-empty one.
-    return "EMPTY"
+    return NO_KEY
 
 
 @dataclass
@@ -173,9 +176,14 @@ class JudgeClient:
                     )
                     raise self._fatal from None
             except (openai.AuthenticationError, openai.PermissionDeniedError) as e:
+                unset = self.s.api_key == NO_KEY  # the variable was empty: the judge wants one
                 self._fatal = UserError(
-                    f"the judge at {self.s.base_url} rejected the API key (HTTP {e.status_code}); check the "
-                    "key in --judge_api_key_env."
+                    f"the judge at {self.s.base_url} rejected the API key (HTTP {e.status_code}); "
+                    + (
+                        "the variable --judge_api_key_env names is not set: export the judge's key in it."
+                        if unset
+                        else "check the key in --judge_api_key_env."
+                    )
                 )
                 raise self._fatal from None
             except openai.NotFoundError:

@@ -570,6 +570,8 @@ class ExperienceProducer:
         )
         batch = self._reward_batch(self.eval.ds, self.eval.texts, index, 1, responses, mask, episodes)
         scores, valid = algo.combine_reward_sources(score_all(self.sources, batch), self.reward_weights)
+        if not self.sources:  # a teacher alone: every completion scores 0, as in training
+            valid = torch.ones_like(valid)
         return [
             {
                 "query": self.eval.texts[i],
@@ -586,7 +588,9 @@ def sampler_logprobs_used(cfg: RLOOConfig) -> bool:
     renormalise them), so it sees how far the sampling weights (vLLM's, or an older policy's with
     --async_generation) are from today's."""
     comparable = cfg.top_k == 0 and cfg.top_p == 1.0
-    return cfg.vllm_importance_sampling_correction or (cfg.off_policy_mask_threshold is not None and comparable)
+    return cfg.vllm_importance_sampling_correction or (
+        cfg.off_policy_mask_threshold is not None and comparable
+    )
 
 
 def normalized_sum(

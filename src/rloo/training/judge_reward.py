@@ -61,6 +61,21 @@ class JudgeRewardSource:
         self.judge = judge
         self.pairwise = isinstance(judge, PairwiseJudge)
         self.cache: OrderedDict[Key, float | None] = OrderedDict()
+        self._warned = False
+
+    def _warn_if_mostly_unscored(self, records: Sequence[Any]) -> None:
+        """One warning line, once per run, when the judge's answers to most of a batch's requests could not be
+        read: the judge then scores few completions (rewards/judge/* count only the scored ones)."""
+        unread = sum(r.status == INVALID for r in records)
+        if self._warned or unread * 2 <= len(records):
+            return
+        self._warned = True
+        log.warning(
+            "the judge's answers to %d of %d requests could not be read as scores; those completions get no "
+            "judge reward. Check --judge_max_tokens and --judge_template (said once).",
+            unread,
+            len(records),
+        )
 
     def _keys(self, batch: RewardBatch) -> list[Key | None]:
         """What the judge sees of each completion; None where a pairwise judge has no reference for it."""
@@ -104,15 +119,32 @@ class JudgeRewardSource:
             rewards = [None if g.score is None else g.score / MAX_SCORE for g in grades]
             answered = [g.status in _ANSWERED for g in grades]
             records = grades
-        problem = unanswered_problem(self.judge, records)
+        problem = unanswered_problem(self.judge, records) or unreadable_problem(self.judge, records)
         if problem is not None:
             raise problem
+        self._warn_if_mostly_unscored(records)
         for key, reward, ok in zip(keys, rewards, answered, strict=True):
             if ok:  # a failed request may succeed later; an answer would only be given again
                 self.cache[key] = reward
         while len(self.cache) > CACHE_SIZE:
             self.cache.popitem(last=False)
         return dict(zip(keys, rewards, strict=True))
+
+
+def unreadable_problem(judge: PairwiseJudge | PointwiseJudge, records: Sequence[Any]) -> UserError | None:
+    """Why a batch the judge answered taught nothing: none of its answers could be read (a chatty or
+    reasoning judge, an answer cut at --judge_max_tokens, a template asking for something else), or None.
+    Training on would silently give the judge's weight to no completion."""
+    if not records or any(r.status == OK for r in records) or not any(r.status == INVALID for r in records):
+        return None
+    sample = next(r.answer for r in records if r.status == INVALID)
+    wanted = "a verdict, A or B" if isinstance(judge, PairwiseJudge) else f"a score from 0 to {MAX_SCORE:g}"
+    return UserError(
+        f"the judge at {judge.s.base_url} answered {sum(r.status == INVALID for r in records)} of the "
+        f"{len(records)} requests of a batch, none as {wanted} (e.g. {str(sample)[:80]!r}): raise "
+        f"--judge_max_tokens ({judge.s.max_tokens}) or give a "
+        "--judge_template that asks for the bare answer."
+    )
 
 
 def unanswered_problem(judge: PairwiseJudge | PointwiseJudge, records: Sequence[Any]) -> UserError | None:

@@ -27,6 +27,8 @@ class LossStats:
     policy_loss: list[torch.Tensor] = field(default_factory=list)
     entropy: list[torch.Tensor] = field(default_factory=list)
     kl_loss: list[torch.Tensor] = field(default_factory=list)  # --kl_in_loss: the KL term before kl_coef
+    # --teacher_kl_in_loss: the KL-to-the-teacher term before teacher_kl_coef
+    teacher_kl_loss: list[torch.Tensor] = field(default_factory=list)
     grad_norm: list[torch.Tensor] = field(default_factory=list)  # per optimizer step; none under DeepSpeed
     vllm_logp_diff_abs: list[torch.Tensor] = field(default_factory=list)
     vllm_is_capped: list[torch.Tensor] = field(default_factory=list)
@@ -102,6 +104,8 @@ class LossStats:
             out["grad_norm"] = avg(self.grad_norm)
         if self.kl_loss:
             out["loss/kl_avg"] = avg(self.kl_loss)
+        if self.teacher_kl_loss:
+            out["loss/teacher_kl_avg"] = avg(self.teacher_kl_loss)
         if self.vllm_logp_diff_abs:  # --vllm_importance_sampling_correction
             out["objective/vllm_logp_diff_abs_mean"] = avg(self.vllm_logp_diff_abs)
             out["objective/vllm_is_capped_frac"] = avg(self.vllm_is_capped)

@@ -41,16 +41,20 @@ def load_teacher(cfg: RLOOConfig, tokenizer: Any, accelerator: Any) -> Any | Non
 def check_shared_vocabulary(
     policy_tokenizer: Any, teacher_tokenizer: Any, *, policy: str, teacher: str
 ) -> None:
-    """One line when the two tokenizers do not map the same tokens to the same ids."""
+    """One line when a token of the policy's tokenizer has another id (or none) in the teacher's: the KL reads
+    the teacher's log-prob of each id the policy samples. Tokens only the teacher has (an added pad token)
+    are no obstacle: the policy never samples them."""
     ours, theirs = policy_tokenizer.get_vocab(), teacher_tokenizer.get_vocab()
-    if ours == theirs:
+    differ = sorted((i, token) for token, i in ours.items() if theirs.get(token) != i)
+    if not differ:
         return
-    differ = sum(theirs.get(token) != i for token, i in ours.items()) + len(theirs.keys() - ours.keys())
+    i, token = differ[0]
+    there = theirs.get(token)
     raise UserError(
-        f"--{FLAG} {teacher}: its tokenizer's vocabulary differs from the policy's (--model_name_or_path "
-        f"{policy}) in {differ} of {max(len(ours), len(theirs))} tokens; the KL to the teacher compares both "
-        "models' log-probs of the same token ids, so the teacher must share the policy's tokenizer (take a "
-        "teacher of the same model family)."
+        f"--{FLAG} {teacher}: its tokenizer maps {len(differ)} of the policy's {len(ours)} tokens (--model_name_or_path "
+        f"{policy}) to other ids (the first, {token!r}, is {i} in the policy's and "
+        f"{'missing' if there is None else there} in the teacher's); the KL to the teacher compares both models' "
+        "log-probs of the same token ids, so take a teacher of the same model family (same tokenizer)."
     )
 
 

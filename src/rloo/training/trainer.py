@@ -181,8 +181,6 @@ class RLOOTrainer:
             trust_remote_code=cfg.trust_remote_code,
             **lora.quantization_kwargs(cfg.load_in_4bit, bf16=cfg.bf16),
         )
-        if cfg.cast_lm_head_to_fp32:  # the LoRA reference is this model too; a separate one: frozen.place
-            precision.lm_head_in_fp32(self.policy)
         # LoRA: the reference is the policy with its adapters off (lora.adapter_disabled), not a copy
         self.ref_policy: Any = None
         if cfg.use_peft:
@@ -208,6 +206,8 @@ class RLOOTrainer:
                 cfg.policy_path, flag=policy_flag, trust_remote_code=cfg.trust_remote_code
             )
             self.ref_policy.eval().requires_grad_(False)
+        if cfg.cast_lm_head_to_fp32:  # after LoRA, whose adapter on the head it refuses; a reference: frozen.place
+            precision.lm_head_in_fp32(self.policy)
         self.stop_token_id = stop_token_id(cfg, self.tokenizer)
 
     def _setup_rewards(self) -> None:
@@ -828,14 +828,16 @@ def warn_if_reference_never_moves(cfg: RLOOConfig, num_updates: int) -> None:
 
 def log_plan(cfg: RLOOConfig, plan: BatchPlan, num_updates: int) -> None:
     """The run's plan in one line."""
+    steps = cfg.num_ppo_epochs * cfg.num_mini_batches
     log.info(
-        "RLOO: %d updates x %d completions (%d prompts x k=%d) = %d episodes; %d optimizer steps per update",
+        "RLOO: %d updates x %d completions (%d prompts x k=%d) = %d episodes; %d optimizer %s per update",
         num_updates,
         plan.batch_size,
         plan.batch_size // cfg.rloo_k,
         cfg.rloo_k,
         num_updates * plan.batch_size,
-        cfg.num_ppo_epochs * cfg.num_mini_batches,
+        steps,
+        "step" if steps == 1 else "steps",
     )
 
 

@@ -124,6 +124,8 @@ class PolicyUpdater:
         cfg, lists = self.cfg, []
         if cfg.kl_in_loss:
             lists.append(stats.kl_loss)
+        if cfg.teacher_kl_in_loss:
+            lists.append(stats.teacher_kl_loss)
         if cfg.entropy_bonus:
             lists.append(stats.entropy_bonus)
         if cfg.off_policy_mask_threshold is not None:
@@ -218,6 +220,7 @@ class PolicyUpdater:
                 cfg.response_length,
                 num_tokens,
             )
+            stats.teacher_kl_loss.append(teacher_term.detach())
             loss = loss + cfg.teacher_kl_coef * teacher_term
         if bonus:
             ent_term = algo.agg_loss(ent, loss_mask, cfg.loss_agg_mode, cfg.response_length, num_tokens)
