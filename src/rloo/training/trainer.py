@@ -206,9 +206,7 @@ class RLOOTrainer:
                 cfg.policy_path, flag=policy_flag, trust_remote_code=cfg.trust_remote_code
             )
             self.ref_policy.eval().requires_grad_(False)
-        if (
-            cfg.cast_lm_head_to_fp32
-        ):  # after LoRA, whose adapter on the head it refuses; a reference: frozen.place
+        if cfg.cast_lm_head_to_fp32:  # after LoRA, whose adapter on the head it refuses (reference: frozen)
             precision.lm_head_in_fp32(self.policy)
         self.stop_token_id = stop_token_id(cfg, self.tokenizer)
 
