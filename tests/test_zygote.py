@@ -97,7 +97,8 @@ SHOW_RANK = textwrap.dedent(
     keep = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
             "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE", "MASTER_ADDR", "TORCHELASTIC_", "TORCH_NCCL_",
             "ACCELERATE_")
-    print(json.dumps({k: v for k, v in os.environ.items() if k.startswith(keep)}), flush=True)
+    # one write: under the real launcher the ranks share stdout, and two lines could run into one
+    os.write(1, (json.dumps({k: v for k, v in os.environ.items() if k.startswith(keep)}) + "\\n").encode())
     """
 )
 LAUNCHER_ONLY = ("TORCHELASTIC_", "TORCH_NCCL_")  # the elastic agent's own: restarts, its store, NCCL

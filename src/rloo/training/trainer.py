@@ -871,4 +871,17 @@ def seed_everything(seed: int) -> None:
 
 def train(cfg: RLOOConfig) -> TrainResult:
     """Run ``rloo train`` for a validated config."""
-    return RLOOTrainer(cfg).train()
+    result = RLOOTrainer(cfg).train()
+    release_process_group()
+    return result
+
+
+def release_process_group() -> None:
+    """After a finished run, destroy the process group torchrun's ranks joined (a no-op in one process).
+    Left to the interpreter's exit, gloo's threads are torn down by static destructors, and a rank now and
+    then aborts there ("terminate called without an active exception", SIGABRT) after a run that succeeded:
+    its launcher, and a pipeline step, would report a failure."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
