@@ -1013,20 +1013,26 @@ def check_reward_sources(cfg: RLOOConfig) -> None:
             "no reward source: pass --reward_model_path DIR and/or --reward_funcs pkg.module:fn (or "
             "--teacher_model_path to distil a teacher alone)."
         )
-    n_sources = int(bool(cfg.reward_model_path)) + len(cfg.reward_funcs) + int(bool(cfg.environment)) + judge
+    n_sources = weighed_source_count(cfg) + int(bool(cfg.environment)) + judge
     if cfg.multi_objective_aggregation == "normalize_then_sum" and n_sources < 2:
         raise UserError(
             "--multi_objective_aggregation normalize_then_sum standardises each of several reward sources: give "
             "two or more (--reward_model_path, --reward_funcs), or drop it."
         )
     if cfg.reward_weights is not None:
-        n = int(bool(cfg.reward_model_path)) + len(cfg.reward_funcs)
+        n = weighed_source_count(cfg)
         if len(cfg.reward_weights) not in ((n, n + 1) if cfg.environment else (n,)):
             env = ", then the --environment's get_reward" if cfg.environment else ""
             raise UserError(
                 f"--reward_weights has {len(cfg.reward_weights)} values but there are {n} reward sources "
                 f"(reward model first, then each --reward_funcs entry{env}): give one weight per source."
             )
+
+
+def weighed_source_count(cfg: RLOOConfig) -> int:
+    """The sources --reward_weights gives a weight each, in its order: the reward model, then each reward
+    function (an environment's may follow, the judge's never: it has --judge_reward_coef)."""
+    return int(bool(cfg.reward_model_path)) + len(cfg.reward_funcs)
 
 
 def check_precision(cfg: RLOOConfig) -> None:
@@ -1300,7 +1306,7 @@ def weighed_reward(cfg: RLOOConfig) -> bool:
         return True
     if cfg.reward_weights is None:
         return sources
-    n = int(bool(cfg.reward_model_path)) + len(cfg.reward_funcs)
+    n = weighed_source_count(cfg)
     implicit_environment = bool(cfg.environment) and len(cfg.reward_weights) == n
     return implicit_environment or any(w != 0 for w in cfg.reward_weights)
 

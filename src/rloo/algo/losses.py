@@ -540,10 +540,10 @@ def _geometric_mean_loss(
         losses = losses * (w.unsqueeze(1) if w.dim() == 1 else w)  # (B, T)
     loss = agg_loss(losses, mask, loss_agg_mode, max_response_length, num_tokens)
     flags = mask & (pessimistic != logratio)  # (B, T) tokens whose change the clip ignored
-    raw = torch.exp((logratio.sum(dim=1) / n_tokens).detach())  # (B,) unclipped geometric mean, for the stats
+    raw_logratio = (logratio.sum(dim=1) / n_tokens).detach()  # (B,) unclipped, for the stats
     stats = _stats(
-        (logratio.sum(dim=1) / n_tokens).detach(),
-        raw,
+        raw_logratio,
+        torch.exp(raw_logratio),
         seq_adv.unsqueeze(1).expand_as(logprobs),  # (B, T): the stats' flags are per token
         flags,
         None,
