@@ -585,6 +585,7 @@ SINGLE_FIELD_BAD: dict[str, Any] = {
     "vllm_importance_sampling_cap": 1.0,
     "cache_implementation": "paged",
     "generation_dtype": "float32",
+    "micro_batch_size": "half",
     "learning_rate": -1e-5,
     "lr_scheduler_type": "exponential",
     "warmup_steps": -1,
@@ -659,3 +660,22 @@ def test_rules_between_settings_read_the_declared_defaults(monkeypatch: pytest.M
         UserError, match="--ref_model_mixup_alpha and --ref_model_sync_steps set --sync_ref_model"
     ):
         make(ref_model_mixup_alpha=0.6)
+
+
+def test_a_micro_batch_size_must_cut_the_mini_batch_into_equal_parts() -> None:
+    """--micro_batch_size lays the local mini-batch (per_device_train_batch_size x
+    gradient_accumulation_steps) out in memory; only a divisor keeps each micro-batch's loss an equal share
+    of the mean, so another size is one line naming the sizes that fit."""
+    assert (
+        make(
+            per_device_train_batch_size=8, gradient_accumulation_steps=2, micro_batch_size="4"
+        ).micro_batch_size
+        == "4"
+    )
+    assert make(micro_batch_size="auto").micro_batch_size == "auto"
+    with pytest.raises(
+        UserError, match=r"--micro_batch_size 3 does not divide the 16 completions.*1, 2, 4, 8, 16, or auto"
+    ):
+        make(per_device_train_batch_size=8, gradient_accumulation_steps=2, micro_batch_size="3")
+    with pytest.raises(UserError, match=r"--micro_batch_size must be a whole number >= 1 or 'auto'"):
+        make(micro_batch_size="0")

@@ -255,6 +255,16 @@ class RunOptions:
         aliases=("steps_per_generation",),
         check=at_least(1),
     )
+    micro_batch_size: str | None = option(
+        None,
+        "Completions per forward/backward, apart from the batch arithmetic: a divisor of "
+        "per_device_train_batch_size x gradient_accumulation_steps (the optimizer steps stay the same), or "
+        "'auto': the largest that fits the GPU's free memory (default: per_device_train_batch_size).",
+        check=Check(
+            lambda v: v == "auto" or (v.isdigit() and int(v) >= 1),
+            "a whole number >= 1 or 'auto'",
+        ),
+    )
     total_episodes: int | None = option(
         None,
         "Total completions to train on (default: num_train_epochs x prompts x rloo_k).",
@@ -886,6 +896,7 @@ RESUMABLE_SETTINGS = (
     "dataset_test_split",
     "num_sample_generations",
     "local_rollout_forward_batch_size",
+    "micro_batch_size",
     "trust_remote_code",
     "length_corr_warn_threshold",
     "length_corr_warn_updates",
@@ -1270,6 +1281,23 @@ def check_agents(cfg: RLOOConfig) -> None:
         )
 
 
+def check_micro_batch(cfg: RLOOConfig) -> None:
+    """A set micro-batch cuts the local mini-batch into equal parts, so the loss stays its mean."""
+    mini_batch = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps
+    if (
+        cfg.micro_batch_size is None
+        or cfg.micro_batch_size == "auto"
+        or mini_batch % int(cfg.micro_batch_size) == 0
+    ):
+        return
+    fits = ", ".join(str(d) for d in range(1, mini_batch + 1) if mini_batch % d == 0)
+    raise UserError(
+        f"--micro_batch_size {cfg.micro_batch_size} does not divide the {mini_batch} completions of a mini-batch "
+        f"(per_device_train_batch_size {cfg.per_device_train_batch_size} x gradient_accumulation_steps "
+        f"{cfg.gradient_accumulation_steps}): choose one of {fits}, or auto."
+    )
+
+
 def check_lora(cfg: RLOOConfig) -> None:
     """The flags that act on LoRA adapters need --use_peft."""
     if not cfg.use_peft and (cfg.merge_adapter or cfg.load_in_4bit):
@@ -1357,6 +1385,7 @@ RULES_BETWEEN_FIELDS: tuple[Callable[[RLOOConfig], None], ...] = (
     check_generation_backend,
     check_async_generation,
     check_agents,
+    check_micro_batch,
     check_lora,
     check_teacher,
     check_judge,

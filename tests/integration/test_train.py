@@ -410,7 +410,9 @@ def test_token_mean_does_not_depend_on_the_micro_batch_size(
 
     _stand_in_sampler(monkeypatch, ends_early)
     runs = []
-    for pdtbs, gas in ((8, 1), (4, 2)):  # the same 2 mini-batches of 8 completions per epoch
+    # the same 2 mini-batches of 8 completions per epoch: in one micro-batch, in two by the batch
+    # arithmetic, in four by --micro_batch_size alone (the optimizer's arithmetic unchanged)
+    for pdtbs, gas, micro in ((8, 1, None), (4, 2, None), (8, 1, "2")):
         cfg = make_config(
             loss_agg_mode="token-mean",
             stop_token="eos",
@@ -418,22 +420,24 @@ def test_token_mean_does_not_depend_on_the_micro_batch_size(
             num_mini_batches=2,
             per_device_train_batch_size=pdtbs,
             gradient_accumulation_steps=gas,
+            micro_batch_size=micro,
             max_steps=2,
-            output_dir=make_config().output_dir + f"-{pdtbs}",
+            output_dir=make_config().output_dir + f"-{pdtbs}-{micro}",
         )
         runs.append((train(cfg).history, _weights(Path(cfg.output_dir))))
-    (h1, w1), (h2, w2) = runs
+    (h1, w1), *others = runs
     assert h1[0]["completions/min_length"] == 1.0 and h1[0]["completions/max_length"] == 6.0
-    # the loss and its gradient (the ratio statistics stay per-micro-batch means, averaged)
-    for a, b in zip(h1, h2, strict=True):
-        for key in ("loss/policy_avg", "grad_norm"):
-            assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), key
-    # the weights: apart by float-order noise only (which Adam can turn into single steps of up to one
-    # learning rate on near-zero gradients), far less than training moved them
     init = _weights(Path(make_config().model_name_or_path))
-    apart = float(torch.cat([(w1[k] - w2[k]).flatten() for k in w1]).norm())
-    moved = float(torch.cat([(w1[k] - init[k]).flatten() for k in w1]).norm())
-    assert apart < 1e-3 * moved, (apart, moved)
+    for h2, w2 in others:
+        # the loss and its gradient (the ratio statistics stay per-micro-batch means, averaged)
+        for a, b in zip(h1, h2, strict=True):
+            for key in ("loss/policy_avg", "grad_norm"):
+                assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), key
+        # the weights: apart by float-order noise only (which Adam can turn into single steps of up to one
+        # learning rate on near-zero gradients), far less than training moved them
+        apart = float(torch.cat([(w1[k] - w2[k]).flatten() for k in w1]).norm())
+        moved = float(torch.cat([(w1[k] - init[k]).flatten() for k in w1]).norm())
+        assert apart < 1e-3 * moved, (apart, moved)
 
 
 # -- algorithm variants: DAPO's group filtering and overlong penalty, reward scaling, GSPO, clipping variants,

@@ -58,6 +58,7 @@ from rloo.training.compile import compile_decoder_layers
 from rloo.training.completion_logprobs import LogProbs, NonFiniteGuard
 from rloo.training.experience import ExperienceProducer, Prompts
 from rloo.training.metrics import MetricsLogger
+from rloo.training.micro_batch import apply_micro_batches
 from rloo.training.optim import make_adamw
 from rloo.training.output_lock import OutputLock
 from rloo.training.preemption import Preempted, Preemption
@@ -289,13 +290,8 @@ class RLOOTrainer:
         self.comm = Collectives(self.accelerator)
         self.world, self.rank = self.comm.world, self.comm.rank
         self.deepspeed = self.accelerator.distributed_type == DistributedType.DEEPSPEED
+        self.micro = apply_micro_batches(cfg, self.accelerator, self.policy, self.train_ids, world=self.world)
         if self.deepspeed:
-            deepspeed_utils.fill_deepspeed_config(
-                self.accelerator,
-                micro_batch_size=cfg.per_device_train_batch_size,
-                gradient_accumulation_steps=cfg.gradient_accumulation_steps,
-                max_grad_norm=cfg.max_grad_norm,
-            )
             self.policy, self.optimizer = self.accelerator.prepare(self.policy, self.optimizer)
         else:
             # Not wrapped in DDP: gradients are averaged by Collectives.average_gradients (see there for why).
@@ -366,7 +362,7 @@ class RLOOTrainer:
             self.accelerator,
             self.policy,
             temperature=cfg.temperature,
-            whole_rows=cfg.gradient_checkpointing or cfg.torch_compile,
+            cache_free=cfg.gradient_checkpointing or cfg.torch_compile,
             rloo_k=cfg.rloo_k,
             chunk_size=cfg.local_rollout_forward_batch_size,
         )
@@ -402,6 +398,7 @@ class RLOOTrainer:
         self.ahead = RolloutsAhead.for_run(cfg, self.producer, self.num_updates)
         self.updater = PolicyUpdater(
             cfg,
+            micro_batch_size=self.micro.size,
             policy=self.policy,
             optimizer=self.optimizer,
             accelerator=self.accelerator,

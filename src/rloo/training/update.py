@@ -1,5 +1,5 @@
 """The update: ``num_ppo_epochs`` passes of ``num_mini_batches`` optimizer steps over one :class:`Experience`,
-each accumulating ``gradient_accumulation_steps`` micro-batch losses. It reads the batch and nothing else of
+each accumulating the losses of its micro-batches (micro_batch.py). It reads the batch and nothing else of
 how the batch was produced."""
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ class PolicyUpdater:
         self,
         cfg: RLOOConfig,
         *,
+        micro_batch_size: int,
         policy: Any,
         optimizer: Any,
         accelerator: Any,
@@ -36,6 +37,7 @@ class PolicyUpdater:
         deepspeed: bool,
     ) -> None:
         self.cfg = cfg
+        self.micro_batch_size = micro_batch_size  # completions per forward/backward (micro_batch.py)
         self.policy, self.optimizer, self.accelerator = policy, optimizer, accelerator
         self.comm, self.logprobs, self.guard = comm, logprobs, guard
         self.device = accelerator.device
@@ -81,8 +83,8 @@ class PolicyUpdater:
                     continue
                 num_tokens = self._token_mean_denominator(batch, mb)
                 loss_bad = torch.zeros((), dtype=torch.bool, device=self.device)
-                for mc_start in range(0, mb.numel(), cfg.per_device_train_batch_size):
-                    idx = mb[mc_start : mc_start + cfg.per_device_train_batch_size].to(self.device)
+                for mc_start in range(0, mb.numel(), self.micro_batch_size):
+                    idx = mb[mc_start : mc_start + self.micro_batch_size].to(self.device)
                     loss = self._micro_batch_loss(batch, idx, num_tokens, stats)
                     if scale != 1.0:  # --filter_groups: the mean over the kept sequences, not over all
                         loss = loss * scale
@@ -90,7 +92,7 @@ class PolicyUpdater:
                         with self.accelerator.accumulate(self.policy):
                             self.accelerator.backward(loss)
                     else:
-                        self.accelerator.backward(loss)  # divided by gradient_accumulation_steps
+                        self.accelerator.backward(loss)  # divided by the micro-batches per step
                     loss_bad |= ~torch.isfinite(loss.detach())  # on device: no sync per micro-batch
                 self._optimizer_step(update, loss_bad, stats)
         metrics = stats.metrics(
@@ -115,7 +117,7 @@ class PolicyUpdater:
             batch.loss_mask[mb.to(batch.loss_mask.device)].sum().float()
         )  # this rank's tokens in the mini-batch
         n = self.comm.sum(n)
-        micro_batches = math.ceil(mb.numel() / self.cfg.per_device_train_batch_size)
+        micro_batches = math.ceil(mb.numel() / self.micro_batch_size)
         # clamp: a mini-batch without tokens has a zero sum; 0 / 1 keeps the loss finite
         return (n / (micro_batches * self.world)).clamp(min=1.0 / (micro_batches * self.world))
 

@@ -1,0 +1,94 @@
+"""Micro-batches apart from the batch arithmetic: the memory estimate on hand-computed values, the choice
+``--micro_batch_size auto`` makes from it, and the plan the trainer follows."""
+
+from __future__ import annotations
+
+import pytest
+
+from rloo.errors import UserError
+from rloo.training.micro_batch import (
+    MEMORY_HEADROOM,
+    activation_bytes,
+    auto_micro_batch,
+    choose_micro_batch,
+    divisors,
+    plan_micro_batches,
+    training_state_bytes,
+)
+
+
+def test_divisors() -> None:
+    assert divisors(12) == [1, 2, 3, 4, 6, 12]
+    assert divisors(1) == [1]
+    assert divisors(49) == [1, 7, 49]
+
+
+def test_activation_bytes_by_hand() -> None:
+    # hidden 4, intermediate 8, bf16: (8 x 4 + 4 x 8) x 2 = 128 bytes per token and layer; 3 tokens x 2
+    # layers = 768; logits of 2 response tokens x 10 entries x (2 x 2 + 4) = 160
+    shape = dict(hidden=4, layers=2, intermediate=8, vocab=10, tokens=3, response_tokens=2, dtype_bytes=2)
+    assert activation_bytes(**shape, checkpointing=False) == 768 + 160
+    # checkpointing keeps one hidden state per layer (2 x 4 x 2 = 16) and one whole layer (128) per token
+    assert activation_bytes(**shape, checkpointing=True) == 3 * (16 + 128) + 160
+
+
+def test_training_state_bytes_by_hand() -> None:
+    assert training_state_bytes(10, frozen_bytes=5) == 10 * 16 + 5
+    # ZeRO-2 splits the gradient and the moments (12 of the 16 bytes) over the ranks
+    assert training_state_bytes(10, zero_stage=2, shards=2) == 10 * 4 + 10 * 12 / 2
+    assert training_state_bytes(10, zero_stage=3, shards=4) == 10 * 16 / 4
+
+
+def test_the_choice_prefers_whole_groups_then_any_divisor_then_the_smallest() -> None:
+    # budget 0.7 x 1000 = 700: 4 completions (400) fit, 8 (800) do not
+    assert choose_micro_batch(16, 4, per_completion=100, free=1000 / MEMORY_HEADROOM * 0.7) == 4
+    # no whole group (4 x 100) fits 350: the largest divisor that does
+    assert choose_micro_batch(16, 4, per_completion=100, free=350 / MEMORY_HEADROOM) == 2
+    # nothing fits: the smallest footprint
+    assert choose_micro_batch(16, 4, per_completion=100, free=10) == 1
+    # everything fits: the whole mini-batch in one pass
+    assert choose_micro_batch(16, 4, per_completion=100, free=1e12) == 16
+
+
+def test_auto_grows_with_free_memory_and_shrinks_with_the_state() -> None:
+    from transformers import Qwen2Config
+
+    config = Qwen2Config(
+        hidden_size=64, num_hidden_layers=2, intermediate_size=128, vocab_size=1000, num_attention_heads=4
+    )
+    shape = dict(mini_batch=64, rloo_k=4, prompt_tokens=40, response_tokens=20, frozen_bytes=0.0)
+    common = dict(compute_bytes=2, checkpointing=False, zero_stage=0, shards=1)
+    per_completion = activation_bytes(
+        hidden=64,
+        layers=2,
+        intermediate=128,
+        vocab=1000,
+        tokens=40 / 4 + 20,
+        response_tokens=20,
+        dtype_bytes=2,
+        checkpointing=False,
+    )
+    state = training_state_bytes(1_000_000)
+    for fits in (1, 4, 16, 64):  # room for exactly this many completions beside the state
+        free = state + fits * per_completion / MEMORY_HEADROOM * 1.0001
+        got = auto_micro_batch(config, **shape, trained_params=1_000_000, free_bytes=free, **common)
+        assert got == fits
+    # the same memory with a state twice as large leaves room for fewer
+    free = state + 16 * per_completion / MEMORY_HEADROOM
+    smaller = auto_micro_batch(config, **shape, trained_params=2_000_000, free_bytes=free, **common)
+    assert smaller < 16
+
+
+def test_the_plan() -> None:
+    classic = plan_micro_batches(mini_batch=16, per_device=8, setting=None)
+    assert (classic.size, classic.accumulation_steps) == (8, 2)
+    set_size = plan_micro_batches(mini_batch=16, per_device=8, setting="4")
+    assert (set_size.size, set_size.accumulation_steps, set_size.chosen_by) == (4, 4, "micro_batch_size")
+    assert "micro-batch 4 completions x 4 per optimizer step" in set_size.describe()
+    # auto without a GPU to measure keeps the classic layout, and says so
+    no_gpu = plan_micro_batches(mini_batch=16, per_device=8, setting="auto")
+    assert (no_gpu.size, no_gpu.accumulation_steps) == (8, 2) and "no GPU" in no_gpu.chosen_by
+    measured = plan_micro_batches(mini_batch=16, per_device=8, setting="auto", auto_size=16)
+    assert (measured.size, measured.accumulation_steps) == (16, 1)
+    with pytest.raises(UserError, match="does not divide the 16 completions"):
+        plan_micro_batches(mini_batch=16, per_device=8, setting="3")
