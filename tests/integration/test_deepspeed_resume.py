@@ -197,3 +197,42 @@ def test_zero3_run_with_the_newer_options_and_a_teacher(tiny, toy_data: Path, tm
     # two optimizer steps per update (two epochs), each 0.005 up: the same on both ranks, or the run would hang
     assert [m["entropy_coef"] for m in metrics] == pytest.approx([0.02, 0.03])
     assert all(m["teacher/kl"] > 0 and 0 <= m["policy/off_policy_masked_frac"] <= 1 for m in metrics)
+
+
+def test_zero2_micro_batches_apart_from_the_batch_arithmetic_take_the_same_steps(
+    tiny, toy_data: Path, tmp_path: Path
+) -> None:
+    """--micro_batch_size cuts each rank's mini-batch into more forward/backward passes without changing
+    the optimizer's arithmetic. DeepSpeed scales each micro-batch's loss by its gradient_accumulation_steps
+    and steps at that boundary (deepspeed/runtime/engine.py, ``is_gradient_accumulation_boundary``), so the
+    trainer hands it the micro-batch count: the same updates as one pass per mini-batch, up to float order
+    (fp32 here: bf16 rounds a matmul differently at another batch size, which two epochs amplify)."""
+    pytest.importorskip("deepspeed")
+    fp32 = tmp_path / "deepspeed_zero2_fp32.yaml"
+    fp32.write_text(
+        (CONFIGS / "deepspeed_zero2.yaml")
+        .read_text()
+        .replace("mixed_precision: bf16", "mixed_precision: 'no'")
+    )
+    runs = []
+    for micro in ("4", "2"):
+        out = tmp_path / f"out-{micro}"
+        argv = _args(tiny, toy_data, out)
+        argv[argv.index("--max_steps") + 1] = "2"
+        proc = _launch(str(fp32), [*argv, "--micro_batch_size", micro])
+        assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+        said = proc.stdout + proc.stderr
+        assert f"micro-batch {micro} completions x {4 // int(micro)} per optimizer step" in said
+        runs.append(_metrics(out))
+    whole, halves = runs
+    # A wrong boundary (a DeepSpeed step per micro-batch) would take twice the steps: the second update's KL
+    # to the reference and the second epoch's ratios would move far more than float order.
+    for a, b in zip(whole, halves, strict=True):
+        for key in (
+            "loss/policy_avg",
+            "objective/kl",
+            "objective/scores",
+            "policy/approxkl_avg",
+            "val/ratio",
+        ):
+            assert a[key] == pytest.approx(b[key], rel=1e-3, abs=1e-6), key
