@@ -107,26 +107,32 @@ bench: install
 	$(BIN)/python benchmarks/bench_vs_trl.py
 
 # A bare, air-gapped GPU node (PyTorch, transformers, accelerate, peft): `make gpu-wheels` here, with network,
-# fetches what it lacks as wheels for its Python (3.12, x86-64); copy the checkout with gpu-wheels/ there and
-# run `make gpu-check` (or benchmarks/gpu_check.sh): GPU tests + GPU benchmark, results in gpu-check/.
+# builds what it lacks as wheels for its Python (3.12, x86-64): this project's own wheel (pip wheel --no-deps)
+# and the few small ones of benchmarks/gpu-requirements.txt (TRL, DeepSpeed, pytest-timeout...), ~7 MB in
+# all, without `make install` (the whole venv). Then carry gpu-wheels/ with the checkout (benchmarks/README.md).
 GPU_WHEELS ?= gpu-wheels
 GPU_PY ?= 3.12
-# DeepSpeed publishes a source archive only: built here into a pure-Python wheel (ops compile on the node)
+# DeepSpeed publishes a source archive only: built here into a pure-Python wheel (ops compile on the node).
+# Its setup.py imports torch: the venv's python when there is one, else $(PY), which then needs torch.
 DEEPSPEED ?= deepspeed==0.19.8
-gpu-wheels: install
-	$(BIN)/pip download -q --no-deps --only-binary=:all: --python-version $(GPU_PY) --implementation cp \
+WHEEL_PY := $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PY))
+gpu-wheels:
+	$(WHEEL_PY) -m pip wheel -q --no-deps -w $(GPU_WHEELS) .
+	$(WHEEL_PY) -m pip download -q --no-deps --only-binary=:all: --python-version $(GPU_PY) --implementation cp \
 	  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
 	  -d $(GPU_WHEELS) -r benchmarks/gpu-requirements.txt
-	DS_BUILD_OPS=0 $(BIN)/pip wheel -q --no-deps --no-build-isolation -w $(GPU_WHEELS) '$(DEEPSPEED)'
+	DS_BUILD_OPS=0 $(WHEEL_PY) -m pip wheel -q --no-deps --no-build-isolation -w $(GPU_WHEELS) '$(DEEPSPEED)'
+	du -sh $(GPU_WHEELS)
 
 # on the GPU node: no install step (no network there); the node's python3 runs it
 gpu-check:
 	benchmarks/gpu_check.sh $(GPU_WHEELS) gpu-check
 
-# the next GPU session, one stage a call (benchmarks/README.md, "The next GPU session"): make gpu-session STAGE=1
-STAGE ?= 1
+# the next GPU session (benchmarks/README.md, "The next GPU session"): one call does everything that fits,
+# the same call again reruns what did not finish; results (<= 8 files) in OUT, state in gpu-check/window/
+OUT ?= gpu-check/window-out
 gpu-session:
-	WHEELS=$(GPU_WHEELS) benchmarks/gpu_session.sh $(STAGE) gpu-check/session-$(STAGE)
+	python3 benchmarks/gpu_window.py --wheels $(GPU_WHEELS) --out $(OUT)
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) runs rloo-local .pytest_cache .ruff_cache

@@ -20,7 +20,9 @@ Per variant: warm-up calls (compilation, CUDA-graph capture), then timed calls b
 prefill`` timed inside the call), decode ms per step ((call - prefill) / (steps - 1) model steps), tokens/s,
 the fraction of the decode bound reached (bytes a step must read / bandwidth, over the measured decode
 step; "as read": the weights as the variant holds them and its KV cache as allocated, "ideal": bf16
-weights and each row's live context; see bench_gpu.decode_step_bytes), peak memory (the fp32 model
+weights, each prompt's KV once per group and each row's response KV so far; see
+bench_gpu.shared_prefix_decode_bytes), torch._dynamo's counters per variant (graphs compiled and
+inductor's cudagraph_skips: a whole step that silently fell back from CUDA graphs shows a skip), peak memory (the fp32 model
 included: it stays resident), and, with ``greedy=True``, the fraction of tokens equal to
 ``fp32-autocast``'s (fp32-under-autocast and bf16 weights may differ a little). ``whole-step`` against
 ``bf16-copy`` (the same weights, two different compiled graphs) is checked: in bf16 their greedy tokens
@@ -266,6 +268,7 @@ def run_variant(
     if variant.compile and not args.no_compile:
         torch._dynamo.reset()  # each variant compiles afresh: no guards left over from another's model
     gen = make_generator(copy if copy is not None else model, variant, args, autocast)
+    counted = bench_gpu.dynamo_counters()  # this variant's own compilations: the change from here
     ids, mask, seeds, pad = inputs["ids"], inputs["mask"], inputs["seeds"], inputs["pad"]
     sampled = SamplingParams(max_new_tokens=args.steps, temperature=1.0, pad_token_id=pad)
     greedy = SamplingParams(max_new_tokens=args.steps, pad_token_id=pad, greedy=True)
@@ -288,6 +291,7 @@ def run_variant(
         prefills.append(sum(record) if record else float("nan"))
     greedy_tokens = gen.generate(ids, mask, args.k, greedy, seeds).tokens
     peak = torch.cuda.max_memory_allocated() if device.startswith("cuda") else 0
+    dynamo = {key: value - counted[key] for key, value in bench_gpu.dynamo_counters().items()}
     weights = bench_gpu.decode_weights(gen)
     kv = kv_layout(gen, variant, inputs, args.steps)
     del gen, copy
@@ -305,6 +309,8 @@ def run_variant(
         "call_s": calls,
         "prefill_s": prefills,
         "peak_memory_bytes": peak,
+        # graphs compiled and CUDA-graph fallbacks of this variant: a whole step that did not replay shows
+        "dynamo": dynamo,
         "sampled_tokens": out.tokens.cpu(),
         "greedy_tokens": greedy_tokens.cpu(),
     }
@@ -339,7 +345,15 @@ def variant_figures(
     read = bench_gpu.decode_step_bytes(
         weights=raw["weights"], context=raw["kv_positions"], kv_dtype_bytes=raw["kv_element_bytes"], **kv
     )
-    ideal = bench_gpu.decode_step_bytes(weights="bf16", context=mean_prompt + args.steps / 2, **kv)
+    # ideal: bf16 weights, each prompt's KV once per group (prefix sharing), each row's response KV so far
+    ideal = bench_gpu.shared_prefix_decode_bytes(
+        weight_bytes=bench_gpu.WEIGHT_READ_BYTES["bf16"] * matmul_params,
+        kv_bytes_per_token=bench_gpu.kv_bytes_per_token(preset.layers, preset.num_kv_heads, preset.head_dim),
+        prompts=rows // args.k,
+        prompt=mean_prompt,
+        k=args.k,
+        length=args.steps,
+    )
     return {
         "ms_per_token_step": 1e3 * call / (chunks * args.steps),
         "prefill_ms": 1e3 * prefill,
@@ -350,6 +364,8 @@ def variant_figures(
         "fraction_of_bound_ideal": ideal / bandwidth / decode,
         "peak_memory_gib": raw["peak_memory_bytes"] / GIB,
         "warmup_s": raw["warmup_s"],
+        "cudagraph_skips": float(raw.get("dynamo", {}).get("cudagraph_skips", float("nan"))),
+        "unique_graphs": float(raw.get("dynamo", {}).get("unique_graphs", float("nan"))),
     }
 
 
@@ -373,6 +389,8 @@ COLUMNS = (
     ("fraction_of_bound_ideal", "of bound, ideal", "{:.0%}"),
     ("peak_memory_gib", "peak GiB", "{:.1f}"),
     ("warmup_s", "warm-up s", "{:.1f}"),
+    ("unique_graphs", "graphs", "{:.0f}"),
+    ("cudagraph_skips", "CUDA-graph skips", "{:.0f}"),
 )
 
 
@@ -386,7 +404,8 @@ def render(report: dict[str, Any]) -> str:
             continue
         figs = dict(v["figures"])
         figs["bytes_per_step_as_read"] /= 1e9
-        cells = ["n/a" if figs[key] != figs[key] else fmt.format(figs[key]) for key, _, fmt in COLUMNS]
+        values = [figs.get(key, math.nan) for key, _, _ in COLUMNS]  # a key newer than the file: n/a
+        cells = ["n/a" if v != v else fmt.format(v) for v, (_, _, fmt) in zip(values, COLUMNS, strict=True)]
         eq = v.get("greedy_equal_to_reference")
         lines.append(
             "| "
@@ -476,6 +495,7 @@ def main(argv: list[str] | None = None) -> int:
 
     reference = "fp32-autocast" if "fp32-autocast" in tokens else next(iter(tokens), None)
     for vname, t in tokens.items():
+        assert reference is not None  # tokens is not empty here
         report["variants"][vname]["greedy_equal_to_reference"] = equal_fraction(
             t["greedy"], tokens[reference]["greedy"]
         )

@@ -10,9 +10,10 @@ decoding, and peak GPU memory.
 
 Two MFUs, over the optimisation phase's time and the GPU's peak dense bf16 FLOP/s:
 
-- nominal: 6 * N * (prompt + completion tokens of every completion), N = every parameter that multiplies
-  (the tied embedding included). It counts each prompt once per completion, K times per group, and the
-  output layer at every position: what TRL's rows would cost, not what ours executes.
+- needed (the headline): the FLOPs the update needs, the same numerator for every trainer -- each group's
+  prompt once (unpadded), every completion's response positions attending to it, logits at the response
+  positions only (``training_flops_needed``). A trainer that recomputes prompts reads lower here.
+  (The old "nominal" 6 * N * (prompt + completion tokens of every completion) stays in the JSON only.)
 - executed: the FLOPs each trainer runs. Per forward pass over a micro-batch,
   ``2 * N_body * positions + 4 * layers * hidden * keys + 2 * hidden * V * logit positions``, where
   N_body is the matmul parameters but the output layer (hidden x V), ``positions`` the token positions
@@ -30,17 +31,24 @@ Two MFUs, over the optimisation phase's time and the GPU's peak dense bf16 FLOP/
   model's forward still shares by cost. The no-grad log-prob forwards (``logprob_flops_executed``) give
   a JSON-only ``logprobs_mfu_executed`` for ours over its log-probs phase.
 
-Decoding bounds: tokens/s <= batch * bandwidth / bytes per decode step, with bytes = weight bytes +
-2 * layers * kv_heads * head_dim * context * KV bytes * batch. "ideal": bf16 weights (2 bytes a
-parameter) and each row's live context (prompt + half the completion). "as read": the weights as the run
+Decoding bounds: tokens/s <= batch * bandwidth / bytes per decode step, with KV bytes a token =
+2 * layers * kv_heads * head_dim * KV bytes. "ideal": bf16 weights (2 bytes a parameter), each prompt's KV
+read once per group (as a prefix-sharing decoder can) and each row's own response KV so far: weights +
+(P * L + P * K * T / 2) KV tokens (``shared_prefix_decode_bytes``). "as read": the weights as the run
 holds them -- fp32 weights under bf16 autocast are read as fp32 (4), written as a bf16 copy (2) and read
 again (2) at every step, 8 bytes a parameter; a bf16 rollout copy 2 -- and the KV cache as allocated: a
 static cache is read whole (padded prompt + every response slot, rounded up to the generator's bucket;
 length and dtype read from its buffers) at every step, a dynamic one up to the current token (an fp32
 model's keys under autocast are fp32, cast at every step: 8 bytes, its values bf16: 2).
 
-Targets (not asserted): ours >= 2x TRL's episodes/s; training >= 40% MFU at 1.5B; generation >= 50% of the
-bandwidth bound.
+Steady episodes/s: one update's batch over the median wall-clock time of the updates after the second,
+taken the same way for both trainers (from one update's start to the next's, metric writes included).
+The JSON and the table also give torch._dynamo's counters after ours' run (unique graphs, inductor's
+cudagraph_skips: a compiled decode that silently fell back from CUDA graphs shows there) and the
+settings the two runs did not share. The baseline is TRL (version read at run time), use_vllm=False.
+
+Targets (not asserted): ours >= 2x TRL's episodes/s; training >= 40% MFU (needed FLOPs) at 1.5B;
+generation >= 50% of the bandwidth bound.
 
     python benchmarks/bench_gpu.py                  # both sizes, both trainers (needs trl: make bench)
     python benchmarks/bench_gpu.py --sizes 0.5b --only ours --generation compiled
@@ -52,9 +60,11 @@ Without a CUDA GPU it prints "no GPU: skipped" and exits 0. See benchmarks/READM
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import math
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -87,6 +97,7 @@ class Preset:
     vocab: int | None = None  # None: rloo.demo.tiny's 512 tokens; else rows no token reaches, as real models
     prompt_words: int = 0  # 'POST: ...' words before each prompt; the tiny tokenizer gives ~1.6 tokens a word
     kv_heads: int | None = None  # key/value heads; None: as many as heads (rloo.demo.tiny's models)
+    intermediate: int | None = None  # MLP width; None: 4 x hidden (rloo.demo.tiny's models)
 
     @property
     def head_dim(self) -> int:
@@ -96,18 +107,19 @@ class Preset:
     def num_kv_heads(self) -> int:
         return self.kv_heads or self.heads
 
+    @property
+    def mlp_size(self) -> int:
+        return self.intermediate or 4 * self.hidden
 
-# Qwen2-shaped (tied embeddings, Qwen2's 151,936-row vocabulary) at the TL;DR shape: ~512-token prompts
-# (320 words), 53-token completions, 16 prompts x k=4 = 64 completions per update. A layer holds
-# 16 * hidden^2 weights (attention 4 h^2, MLP 3 x 4 h^2): 24 x 896 -> ~0.44B, 32 x 1536 -> ~1.44B.
+
+# Qwen2.5-0.5B and -1.5B's own shapes (their config.json: grouped-query attention with 2 key/value heads,
+# their MLP widths, tied embeddings, the 151,936-row vocabulary; 494M and 1.54B parameters) at the TL;DR
+# shape: ~512-token prompts (320 words), 53-token completions, 16 prompts x k=4 = 64 completions per update.
 QWEN2_VOCAB = 151_936
+_TLDR: dict[str, Any] = {"prompts": 16, "k": 4, "length": 53, "vocab": QWEN2_VOCAB, "prompt_words": 320}
 PRESETS: dict[str, Preset] = {
-    "0.5b": Preset(
-        "qwen2", 896, 24, 14, prompts=16, k=4, length=53, micro_batch=32, vocab=QWEN2_VOCAB, prompt_words=320
-    ),
-    "1.5b": Preset(
-        "qwen2", 1536, 32, 12, prompts=16, k=4, length=53, micro_batch=8, vocab=QWEN2_VOCAB, prompt_words=320
-    ),
+    "0.5b": Preset("qwen2", 896, 24, 14, kv_heads=2, intermediate=4864, micro_batch=32, **_TLDR),
+    "1.5b": Preset("qwen2", 1536, 28, 12, kv_heads=2, intermediate=8960, micro_batch=8, **_TLDR),
 }
 
 # (substring of torch.cuda.get_device_name(), label, dense bf16 FLOP/s, HBM bytes/s) from NVIDIA's data
@@ -145,6 +157,18 @@ def llama_param_counts(hidden: int, layers: int, vocab: int) -> tuple[int, int]:
     return total, total - embed
 
 
+def qwen2_param_counts(preset: Preset) -> tuple[int, int]:
+    """(total, matmul) parameters of a Qwen2 preset by hand: per layer q and o (hidden^2 each), k and v
+    (hidden x kv_heads x head_dim each: grouped-query attention), biases on q, k and v, gate/up/down
+    (hidden x intermediate each), two RMSNorm weights; a final norm; one embedding tied to the LM head
+    (so every parameter but the norms' and biases' multiplies, and the count is the same)."""
+    h, kv = preset.hidden, preset.num_kv_heads * preset.head_dim
+    attention = 2 * h * h + 2 * h * kv + (h + 2 * kv)
+    per_layer = attention + 3 * h * preset.mlp_size + 2 * h
+    total = (preset.vocab or 0) * h + preset.layers * per_layer + h
+    return total, total
+
+
 def model_param_counts(config: Any) -> tuple[int, int]:
     """(total parameters, matmul parameters) of a model config, counted on the meta device. The input
     embedding is a lookup, not a matmul, unless it is tied to the LM head (Qwen2), which multiplies."""
@@ -164,6 +188,31 @@ def training_mfu(matmul_params: int, train_tokens: float, seconds: float, peak_f
     if seconds <= 0 or peak_flops <= 0:
         return float("nan")
     return 6.0 * matmul_params * train_tokens / seconds / peak_flops
+
+
+def training_flops_needed(
+    *, batch: int, k: int, prompt: float, length: int, body_params: int, hidden: int, layers: int, vocab: int
+) -> float:
+    """FLOPs one rollout's optimisation (forward + backward, one epoch) needs, whatever a trainer runs:
+    each group's prompt (``prompt`` tokens, unpadded) once, every completion's ``length`` positions
+    attending to it, logits at the response positions only, nothing computed and dropped. The same
+    numerator for every trainer, so their MFUs on it compare their speed at the same work."""
+    count = forward_count(batch, k, max(2, round(prompt)), length, share=True)
+    needed = ForwardCount(count.positions, count.keys, count.logits, dropped_logits=0.0)
+    return pass_flops(
+        needed, body_params=body_params, hidden=hidden, layers=layers, vocab=vocab, backward=True
+    )
+
+
+def shared_prefix_decode_bytes(
+    *, weight_bytes: float, kv_bytes_per_token: float, prompts: int, prompt: float, k: int, length: int
+) -> float:
+    """Bytes a decode step of ``prompts`` x ``k`` rows must read when the ``k`` completions of a prompt
+    share its KV cache (what a prefix-sharing decoder reaches): every weight once, each prompt's
+    ``prompt`` tokens of KV once per group, and each row's own response KV up to the current token
+    (``length / 2`` on average over the steps)."""
+    kv_tokens = prompts * prompt + prompts * k * length / 2  # (P * L) + (P * K * T / 2)
+    return weight_bytes + kv_tokens * kv_bytes_per_token
 
 
 def decode_bandwidth_bound(
@@ -377,8 +426,9 @@ def logprob_flops_executed(
     """FLOPs of ours' no-grad log-prob forwards over one rollout (``LogProbs.batched``, chunks
     of ``chunk`` rows): the reference model's, sharing prompts by cost, plus, when ``old_logprobs`` (off
     policy: on-policy runs take them from the generator), the policy's, whole rows when ``whole_rows``."""
-    shape = {"body_params": body_params, "hidden": hidden, "layers": layers, "vocab": vocab}
-    kw = {"batch": batch, "chunk": chunk, "k": k, "width": width, "length": length, "backward": False}
+    shape: dict[str, Any] = {"body_params": body_params, "hidden": hidden, "layers": layers, "vocab": vocab}
+    kw: dict[str, Any] = {"batch": batch, "chunk": chunk, "k": k, "width": width, "length": length}
+    kw["backward"] = False
     total = _passes_flops(True, **kw, **shape)  # the reference
     if old_logprobs:
         total += _passes_flops(not whole_rows, **kw, **shape)
@@ -387,13 +437,52 @@ def logprob_flops_executed(
 
 # ------------------------------------------------------------------------------------------------------
 # command line
+def micro_batch_arg(text: str) -> int | str:
+    """--micro-batch: a positive int or "auto"."""
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"a positive whole number or 'auto', not {text!r}")
+    return value
+
+
+def ours_overrides(spec: dict[str, Any]) -> dict[str, Any]:
+    """RLOOConfig fields the spec sets for ours beyond bench_vs_trl.rloo_config's (the decode path,
+    compiled layers, the trainer's own micro-batch when --micro-batch asked for one)."""
+    generation = spec.get("generation", "dynamic")
+    overrides: dict[str, Any] = {
+        "bf16": True,
+        "cache_implementation": "dynamic" if generation == "dynamic" else "static",
+        "compile_generation": generation == "compiled",
+        "torch_compile": bool(spec.get("torch_compile", False)),
+    }
+    if spec.get("micro_batch_size") is not None:
+        overrides["micro_batch_size"] = spec["micro_batch_size"]
+    return overrides
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description="rloo vs TRL's RLOOTrainer on one GPU at ~0.5B and ~1.5B parameters: one table.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--sizes", default="0.5b,1.5b", help=f"Comma-separated presets: {', '.join(PRESETS)}.")
-    p.add_argument("--updates", type=int, default=8, help="RLOO updates per run (the first is warm-up).")
+    p.add_argument(
+        "--updates",
+        type=int,
+        default=8,
+        help="RLOO updates per run (steady figures: the median update after the second).",
+    )
+    p.add_argument(
+        "--micro-batch",
+        type=micro_batch_arg,
+        help="Ours only: the trainer's --micro_batch_size (an int, or 'auto': chosen from free GPU memory); "
+        "default: the preset's micro-batch, as TRL's.",
+    )
     p.add_argument(
         "--prompt-words",
         type=int,
@@ -427,8 +516,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = [s for s in args.sizes if s not in PRESETS]
     if unknown or not args.sizes:
         p.error(f"--sizes: unknown {unknown or 'empty'}; choose from {', '.join(PRESETS)}")
-    if args.updates < 2:
-        p.error("--updates must be >= 2 (the first update is warm-up and left out of per-phase figures)")
+    if args.updates < 3:
+        p.error("--updates must be >= 3 (steady figures are the median over the updates after the second)")
     return args
 
 
@@ -474,18 +563,48 @@ def _mean_after_first(values: list[float]) -> float:
     return sum(steady) / len(steady) if steady else float("nan")
 
 
+def dynamo_counters() -> dict[str, Any]:
+    """torch._dynamo's counters after a run: how many distinct graphs it compiled, how often inductor
+    fell back from CUDA graphs (a silent fallback to launching every kernel), and the graph breaks."""
+    from torch._dynamo.utils import counters
+
+    return {
+        "unique_graphs": int(counters["stats"]["unique_graphs"]),
+        "cudagraph_skips": int(counters["inductor"]["cudagraph_skips"]),
+        "graph_breaks": int(sum(counters["graph_break"].values())),
+    }
+
+
+def module_dtype(module: Any) -> str:
+    """The dtype of a model's first floating-point parameter ("none" for no model)."""
+    if module is None:
+        return "none"
+    for param in module.parameters():
+        if param.is_floating_point():
+            return str(param.dtype).removeprefix("torch.")
+    return "none"
+
+
+def record_update_ends(trainer: Any, ends: list[float]) -> None:
+    """Append the wall-clock time at the end of each update, after its metrics are written (``_report``),
+    so that ours is timed as TRL is: from one update's start to the next's."""
+    report = trainer._report
+
+    def timed_report(*a: Any, **kw: Any) -> Any:
+        out = report(*a, **kw)
+        _sync()
+        ends.append(time.perf_counter())
+        return out
+
+    trainer._report = timed_report
+
+
 def worker_ours(spec: dict[str, Any]) -> dict[str, Any]:
     from rloo.training.trainer import RLOOTrainer
 
     batch = spec["prompts"] * spec["k"]
-    generation = spec.get("generation", "dynamic")
-    cfg = bench_vs_trl.rloo_config(
-        spec,
-        bf16=True,
-        cache_implementation="dynamic" if generation == "dynamic" else "static",
-        compile_generation=generation == "compiled",
-        torch_compile=bool(spec.get("torch_compile", False)),
-    )
+    overrides = ours_overrides(spec)
+    cfg = bench_vs_trl.rloo_config(spec, **overrides)
     trainer = RLOOTrainer(cfg)
     k = trainer.cfg.rloo_k
     # the padded prompt width of every rollout: what the forwards and the KV cache actually hold
@@ -497,6 +616,8 @@ def worker_ours(spec: dict[str, Any]) -> dict[str, Any]:
         return generate(prompt_ids, *a, **kw)
 
     trainer.generator.generate = recording_generate  # type: ignore[method-assign]
+    ends: list[float] = []
+    record_update_ends(trainer, ends)
     _reset_peak_memory()
     _sync()
     t0 = time.perf_counter()
@@ -531,10 +652,23 @@ def worker_ours(spec: dict[str, Any]) -> dict[str, Any]:
         # the static cache as allocated (None: dynamic, or not readable): positions, bytes per element
         "kv_cache_layout": static_kv_layout(trainer.generator),
         "rollouts": len(steady),
-        # steady state: the updates after the first, whose time carries compilation and CUDA warm-up
+        # wall clock per update, metric writes included (the steady figure: the median after the second)
+        "update_wall_s": [b - a for a, b in zip([t0, *ends], ends, strict=False)],
         "steady_seconds": sum(h["time/update_s"] for h in steady),
         "steady_episodes": batch * len(steady),
         "peak_memory_bytes": _peak_memory(),
+        "dynamo": dynamo_counters(),
+        "micro_batch": trainer.micro.size,  # as the trainer resolved it ('auto': from free memory)
+        "micro_batch_chosen_by": trainer.micro.chosen_by,
+        "settings": {
+            "policy weights": module_dtype(trainer.policy),
+            "reference weights": module_dtype(trainer.ref_policy),
+            "autocast": "bf16",
+            "micro-batch": str(trainer.micro.size),
+            "decode": f"{overrides['cache_implementation']} cache"
+            + (", compiled step" if overrides["compile_generation"] else ""),
+            "gradient checkpointing": str(bool(trainer.cfg.gradient_checkpointing)),
+        },
         # what decides how the forwards run (see LogProbs.forward): the policy's whole rows
         # under either option; the no-grad log-prob forwards' chunk; whether the policy's "old" log-prob
         # forward runs (off-policy; on-policy they come from the generator)
@@ -558,6 +692,7 @@ def worker_trl(spec: dict[str, Any]) -> dict[str, Any]:
         # the same precision as ours: fp32 weights (as saved), bf16 autocast
         model_init_kwargs={"dtype": torch.float32},
         bf16=True,
+        use_vllm=False,  # transformers' generate: the baseline the table names
         use_cpu=not torch.cuda.is_available(),  # the CPU smoke test only
     )
     trainer = RLOOTrainer(
@@ -594,8 +729,8 @@ def worker_trl(spec: dict[str, Any]) -> dict[str, Any]:
         rollouts.append((t0, time.perf_counter()))
         return out
 
-    trainer._generate = timed_generate
-    trainer._generate_and_score_completions = timed_rollout
+    trainer._generate = timed_generate  # type: ignore[method-assign]
+    trainer._generate_and_score_completions = timed_rollout  # type: ignore[method-assign]
     _reset_peak_memory()
     _sync()
     t0 = time.perf_counter()
@@ -628,10 +763,21 @@ def worker_trl(spec: dict[str, Any]) -> dict[str, Any]:
         "decode_weights": "fp32-autocast" if args.bf16 else "fp32",
         "decode_cache": "dynamic",
         "rollouts": len(steady_gen),
-        # steady state: from the second rollout's start to the end of training
+        # wall clock per update: from one rollout's start to the next's (the last: to the end of training)
+        "update_wall_s": [b - a for a, b in zip(starts, [*starts[1:], t1], strict=True)],
         "steady_seconds": t1 - starts[1] if len(starts) > 1 else float("nan"),
         "steady_episodes": (updates - 1) * batch,
         "peak_memory_bytes": _peak_memory(),
+        "trl_version": importlib.metadata.version("trl"),
+        "micro_batch": spec["micro_batch"],
+        "settings": {
+            "policy weights": module_dtype(trainer.model),
+            "reference weights": module_dtype(getattr(trainer, "ref_model", None)),
+            "autocast": "bf16" if args.bf16 else "none",
+            "micro-batch": str(spec["micro_batch"]),
+            "decode": "dynamic cache",  # transformers' generate
+            "gradient checkpointing": str(bool(args.gradient_checkpointing)),
+        },
     }
 
 
@@ -651,7 +797,10 @@ def build_inputs(preset: Preset, root: Path, args: argparse.Namespace) -> dict[s
     tok_dir = root / "tokenizer"
     if not tok_dir.is_dir():
         build_tokenizer(tok_dir)
-    policy = root / f"policy-{preset.arch}-{preset.hidden}x{preset.layers}-v{preset.vocab or 0}"
+    policy = root / (
+        f"policy-{preset.arch}-{preset.hidden}x{preset.layers}-kv{preset.num_kv_heads}-i{preset.mlp_size}"
+        f"-v{preset.vocab or 0}"
+    )
     if not (policy / "config.json").is_file():
         build_causal_lm(
             policy,
@@ -660,6 +809,8 @@ def build_inputs(preset: Preset, root: Path, args: argparse.Namespace) -> dict[s
             hidden_size=preset.hidden,
             num_layers=preset.layers,
             num_heads=preset.heads,
+            num_key_value_heads=preset.num_kv_heads,
+            intermediate_size=preset.mlp_size,
             seed=args.seed,
             vocab_size=preset.vocab,
             max_position_embeddings=2048,
@@ -683,6 +834,8 @@ def preset_config(preset: Preset) -> Any:
             hidden_size=preset.hidden,
             num_layers=preset.layers,
             num_heads=preset.heads,
+            num_key_value_heads=preset.num_kv_heads,
+            intermediate_size=preset.mlp_size,
             vocab_size=preset.vocab,
             max_position_embeddings=2048,
         )
@@ -695,6 +848,25 @@ def preset_param_counts(preset: Preset) -> tuple[int, int]:
 
 def run_one(trainer: str, spec: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     return bench_vs_trl.launch_worker(__file__, trainer, LABELS[trainer], spec, run_dir)[0]
+
+
+def median_after_second(seconds: list[float]) -> float:
+    """The median of per-update wall-clock times over the updates after the second (the first two carry
+    compilation, CUDA-graph capture and allocator warm-up); NaN with fewer than three updates."""
+    steady = seconds[2:]
+    return statistics.median(steady) if steady else float("nan")
+
+
+def steady_episodes_per_s(result: dict[str, Any], batch: int) -> float:
+    """Episodes/s in the steady state: one update's batch over the median per-update wall-clock time
+    (``update_wall_s``, taken the same way for every trainer); result files from before it: their
+    summed steady time."""
+    walls = result.get("update_wall_s")
+    if walls:
+        return batch / median_after_second(walls)
+    if result.get("steady_seconds"):
+        return float(result["steady_episodes"] / result["steady_seconds"])
+    return float("nan")
 
 
 def figures(
@@ -716,14 +888,17 @@ def figures(
         width = prompt_tokens
     trainer = result.get("trainer", "trl" if "logprobs+scoring" in phases else "ours")
     dims = (layers, preset.num_kv_heads, preset.head_dim)
-    # the least a decode step must read: bf16 weights, each row's live context in bf16
-    ideal = decode_bandwidth_bound(
+    # the least a decode step must read: bf16 weights, each prompt's KV once per group (prefix sharing),
+    # each row's own response KV so far
+    ideal_bytes = shared_prefix_decode_bytes(
         weight_bytes=WEIGHT_READ_BYTES["bf16"] * matmul_params,
         kv_bytes_per_token=kv_bytes_per_token(*dims),
-        batch=batch,
-        mean_context=prompt_tokens + preset.length / 2,
-        bandwidth=bandwidth,
+        prompts=preset.prompts,
+        prompt=prompt_tokens,
+        k=preset.k,
+        length=preset.length,
     )
+    ideal = batch * bandwidth / ideal_bytes
     # what it reads as run: the weights as the generator holds them, the cache as allocated
     weights, cache = result.get("decode_weights", "fp32-autocast"), result.get("decode_cache", "dynamic")
     layout = result.get("kv_cache_layout")
@@ -751,9 +926,16 @@ def figures(
     }
     # ours' policy forwards run whole rows under either option (result files from before: neither)
     whole_rows = bool(result.get("torch_compile") or result.get("gradient_checkpointing"))
+    # the run's own micro-batch when it set a number; "auto" (resolved inside the trainer) counts as the
+    # preset's, which the FLOPs depend on only through which micro-batches share their prompts
+    micro_batch = result.get("micro_batch")
+    if not isinstance(micro_batch, int) or isinstance(micro_batch, bool):
+        micro_batch = preset.micro_batch
     executed = result["rollouts"] * training_flops_executed(
-        trainer, batch=batch, micro_batch=preset.micro_batch, whole_rows=whole_rows, **shape
+        trainer, batch=batch, micro_batch=micro_batch, whole_rows=whole_rows, **shape
     )
+    needed_shape = {key: shape[key] for key in ("k", "length", "body_params", "hidden", "layers", "vocab")}
+    needed = result["rollouts"] * training_flops_needed(batch=batch, prompt=prompt_tokens, **needed_shape)
     logprobs_s = phases.get("logprobs", 0.0)
     logprobs_mfu = float("nan")  # TRL times its reference forward together with the scoring
     if trainer == "ours" and logprobs_s > 0 and flops > 0:
@@ -769,28 +951,35 @@ def figures(
     scoring_s = phases.get("logprobs+scoring", phases.get("logprobs", 0.0) + phases.get("scoring", 0.0))
     return {
         "episodes_per_s": result["episodes"] / result["seconds"],
-        "steady_episodes_per_s": result["steady_episodes"] / result["steady_seconds"]
-        if result.get("steady_seconds")
-        else float("nan"),
+        "steady_episodes_per_s": steady_episodes_per_s(result, batch),
         "generation_tokens_per_s": gen_tps,
         "generation_fraction_of_bandwidth_bound": gen_tps / ideal,
         "generation_fraction_of_read_bound": gen_tps / as_read,
         # the reference forward reads every prompt + completion token once per rollout
         "logprobs_scoring_tokens_per_s": result["train_tokens"] / scoring_s if scoring_s else float("nan"),
         "training_tokens_per_s": result["train_tokens"] / opt_s if opt_s else float("nan"),
-        "training_mfu": training_mfu(matmul_params, result["train_tokens"], opt_s, flops),
+        # JSON only: 6 N per token, each prompt counted once per completion (what TRL's rows would cost)
+        "training_mfu_nominal": training_mfu(matmul_params, result["train_tokens"], opt_s, flops),
+        "training_mfu_needed": needed / opt_s / flops if opt_s > 0 and flops > 0 else float("nan"),
         "training_mfu_executed": executed / opt_s / flops if opt_s > 0 and flops > 0 else float("nan"),
         # JSON only (not a table row): the no-grad log-prob forwards over ours' log-probs phase
         "logprobs_mfu_executed": logprobs_mfu,
         "peak_memory_gib": result["peak_memory_bytes"] / GIB,
+        # whether the compiled decode replayed as CUDA graphs (absent: TRL, or a run before the counters)
+        "dynamo_unique_graphs": float(result.get("dynamo", {}).get("unique_graphs", float("nan"))),
+        "cudagraph_skips": float(result.get("dynamo", {}).get("cudagraph_skips", float("nan"))),
     }
 
 
 ROWS = (
     ("episodes_per_s", "episodes/s", "{:.1f}"),
-    ("steady_episodes_per_s", "episodes/s, steady (warm-up left out)", "{:.1f}"),
+    ("steady_episodes_per_s", "episodes/s, steady (median update after the 2nd, wall clock)", "{:.1f}"),
     ("generation_tokens_per_s", "generation tokens/s", "{:,.0f}"),
-    ("generation_fraction_of_bandwidth_bound", "generation / bound, ideal (bf16 weights, live KV)", "{:.0%}"),
+    (
+        "generation_fraction_of_bandwidth_bound",
+        "generation / bound, ideal (bf16 weights, prompt KV once per group)",
+        "{:.0%}",
+    ),
     (
         "generation_fraction_of_read_bound",
         "generation / bound, bytes as read (weights as held, KV as allocated)",
@@ -798,31 +987,69 @@ ROWS = (
     ),
     ("logprobs_scoring_tokens_per_s", "log-probs + scoring tokens/s", "{:,.0f}"),
     ("training_tokens_per_s", "training tokens/s", "{:,.0f}"),
-    ("training_mfu", "training MFU, nominal (6 N x prompt + completion per completion)", "{:.0%}"),
-    ("training_mfu_executed", "training MFU, executed FLOPs", "{:.0%}"),
+    ("training_mfu_needed", "training MFU, FLOPs needed (each prompt once per group)", "{:.0%}"),
+    ("training_mfu_executed", "training MFU, FLOPs executed", "{:.0%}"),
     ("peak_memory_gib", "peak memory (GiB)", "{:.1f}"),
+    ("dynamo_unique_graphs", "compiled graphs (torch._dynamo unique_graphs)", "{:.0f}"),
+    ("cudagraph_skips", "CUDA-graph fallbacks (inductor cudagraph_skips; 0 = replayed)", "{:.0f}"),
 )
 TARGETS = {
     "episodes_per_s": ">= 2x TRL",
     "generation_fraction_of_bandwidth_bound": ">= 50%",
-    "training_mfu_executed": ">= 40% at 1.5B",
+    "training_mfu_needed": ">= 40% at 1.5B",
 }
 
 
 FOOTNOTE = (
-    "MFU nominal: 6 N (prompt + completion tokens) per completion, prompts counted K times. Executed: the "
-    "FLOPs run, 3 x (2 N_body per position + 4 layers hidden per attended key + 2 hidden V per kept logit): "
+    "MFU needed: the FLOPs the update needs, the same for every trainer: 3 x (2 N_body per position + 4 "
+    "layers hidden per attended key + 2 hidden V per response logit) with each prompt once per group. "
+    "Executed: the FLOPs run, 3 x (2 N_body per position + 4 layers hidden per attended key + 2 hidden V per kept logit): "
     "ours computes each prompt once per group in a micro-batch when rloo.forward shares it (the policy whole "
     "rows under --torch-compile or gradient checkpointing), TRL every row with its prompt; logits only at response positions in both. Bounds: batch x bandwidth / (weight bytes + "
-    "KV bytes) per decode step; ideal = bf16 weights + live KV, as read = fp32-under-autocast weights 8 B a "
+    "KV bytes) per decode step; ideal = bf16 weights + each prompt's KV once per group + each row's response "
+    "KV so far, as read = fp32-under-autocast weights 8 B a "
     "parameter (bf16 copy 2 B) + a static cache read whole."
 )
 
 
-def render_table(results: dict[str, dict[str, dict[str, float]]], sizes: list[str]) -> str:
-    """One markdown table: a row per figure, a column per (size, trainer), then the target."""
+# why a setting may differ between the two trainers' runs (the table names every one that does)
+SETTING_REASONS = {
+    "decode": "the decode path is part of what is compared: TRL 1.x's generate has no static cache",
+    "micro-batch": "--micro-batch gave ours the trainer's own --micro_batch_size",
+    "gradient checkpointing": "TRL's default is on; bench_vs_trl.trl_config turns it off as ours",
+}
+
+
+def trainer_label(trainer: str, raw: dict[str, Any] | None = None) -> str:
+    """A column's name: "rloo", or TRL with the version that ran and its generation backend."""
+    if trainer != "trl":
+        return LABELS[trainer]
+    version = (raw or {}).get("trl_version", "?")
+    return f"TRL {version}, use_vllm=False"
+
+
+def settings_differences(ours: dict[str, Any], trl: dict[str, Any]) -> list[str]:
+    """One line per setting the two runs did not share, with why ("" when they match)."""
+    a, b = ours.get("settings", {}), trl.get("settings", {})
+    lines = []
+    for key in sorted(set(a) | set(b)):
+        if a.get(key) != b.get(key):
+            why = SETTING_REASONS.get(key, "not matched: see bench_gpu.py")
+            lines.append(f"{key}: ours {a.get(key, '?')}, TRL {b.get(key, '?')} ({why})")
+    return lines
+
+
+def render_table(
+    results: dict[str, dict[str, dict[str, float]]],
+    sizes: list[str],
+    raw: dict[str, dict[str, Any]] | None = None,
+) -> str:
+    """One markdown table: a row per figure, a column per (size, trainer), then the target; below it the
+    ours / TRL ratios and the settings the two runs did not share."""
+    raw = raw or {}
     cols = [(s, t) for s in sizes for t in TRAINERS if t in results.get(s, {})]
-    head = ["figure", *[f"{s.upper()} {LABELS[t]}" for s, t in cols], "target"]
+    labels = [trainer_label(t, raw.get(s, {}).get(t)) for s, t in cols]
+    head = ["figure", *[f"{s.upper()} {label}" for (s, _), label in zip(cols, labels, strict=True)], "target"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
 
     def cell(value: float | None, fmt: str) -> str:
@@ -845,6 +1072,11 @@ def render_table(results: dict[str, dict[str, dict[str, float]]], sizes: list[st
             "",
             "ours / TRL episodes/s: " + ", ".join(whole) + " (target >= 2x); steady: " + ", ".join(steady),
         ]
+    for s in sizes:
+        runs = raw.get(s, {})
+        if {"ours", "trl"} <= set(runs):
+            for line in settings_differences(runs["ours"], runs["trl"]):
+                lines.append(f"- {s.upper()} settings differ: {line}")
     return "\n".join(lines)
 
 
@@ -873,7 +1105,8 @@ def main(argv: list[str] | None = None) -> int:
     for s in args.sizes:
         pr = PRESETS[s]
         print(
-            f"  {s}: {pr.arch} hidden {pr.hidden} x {pr.layers} layers, {counts[s][0] / 1e6:.0f}M params; "
+            f"  {s}: {pr.arch} hidden {pr.hidden} x {pr.layers} layers, {pr.heads} heads "
+            f"({pr.num_kv_heads} key/value), MLP {pr.mlp_size}, {counts[s][0] / 1e6:.0f}M params; "
             f"{pr.prompts} prompts x k={pr.k}, {pr.length} tokens, micro-batch {pr.micro_batch}, "
             f"{args.updates} updates"
         )
@@ -899,12 +1132,13 @@ def main(argv: list[str] | None = None) -> int:
                 "updates": args.updates,
                 "generation": args.generation,
                 "torch_compile": args.torch_compile,
+                "micro_batch_size": args.micro_batch,
                 "seed": args.seed,
                 "lr": args.lr,
                 "beta": args.beta,
             }
             for t in trainers:
-                print(f"[{s}] {LABELS[t]} ...", file=sys.stderr, flush=True)
+                print(f"[{s}] {trainer_label(t)} ...", file=sys.stderr, flush=True)
                 r = run_one(t, spec, root / "runs" / f"{s}-{t}")
                 raw.setdefault(s, {})[t] = r
                 results.setdefault(s, {})[t] = figures(r, pr, counts[s][1], peak)
@@ -914,7 +1148,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if args.workdir is None:
             shutil.rmtree(root, ignore_errors=True)
-    print(render_table(results, args.sizes))
+    print(render_table(results, args.sizes, raw))
     print()
     print(FOOTNOTE)
     if args.json:

@@ -8,7 +8,7 @@
 # WHEELS_DIR comes from `make gpu-wheels` on a machine with network (see benchmarks/gpu-requirements.txt).
 # The node's own torch, transformers and accelerate are used as they are, even when older than the
 # project's pins; the wheels go into a scratch folder, ahead of nothing the node has, and the project runs
-# from this checkout's src/ (benchmarks/gpu_env.sh, shared with gpu_session.sh). Nothing is downloaded: the
+# from this checkout's src/ (benchmarks/gpu_env.sh). Nothing is downloaded: the
 # models are built locally at random init.
 #
 # STEPS (environment) picks what runs, in order: any of tests, bench, compiled (default: all three), so that

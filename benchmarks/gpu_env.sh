@@ -1,4 +1,4 @@
-# Sourced (bash) by gpu_check.sh and gpu_session.sh: what every run on a bare, air-gapped GPU node starts
+# Sourced (bash) by gpu_check.sh: what every run on a bare, air-gapped GPU node starts
 # with. Expects $PY (the node's python) and the checkout's root as the working directory.
 #
 #   gpu_env_install NAME WHEELS_DIR   install WHEELS_DIR/*.whl into a scratch folder ($GPU_ENV_SITE, removed

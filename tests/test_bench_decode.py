@@ -1,7 +1,7 @@
 """benchmarks/bench_decode.py: skips cleanly without a GPU, runs every variant on CPU with a tiny model, and
 its figures and checks are right.
 
-The decode A/B itself needs a CUDA GPU (benchmarks/gpu_session.sh, stage 1). Here it runs on CPU with a
+The decode A/B itself needs a CUDA GPU (benchmarks/gpu_window.py, its decode step). Here it runs on CPU with a
 tiny model, 2 steps and nothing compiled, so that a generator API it relies on going away is caught.
 """
 
@@ -95,8 +95,18 @@ def test_figures_by_hand(bench: ModuleType) -> None:
     # bytes: 2 x 1000 weights + 4 rows x 100 positions x (2 x 2 layers x 64 x 2 bytes = 512)
     assert figs["bytes_per_step_as_read"] == pytest.approx(2000 + 4 * 100 * 512)
     assert figs["fraction_of_bound_as_read"] == pytest.approx((2000 + 204_800) / 1e6 / 0.1)
-    # ideal: bf16 weights, live context 50 + 10 / 2
-    assert figs["fraction_of_bound_ideal"] == pytest.approx((2000 + 4 * 55 * 512) / 1e6 / 0.1)
+    # ideal: bf16 weights, the 2 prompts' 50 tokens once each, 4 rows x 10 / 2 response tokens
+    assert figs["fraction_of_bound_ideal"] == pytest.approx((2000 + (2 * 50 + 4 * 5) * 512) / 1e6 / 0.1)
+    assert math.isnan(figs["cudagraph_skips"])  # no counters in this raw result: n/a, not 0
+    counted = bench.variant_figures(
+        {**raw, "dynamo": {"unique_graphs": 2, "cudagraph_skips": 1}},
+        args=args,
+        preset=preset,
+        matmul_params=1000,
+        mean_prompt=50,
+        bandwidth=1e6,
+    )
+    assert (counted["unique_graphs"], counted["cudagraph_skips"]) == (2.0, 1.0)
     assert figs["peak_memory_gib"] == pytest.approx(2.0)
     assert bench.equal_fraction(torch.tensor([[1, 2], [3, 4]]), torch.tensor([[1, 2], [3, 5]])) == 0.75
     assert bench.equal_fraction(torch.zeros(2, 3), torch.zeros(2, 4)) == 0.0

@@ -6,6 +6,7 @@ CUDA calls skipped) so that a metric key or a TRL method it relies on going away
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import math
 import os
@@ -104,16 +105,52 @@ def test_param_count_matches_the_built_architecture(bench: ModuleType) -> None:
     assert bench.model_param_counts(config) == (total, total - vocab * hidden)
 
 
-def test_presets_are_the_sizes_and_shape_they_are_named_after(bench: ModuleType) -> None:
-    for name, lo, hi in (("0.5b", 0.4e9, 0.6e9), ("1.5b", 1.3e9, 1.6e9)):
-        preset = bench.PRESETS[name]
-        total, matmul = bench.preset_param_counts(preset)
-        assert lo < total < hi
-        assert matmul == total  # Qwen2 ties its embeddings: the one matrix is also the LM head's matmul
-        assert preset.hidden // preset.heads in (64, 128)
-        # TL;DR: 53-token completions, k=4, 64+ completions per update, full vocabulary
-        assert (preset.length, preset.k, preset.vocab) == (53, 4, 151_936)
-        assert preset.prompts * preset.k >= 64
+# Qwen2.5's config.json: hidden, layers, query heads, key/value heads, MLP width; and the published
+# parameter counts (0.49B and 1.54B on their model cards)
+QWEN25 = {
+    "0.5b": ((896, 24, 14, 2, 4864), 0.494e9),
+    "1.5b": ((1536, 28, 12, 2, 8960), 1.54e9),
+}
+
+
+@pytest.mark.parametrize("name", sorted(QWEN25))
+def test_presets_are_the_qwen25_shapes_and_sizes(bench: ModuleType, name: str) -> None:
+    shape, published = QWEN25[name]
+    preset = bench.PRESETS[name]
+    assert (preset.hidden, preset.layers, preset.heads, preset.num_kv_heads, preset.mlp_size) == shape
+    config = bench.preset_config(preset)
+    assert (config.num_key_value_heads, config.intermediate_size, config.tie_word_embeddings) == (
+        shape[3],
+        shape[4],
+        True,
+    )
+    total, matmul = bench.preset_param_counts(preset)  # meta device: nothing allocated
+    assert total == pytest.approx(published, rel=0.005)
+    assert matmul == total  # Qwen2 ties its embeddings: the one matrix is also the LM head's matmul
+    assert bench.qwen2_param_counts(preset) == (total, matmul)  # the hand count is the model's
+    # KV bytes a token: K and V, every layer, 2 key/value heads of 64 / 128, bf16
+    head_dim = preset.hidden // preset.heads
+    assert head_dim in (64, 128)
+    assert bench.kv_bytes_per_token(preset.layers, preset.num_kv_heads, preset.head_dim) == (
+        2 * preset.layers * 2 * head_dim * 2
+    )
+    # TL;DR: 53-token completions, k=4, 64+ completions per update, full vocabulary
+    assert (preset.length, preset.k, preset.vocab) == (53, 4, 151_936)
+    assert preset.prompts * preset.k >= 64
+
+
+def test_the_model_builder_takes_kv_heads_and_mlp_width(tmp_path: Path) -> None:
+    from rloo.demo.tiny import build_tokenizer, causal_lm_config
+
+    build_tokenizer(tmp_path)
+    config = causal_lm_config(
+        tmp_path, arch="qwen2", hidden_size=64, num_heads=4, num_key_value_heads=2, intermediate_size=96
+    )
+    assert (config.num_key_value_heads, config.intermediate_size) == (2, 96)
+    default = causal_lm_config(tmp_path, arch="llama", hidden_size=64, num_heads=4)
+    assert (default.num_key_value_heads, default.intermediate_size) == (4, 256)
+    with pytest.raises(ValueError, match="multiple of num_key_value_heads"):
+        causal_lm_config(tmp_path, arch="qwen2", hidden_size=64, num_heads=4, num_key_value_heads=3)
 
 
 def test_mfu_and_bandwidth_bound_by_hand(bench: ModuleType) -> None:
@@ -126,6 +163,75 @@ def test_mfu_and_bandwidth_bound_by_hand(bench: ModuleType) -> None:
         weight_bytes=2e9, kv_bytes_per_token=1e6, batch=8, mean_context=100, bandwidth=2.8e12
     )
     assert bound == pytest.approx(8000.0)
+    # prefix sharing: 2 prompts of 100 tokens read once each, 2 x 4 rows of 10 response tokens (5 on
+    # average over the steps): 2e9 + (200 + 40) x 1e6 bytes a step
+    step = bench.shared_prefix_decode_bytes(
+        weight_bytes=2e9, kv_bytes_per_token=1e6, prompts=2, prompt=100, k=4, length=10
+    )
+    assert step == pytest.approx(2.24e9)
+
+
+def test_needed_flops_count_each_prompt_once_per_group(bench: ModuleType) -> None:
+    # 1 group of k=2, prompt 5 tokens, 3 response tokens; body 10 params, hidden 2, 1 layer, vocab 7.
+    # Positions: the prompt but its last token once (4), then each row's last prompt token and its
+    # responses but the last (3 each): 4 + 6 = 10. Keys: 4 x 5 / 2 = 10 for the prefix, each row
+    # 3 x 4 (the prefix) + 1 + 2 + 3 = 18: 10 + 36 = 46. Logits: 2 x 3 = 6; none dropped.
+    # Forward: 2 x 10 x 10 + 4 x 1 x 2 x 46 + 2 x 2 x 7 x 6 = 200 + 368 + 168 = 736; x3 with the backward
+    kw = {"body_params": 10, "hidden": 2, "layers": 1, "vocab": 7}
+    assert bench.training_flops_needed(batch=2, k=2, prompt=5, length=3, **kw) == pytest.approx(3 * 736)
+    # the same work for any trainer: TRL's rows execute more than is needed, ours (sharing) about it
+    shape = {"batch": 64, "k": 4, "length": 53, "body_params": 10**8, "hidden": 896, "layers": 24}
+    needed = bench.training_flops_needed(prompt=460, vocab=151_936, **shape)
+    trl = bench.training_flops_executed("trl", micro_batch=32, width=460, vocab=151_936, **shape)
+    assert trl > 2 * needed
+
+
+def test_steady_state_is_the_median_update_after_the_second(bench: ModuleType) -> None:
+    assert bench.median_after_second([30.0, 9.0, 2.0, 4.0, 3.0]) == 3.0  # median of 2, 4, 3
+    assert math.isnan(bench.median_after_second([30.0, 9.0]))
+    result = _result(update_wall_s=[30.0, 9.0, 2.0, 4.0, 3.0])
+    assert bench.steady_episodes_per_s(result, 64) == pytest.approx(64 / 3.0)
+    # a result file from before the wall-clock list: its summed steady time
+    assert bench.steady_episodes_per_s(_result(), 64) == pytest.approx(32 / 5.0)
+
+
+def test_micro_batch_knob_reaches_ours_config(bench: ModuleType) -> None:
+    assert bench.parse_args(["--micro-batch", "16"]).micro_batch == 16
+    assert bench.parse_args(["--micro-batch", "auto"]).micro_batch == "auto"
+    assert bench.parse_args([]).micro_batch is None
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--micro-batch", "0"])
+    overrides = bench.ours_overrides({"generation": "compiled", "micro_batch_size": "auto"})
+    assert overrides["micro_batch_size"] == "auto"
+    assert (overrides["cache_implementation"], overrides["compile_generation"]) == ("static", True)
+    assert "micro_batch_size" not in bench.ours_overrides({"generation": "dynamic"})
+    # executed FLOPs follow the run's own micro-batch: micro-batches of 6 rows split groups of 4, whose
+    # prompts then run twice (once in each), more FLOPs in the same time than whole groups of 64
+    preset = bench.Preset("qwen2", 64, 2, 4, prompts=16, k=4, length=4, micro_batch=64, vocab=1000)
+    peak = ("test GPU", 1e12, 1e12)
+    whole = bench.figures(_result(), preset, 500_000, peak)["training_mfu_executed"]
+    split = bench.figures(_result(micro_batch=6), preset, 500_000, peak)["training_mfu_executed"]
+    assert split > whole
+    # "auto" is resolved inside the trainer: counted as the preset's
+    auto = bench.figures(_result(micro_batch="auto"), preset, 500_000, peak)["training_mfu_executed"]
+    assert auto == whole
+
+
+def test_table_names_trls_version_and_the_settings_that_differ(bench: ModuleType) -> None:
+    figs = {key: 1.0 for key, _, _ in bench.ROWS}
+    settings = {"micro-batch": "32", "reference weights": "float32", "decode": "dynamic cache"}
+    raw = {
+        "0.5b": {
+            "ours": {"settings": {**settings, "decode": "static cache, compiled step"}},
+            "trl": {"trl_version": "1.16.0", "settings": settings},
+        }
+    }
+    table = bench.render_table({"0.5b": {"ours": figs, "trl": figs}}, ["0.5b"], raw)
+    assert "| 0.5B TRL 1.16.0, use_vllm=False |" in table
+    differ = [line for line in table.splitlines() if "settings differ" in line]
+    assert len(differ) == 1 and "decode: ours static cache, compiled step, TRL dynamic cache" in differ[0]
+    assert "nominal" not in table  # the nominal MFU is in the JSON only
+    assert "FLOPs needed" in table and "cudagraph_skips" in table
 
 
 def _run_worker(trainer: str, spec: dict[str, Any], tmp: Path) -> dict[str, Any]:
@@ -190,8 +296,14 @@ def test_workers_produce_every_figure(
         assert result["torch_compile"] is False and result["gradient_checkpointing"] is False
         assert result["old_logprobs_forward"] is False and result["logprob_chunk"] == 4
         assert math.isfinite(figs["logprobs_mfu_executed"]) and figs["logprobs_mfu_executed"] > 0
+    assert len(result["update_wall_s"]) == 3  # wall clock per update, for the steady median
+    if trainer == "ours":  # nothing compiled on this path: no graphs, no CUDA-graph fallbacks
+        assert result["dynamo"] == {"unique_graphs": 0, "cudagraph_skips": 0, "graph_breaks": 0}
+    else:
+        assert result["trl_version"] == importlib.metadata.version("trl")
+    assert result["settings"]["micro-batch"] == "2"
     for key, _, _ in bench.ROWS:
-        if key != "peak_memory_gib":  # 0 on CPU
+        if key not in ("peak_memory_gib", "dynamo_unique_graphs", "cudagraph_skips"):  # 0 or absent on CPU
             assert math.isfinite(figs[key]) and figs[key] > 0, key
     table = bench.render_table({"tiny": {trainer: figs}}, ["tiny"])
     assert table.count("\n") == len(bench.ROWS) + 1  # header, rule, one row per figure
@@ -314,12 +426,17 @@ def test_figures_count_the_policy_as_whole_rows_under_torch_compile(bench: Modul
     assert math.isnan(bench.figures(_result(trainer="trl"), preset, matmul, peak)["logprobs_mfu_executed"])
 
 
+_NEEDED = ("length", "body_params", "hidden", "layers", "vocab")
+
+
 def test_executed_flops_at_the_05b_shape(bench: ModuleType) -> None:
     # 0.5B preset, ~460-token prompts: TRL runs ~2.8x ours' FLOPs (each prompt 4 times instead of once),
     # and the nominal 6 N per token overstates even TRL's (the output layer runs at 54 of 513 positions)
     preset = bench.PRESETS["0.5b"]
     h, v, layers = preset.hidden, preset.vocab, preset.layers
-    body = layers * (16 * h * h + 3 * h + 2 * h) + h  # q/k/v/o, MLP, q/k/v biases, 2 norms; final norm
+    kv = preset.num_kv_heads * preset.head_dim  # 2 key/value heads of 64
+    # q and o, k and v (grouped), q/k/v biases, gate/up/down, 2 norms a layer; the final norm
+    body = layers * (2 * h * h + 2 * h * kv + h + 2 * kv + 3 * h * preset.mlp_size + 2 * h) + h
     kw = {
         "batch": 64,
         "micro_batch": preset.micro_batch,
@@ -334,9 +451,11 @@ def test_executed_flops_at_the_05b_shape(bench: ModuleType) -> None:
     assert body == bench.preset_param_counts(preset)[1] - h * v  # the hand count is the model's
     ours, trl = bench.training_flops_executed("ours", **kw), bench.training_flops_executed("trl", **kw)
     nominal = 6 * (body + h * v) * 64 * (460 + 53)
-    assert 2.7 < trl / ours < 2.9  # 23.5 TFLOP a rollout against 65.7
-    assert 3.6 < nominal / ours < 3.8  # ours' nominal MFU reads ~3.7x its executed one
-    assert 0.74 < trl / nominal < 0.76  # TRL's too, by the output layer left out at prompt positions
+    assert 2.7 < trl / ours < 2.9  # each prompt 4 times instead of once
+    assert 3.5 < nominal / ours < 3.8  # ours' nominal MFU would read ~3.6x its executed one
+    assert 0.76 < trl / nominal < 0.79  # TRL's too, by the output layer left out at prompt positions
+    needed = bench.training_flops_needed(batch=64, k=4, prompt=460, **{n: kw[n] for n in _NEEDED})
+    assert ours == pytest.approx(needed, rel=1e-3)  # ours runs what is needed (one dropped logit a group)
 
 
 def test_decode_bytes_by_hand(bench: ModuleType) -> None:
@@ -429,12 +548,17 @@ def test_figures_use_the_executed_flops_and_bytes_read(bench: ModuleType) -> Non
         vocab=1000,
     )
     assert figs["training_mfu_executed"] == pytest.approx(flops / 2.0 / 1e12)
-    assert figs["training_mfu"] == pytest.approx(6 * matmul * 64 * 14 / 2.0 / 1e12)
+    assert figs["training_mfu_nominal"] == pytest.approx(6 * matmul * 64 * 14 / 2.0 / 1e12)
+    needed = bench.training_flops_needed(
+        batch=64, k=4, prompt=10, length=4, body_params=matmul - 64 * 1000, hidden=64, layers=2, vocab=1000
+    )
+    assert figs["training_mfu_needed"] == pytest.approx(needed / 2.0 / 1e12)
     kv = {"layers": 2, "kv_heads": 4, "head_dim": 16, "batch": 64}
     # static cache not measured: width 12 + 4 slots, rounded up to the generator's bucket, bf16
     context = bench.decode_context("static", 12, 4, bench.static_cache_bucket())
     read = bench.decode_step_bytes(matmul_params=matmul, weights="fp32-autocast", context=context, **kv)
-    ideal = bench.decode_step_bytes(matmul_params=matmul, weights="bf16", context=10 + 2, **kv)
+    # ideal: bf16 weights, 16 prompts of 10 tokens once, 64 rows x 4 / 2 response tokens; 512 B a token
+    ideal = 2 * matmul + (16 * 10 + 64 * 2) * 512
     assert figs["generation_fraction_of_read_bound"] == pytest.approx(256 / (64 * 1e12 / read))
     assert figs["generation_fraction_of_bandwidth_bound"] == pytest.approx(256 / (64 * 1e12 / ideal))
     # the static cache as measured: 128 positions of fp32 (an fp32 model without autocast, say)
@@ -452,7 +576,8 @@ def test_figures_use_the_executed_flops_and_bytes_read(bench: ModuleType) -> Non
     # TRL's rows (the same tokens) execute more: a lower executed MFU at the same time
     trl = bench.figures(_result(trainer="trl"), preset, matmul, peak)
     assert trl["training_mfu_executed"] > figs["training_mfu_executed"]
-    assert trl["training_mfu"] == figs["training_mfu"]
+    assert trl["training_mfu_nominal"] == figs["training_mfu_nominal"]
+    assert trl["training_mfu_needed"] == figs["training_mfu_needed"]  # the same work needed
     # a result file from before these fields: TRL recognised by its phases, mean prompt length as width
     old = _result(phase_seconds={"generation": 1.0, "logprobs+scoring": 1.0, "optimization": 2.0})
     for key in ("trainer", "prompt_width", "decode_weights", "decode_cache"):

@@ -1,457 +1,414 @@
-"""benchmarks/gpu_session.sh, the next GPU session's three stages, checked here without a GPU: its stage
-argument, the commands each stage runs (every file they name exists, every flag parses with the script's
-own parser), the time budgets, and how a stage reports a step that fails, runs out of time or is skipped."""
+"""benchmarks/gpu_window.py (the next GPU session: one call, the same call again for what did not finish)
+and benchmarks/gpu_report.py, checked here without a GPU: the budgets of both calls against the device
+time, the commands each step runs (every file they name exists, every flag parses with its script's own
+parser), the state that makes a second call rerun only unfinished steps, packing into at most 8 files, and
+the report on a fixture results folder."""
 
 from __future__ import annotations
 
 import json
 import os
-import re
-import shlex
-import stat
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
 from tests.fixtures.scripts import load_script
 
 REPO = Path(__file__).resolve().parents[1]
-SCRIPT = REPO / "benchmarks" / "gpu_session.sh"
-STAGE_LIMIT = 510  # the script's default: 8.5 minutes of a 10-minute command
-SETUP_S = 30  # wheel installation and the environment report, before the first step
-STEPS = {
-    "1": ["decode", "bench-0.5b-ours", "profile-0.5b"],
-    "2": ["tests", "zero-setup", "zero2", "zero3"],
-    "3": ["bench-0.5b-vs-trl", "bench-1.5b-ours", "bench-0.5b-ours-layers"],
-}
-
-
-def _session(
-    *args: str, env: dict[str, str] | None = None, timeout: int = 120
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(SCRIPT), *args],
-        env={**os.environ, "PYTHON": sys.executable, **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+WINDOW = REPO / "benchmarks" / "gpu_window.py"
+REPORT = REPO / "benchmarks" / "gpu_report.py"
 
 
 def _module(path: Path) -> ModuleType:
     return sys.modules.get(path.stem) or load_script(path)
 
 
-def test_scripts_parse() -> None:
-    for name in ("gpu_session.sh", "gpu_env.sh", "gpu_check.sh"):
-        proc = subprocess.run(["bash", "-n", str(REPO / "benchmarks" / name)], capture_output=True, text=True)
-        assert proc.returncode == 0, (name, proc.stderr)
-    assert os.stat(SCRIPT).st_mode & stat.S_IXUSR
+@pytest.fixture(scope="module")
+def window() -> ModuleType:
+    return _module(WINDOW)
 
 
-@pytest.mark.parametrize("args", [[], ["0"], ["4", "out"], ["one", "out"], ["1 2", "out"]])
-def test_a_bad_stage_is_one_line_and_exit_2(args: list[str]) -> None:
-    proc = _session(*args)
-    assert proc.returncode == 2
-    assert proc.stdout == ""
-    (line,) = proc.stderr.strip().splitlines()
-    assert line.startswith("gpu_session: STAGE must be 1, 2 or 3")
+@pytest.fixture(scope="module")
+def report() -> ModuleType:
+    return _module(REPORT)
 
 
-def test_no_out_folder_is_exit_2() -> None:
-    proc = _session("1")
-    assert proc.returncode == 2
-    assert (
-        proc.stderr.strip()
-        == "gpu_session: no OUT folder given; usage: benchmarks/gpu_session.sh STAGE OUT (STAGE: 1, 2 or 3)"
+def _run(*argv: str, timeout: int = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, *argv], cwd=REPO, capture_output=True, text=True, timeout=timeout, check=False
     )
 
 
-def _dry_run(stage: str, out: Path) -> list[tuple[str, int, list[list[str]]]]:
-    """The stage's steps as (name, budget, commands) from its dry run."""
-    proc = _session(stage, str(out), env={"DRY_RUN": "1"})
-    assert proc.returncode == 0, proc.stderr
-    assert not out.exists()  # a dry run writes nothing
-    steps: list[tuple[str, int, list[list[str]]]] = []
-    for line in proc.stdout.splitlines():
-        if m := re.fullmatch(r"step (\S+) \(budget (\d+) s\)", line):
-            steps.append((m[1], int(m[2]), []))
-        elif line.startswith("  $ "):
-            steps[-1][2].append(shlex.split(line[4:]))
-    return steps
+# ------------------------------------------------------------------------------------------------------
+# the plan
+def test_dry_run_fits_both_calls_in_the_device_time() -> None:
+    proc = _run(str(WINDOW), "--dry-run")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "fits" in proc.stdout and "DOES NOT FIT" not in proc.stdout
+    assert "vLLM is not sent" in proc.stdout
+    # every step appears in one of the two calls with a budget (none left out at the default budget)
+    assert "not in either call" not in proc.stdout
 
 
-def _check_python_command(argv: list[str], out: Path, work: Path) -> None:
-    assert argv[0] == sys.executable
-    argv = [a.replace("$WORK", str(work)) for a in argv[1:]]
-    for a in argv:  # results go under OUT, scratch under the work folder
+def test_dry_run_budget_sums(window: ModuleType) -> None:
+    first = window.plan_call(window.CALL_BUDGET_S, set())
+    second_budget = window.second_call_budget(window.CALL_BUDGET_S)
+    second = window.plan_call(second_budget, {p.step.name for p in first if p.budget})
+    for plan, budget in ((first, window.CALL_BUDGET_S), (second, second_budget)):
+        serial = sum(p.budget for p in plan if not p.step.background)
+        assert window.WHEELS_S + window.PACK_S + serial <= budget
+        for p in plan:  # a step runs with at least its minimum, or not at all
+            assert p.budget == 0 or p.step.minimum <= p.budget <= p.step.budget
+    assert window.STARTUP_S + window.CALL_BUDGET_S + window.BETWEEN_CALLS_S + second_budget <= 900
+    ran = [p.step.name for plan in (first, second) for p in plan if p.budget]
+    assert sorted(ran) == sorted(window.STEP_NAMES)  # between them, every step
+    assert first[0].step.background and first[0].step.name == "zero"  # started first, beside the rest
+
+
+def test_a_budget_that_does_not_fit_is_exit_2() -> None:
+    proc = _run(str(WINDOW), "--dry-run", "--budget", "700")
+    assert proc.returncode == 2
+    assert "DOES NOT FIT" in proc.stdout
+
+
+def test_a_bad_budget_is_a_usage_error() -> None:
+    proc = _run(str(WINDOW), "--budget", "10")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1].startswith("gpu_window.py: error: --budget")
+
+
+def test_the_plan_skips_below_a_minimum_and_leaves_out_finished_steps(window: ModuleType) -> None:
+    # 200 s: 35 for the wheels and the pack; tests take 120; 45 s is below every later minimum
+    plan = {p.step.name: p for p in window.plan_call(200, set())}
+    assert plan["tests"].budget == 120
+    assert all(plan[name].budget == 0 for name in ("bench-0.5b-vs-trl", "decode", "bench-0.5b-ours-layers"))
+    assert "needs 100" in plan["bench-0.5b-vs-trl"].why
+    assert plan["zero"].budget == 165  # the background step: bounded by the call, not by the others
+    again = window.plan_call(200, {"tests", "zero"})
+    assert again[0].step.name == "bench-0.5b-vs-trl"
+    assert again[0].budget == 160
+
+
+# ------------------------------------------------------------------------------------------------------
+# the commands
+def _check_command(argv: list[str], raw: Path, scratch: Path) -> None:
+    assert argv[0] == "python"
+    for a in argv[1:]:  # results under the step's raw folder, models and checkpoints under scratch
         if a.startswith("/"):
-            assert a.startswith((str(out) + "/", str(work) + "/")), a
-    if argv[0].startswith("benchmarks/"):
-        script = REPO / argv[0]
+            assert a.startswith((str(raw) + "/", str(scratch) + "/")), a
+    if argv[1].startswith("benchmarks/"):
+        script = REPO / argv[1]
         assert script.is_file(), script
-        _module(script).parse_args(argv[1:])  # SystemExit(2) on a flag the script does not take
-    elif argv[:2] == ["-m", "pytest"]:
-        assert "-p" in argv and argv[argv.index("-p", argv.index("no:cacheprovider")) + 1] == "no:logging"
-        assert (REPO / "tests" / "gpu").is_dir() and "tests/gpu" in argv
-        assert "--timeout" in argv or "faulthandler_timeout=120" in argv
-        # the DeepSpeed tests it leaves out are the ones the zero steps run
-        assert argv[argv.index("-k") + 1] == "not deepspeed"
-        assert "def test_deepspeed_" in (REPO / "tests" / "gpu" / "test_gpu_train.py").read_text()
-    elif argv[:2] == ["-m", "accelerate.commands.launch"]:
+        _module(script).parse_args(argv[2:])  # SystemExit(2) on a flag the script does not take
+    elif argv[1:3] == ["-m", "pytest"]:
+        assert "--timeout" in argv and "tests/gpu" in argv and "no:logging" in argv
+        selection = argv[argv.index("-k") + 1]
+        source = "".join(p.read_text() for p in (REPO / "tests" / "gpu").glob("test_*.py"))
+        for name in selection.split(" or "):  # every name selects a GPU test that exists
+            assert f"def test_{name.strip()}" in source or f"_{name.strip()}" in source, name
+    elif argv[1:3] == ["-m", "accelerate.commands.launch"]:
         config = argv[argv.index("--config_file") + 1]
         assert (REPO / config).is_file(), config
         cli = argv.index("rloo.cli")
-        assert argv[cli - 1] == "-m" and argv[cli + 1] == "train"
         from rloo.config import RLOOConfig
         from rloo.parsing import parse_config
 
         cfg = parse_config(RLOOConfig, argv[cli + 2 :], prog="rloo train")
-        assert cfg.bf16 and cfg.save_steps == 1
-    elif argv[0] == "-c":
-        compile(argv[1], "<gpu_session -c>", "exec")
+        assert cfg.bf16 and cfg.save_steps == 1 and cfg.max_steps in (2, 4)
+    elif argv[1] == "-c":
+        compile(argv[2], "<gpu_window -c>", "exec")
     else:
         raise AssertionError(f"a command this test does not know: {argv}")
 
 
-@pytest.mark.parametrize("stage", sorted(STEPS))
-def test_dry_run_commands_name_real_files_and_flags(stage: str, tmp_path: Path) -> None:
-    out = tmp_path / "out"
-    steps = _dry_run(stage, out)
-    assert [name for name, _, _ in steps] == STEPS[stage]
-    # every step within the stage's limit, after the set-up
-    assert sum(budget for _, budget, _ in steps) <= STAGE_LIMIT - SETUP_S
-    for name, _, commands in steps:
-        assert commands, name
-        for argv in commands:
-            _check_python_command(argv, out, Path("/work-folder"))
+@pytest.mark.parametrize("step", ["zero", "tests", "bench-0.5b-vs-trl", "decode", "bench-1.5b-ours-layers"])
+def test_step_commands_name_real_files_and_flags(window: ModuleType, step: str, tmp_path: Path) -> None:
+    raw, scratch = tmp_path / "raw", tmp_path / "scratch"
+    commands = window.step_commands(step, "python", raw, scratch)
+    assert commands
+    for _, argv in commands:
+        _check_command(argv, raw, scratch)
 
 
-def test_dry_run_stage_contents(tmp_path: Path) -> None:
-    out = tmp_path / "out"
-    commands = {name: cmds for name, _, cmds in _dry_run("1", out)}
-    (decode,) = commands["decode"]
-    assert decode[1:4] == ["benchmarks/bench_decode.py", "--preset", "0.5b"]
-    (bench,) = commands["bench-0.5b-ours"]
-    assert bench[bench.index("--only") + 1] == "ours" and bench[bench.index("--generation") + 1] == "compiled"
-    commands = {name: cmds for name, _, cmds in _dry_run("2", out)}
-    for stage in ("2", "3"):
-        first, resume = commands[f"zero{stage}"]  # run 2 updates, then resume to 4 in the same folder
-        assert f"configs/accelerate/deepspeed_zero{stage}.yaml" in first
-        assert first[:-1] == resume[:-1] and (first[-1], resume[-1]) == ("2", "4")
-    commands = {name: cmds for name, _, cmds in _dry_run("3", out)}
-    (trl,) = commands["bench-0.5b-vs-trl"]
-    assert "--only" not in trl and trl[trl.index("--sizes") + 1] == "0.5b"
-    (big,) = commands["bench-1.5b-ours"]
-    assert big[big.index("--sizes") + 1] == "1.5b" and big[big.index("--only") + 1] == "ours"
+def test_layers_steps_compile_the_layers_and_the_vs_trl_step_runs_both(window: ModuleType) -> None:
+    raw, scratch = Path("/r"), Path("/s")
+    for name, size in (("bench-1.5b-ours-layers", "1.5b"), ("bench-0.5b-ours-layers", "0.5b")):
+        argv = window.step_commands(name, "python", raw, scratch)[0][1]
+        assert "--torch-compile" in argv and argv[argv.index("--sizes") + 1] == size
+        assert argv[argv.index("--only") + 1] == "ours"
+    versus = window.step_commands("bench-0.5b-vs-trl", "python", raw, scratch)[0][1]
+    assert "--only" not in versus and "--torch-compile" not in versus
+    zero = [log for log, _ in window.step_commands("zero", "python", raw, scratch)]
+    assert zero == ["zero-setup", "zero2-first", "zero2-resume", "zero3-first", "zero3-resume"]
 
 
-FAKE_PYTHON = """#!/usr/bin/env bash
-# a stand-in python: the benchmarks fail, hang or write figures as the test asks; the rest is real python
-json_arg() {{ while [ $# -gt 0 ]; do [ "$1" = --json ] && echo "$2"; shift; done; }}
-case "$1" in
-  benchmarks/bench_decode.py) cp {decode_json} "$(json_arg "$@")"; echo "decode table"; exit 3 ;;
-  benchmarks/bench_gpu.py) echo started; exec sleep 60 ;;
-  benchmarks/*) echo "should have been skipped"; exit 0 ;;
-  -c) [ "$2" = "import torch" ] && exit 0 ;;
-  -) if [ -z "${{GPU_SESSION_OUT:-}}" ]; then cat >/dev/null; echo "cuda: None available: False"; exit 0; fi ;;
-esac
-exec {python} "$@"
-"""
-
-
-def test_a_stage_reports_failures_timeouts_and_skips(tmp_path: Path) -> None:
-    # decode fails (exit 3: its greedy agreement below 90%) having written its figures; the benchmark hangs until its
-    # budget (here the whole stage's 8 s) runs out; no time is left for the profile: every step is
-    # accounted for, the stage exits 1, and the summary table comes last
-    decode = {
-        "variants": {
-            "fp32-autocast": {"figures": {"decode_ms_per_step": 6.5}},
-            "whole-step": {"figures": {"decode_ms_per_step": 2.25}},
-            "dynamic": {"error": "failed: RuntimeError: x"},
-        },
-        "checks": [{"ok": False, "greedy": 0.5}],
-    }
-    (tmp_path / "decode.json").write_text(json.dumps(decode))
-    fake = tmp_path / "python"
-    fake.write_text(FAKE_PYTHON.format(decode_json=tmp_path / "decode.json", python=sys.executable))
-    fake.chmod(0o755)
-    out = tmp_path / "out"
-    proc = _session(
-        "1",
-        str(out),
-        env={"PYTHON": str(fake), "WHEELS": str(tmp_path / "none"), "STAGE_LIMIT": "8", "MIN_STEP": "2"},
-    )
-    assert proc.returncode == 1, proc.stdout + proc.stderr
-    table = proc.stdout.strip().splitlines()[-5:]
-    assert table[:2] == ["| step | status | seconds | headline |", "|---|---|---:|---|"]
-    decode_row, bench_row, profile_row = (line.split(" | ") for line in table[2:])
-    assert decode_row[:2] == ["| decode", "FAILED (exit 3)"]
-    assert "fp32-autocast 6.50, whole-step 2.25" in decode_row[3]
-    assert "greedy MISMATCH (50.0% equal)" in decode_row[3]
-    assert bench_row[:2] == ["| bench-0.5b-ours", "TIMEOUT"] and int(bench_row[2]) <= 8
-    assert profile_row[:2] == ["| profile-0.5b", "skipped"] and "no time left" in profile_row[3]
-    assert (out / "decode.out").read_text() == "decode table\n"
-    assert (out / "bench-0.5b-ours.out").read_text() == "started\n"
-    assert not (out / "profile-0.5b.out").exists()
-    assert (out / "summary.md").read_text().strip().splitlines() == table
-    assert "available: False" in (out / "environment.txt").read_text()
-
-
-FAKE_BENCH_PYTHON = """#!/usr/bin/env bash
-# a stand-in python: bench_gpu.py writes the prepared figures of its step; the rest is real python
-json_arg() {{ while [ $# -gt 0 ]; do [ "$1" = --json ] && echo "$2"; shift; done; }}
-case "$1" in
-  benchmarks/bench_gpu.py) f=$(json_arg "$@"); [ -f {figures}/"${{f##*/}}" ] && cp {figures}/"${{f##*/}}" "$f"; echo table; exit 0 ;;
-  -c) [ "$2" = "import torch" ] && exit 0 ;;
-  -) if [ -z "${{GPU_SESSION_OUT:-}}" ]; then cat >/dev/null; echo "cuda: None available: False"; exit 0; fi ;;
-esac
-exec {python} "$@"
-"""
-
-
-def _bench_json(**steady: float) -> dict[str, object]:
-    runs = {
-        trainer: {
-            "steady_episodes_per_s": eps,
-            "generation_fraction_of_read_bound": 0.5,
-            "training_mfu_executed": 0.25,
-            "training_mfu": 0.75,
-        }
-        for trainer, eps in steady.items()
-    }
-    return {"figures": {"0.5b": runs}}
-
-
-@pytest.mark.parametrize("with_trl_run", [True, False])
-def test_stage_3_summary_gives_the_torch_compile_ratio(tmp_path: Path, with_trl_run: bool) -> None:
-    # ours with --torch_compile (12 ep/s steady) against the ours row of bench-0.5b-vs-trl (8): 1.50x;
-    # without that run the layers row still has its own headline, and no ratio
-    figures = tmp_path / "figures"
-    figures.mkdir()
-    (figures / "bench-0.5b-ours-layers.json").write_text(json.dumps(_bench_json(ours=12.0)))
-    if with_trl_run:
-        (figures / "bench-0.5b-vs-trl.json").write_text(json.dumps(_bench_json(ours=8.0, trl=4.0)))
-    fake = tmp_path / "python"
-    fake.write_text(FAKE_BENCH_PYTHON.format(figures=figures, python=sys.executable))
-    fake.chmod(0o755)
-    out = tmp_path / "out"
-    proc = _session("3", str(out), env={"PYTHON": str(fake), "WHEELS": str(tmp_path / "none")})
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    rows = {
-        r[0]: r for r in (line.split(" | ") for line in (out / "summary.md").read_text().splitlines()[2:])
-    }
-    layers = rows["| bench-0.5b-ours-layers"]
-    assert layers[1] == "ok"
-    assert "0.5b ours: 12.0 ep/s steady" in layers[3] and "MFU 25% exec / 75% nominal" in layers[3]
-    ratio = "--torch_compile / without (bench-0.5b-vs-trl ours): 1.50x steady"
-    if with_trl_run:
-        assert ratio in layers[3]
-        assert "ratio 2.00x steady" in rows["| bench-0.5b-vs-trl"][3]
-    else:
-        assert "--torch_compile / without" not in layers[3]
-    assert not (out / "summary.err").read_text().strip()
-
-
-def _fake(tmp_path: Path, text: str, **fields: object) -> Path:
-    fake = tmp_path / "python"
-    fake.write_text(text.format(python=sys.executable, **fields))
-    fake.chmod(0o755)
-    return fake
-
-
-def _rows(out: Path) -> dict[str, list[str]]:
-    """summary.md's rows by step: [name, status, seconds, headline]."""
-    rows = {}
-    for line in (out / "summary.md").read_text().splitlines()[2:]:
-        assert line.startswith("| ") and line.endswith(" |"), line
-        cells = re.split(r" \| ", line[2:-2])  # "\|" in a headline is not a column
-        assert len(cells) == 4, line
-        rows[cells[0]] = cells
-    return rows
-
-
-NO_TORCH_PYTHON = """#!/usr/bin/env bash
-# a stand-in for a node's default python that is not the one with its CUDA torch
-if [ "$1" = -c ] && [ "$2" = "import torch" ]; then
-  printf 'Traceback (most recent call last):\\n  File "<string>", line 1\\nModuleNotFoundError: No module named %s\\n' "'torch'" >&2
-  exit 1
-fi
-exec {python} "$@"
-"""
-NO_TORCH_LINE = (
-    "gpu_session: {py} cannot import torch: set PYTHON to the interpreter with the node's CUDA torch "
-    "(e.g. PYTHON=/usr/bin/python3.12)"
-)
-
-
-@pytest.mark.parametrize("python", ["without-torch", "absent"])
-def test_a_python_without_torch_stops_before_any_step(tmp_path: Path, python: str) -> None:
-    py = _fake(tmp_path, NO_TORCH_PYTHON) if python == "without-torch" else tmp_path / "no-such-python"
-    out = tmp_path / "out"
-    env = {"PYTHON": str(py), "WHEELS": str(tmp_path / "none")}
-    proc = _session("1", str(out), env=env)
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert proc.stdout == ""  # no environment report, no step, no summary
-    assert NO_TORCH_LINE.format(py=py) in proc.stderr.splitlines()
-    assert "Traceback" not in proc.stderr and "ModuleNotFoundError" not in proc.stderr
-    assert sorted(p.name for p in out.iterdir()) == []
-    # a dry run runs nothing, so needs no torch
-    dry = _session("1", str(tmp_path / "dry"), env={**env, "DRY_RUN": "1"})
-    assert dry.returncode == 0, dry.stderr
-    assert "step decode (budget 200 s)" in dry.stdout.splitlines()
-
-
-FAILING_PYTHON = """#!/usr/bin/env bash
-# a stand-in python: decode dies on an import, the benchmark on a long error line; the profile writes nothing
-case "$1" in
-  benchmarks/bench_decode.py) printf 'Traceback (most recent call last):\\n  File "x", line 1\\nModuleNotFoundError: No module named %s\\n\\n' "'x'" >&2; exit 1 ;;
-  benchmarks/bench_gpu.py) printf 'RuntimeError: a|b %0300d\\n' 0 >&2; exit 1 ;;
-  benchmarks/profile_gpu.py) echo "a warning" >&2; exit 0 ;;
-  -c) [ "$2" = "import torch" ] && exit 0 ;;
-  -) if [ -z "${{GPU_SESSION_OUT:-}}" ]; then cat >/dev/null; echo "cuda: None available: False"; exit 0; fi ;;
-esac
-exec {python} "$@"
-"""
-
-
-def test_a_failed_step_without_a_headline_shows_its_stderr(tmp_path: Path) -> None:
-    fake = _fake(tmp_path, FAILING_PYTHON)
-    out = tmp_path / "out"
-    proc = _session("1", str(out), env={"PYTHON": str(fake), "WHEELS": str(tmp_path / "none")})
-    assert proc.returncode == 1, proc.stdout + proc.stderr
-    rows = _rows(out)
-    assert rows["decode"][1:] == ["FAILED (exit 1)", "0", "stderr: ModuleNotFoundError: No module named 'x'"]
-    bench = rows["bench-0.5b-ours"]
-    assert bench[1] == "FAILED (exit 1)"
-    assert bench[3].startswith("stderr: RuntimeError: a\\|b 000") and bench[3].endswith("0...")
-    assert len(bench[3]) == len("stderr: ") + 100 + len("...") + 1  # cut to 100 characters, the | escaped
-    assert rows["profile-0.5b"][1:] == ["ok", "0", ""]  # a step that did not fail: its stderr is not news
-
-    # a step cut off before its command ran: the reason is the last line of its stderr too
-    out = tmp_path / "out-timeout"
-    proc = _session(
-        "1",
-        str(out),
-        env={"PYTHON": str(fake), "WHEELS": str(tmp_path / "none"), "STAGE_LIMIT": "4", "MIN_STEP": "1"},
-    )
-    assert proc.returncode == 1, proc.stdout + proc.stderr
-    decode = _rows(out)["decode"]
-    assert decode[1] == "TIMEOUT"
-    assert decode[3] == "stderr: gpu_session: decode: no time left in the step"
-
-
-def _dry_run_budgets(stage: str, env: dict[str, str]) -> list[tuple[str, int | None]]:
-    """(step, budget) from a dry run, budget None for a step it says would be skipped (and gives no command)."""
-    proc = _session(stage, "out", env={"DRY_RUN": "1", **env})
-    assert proc.returncode == 0, proc.stderr
-    steps: list[tuple[str, int | None]] = []
-    lines = proc.stdout.splitlines()
-    assert f"setup (~{SETUP_S} s)" in lines[1]  # the estimate the budgets below count on
-    for i, line in enumerate(lines):
-        if m := re.fullmatch(r"step (\S+) \(budget (\d+) s\)", line):
-            steps.append((m[1], int(m[2])))
-        elif m := re.fullmatch(r"step (\S+) \(skipped: no time left, (\d+) s of the stage\)", line):
-            steps.append((m[1], None))
-            assert i + 1 == len(lines) or not lines[i + 1].startswith("  $"), line
-    return steps
-
-
-def test_dry_run_budgets_under_a_stage_limit() -> None:
-    # the lease's example: 240 s for stage 3 is 210 s after the set-up, the ratio's 170 s, then 40 s: too little
-    assert _dry_run_budgets("3", {"STAGE_LIMIT": "240"}) == [
-        ("bench-0.5b-vs-trl", 170),
-        ("bench-1.5b-ours", None),
-        ("bench-0.5b-ours-layers", None),
-    ]
-    assert _dry_run_budgets("1", {"STAGE_LIMIT": "300"}) == [
-        ("decode", 200),
-        ("bench-0.5b-ours", 70),  # cut to what is left
-        ("profile-0.5b", None),
-    ]
-    assert _dry_run_budgets("1", {"STAGE_LIMIT": "300", "MIN_STEP": "80"}) == [
-        ("decode", 200),
-        ("bench-0.5b-ours", None),
-        ("profile-0.5b", None),
-    ]
-
-
-@pytest.mark.parametrize("stage", sorted(STEPS))
-@pytest.mark.parametrize("limit", [60, 100, 240, 330, 420, 510, 900])
-def test_dry_run_budgets_follow_the_stage_rule(stage: str, limit: int) -> None:
-    # the rule of the real run, each step before taking its whole budget: cut to what is left, skipped under
-    # MIN_STEP (45 s); the default limit cuts nothing
-    full = _dry_run_budgets(stage, {})
-    assert [name for name, _ in full] == STEPS[stage] and all(b for _, b in full)
-    expected: list[tuple[str, int | None]] = []
-    left = limit - SETUP_S
-    for name, budget in full:
-        assert budget is not None
-        if left < 45:
-            expected.append((name, None))
-            continue
-        expected.append((name, min(budget, left)))
-        left -= min(budget, left)
-    assert _dry_run_budgets(stage, {"STAGE_LIMIT": str(limit)}) == expected
-
-
-@pytest.mark.parametrize("var", ["STAGE_LIMIT", "MIN_STEP"])
-@pytest.mark.parametrize("value", ["abc", "0", "-5", "1.5", " 60", "60s", "0x10"])
-@pytest.mark.parametrize("dry", [True, False])
-def test_a_bad_stage_limit_or_min_step_is_one_line_and_exit_2(
-    tmp_path: Path, var: str, value: str, dry: bool
+def test_node_env_puts_the_checkout_first_and_names_deepspeeds_accelerator(
+    window: ModuleType, tmp_path: Path
 ) -> None:
-    out = tmp_path / "out"
-    env = {var: value, "WHEELS": str(tmp_path / "none"), **({"DRY_RUN": "1"} if dry else {})}
-    proc = _session("1", str(out), env=env)
+    env = window.node_env(tmp_path / "site")
+    assert env["DS_ACCELERATOR"] == "cuda" and env["HF_HUB_OFFLINE"] == "1"
+    assert env["PYTHONPATH"].split(os.pathsep)[:2] == [str(REPO / "src"), str(tmp_path / "site")]
+
+
+# ------------------------------------------------------------------------------------------------------
+# running: state, reruns, packing
+FAKE_STEPS = "fake"
+
+
+def _fake_steps(
+    window: ModuleType, monkeypatch: pytest.MonkeyPatch, tmp: Path, exits: dict[str, Any]
+) -> Path:
+    """Small stand-in steps: each writes a marker file and exits as ``exits`` says ("sleep": runs past
+    its 2-s budget); the real steps' order and background flag."""
+    marks = tmp / "marks"
+    marks.mkdir(exist_ok=True)
+    steps = tuple(
+        window.Step(s.name, 2, 1, s.what, background=s.background) for s in window.STEPS
+    )  # 2 s budgets
+    monkeypatch.setattr(window, "STEPS", steps)
+    monkeypatch.setattr(window, "PACK_S", 0)
+
+    def commands(name: str, py: str, raw: Path, scratch: Path) -> list[tuple[str, list[str]]]:
+        outcome = exits.get(name, 0)
+        body = f"open({str(marks / name)!r}, 'a').write('x'); print('ran {name}')"
+        body += "; import time; time.sleep(30)" if outcome == "sleep" else f"; raise SystemExit({outcome})"
+        return [("main", [sys.executable, "-c", body])]
+
+    monkeypatch.setattr(window, "step_commands", commands)
+    monkeypatch.setattr(window, "zero_check", lambda raw, scratch: "")
+    return marks
+
+
+def _call(window: ModuleType, work: Path, out: Path, state: dict[str, Any], seconds: float = 60) -> Any:
+    import time
+
+    work.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    return window.Call(work, out, sys.executable, time.monotonic() + seconds, env, state)
+
+
+def test_a_second_call_reruns_only_what_did_not_finish(
+    window: ModuleType, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    work, out = tmp_path / "work", tmp_path / "out"
+    marks = _fake_steps(window, monkeypatch, tmp_path, {"decode": 3, "bench-0.5b-ours-layers": "sleep"})
+    state = window.load_state(work)
+    state["calls"] = 1
+    assert window.run_call(_call(window, work, out, state)) == 1
+    steps = json.loads((work / "state.json").read_text())["steps"]
+    assert steps["decode"]["status"] == "failed (exit 3)"
+    assert steps["bench-0.5b-ours-layers"]["status"] == "timeout"
+    assert {n for n, r in steps.items() if r["status"] == "ok"} == set(window.STEP_NAMES) - {
+        "decode",
+        "bench-0.5b-ours-layers",
+    }
+    assert sorted(p.name for p in marks.iterdir()) == sorted(window.STEP_NAMES)
+    # the second call on a fresh machine: only the first call's results.tar.gz carried back
+    work2 = tmp_path / "work2"
+    work2.mkdir()
+    (work2 / "results.tar.gz").write_bytes((out / "results.tar.gz").read_bytes())
+    for mark in marks.iterdir():
+        mark.unlink()
+    _fake_steps(window, monkeypatch, tmp_path, {})
+    state = window.load_state(work2)
+    assert window.finished(state) == set(window.STEP_NAMES) - {"decode", "bench-0.5b-ours-layers"}
+    state["calls"] = 2
+    assert window.run_call(_call(window, work2, tmp_path / "out2", state)) == 0
+    assert sorted(p.name for p in marks.iterdir()) == ["bench-0.5b-ours-layers", "decode"]
+    final = json.loads((work2 / "state.json").read_text())["steps"]
+    assert final["decode"]["call"] == 2 and final["tests"]["call"] == 1
+    # the earlier call's raw output of a finished step is still there to pack
+    assert (work2 / "raw" / "tests" / "main.out").read_text().strip() == "ran tests"
+
+
+def test_a_step_with_too_little_time_left_is_skipped_for_the_next_call(
+    window: ModuleType, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    marks = _fake_steps(window, monkeypatch, tmp_path, {})
+    state = {"calls": 1, "steps": {}}
+    assert window.run_call(_call(window, tmp_path / "w", tmp_path / "o", state, seconds=0.5)) == 1
+    steps = json.loads((tmp_path / "w" / "state.json").read_text())["steps"]
+    assert {r["status"] for r in steps.values()} == {"skipped"}
+    assert not list(marks.iterdir())
+    assert window.finished(steps and {"steps": steps}) == set()
+
+
+def test_packing_is_at_most_8_files_and_cuts_long_logs(
+    window: ModuleType, report: ModuleType, tmp_path: Path
+) -> None:
+    work, out = tmp_path / "work", tmp_path / "out"
+    for step in window.STEP_NAMES:
+        (work / "raw" / step).mkdir(parents=True)
+        (work / "raw" / step / "main.err").write_text(f"{step} log\n")
+    big = work / "raw" / "tests" / "pytest.out"
+    big.write_bytes(b"x" * (3 * window.LOG_TAIL_BYTES) + b"\nthe last line\n")
+    state = {"calls": 1, "steps": {}}
+    window.record_step(state, "tests", "ok", 12.0)
+    window.save_state(work, state)
+    files = window.pack(work, out, window.summarize)
+    assert len(list(out.iterdir())) == len(files) <= window.MAX_RESULT_FILES
+    assert all(f.stat().st_size < window.MAX_FILE_BYTES for f in files)
+    with tarfile.open(out / "results.tar.gz") as tar:
+        names = tar.getnames()
+        assert "state.json" in names and len([n for n in names if n.endswith("main.err")]) == 6
+        packed = tar.extractfile("raw/tests/pytest.out")
+        assert packed is not None
+        data = packed.read()
+    assert len(data) == window.LOG_TAIL_BYTES and data.endswith(b"the last line\n")
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"]["tests"]["status"] == "ok"
+
+
+def test_a_python_without_torch_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\nexit 1\n")
+    fake.chmod(0o755)
+    (tmp_path / "wheels").mkdir()
+    proc = _run(
+        str(WINDOW),
+        "--python",
+        str(fake),
+        "--wheels",
+        str(tmp_path / "wheels"),
+        "--work",
+        str(tmp_path / "work"),
+        "--out",
+        str(tmp_path / "out"),
+    )
     assert proc.returncode == 2
-    assert proc.stdout == ""
-    assert proc.stderr.splitlines() == [
-        f"gpu_session: {var} must be a whole number of seconds above 0, not '{value}'"
-    ]
-    assert not out.exists()
+    assert proc.stderr.strip().count("\n") == 0 and "cannot import torch" in proc.stderr
 
 
-def test_stage_2_dry_run_is_readable() -> None:
-    proc = _session("2", "out", env={"DRY_RUN": "1"})
+def test_the_session_wrapper_passes_its_arguments_on() -> None:
+    proc = subprocess.run(
+        [str(REPO / "benchmarks" / "gpu_session.sh"), "--dry-run"],
+        env={**os.environ, "PYTHON": sys.executable},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr
-    lines = proc.stdout.splitlines()
-    (work,) = [line for line in lines if line.startswith("$WORK: ")]  # what $WORK in the commands is
-    assert "scratch folder" in work and "mktemp -d" in work
-    commands = [line for line in lines if line.startswith("  $ ")]
-    assert all("\\" not in line for line in commands), commands  # no \$WORK, no "import\ sys\;"
-    assert any(" --model_name_or_path $WORK/tiny/policy " in line for line in commands)
-    (setup,) = [line for line in commands if " -c " in line]
-    assert setup.startswith(
-        f'  $ {sys.executable} -c "import sys; from rloo.demo.tiny import build_tiny_setup; '
-    )
-    assert setup.endswith('" $WORK/tiny $WORK/toy')
-    # stages without $WORK do not explain it
-    assert not any(
-        line.startswith("$WORK") for line in _session("1", "out", env={"DRY_RUN": "1"}).stdout.splitlines()
-    )
+    assert "call 2" in proc.stdout
 
 
-@pytest.mark.slow
-def test_stage_2_without_a_gpu(tmp_path: Path) -> None:
-    # the real thing on CPU: pytest -m gpu with the session's flags skips its modules, the tiny model is
-    # built, and the ZeRO steps say why they did not run
+# ------------------------------------------------------------------------------------------------------
+# the report
+def _bench_fixture() -> dict[str, Any]:
+    """bench_gpu.py's JSON for ours and TRL at 0.5B, its figures computed by bench_gpu.figures."""
+    bench = _module(REPO / "benchmarks" / "bench_gpu.py")
+    preset = bench.PRESETS["0.5b"]
+    base = {
+        "seconds": 60.0,
+        "episodes": 384,
+        "phase_seconds": {"generation": 5.0, "logprobs": 1.0, "scoring": 0.5, "optimization": 4.0},
+        "generated_tokens": 5 * 64 * 53.0,
+        "train_tokens": 5 * 64 * (460 + 53.0),
+        "prompt_tokens_per_completion": 460.0,
+        "prompt_width": 470.0,
+        "decode_weights": "bf16",
+        "decode_cache": "static",
+        "rollouts": 5,
+        "peak_memory_bytes": 2**33,
+    }
+    ours = {**base, "trainer": "ours", "update_wall_s": [30.0, 8.0, 2.0, 2.0, 2.0, 2.0]}
+    ours |= {"dynamo": {"unique_graphs": 3, "cudagraph_skips": 0, "graph_breaks": 0}}
+    ours |= {"settings": {"decode": "static cache, compiled step", "micro-batch": "32"}}
+    trl = {**base, "trainer": "trl", "update_wall_s": [20.0, 9.0, 8.0, 8.0, 8.0, 8.0]}
+    trl |= {"decode_weights": "fp32-autocast", "decode_cache": "dynamic", "trl_version": "1.16.0"}
+    trl |= {"settings": {"decode": "dynamic cache", "micro-batch": "32"}}
+    trl["phase_seconds"] = {"generation": 20.0, "logprobs+scoring": 4.0, "optimization": 10.0}
+    matmul = bench.preset_param_counts(preset)[1]
+    peak = ("H100 SXM", 989e12, 3.35e12)
+    figures = {t: bench.figures(r, preset, matmul, peak) for t, r in (("ours", ours), ("trl", trl))}
+    return {
+        "gpu": "NVIDIA H100 80GB HBM3",
+        "peak": peak,
+        "raw": {"0.5b": {"ours": ours, "trl": trl}},
+        "figures": {"0.5b": figures},
+    }
+
+
+def _results_folder(window: ModuleType, tmp_path: Path) -> Path:
+    work = tmp_path / "work"
+    (work / "raw" / "bench-0.5b-vs-trl").mkdir(parents=True)
+    (work / "raw" / "environment.txt").write_text(
+        "python: 3.12.3\ngpu: NVIDIA H100 80GB HBM3, 79.1 GiB, 132 SMs\n"
+    )
+    (work / "raw" / "bench-0.5b-vs-trl" / "bench.json").write_text(json.dumps(_bench_fixture()))
+    (work / "raw" / "decode").mkdir()
+    (work / "raw" / "decode" / "decode.err").write_text("Traceback ...\nRuntimeError: CUDA out of memory\n")
+    state = {"calls": 1, "steps": {}}
+    window.record_step(state, "bench-0.5b-vs-trl", "ok", 150.0)
+    window.record_step(state, "decode", "failed (exit 1)", 30.0)
+    window.record_step(state, "bench-1.5b-ours-layers", "skipped", 0.0, "20 s left, needs 110")
+    window.save_state(work, state)
     out = tmp_path / "out"
-    proc = _session(
-        "2", str(out), env={"CUDA_VISIBLE_DEVICES": "", "WHEELS": str(tmp_path / "none")}, timeout=600
+    window.pack(work, out, window.summarize)
+    return out
+
+
+def test_report_turns_packed_results_into_the_results_table(
+    window: ModuleType, report: ModuleType, tmp_path: Path
+) -> None:
+    out = _results_folder(window, tmp_path)
+    proc = _run(str(REPORT), str(out), "--output", str(tmp_path / "report.md"))
+    assert proc.returncode == 0, proc.stderr
+    text = (tmp_path / "report.md").read_text()
+    assert text == proc.stdout
+    assert "GPU window on NVIDIA H100 80GB HBM3" in text
+    rows = {line.split(" | ")[0].strip("| "): line for line in text.splitlines() if line.startswith("| ")}
+    # ours: 64 episodes a 2-s update; TRL: a 8-s update; the steady ratio is theirs
+    assert "0.5b ours: 32.0 ep/s steady" in rows["bench-0.5b-vs-trl"]
+    assert "ours/TRL 4.00x steady" in rows["bench-0.5b-vs-trl"]
+    assert "stderr: RuntimeError: CUDA out of memory" in rows["decode"]
+    assert "skipped" in rows["bench-1.5b-ours-layers"] and "needs 110" in rows["bench-1.5b-ours-layers"]
+    assert rows["tests"].startswith("| tests | not run")
+    assert "0.5B TRL 1.16.0, use_vllm=False" in text
+    assert "settings differ: decode: ours static cache, compiled step, TRL dynamic cache" in text
+    # the same markdown as the call's own summary
+    assert (out / "summary.md").read_text() == text
+
+
+def test_report_of_a_folder_without_results_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    proc = _run(str(REPORT), str(tmp_path))
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "neither results.tar.gz nor state.json" in proc.stderr
+
+
+def test_a_python_that_sees_no_gpu_measures_nothing_and_exits_75(tmp_path: Path) -> None:
+    fake = tmp_path / "python"  # imports "torch" fine, sees no CUDA device
+    fake.write_text("#!/bin/sh\necho 'cuda: None available: False'\n")
+    fake.chmod(0o755)
+    (tmp_path / "wheels").mkdir()
+    work = tmp_path / "work"
+    proc = _run(
+        str(WINDOW), "--python", str(fake), "--wheels", str(tmp_path / "wheels"), "--work", str(work),
+        "--out", str(tmp_path / "out"),
+    )  # fmt: skip
+    assert proc.returncode == 75
+    assert proc.stderr.strip().count("\n") == 0 and "sees no CUDA GPU" in proc.stderr
+    assert not (work / "state.json").exists()  # no step recorded as done: the next call runs them all
+
+
+def test_gpu_wheels_builds_our_wheel_without_the_venv(tmp_path: Path) -> None:
+    # `make -n` prints every recipe it would run: a dependency on `install` would show the venv's build
+    proc = subprocess.run(
+        ["make", "-n", "gpu-wheels", "VENV=" + str(tmp_path / "no-venv")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
-    rows = [line.split(" | ") for line in (out / "summary.md").read_text().splitlines()[2:]]
-    assert [(r[0], r[1]) for r in rows] == [
-        ("| tests", "ok"),
-        ("| zero-setup", "ok"),
-        ("| zero2", "skipped"),
-        ("| zero3", "skipped"),
-    ]
-    assert "skipped" in rows[0][3]  # pytest's "2 skipped in ..."
-    assert "no CUDA GPU" in rows[2][3]
-    assert (out / "gpu-tests.xml").is_file()
+    assert proc.returncode == 0, proc.stderr
+    assert "pip wheel -q --no-deps -w gpu-wheels ." in proc.stdout
+    assert "-r benchmarks/gpu-requirements.txt" in proc.stdout
+    assert "venv" not in proc.stdout and "pip install" not in proc.stdout
+    pins = (REPO / "benchmarks" / "gpu-requirements.txt").read_text()
+    assert "pytest-timeout==" in pins and "vllm" not in pins.lower().replace("use_vllm", "")

@@ -220,6 +220,8 @@ def _make_config(
     num_layers: int,
     num_heads: int,
     max_position_embeddings: int,
+    num_key_value_heads: int | None = None,
+    intermediate_size: int | None = None,
     **extra: Any,
 ) -> PretrainedConfig:
     from transformers import GPTNeoXConfig, LlamaConfig, Qwen2Config
@@ -228,12 +230,18 @@ def _make_config(
         raise ValueError(f"unknown arch {arch!r}: choose one of {', '.join(ARCHITECTURES)}")
     if hidden_size % num_heads:
         raise ValueError(f"hidden_size ({hidden_size}) must be divisible by num_heads ({num_heads})")
+    kv_heads = num_heads if num_key_value_heads is None else num_key_value_heads
+    # grouped-query attention: each key/value head serves num_heads / kv_heads query heads
+    if kv_heads <= 0 or num_heads % kv_heads:
+        raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_key_value_heads ({kv_heads})")
+    if arch == "gpt_neox" and kv_heads != num_heads:
+        raise ValueError("gpt_neox has no grouped-query attention: leave num_key_value_heads unset")
     common: dict[str, Any] = {
         "vocab_size": len(tokenizer),
         "hidden_size": hidden_size,
         "num_hidden_layers": num_layers,
         "num_attention_heads": num_heads,
-        "intermediate_size": 4 * hidden_size,
+        "intermediate_size": 4 * hidden_size if intermediate_size is None else intermediate_size,
         "max_position_embeddings": max_position_embeddings,
         "bos_token_id": tokenizer.bos_token_id,
         "eos_token_id": tokenizer.eos_token_id,
@@ -245,9 +253,9 @@ def _make_config(
         # rotary_pct: transformers 4.x's name, which 5.x maps to rope_parameters but leaves out of its signature
         return GPTNeoXConfig(**common, tie_word_embeddings=False, rotary_pct=0.25)  # type: ignore[call-arg]
     if arch == "llama":
-        return LlamaConfig(**common, num_key_value_heads=num_heads, tie_word_embeddings=False)
+        return LlamaConfig(**common, num_key_value_heads=kv_heads, tie_word_embeddings=False)
     # Small Qwen2 checkpoints tie their embeddings.
-    return Qwen2Config(**common, num_key_value_heads=num_heads, tie_word_embeddings=True)
+    return Qwen2Config(**common, num_key_value_heads=kv_heads, tie_word_embeddings=True)
 
 
 def _build(
@@ -304,21 +312,27 @@ def build_causal_lm(
     seed: int = 0,
     max_position_embeddings: int = 512,
     vocab_size: int | None = None,
+    num_key_value_heads: int | None = None,
+    intermediate_size: int | None = None,
 ) -> Path:
     """Build a random-init causal LM of a real architecture and save it, with its tokenizer, to ``path``.
 
     ``arch`` is one of "gpt_neox" (Pythia-like, untied embeddings), "llama" (untied) or "qwen2" (tied
     embeddings, as small Qwen2 checkpoints do); anything else raises ``ValueError`` naming the choices. The
     config takes vocab size = ``len(tokenizer)`` and bos/eos/pad ids from the tokenizer at
-    ``tokenizer_path``; intermediate size is ``4 * hidden_size``, key/value heads equal ``num_heads``, dtype
-    float32. Weights are initialised under ``torch.manual_seed(seed)`` inside a forked RNG, so the same seed
+    ``tokenizer_path``; intermediate size is ``intermediate_size`` (default ``4 * hidden_size``), key/value
+    heads ``num_key_value_heads`` (default ``num_heads``; a divisor of it: grouped-query attention, not for
+    gpt_neox), dtype float32. Weights are initialised under ``torch.manual_seed(seed)`` inside a forked RNG, so the same seed
     gives identical weights and the caller's RNG state is untouched. Model (safetensors) and tokenizer are
     written with ``save_pretrained``, loadable via ``AutoModelForCausalLM``/``AutoTokenizer``; returns the
     ``Path``. ``vocab_size`` widens the embedding and output layers beyond the tokenizer (rows no token
     reaches, as real checkpoints pad theirs, e.g. Pythia's 50,304): the vocabulary cost of a real model
     without a real tokenizer.
     """
-    extra: dict[str, Any] = {}
+    extra: dict[str, Any] = {
+        "num_key_value_heads": num_key_value_heads,
+        "intermediate_size": intermediate_size,
+    }
     if vocab_size is not None:
         n = len(_load_tokenizer(tokenizer_path))
         if vocab_size < n:
@@ -421,9 +435,16 @@ def causal_lm_config(
     num_heads: int = 4,
     max_position_embeddings: int = 512,
     vocab_size: int | None = None,
+    num_key_value_heads: int | None = None,
+    intermediate_size: int | None = None,
 ) -> PretrainedConfig:
     """The config :func:`build_causal_lm` builds its model from, without building it (for counting)."""
-    extra = {} if vocab_size is None else {"vocab_size": vocab_size}
+    extra: dict[str, Any] = {
+        "num_key_value_heads": num_key_value_heads,
+        "intermediate_size": intermediate_size,
+    }
+    if vocab_size is not None:
+        extra["vocab_size"] = vocab_size
     return _make_config(
         arch,
         _load_tokenizer(tokenizer_path),
