@@ -698,7 +698,8 @@ class RLOOConfig(AlgorithmOptions):
         False,
         "torch.compile each decoder layer of the policy (one graph serves every layer) for its training "
         "forward and backward, which a GPU otherwise runs host-bound, one kernel launch per op; the policy's "
-        "forwards then run whole rows (a compiled layer takes no KV cache). Not with DeepSpeed ZeRO-3.",
+        "forwards share each prompt through packed rows (no KV cache, which a compiled layer runs eager). "
+        "Not with DeepSpeed ZeRO-3.",
     )
     offload_ref_model: bool = option(
         False, "Keep the frozen reference model in CPU memory, moving it to the GPU only for its forward."

@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import copy
+import dataclasses
 import functools
 import os
 import shutil
@@ -17,8 +18,9 @@ from typing import Any
 
 import pytest
 import torch
+import torch._dynamo.utils
 from torch import nn
-from torch._dynamo.testing import CompileCounter
+from torch._dynamo.testing import CompileCounter, CompileCounterWithBackend
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from rloo.algo import selective_log_softmax
@@ -26,6 +28,7 @@ from rloo.demo.tiny import build_causal_lm, build_tokenizer
 from rloo.forward import response_logits
 from rloo.models import load_causal_lm
 from rloo.training.compile import compile_decoder_layers, count_aten_ops, decoder_layers, is_compiled
+from rloo.training.completion_logprobs import LogProbs
 from rloo.training.trainer import enable_activation_checkpointing
 
 CAST = "aten._to_copy.default"
@@ -69,22 +72,34 @@ def _batch(width: int = 6, t: int = 5) -> tuple[torch.Tensor, ...]:
 
 
 def _step(
-    model: nn.Module, batch: tuple[torch.Tensor, ...], *, share: bool = False, autocast: Any = None
+    model: nn.Module,
+    batch: tuple[torch.Tensor, ...],
+    *,
+    share: bool = False,
+    packed: bool = False,
+    autocast: Any = None,
+    width_multiple: int = 1,
 ) -> torch.Tensor:
-    """One training micro-batch: response logits, log-probs, a sum loss, backward. The loss."""
+    """One training micro-batch: response logits, log-probs, a sum loss, backward. The loss. ``share``
+    without ``packed``: through the KV cache."""
     model.zero_grad(set_to_none=True)
-    logits = response_logits(model, *batch, share_prefix=share, autocast=autocast)  # (b, T, V)
+    logits = response_logits(
+        model, *batch, share_prefix=share, packed=packed, autocast=autocast, width_multiple=width_multiple
+    )  # (b, T, V)
     loss = selective_log_softmax(logits.float(), batch[3]).sum()
     loss.backward()
     return loss.detach()
 
 
-def _one_region_step(model: nn.Module, share: bool) -> None:
-    """The forward in one autocast region around the whole of response_logits (as the trainer runs it)."""
+def _one_region_step(model: nn.Module, plan: str) -> None:
+    """The forward in one autocast region around the whole of response_logits (as the trainer runs it);
+    ``plan``: "full-rows", "kv-cache" or "packed"."""
     batch = _batch()
     model.zero_grad(set_to_none=True)
     with _bf16():
-        logits = response_logits(model, *batch, share_prefix=share, autocast=None)
+        logits = response_logits(
+            model, *batch, share_prefix=plan != "full-rows", packed=plan == "packed", autocast=None
+        )
     selective_log_softmax(logits.float(), batch[3]).sum().backward()
 
 
@@ -105,25 +120,24 @@ def test_count_aten_ops_counts_forward_and_backward() -> None:
 # Measured with torch 2.13 (CPU), transformers 5.23, sdpa attention, qwen2 (q/k/v biases), one
 # micro-batch (4 rows, 6 prompt + 5 response tokens) forward + backward under one bf16 autocast region,
 # per decoder layer:
-#   share_prefix=False: 263 aten ops, 40 of them casts (aten._to_copy)
-#   share_prefix=True:  537 aten ops, 68 casts (two model calls: prefill, then the responses)
-# With share_prefix=True and an autocast region per model call (response_logits(autocast=ctx), what the
+#   full rows:          263 aten ops, 40 of them casts (aten._to_copy)
+#   KV-cache sharing:   537 aten ops, 68 casts (two model calls: prefill, then the responses)
+#   packed rows:        263 aten ops, 40 casts (one call, a 4D mask: the same layer code as full rows)
+# With KV-cache sharing and an autocast region per model call (response_logits(autocast=ctx), what the
 # trainer passed before it opened one region per micro-batch; the H100 profile's 88) it is 557 ops and 88
 # casts: each weight cast to bf16 twice, and its gradient cast back twice. Budgets: the measurement + ~10%.
-BUDGETS = {False: (290, 44), True: (590, 75)}  # share_prefix: (ops, casts) per layer
+BUDGETS = {"full-rows": (290, 44), "kv-cache": (590, 75), "packed": (290, 44)}  # (ops, casts) per layer
 
 
-@pytest.mark.parametrize("share", [False, True], ids=["full-rows", "share-prefix"])
-def test_aten_ops_per_decoder_layer_within_budget(make_lm: Callable[..., nn.Module], share: bool) -> None:
+@pytest.mark.parametrize("plan", list(BUDGETS))
+def test_aten_ops_per_decoder_layer_within_budget(make_lm: Callable[..., nn.Module], plan: str) -> None:
     # Two models that differ only in their layer count: the difference of their counts is the layers'
     # own, without the outer constant (embeddings, masks, output layer, log-softmax, loss).
-    counts = {
-        n: count_aten_ops(functools.partial(_one_region_step, make_lm(layers=n), share)) for n in (1, 3)
-    }
+    counts = {n: count_aten_ops(functools.partial(_one_region_step, make_lm(layers=n), plan)) for n in (1, 3)}
     ops = (counts[3].total() - counts[1].total()) / 2
     casts = (counts[3][CAST] - counts[1][CAST]) / 2
-    budget_ops, budget_casts = BUDGETS[share]
-    measured = f"measured {ops:g} aten ops per layer, {casts:g} casts (share_prefix={share})"
+    budget_ops, budget_casts = BUDGETS[plan]
+    measured = f"measured {ops:g} aten ops per layer, {casts:g} casts ({plan})"
     print(measured)
     assert ops <= budget_ops, f"{measured}: over the budget of {budget_ops} ops"
     assert casts <= budget_casts, f"{measured}: over the budget of {budget_casts} casts"
@@ -159,9 +173,9 @@ def test_one_autocast_region_casts_each_layer_weight_once(make_lm: Callable[...,
         with mode:
             if one_region:
                 with _bf16():
-                    response_logits(model, *batch, share_prefix=True, autocast=None)
+                    response_logits(model, *batch, share_prefix=True, packed=False, autocast=None)
             else:
-                response_logits(model, *batch, share_prefix=True, autocast=_bf16)
+                response_logits(model, *batch, share_prefix=True, packed=False, autocast=_bf16)
         return {n: c for n, c in mode.counts.items() if n.startswith(prefixes)}
 
     two, one = layer_casts(one_region=False), layer_casts(one_region=True)
@@ -264,7 +278,7 @@ def test_compiled_model_saves_and_reloads(compiled: dict[str, Any], tmp_path: Pa
 
 def test_layers_share_one_graph_and_cache_calls_run_eager(make_lm: Callable[..., nn.Module]) -> None:
     # A plain counting backend (no codegen): how many graphs the three layers compile. Calls with a KV
-    # cache (the share-prefix forward) run eager; they would specialise per layer.
+    # cache (the KV-cache share-prefix forward) run eager; they would specialise per layer.
     model = make_lm(layers=3)
     eager = copy.deepcopy(model)
     counter = CompileCounter()
@@ -276,8 +290,9 @@ def test_layers_share_one_graph_and_cache_calls_run_eager(make_lm: Callable[...,
     for shape in [(6, 5), (9, 5), (8, 7)]:
         batch = _batch(*shape)
         torch.testing.assert_close(_step(model, batch), _step(eager, batch))
-    # one static graph for the first shape, one shape-generic graph after the second: for all 3 layers
-    assert counter.frame_count == 2
+    # rows and columns marked dynamic from the first call: one shape-generic graph for all 3 layers and
+    # every shape (torch.compile's default alone compiles the first shape static, then a generic one)
+    assert counter.frame_count == 1
 
 
 def test_compiled_layers_with_activation_checkpointing_match_eager(make_lm: Callable[..., nn.Module]) -> None:
@@ -292,3 +307,79 @@ def test_compiled_layers_with_activation_checkpointing_match_eager(make_lm: Call
     grads = dict(model.named_parameters())
     for name, p in eager.named_parameters():
         torch.testing.assert_close(grads[name].grad, p.grad, rtol=1e-5, atol=1e-5, msg=name)
+
+
+# ----------------------------------------------------------------------------------------------------
+# packed rows under compiled layers
+
+
+def test_packed_rows_run_compiled_and_match_eager(make_lm: Callable[..., nn.Module]) -> None:
+    # Packed rows share each prompt without a KV cache: the compiled graph runs them (no eager fallback)
+    # and gives eager's loss and gradients.
+    model = make_lm(layers=2)
+    eager = copy.deepcopy(model)
+    counter = CompileCounterWithBackend("aot_eager")
+    compile_decoder_layers(model, backend=counter)
+    batch = _batch(9, 5)
+    got = _step(model, batch, share=True, packed=True, width_multiple=64)
+    want = _step(eager, batch)  # plain rows, eager
+    assert counter.frame_count == 1
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    grads = dict(model.named_parameters())
+    for name, p in eager.named_parameters():
+        torch.testing.assert_close(grads[name].grad, p.grad, rtol=1e-5, atol=1e-5, msg=name)
+
+
+class _Accelerator:
+    def autocast(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+
+@dataclasses.dataclass
+class _Completions:
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    rows: torch.Tensor
+    responses: torch.Tensor
+
+
+def _completions(width: int, *, groups: int, left_padded: bool, seed: int, k: int = 2) -> _Completions:
+    """``groups`` prompts of ``width`` tokens (all left-padded, or none), K responses of 5 tokens each."""
+    g = torch.Generator().manual_seed(seed)
+    prompt_ids = torch.randint(5, 300, (groups, width), generator=g)  # (P, L)
+    prompt_mask = torch.ones_like(prompt_ids)
+    if left_padded:
+        prompt_mask[:, : width // 2] = 0
+    rows = torch.arange(groups).repeat_interleave(k)  # (b,)
+    responses = torch.randint(5, 300, (groups * k, 5), generator=g)  # (b, T)
+    return _Completions(prompt_ids, prompt_mask, rows, responses)
+
+
+@pytest.mark.parametrize("share", [True, False], ids=["shared", "plain"])
+def test_no_recompiles_after_the_first_update(make_lm: Callable[..., nn.Module], share: bool) -> None:
+    # Each update as the trainer runs it: the producer's no-grad log-probs (eval mode), then the update's
+    # forward and backward per micro-batch (train mode), through LogProbs. Prompt widths and left padding
+    # (or none: a 2D mask would become None) change every update; the batch's shape does not (as in
+    # training: the same rollout and micro-batch sizes every update), and its 3 groups split 2 + 1 into
+    # chunks and micro-batches, so the rows of a call vary too (one row is its own graph, compiled once).
+    # The graphs of the first update serve all the others.
+    model = make_lm(layers=2)
+    counter = CompileCounterWithBackend("aot_eager")
+    compile_decoder_layers(model, backend=counter)
+    lp = LogProbs(_Accelerator(), model, temperature=1.0, cache_free=True, rloo_k=2, chunk_size=4)
+    plan = [(6, True), (40, False), (9, False), (70, True), (20, True), (100, False)]
+    graphs = []
+    for update, (width, left_padded) in enumerate(plan):
+        ro = _completions(width, groups=3, left_padded=left_padded, seed=update)
+        if not share:  # short prompts, long responses: nothing worth sharing, plain rows packed one per row
+            ro = _completions(2 + update % 2, groups=3, left_padded=left_padded, seed=update)
+            ro.responses = torch.randint(5, 300, (6, 20 + 10 * update))
+        model.eval()
+        lp.batched(model, ro)
+        model.train()
+        for mb in torch.arange(6).split(4):
+            logprobs, _ = lp.forward(model, ro, mb, entropy=True)
+            logprobs.sum().backward()
+        graphs.append((counter.frame_count, torch._dynamo.utils.counters["stats"]["unique_graphs"]))
+    assert counter.frame_count > 0
+    assert graphs[1:] == graphs[:1] * (len(plan) - 1), graphs

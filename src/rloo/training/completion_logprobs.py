@@ -9,10 +9,15 @@ import torch
 
 from rloo import algo
 from rloo.errors import UserError
-from rloo.forward import response_logits
+from rloo.forward import response_logits, takes_block_mask
 from rloo.generation import scoring_temperature
 from rloo.training import deepspeed_utils
 from rloo.training.collectives import Collectives
+from rloo.training.compile import decoder_layers, is_compiled
+
+# Packed rows under compiled decoder layers are padded to a multiple of this many columns: the layers'
+# shape-generic graph then meets few distinct widths, and the same alignment at every call.
+COMPILED_WIDTH_MULTIPLE = 64
 
 
 class Completions(Protocol):
@@ -37,7 +42,7 @@ class LogProbs:
         policy: Any,
         *,
         temperature: float,
-        whole_rows: bool,
+        cache_free: bool,
         rloo_k: int,
         chunk_size: int,
     ) -> None:
@@ -45,10 +50,12 @@ class LogProbs:
         self.policy = policy
         self.temperature = temperature
         # Activation checkpointing and a KV cache do not mix in transformers, and a compiled layer runs a
-        # cache call eager: full rows then (--gradient_checkpointing, --torch_compile).
-        self.whole_rows = whole_rows
+        # cache call eager (--gradient_checkpointing, --torch_compile): the policy shares prompts through
+        # packed rows only, which take no cache, and runs plain rows where the attention takes no 4D mask.
+        self.cache_free = cache_free
         self.rloo_k = rloo_k
         self.chunk_size = chunk_size
+        self._compiled_layers: dict[int, bool] = {}  # id(model) -> its layers compiled: looked up once
 
     def forward(
         self,
@@ -61,13 +68,24 @@ class LogProbs:
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-probs (b, T) of completions ``idx`` at the sampling temperature, optionally entropies (with
         their gradient for the entropy bonus)."""
-        # None: sharing each prompt's cache decided by cost
-        share = False if model is self.policy and self.whole_rows else None
-        # one autocast region for the micro-batch: the share-prefix path's two model calls cast each weight
+        # None: sharing each prompt decided by cost
+        packs = takes_block_mask(model)
+        share = False if model is self.policy and self.cache_free and not packs else None
+        # compiled layers: always packed rows, always a 4D mask, widths in steps, so their graphs replay
+        if id(model) not in self._compiled_layers:  # a walk over every module: once per model, not per call
+            self._compiled_layers[id(model)] = _has_compiled_layers(model)
+        multiple = COMPILED_WIDTH_MULTIPLE if packs and self._compiled_layers[id(model)] else 1
+        # one autocast region for the micro-batch: the KV-cache path's two model calls cast each weight
         # once, not once per call (autocast caches a weight's cast within its region)
         with self.accelerator.autocast():
             logits = response_logits(
-                model, ro.prompt_ids, ro.prompt_mask, ro.rows[idx], ro.responses[idx], share_prefix=share
+                model,
+                ro.prompt_ids,
+                ro.prompt_mask,
+                ro.rows[idx],
+                ro.responses[idx],
+                share_prefix=share,
+                width_multiple=multiple,
             )  # (b, T, V)
         # (b, T, V) in the compute dtype: the log-prob and entropy functions divide by the temperature and
         # upcast one chunk of rows at a time, never the whole tensor (2 GB of fp32 at 64 x 53 x 151,936)
@@ -94,6 +112,14 @@ class LogProbs:
                 [self.forward(model, ro, torch.arange(i, min(i + bs, b)))[0] for i in range(0, b, bs)]
             )
         return out.clone()  # a normal tensor again: inference tensors may not meet autograd later
+
+
+def _has_compiled_layers(model: Any) -> bool:
+    """Whether ``rloo.training.compile`` compiled the decoder layers of ``model``."""
+    try:
+        return is_compiled(decoder_layers(model)[0])
+    except ValueError:  # no decoder layers found: nothing compiled
+        return False
 
 
 # what each check of NonFiniteGuard.check measures, in its one-line error
