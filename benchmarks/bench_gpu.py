@@ -17,19 +17,25 @@ Two MFUs, over the optimisation phase's time and the GPU's peak dense bf16 FLOP/
 - executed: the FLOPs each trainer runs. Per forward pass over a micro-batch,
   ``2 * N_body * positions + 4 * layers * hidden * keys + 2 * hidden * V * logit positions``, where
   N_body is the matmul parameters but the output layer (hidden x V), ``positions`` the token positions
-  through the layers (left padding included: it is computed), ``keys`` the sum over those positions of
-  the keys each attends to (causal: QK^T and AV), and the output layer runs only where logits are kept;
+  through the layers (padding included: it is computed), ``keys`` the sum over those positions of the
+  keys each computes a score with (QK^T and AV), and the output layer runs only where logits are kept;
   training = 3x that (backward = 2x forward) for every term whose output is used, 1x for logits computed
-  and dropped. Ours runs a micro-batch of b completions of U = b / K prompts of padded width W and T
-  response tokens either shared (when ``rloo.forward.response_logits`` decides so: U*W + b*T <
-  SHARE_THRESHOLD * b * (W + T)) as U prompt prefixes of W - 1 positions (one dropped logit each) plus
-  b rows of T positions attending to W - 1 + t keys, or as b rows of W + T positions with T + 1 logits
-  kept (one dropped); TRL runs every row with its prompt, W + T positions and T + 1 logits. With
-  ``torch_compile`` or ``gradient_checkpointing`` ours runs the policy's forwards (training, and the
-  no-grad "old" log-probs when off-policy) as whole rows (``LogProbs.forward`` forces it:
-  a compiled layer runs a cache call eager, checkpointing and a KV cache do not mix); the reference
-  model's forward still shares by cost. The no-grad log-prob forwards (``logprob_flops_executed``) give
-  a JSON-only ``logprobs_mfu_executed`` for ours over its log-probs phase.
+  and dropped, and 4x the layers' terms under gradient checkpointing (their forward runs again in the
+  backward; the output layer is not checkpointed). A micro-batch holds b completions of U = b / K prompts
+  of padded width W and T response tokens; ``forward_layout`` follows ``rloo.forward.response_logits``
+  as ``LogProbs.forward`` calls it. TRL, and ours when sharing does not pay (U*W + b*T >= SHARE_THRESHOLD
+  * b * (W + T)) and nothing is compiled: b plain rows of W + T positions, causal keys, T + 1 logits kept
+  (one dropped). Ours when sharing pays, with attention that takes a 4D mask (sdpa, eager: the bench's
+  models): packed rows, one per prompt group, the prompt then the K responses but their last token, S =
+  W + K (T - 1) columns; the masked attention kernel computes the whole S x S square (U * S^2 keys) and
+  the output layer exactly the b * T needed logits. Under ``torch_compile`` (compiled policy layers) the
+  policy's rows are always packed (one per completion, W + T - 1 columns, when sharing does not pay) and
+  padded on the left to a multiple of 64 columns. Attention that takes no mask shares through a KV cache
+  instead (U prefixes of W - 1 positions, one dropped logit each, then b rows of T positions attending to
+  W - 1 + t keys), plain rows for a policy under either option. The reference model (never compiled)
+  follows the same rules by cost. The no-grad log-prob forwards (``logprob_flops_executed``: the
+  reference's, and the policy's "old" ones when off-policy) give a JSON-only ``logprobs_mfu_executed`` for
+  ours over its log-probs phase.
 
 Decoding bounds: tokens/s <= batch * bandwidth / bytes per decode step, with KV bytes a token =
 2 * layers * kv_heads * head_dim * KV bytes. "ideal": bf16 weights (2 bytes a parameter), each prompt's KV
@@ -197,7 +203,8 @@ def training_flops_needed(
     each group's prompt (``prompt`` tokens, unpadded) once, every completion's ``length`` positions
     attending to it, logits at the response positions only, nothing computed and dropped. The same
     numerator for every trainer, so their MFUs on it compare their speed at the same work."""
-    count = forward_count(batch, k, max(2, round(prompt)), length, share=True)
+    # the KV-cache layout's positions and causal keys: each prompt once, no padding, no masked score
+    count = forward_count(batch, k, max(2, round(prompt)), length, Layout("kv_cache"))
     needed = ForwardCount(count.positions, count.keys, count.logits, dropped_logits=0.0)
     return pass_flops(
         needed, body_params=body_params, hidden=hidden, layers=layers, vocab=vocab, backward=True
@@ -320,25 +327,101 @@ def shares_prefix(rows: int, k: int, width: int, length: int) -> bool:
     return prompts * width + rows * length < SHARE_THRESHOLD * rows * (width + length)
 
 
+# How ``rloo.forward.response_logits`` lays a forward out: plain ``[prompt; response]`` rows, the prompts
+# once into a KV cache (attention that takes no 4D mask), or packed rows under a 4D block mask.
+LAYOUTS = ("plain", "kv_cache", "packed")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How one forward over a micro-batch runs (``rloo.forward.response_logits`` with the arguments
+    ``LogProbs.forward`` gives it)."""
+
+    mode: str  # one of LAYOUTS
+    share: bool = False  # packed: one row per prompt group (else one per completion)
+    width_multiple: int = 1  # packed: rows left-padded to a multiple of this many columns
+
+    def __post_init__(self) -> None:
+        if self.mode not in LAYOUTS:
+            raise ValueError(f"unknown layout {self.mode!r}: one of {', '.join(LAYOUTS)}")
+
+
+def forward_layout(
+    rows: int,
+    k: int,
+    width: int,
+    length: int,
+    *,
+    block_mask: bool = True,
+    compiled: bool = False,
+    cache_free: bool = False,
+) -> Layout:
+    """The layout ``LogProbs.forward`` gets from ``rloo.forward.response_logits`` for a micro-batch (see
+    :func:`shares_prefix` for the arguments) of a model whose attention takes a 4D mask (``block_mask``:
+    sdpa, eager) or not, with compiled decoder layers (``compiled``: the policy under --torch_compile),
+    run without a KV cache (``cache_free``: the policy under --torch_compile or gradient checkpointing).
+
+    With the mask: packed rows when sharing pays, and under compiled layers always (one row per completion
+    when sharing does not pay), padded to COMPILED_WIDTH_MULTIPLE columns so that the layers' graphs meet
+    few widths; plain rows otherwise. Without it: the KV cache when sharing pays, unless cache-free (a
+    compiled layer runs a cache call eager, checkpointing takes no cache), plain rows otherwise."""
+    from rloo.training.completion_logprobs import COMPILED_WIDTH_MULTIPLE
+
+    share = shares_prefix(rows, k, width, length)
+    if not block_mask:
+        return Layout("kv_cache" if share and not (cache_free or compiled) else "plain")
+    if share or compiled:
+        return Layout("packed", share=share, width_multiple=COMPILED_WIDTH_MULTIPLE if compiled else 1)
+    return Layout("plain")
+
+
+def packed_shape(rows: int, k: int, width: int, length: int, layout: Layout) -> tuple[int, int]:
+    """(rows, columns) of the packed input ``rloo.forward.pack_rows`` builds: a row per prompt group
+    (ceil(rows / k), each holding min(rows, k) responses) when sharing, else per completion; a row is the
+    left-padded prompt (``width``) then each response but its last token (``length - 1``) back to back,
+    padded on the left to a multiple of ``layout.width_multiple``."""
+    packed_rows, slots = (math.ceil(rows / k), min(rows, k)) if layout.share else (rows, 1)
+    used = width + slots * (length - 1)
+    return packed_rows, -(-used // layout.width_multiple) * layout.width_multiple
+
+
 @dataclass(frozen=True)
 class ForwardCount:
     """What one forward pass over a micro-batch computes."""
 
     positions: float  # token positions through the transformer layers
-    keys: float  # summed over those positions: the keys each attends to (causal)
+    keys: float  # summed over those positions: the keys each computes a score with
     logits: float  # output-layer positions whose logits are used (and get a gradient in training)
     dropped_logits: float  # output-layer positions computed and never used
 
 
-def forward_count(rows: int, k: int, width: int, length: int, *, share: bool) -> ForwardCount:
+def forward_count(rows: int, k: int, width: int, length: int, layout: Layout) -> ForwardCount:
     """Positions, attention keys and logit positions of one forward over ``rows`` completions (whole groups
     of ``k``) with prompts padded to ``width`` and ``length`` response tokens, as ``rloo.forward.
-    response_logits`` runs it: shared (the ceil(rows / k) prompts but their last token once, into a KV
-    cache with one logit each, then every row's last prompt token and response but its last token: T
-    positions, T logits) or plain (every row whole, W + T positions, the last T + 1 logits, the final one
-    dropped). TRL's forwards are the plain ones."""
+    response_logits`` runs it in ``layout``:
+
+    - plain (TRL's forwards, and ours' when nothing is shared or compiled): every row whole, W + T
+      positions, keys counted causally (a left-padded batch hands SDPA an explicit mask, under which it
+      may compute the whole square: not counted, so plain rows' figure is a lower bound), the last T + 1
+      logits, the final one dropped;
+    - kv_cache: the ceil(rows / k) prompts but their last token once into a KV cache, one logit each
+      (dropped), then every row's last prompt token and response but its last token: T positions attending
+      to the cache and causally among themselves, T logits;
+    - packed: :func:`packed_shape`'s R rows of S columns, padding included (it runs through the layers).
+      An arbitrary 4D mask sends SDPA to its memory-efficient or math kernel, which computes the whole
+      S x S score square, masked or not: R * S^2 keys. The output layer sees exactly the b * T needed
+      positions (``packed_logits`` gathers them before it): nothing dropped.
+    """
     w, t = float(width), float(length)
-    if share:
+    if layout.mode == "packed":
+        packed_rows, columns = packed_shape(rows, k, width, length, layout)
+        return ForwardCount(
+            positions=float(packed_rows * columns),
+            keys=float(packed_rows * columns * columns),
+            logits=rows * t,
+            dropped_logits=0.0,
+        )
+    if layout.mode == "kv_cache":
         prompts = math.ceil(rows / k)
         prefix = w - 1
         return ForwardCount(
@@ -354,18 +437,30 @@ def forward_count(rows: int, k: int, width: int, length: int, *, share: bool) ->
 
 
 def pass_flops(
-    count: ForwardCount, *, body_params: int, hidden: int, layers: int, vocab: int, backward: bool
+    count: ForwardCount,
+    *,
+    body_params: int,
+    hidden: int,
+    layers: int,
+    vocab: int,
+    backward: bool,
+    recompute: bool = False,
 ) -> float:
     """FLOPs of one pass: 2 * N_body per position, 4 * layers * hidden per attended key (QK^T and AV; the
     attention width heads x head_dim is the hidden size here), 2 * hidden * V per logit position; x3 with
-    the backward, except the dropped logits (no gradient reaches them)."""
-    used = 2.0 * body_params * count.positions + 4.0 * layers * hidden * count.keys
-    used += 2.0 * hidden * vocab * count.logits
-    return (3.0 if backward else 1.0) * used + 2.0 * hidden * vocab * count.dropped_logits
+    the backward (it costs twice the forward), except the dropped logits (no gradient reaches them).
+    ``recompute`` (activation checkpointing) runs the decoder layers' forward again in the backward: x4
+    for the positions and keys; the output layer sits outside the checkpointed layers, still x3."""
+    layer_flops = 2.0 * body_params * count.positions + 4.0 * layers * hidden * count.keys
+    logit_flops = 2.0 * hidden * vocab * count.logits
+    dropped = 2.0 * hidden * vocab * count.dropped_logits
+    if not backward:
+        return layer_flops + logit_flops + dropped
+    return (4.0 if recompute else 3.0) * layer_flops + 3.0 * logit_flops + dropped
 
 
 def _passes_flops(
-    share_by_cost: bool,
+    by_cost: bool,
     *,
     batch: int,
     chunk: int,
@@ -373,15 +468,21 @@ def _passes_flops(
     width: int,
     length: int,
     backward: bool,
+    block_mask: bool = True,
+    compiled: bool = False,
+    cache_free: bool = False,
+    recompute: bool = False,
     **shape: int,
 ) -> float:
-    """FLOPs of forwards over ``batch`` completions in chunks of ``chunk`` rows, each chunk sharing its
-    prompts when ``share_by_cost`` and :func:`shares_prefix` says so, else whole rows."""
+    """FLOPs of forwards over ``batch`` completions in chunks of ``chunk`` rows, each laid out as
+    :func:`forward_layout` says when ``by_cost`` (ours), plain rows otherwise (TRL)."""
     total = 0.0
     for start in range(0, batch, chunk):
         rows = min(chunk, batch - start)
-        share = share_by_cost and shares_prefix(rows, k, width, length)
-        total += pass_flops(forward_count(rows, k, width, length, share=share), **shape, backward=backward)
+        flags = {"block_mask": block_mask, "compiled": compiled, "cache_free": cache_free}
+        layout = forward_layout(rows, k, width, length, **flags) if by_cost else Layout("plain")
+        count = forward_count(rows, k, width, length, layout)
+        total += pass_flops(count, **shape, backward=backward, recompute=recompute)
     return total
 
 
@@ -397,15 +498,30 @@ def training_flops_executed(
     hidden: int,
     layers: int,
     vocab: int,
-    whole_rows: bool = False,
+    torch_compile: bool = False,
+    gradient_checkpointing: bool = False,
+    block_mask: bool = True,
 ) -> float:
-    """FLOPs one rollout's optimisation (one epoch, forward + backward) executes: ours decides per
-    micro-batch whether to share prompts (:func:`shares_prefix`) unless ``whole_rows`` (its policy's
-    forwards under ``torch_compile`` or ``gradient_checkpointing``); TRL runs every row with its prompt."""
+    """FLOPs one rollout's optimisation (one epoch, forward + backward) executes. Ours lays out each
+    micro-batch as :func:`forward_layout` says (``torch_compile``: compiled layers, packed rows of 64-column
+    multiples); under ``gradient_checkpointing`` the layout is the same (packed rows take no cache) but the
+    decoder layers' forward runs again in the backward. TRL runs every row with its prompt (the bench turns
+    its checkpointing off, as ours')."""
     shape = {"body_params": body_params, "hidden": hidden, "layers": layers, "vocab": vocab}
-    share = trainer == "ours" and not whole_rows
+    ours = trainer == "ours"
     return _passes_flops(
-        share, batch=batch, chunk=micro_batch, k=k, width=width, length=length, backward=True, **shape
+        ours,
+        batch=batch,
+        chunk=micro_batch,
+        k=k,
+        width=width,
+        length=length,
+        backward=True,
+        block_mask=block_mask,
+        compiled=ours and torch_compile,
+        cache_free=ours and (torch_compile or gradient_checkpointing),
+        recompute=ours and gradient_checkpointing,
+        **shape,
     )
 
 
@@ -420,18 +536,24 @@ def logprob_flops_executed(
     hidden: int,
     layers: int,
     vocab: int,
-    whole_rows: bool = False,
+    torch_compile: bool = False,
+    gradient_checkpointing: bool = False,
     old_logprobs: bool = True,
+    block_mask: bool = True,
 ) -> float:
-    """FLOPs of ours' no-grad log-prob forwards over one rollout (``LogProbs.batched``, chunks
-    of ``chunk`` rows): the reference model's, sharing prompts by cost, plus, when ``old_logprobs`` (off
-    policy: on-policy runs take them from the generator), the policy's, whole rows when ``whole_rows``."""
+    """FLOPs of ours' no-grad log-prob forwards over one rollout (``LogProbs.batched``, chunks of ``chunk``
+    rows): the reference model's (never compiled: laid out by cost), plus, when ``old_logprobs`` (off
+    policy: on-policy runs take them from the generator), the policy's, laid out as its training forward
+    (``torch_compile``: packed rows of 64-column multiples). No backward, so checkpointing recomputes
+    nothing here; like compiled layers it only keeps a policy whose attention takes no mask off the KV
+    cache."""
     shape: dict[str, Any] = {"body_params": body_params, "hidden": hidden, "layers": layers, "vocab": vocab}
     kw: dict[str, Any] = {"batch": batch, "chunk": chunk, "k": k, "width": width, "length": length}
-    kw["backward"] = False
+    kw.update(backward=False, block_mask=block_mask)
     total = _passes_flops(True, **kw, **shape)  # the reference
     if old_logprobs:
-        total += _passes_flops(not whole_rows, **kw, **shape)
+        cache_free = torch_compile or gradient_checkpointing
+        total += _passes_flops(True, **kw, compiled=torch_compile, cache_free=cache_free, **shape)
     return total
 
 
@@ -600,6 +722,7 @@ def record_update_ends(trainer: Any, ends: list[float]) -> None:
 
 
 def worker_ours(spec: dict[str, Any]) -> dict[str, Any]:
+    from rloo.forward import model_config
     from rloo.training.trainer import RLOOTrainer
 
     batch = spec["prompts"] * spec["k"]
@@ -669,11 +792,14 @@ def worker_ours(spec: dict[str, Any]) -> dict[str, Any]:
             + (", compiled step" if overrides["compile_generation"] else ""),
             "gradient checkpointing": str(bool(trainer.cfg.gradient_checkpointing)),
         },
-        # what decides how the forwards run (see LogProbs.forward): the policy's whole rows
-        # under either option; the no-grad log-prob forwards' chunk; whether the policy's "old" log-prob
-        # forward runs (off-policy; on-policy they come from the generator)
+        # what decides how the forwards run (see LogProbs.forward and forward_layout): compiled layers
+        # (packed rows of 64-column multiples), checkpointing (the layers' forward again in the backward),
+        # the attention (a 4D mask: packed rows; none: a KV cache); the no-grad log-prob forwards' chunk;
+        # whether the policy's "old" log-prob forward runs (off-policy; on-policy they come from the
+        # generator)
         "torch_compile": bool(trainer.cfg.torch_compile),
         "gradient_checkpointing": bool(trainer.cfg.gradient_checkpointing),
+        "attn_implementation": getattr(model_config(trainer.policy), "_attn_implementation", None),
         "logprob_chunk": max(k, trainer.cfg.local_rollout_forward_batch_size // k * k),
         "old_logprobs_forward": not trainer.updater.on_policy,
     }
@@ -874,6 +1000,7 @@ def figures(
 ) -> dict[str, float]:
     """The table's figures for one run."""
     from rloo.demo.tiny import VOCAB_SIZE
+    from rloo.forward import BLOCK_MASK_ATTENTION
 
     _, flops, bandwidth = peak
     phases = result["phase_seconds"]
@@ -924,15 +1051,20 @@ def figures(
         "layers": layers,
         "vocab": vocab,
     }
-    # ours' policy forwards run whole rows under either option (result files from before: neither)
-    whole_rows = bool(result.get("torch_compile") or result.get("gradient_checkpointing"))
+    # what lays out ours' forwards (see forward_layout); result files from before: neither option, and
+    # the bench's models' attention (sdpa) where the run did not record it
+    options = {
+        "torch_compile": bool(result.get("torch_compile")),
+        "gradient_checkpointing": bool(result.get("gradient_checkpointing")),
+        "block_mask": result.get("attn_implementation", "sdpa") in BLOCK_MASK_ATTENTION,
+    }
     # the run's own micro-batch when it set a number; "auto" (resolved inside the trainer) counts as the
     # preset's, which the FLOPs depend on only through which micro-batches share their prompts
     micro_batch = result.get("micro_batch")
     if not isinstance(micro_batch, int) or isinstance(micro_batch, bool):
         micro_batch = preset.micro_batch
     executed = result["rollouts"] * training_flops_executed(
-        trainer, batch=batch, micro_batch=micro_batch, whole_rows=whole_rows, **shape
+        trainer, batch=batch, micro_batch=micro_batch, **options, **shape
     )
     needed_shape = {key: shape[key] for key in ("k", "length", "body_params", "hidden", "layers", "vocab")}
     needed = result["rollouts"] * training_flops_needed(batch=batch, prompt=prompt_tokens, **needed_shape)
@@ -942,8 +1074,8 @@ def figures(
         logprob_flops = result["rollouts"] * logprob_flops_executed(
             batch=batch,
             chunk=result.get("logprob_chunk", batch),
-            whole_rows=whole_rows,
             old_logprobs=result.get("old_logprobs_forward", False),
+            **options,
             **shape,
         )
         logprobs_mfu = logprob_flops / logprobs_s / flops
@@ -1003,9 +1135,11 @@ TARGETS = {
 FOOTNOTE = (
     "MFU needed: the FLOPs the update needs, the same for every trainer: 3 x (2 N_body per position + 4 "
     "layers hidden per attended key + 2 hidden V per response logit) with each prompt once per group. "
-    "Executed: the FLOPs run, 3 x (2 N_body per position + 4 layers hidden per attended key + 2 hidden V per kept logit): "
-    "ours computes each prompt once per group in a micro-batch when rloo.forward shares it (the policy whole "
-    "rows under --torch-compile or gradient checkpointing), TRL every row with its prompt; logits only at response positions in both. Bounds: batch x bandwidth / (weight bytes + "
+    "Executed: the FLOPs run, 3 x (2 N_body per position + 4 layers hidden per attended key + 2 hidden V per "
+    "kept logit), the layers' terms 4 x under gradient checkpointing: ours runs packed rows (each prompt once "
+    "per group in a micro-batch when rloo.forward shares it; always under --torch-compile, 64-column "
+    "multiples), the masked attention over each row's whole square; TRL every row with its prompt, causal; "
+    "logits only at response positions in both. Bounds: batch x bandwidth / (weight bytes + "
     "KV bytes) per decode step; ideal = bf16 weights + each prompt's KV once per group + each row's response "
     "KV so far, as read = fp32-under-autocast weights 8 B a "
     "parameter (bf16 copy 2 B) + a static cache read whole."
