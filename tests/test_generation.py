@@ -10,7 +10,9 @@ from rloo.demo.tiny import build_tiny_setup
 from rloo.generation import (
     SamplingParams,
     TransformersGenerator,
+    inverse_cdf_tokens,
     left_pad,
+    race_uniforms,
     row_seeds,
     sample_tokens,
     uniforms,
@@ -28,7 +30,8 @@ def _sample(u: float, **kw) -> int:
 @pytest.mark.parametrize(("u", "token"), [(0.05, 0), (0.19, 0), (0.21, 1), (0.69, 1), (0.71, 2), (0.99, 2)])
 def test_inverse_cdf_by_hand(u: float, token: int) -> None:
     # cdf = [0.2, 0.7, 1.0]: u < 0.2 -> 0, 0.2 <= u < 0.7 -> 1, else 2
-    assert _sample(u) == token
+    got = inverse_cdf_tokens(PROBS.log(), torch.tensor([u], dtype=torch.float64), top_k=0, top_p=1.0)
+    assert int(got[0]) == token
 
 
 def test_top_k_and_top_p_by_hand() -> None:
@@ -42,13 +45,49 @@ def test_top_k_and_top_p_by_hand() -> None:
     assert _sample(0.7, top_p=0.6) == 2
 
 
-def test_temperature_sharpens() -> None:
-    # T=0.5 squares the probabilities before renormalising: [0.04, 0.25, 0.09] / 0.38
-    p = torch.tensor([0.04, 0.25, 0.09]) / 0.38
-    u = torch.linspace(0.0005, 0.9995, 2000, dtype=torch.float64)
-    toks = sample_tokens(PROBS.log().expand(2000, 3), u, temperature=0.5)
-    freq = torch.bincount(toks, minlength=3).float() / 2000
-    torch.testing.assert_close(freq, p, atol=2e-3, rtol=0)
+def _step_uniforms(rows: int, step: int = 0) -> torch.Tensor:
+    return uniforms(row_seeds(seed=11, update=0, prompt_index=torch.arange(rows), k=1), step)  # (rows,)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("vocab", [6, 50])
+def test_the_exponential_race_draws_from_the_softmax(temperature: float, vocab: int) -> None:
+    # Pearson's chi-square of the token counts of many rows (each its own seed) against the softmax at the
+    # temperature: a wrong distribution (the temperature ignored, a biased hash) lands far above the
+    # 0.999 quantile; this one draw (fixed seeds) is below it.
+    from scipy.stats import chi2
+
+    logits = torch.randn(vocab, generator=torch.Generator().manual_seed(vocab)) * 2  # (V,)
+    n = 40_000
+    toks = sample_tokens(logits.expand(n, vocab), _step_uniforms(n), temperature=temperature)  # (n,)
+    expected = torch.softmax(logits.double() / temperature, -1) * n  # (V,)
+    counts = torch.bincount(toks, minlength=vocab).double()
+    stat = float(((counts - expected) ** 2 / expected).sum())
+    assert stat < chi2.ppf(0.999, vocab - 1), stat
+    # and at the other temperature the same counts are rejected: the test tells temperatures apart
+    other = torch.softmax(logits.double() / (1.7 - temperature), -1) * n
+    assert float(((counts - other) ** 2 / other).sum()) > chi2.ppf(0.999, vocab - 1)
+
+
+def test_the_race_is_reproducible_and_each_row_its_own() -> None:
+    logits = torch.randn(64, 1000, generator=torch.Generator().manual_seed(0))  # (B, V)
+    u = _step_uniforms(64)
+    toks = sample_tokens(logits, u, temperature=0.7)
+    assert torch.equal(toks, sample_tokens(logits, u, temperature=0.7))  # same seeds, same tokens
+    # a row's token does not depend on which other rows are in the batch, nor on their order
+    some = torch.tensor([5, 0, 33])
+    assert torch.equal(sample_tokens(logits[some], u[some], temperature=0.7), toks[some])
+    # another step draws other tokens
+    assert not torch.equal(toks, sample_tokens(logits, _step_uniforms(64, step=1), temperature=0.7))
+
+
+def test_race_uniforms_are_uniform_and_independent_of_vocabulary_size() -> None:
+    r = race_uniforms(_step_uniforms(256), 2000)  # (256, 2000)
+    assert ((r > 0) & (r < 1)).all()
+    hist = torch.histc(r, bins=10, min=0, max=1) / r.numel()
+    assert (hist - 0.1).abs().max() < 0.005  # binomial sd at n=512000 is 0.04%
+    # token v's uniform is the same whatever the vocabulary's size (a padded output layer)
+    assert torch.equal(race_uniforms(_step_uniforms(256), 3000)[:, :2000], r)
 
 
 def test_uniforms_are_uniform_and_distinct() -> None:
@@ -256,11 +295,21 @@ def test_static_decode_under_autocast_keeps_a_compute_dtype_cache(arch_lm) -> No
         made = spy_static_buffers(gen)
         runs[impl] = gen.generate(ids, mask, 4, params, seeds, return_logprobs=True)
     (buf,) = made
-    assert {layer.keys.dtype for layer in buf.cache.layers} == {torch.bfloat16}
-    assert {layer.values.dtype for layer in buf.cache.layers} == {torch.bfloat16}
+    assert _static_cache_dtypes(buf) == {torch.bfloat16}
     # the same bf16 attention inputs as the dynamic cache's (attention casts its fp32 keys to bf16)
     agree = float((runs["static"].tokens == runs["dynamic"].tokens).float().mean())
     assert agree >= 0.9, agree
+
+
+def _static_cache_dtypes(buf) -> set[torch.dtype]:
+    """The dtypes of everything a static decode's KV cache holds: a StaticCache's layers, or a shared-prefix
+    cache's prompt and response parts."""
+    cache = buf.cache
+    if hasattr(cache, "layers"):
+        tensors = [t for layer in cache.layers for t in (layer.keys, layer.values)]
+    else:
+        tensors = [*cache.prompt_keys, *cache.prompt_values, *cache.response_keys, *cache.response_values]
+    return {t.dtype for t in tensors}
 
 
 @pytest.mark.parametrize("greedy", [False, True])
@@ -402,3 +451,14 @@ def test_generator_refreshes_its_copy_only_when_the_weights_moved(lm) -> None:
     gen.weights_version = 1
     gen.generate(ids, mask, 1, params, seeds)
     assert _equal_states(gen.model, _bf16(policy))
+
+
+def test_the_compiled_race_draws_the_eager_race_tokens() -> None:
+    # An eager decode on a GPU samples through the compiled race (one kernel instead of a dozen passes):
+    # it must draw the tokens the eager one does, and the whole-step graph's inlined copy too.
+    from rloo.generation import _compiled_race, _race
+
+    logits = torch.randn(64, 1000, generator=torch.Generator().manual_seed(1)) / 0.7  # (B, V)
+    u = _step_uniforms(64)
+    assert torch.equal(_compiled_race()(logits, u), _race(logits, u))
+    assert torch.equal(_compiled_race()(logits[:40], u[:40]), _race(logits[:40], u[:40]))

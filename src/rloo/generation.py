@@ -1,22 +1,30 @@
 """Rollout generation behind one small interface.
 
-``TransformersGenerator`` is the built-in backend: one prefill per *prompt*, whose KV cache is then
-repeated K times (the prompt batch is never materialised K times), followed by a lean sampling loop with
-no logits processors or stopping-criteria machinery.
+``TransformersGenerator`` is the built-in backend: one prefill per *prompt*, whose KV cache then serves
+its K samples (held once and read once per step by shared-prefix attention, ``rloo.prefix_attention``,
+where the model family allows; else repeated K times), followed by a lean sampling loop with no logits
+processors or stopping-criteria machinery.
 
 Sampling randomness is counter-based: completion ``k`` of the prompt with global index ``g`` at update
-``u`` draws its uniforms from ``hash(seed, u, g, k, t)``. The samples therefore do not depend on how
-prompts are batched or spread over processes, only on the run seed and on what is being sampled.
+``u`` draws its uniforms from ``hash(seed, u, g, k, t)`` (and, for the exponential race over the
+vocabulary, one per token id from ``hash(seed, u, g, k, t, v)``). The samples therefore do not depend on
+how prompts are batched or spread over processes, only on the run seed and on what is being sampled.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
+
+from rloo import prefix_attention, rollout_fusion
+
+log = logging.getLogger(__name__)
 
 _MASK32 = 0xFFFFFFFF
 # The reference divides logits by T + 1e-7 when scoring; log-probs everywhere use the same divisor.
@@ -67,8 +75,63 @@ def uniforms(seeds: torch.Tensor, step: int) -> torch.Tensor:
 def sample_tokens(
     logits: torch.Tensor, u: torch.Tensor, *, temperature: float, top_k: int = 0, top_p: float = 1.0
 ) -> torch.Tensor:
-    """Inverse-CDF sampling of one token per row: logits (B, V), u (B,) uniforms -> (B,) ids."""
-    scaled = logits.float() if temperature == 1.0 else logits.float() / temperature
+    """One token per row from softmax(logits / temperature), truncated to ``top_k`` / ``top_p``: logits
+    (B, V), u (B,) the rows' uniforms of this step (``uniforms``) -> (B,) ids. Untruncated (the default)
+    it is an exponential race over the vocabulary, one pass; truncated, inverse-CDF sampling."""
+    scaled = logits.float() if temperature == 1.0 else logits.float() / temperature  # (B, V)
+    if (not top_k or top_k >= scaled.size(-1)) and top_p >= 1.0:
+        return exponential_race(scaled, u)
+    return inverse_cdf_tokens(scaled, u, top_k=top_k, top_p=top_p)
+
+
+def race_uniforms(u: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """(B,) a step's uniforms from ``uniforms`` -> (B, V) float32 uniforms in (0, 1), one per vocabulary
+    entry, from the same hash keyed by (row seed, step, token id): a row's draws depend on nothing else.
+    A ``uniforms`` value is its 32-bit hash scaled, ``(h + 0.5) / 2**32``, exact in float64, so the hash
+    comes back as ``floor(u * 2**32)``."""
+    row = (u.to(torch.float64) * 4294967296.0).to(torch.int64)  # (B,) the row's step hash
+    token = _mix32(torch.arange(vocab_size, dtype=torch.int64, device=u.device) + 0x3C6EF372)  # (V,)
+    h = _mix32(row[:, None] ^ token[None, :])  # (B, V)
+    # 24 bits: exact in float32 and never 0 or 1 (whose -log would be inf or 0, whose log -inf)
+    return ((h >> 8).to(torch.float32) + 0.5) / 16777216.0
+
+
+def exponential_race(scaled: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Gumbel-max sampling: scaled logits (B, V), u (B,) -> (B,) ids. Token v draws E_v = -log(u_v) ~
+    Exp(1) and argmax(scaled - log E) is distributed as softmax(scaled) (the first of the exponential
+    clocks E_v / p_v to ring), with no softmax, cumulative sum or search over the vocabulary.
+
+    One pass only once compiled: eagerly the hash is a dozen (B, V) int64 kernels, more traffic than the
+    inverse CDF's. A compiled decode step inlines it; an eager one on a GPU calls it compiled on its own."""
+    if scaled.is_cuda and not torch.compiler.is_compiling() and not _RACE_EAGER:
+        try:
+            return _compiled_race()(scaled, u)
+        except Exception as e:  # no working compiler here (e.g. no Triton): the same draws, eagerly
+            _RACE_EAGER.append(True)
+            log.warning(
+                "sampling runs uncompiled (%s: %s): same tokens, more memory traffic", type(e).__name__, e
+            )
+    return _race(scaled, u)
+
+
+# set once compiling the race failed on this machine: later steps run it eagerly without trying again
+_RACE_EAGER: list[bool] = []
+
+
+def _race(scaled: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    race = -torch.log(-torch.log(race_uniforms(u, scaled.size(-1))))  # (B, V) Gumbel noise
+    return (scaled + race).argmax(-1)  # (B,)
+
+
+@functools.cache
+def _compiled_race() -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    # dynamic: the last chunk of a rollout (fewer rows) and other vocabularies reuse the kernel
+    return torch.compile(_race, dynamic=True, fullgraph=True)
+
+
+def inverse_cdf_tokens(scaled: torch.Tensor, u: torch.Tensor, *, top_k: int, top_p: float) -> torch.Tensor:
+    """Inverse-CDF sampling of one token per row from softmax(scaled) truncated to the ``top_k`` most
+    likely tokens and the smallest prefix of mass ``top_p``: scaled logits (B, V), u (B,) -> (B,) ids."""
     probs = torch.softmax(scaled, dim=-1)  # (B, V)
     if top_k and top_k < probs.size(-1):
         kth = torch.topk(probs, top_k, dim=-1).values[:, -1:]  # (B, 1)
@@ -264,13 +327,19 @@ class TransformersGenerator:
         """What this generator samples with, in one phrase for the run's log."""
         if self.source is not None:
             dtype = str(next(self.model.parameters()).dtype).removeprefix("torch.")
-            weights = f"a {dtype} copy of the policy (refreshed from it before each rollout)"
+            fused = any(rollout_fusion.is_fused(m) for m in self.model.modules())
+            projections = ", q/k/v and gate/up fused" if fused else ""
+            weights = f"a {dtype} copy of the policy (refreshed from it before each rollout{projections})"
         else:
             weights = "the policy's weights" + (" under autocast" if self.autocast is not None else "")
-        cache = "a dynamic KV cache"
+        if prefix_attention.supports(self.model, 2):
+            prompt = "each prompt's keys and values held once and read once per step for its K samples"
+        else:
+            prompt = "each prompt's keys and values repeated for its K samples"
+        cache = f"a dynamic KV cache ({prompt})"
         if self.cache_implementation == "static":
             step = "one compiled graph per step" if self.compile_decode else "an uncompiled step"
-            cache = f"a static KV cache, {step}"
+            cache = f"a static KV cache ({prompt}), {step}"
         return f"built-in generator from {weights}, {cache}"
 
     def sync_weights(self) -> None:
@@ -339,10 +408,17 @@ class TransformersGenerator:
         u = torch.stack([uniforms(seeds.to(device), t) for t in range(steps)], dim=1)
         out, position_ids = prefill(model, prompt_ids, prompt_mask, ctx)  # (P, L) positions
         cache = out.past_key_values
-        cache.batch_repeat_interleave(k)  # one prefill serves all K samples of a prompt
         logits = out.logits[:, -1].repeat_interleave(k, dim=0)  # (B, V)
         pos = position_ids[:, -1:].repeat_interleave(k, dim=0)  # (B, 1)
         mask = prompt_mask.repeat_interleave(k, dim=0)  # (B, L)
+        if prefix_attention.supports(model, k):
+            # one prefill serves all K samples of a prompt, and its KV is read once per step for all K
+            with prefix_attention.attending_shared_prefix(model):
+                if self.cache_implementation == "static":
+                    return self._decode_static(cache, logits, pos, mask, u, params, return_logprobs, group=k)
+                shared = prefix_attention.SharedPrefixCache(cache, prompt_mask, k, steps)
+                return self._decode_dynamic(shared, logits, pos, mask, u, params, return_logprobs)
+        cache.batch_repeat_interleave(k)  # one prefill serves all K samples of a prompt: K copies of its KV
         if self.cache_implementation == "static":
             return self._decode_static(cache, logits, pos, mask, u, params, return_logprobs)
         return self._decode_dynamic(cache, logits, pos, mask, u, params, return_logprobs)
@@ -400,14 +476,16 @@ class TransformersGenerator:
             if self.should_stop is not None and self.should_stop():
                 raise GenerationInterrupted
             pos = pos + 1
+            if isinstance(cache, prefix_attention.SharedPrefixCache):
+                kwargs = prefix_attention.step_kwargs(cache, n, device)
+            else:
+                kwargs = {
+                    "attention_mask": step_mask[..., : width + t + 1],
+                    "past_key_values": cache,
+                    "use_cache": True,
+                }
             with ctx():
-                out = model(
-                    input_ids=nxt[:, None],
-                    attention_mask=step_mask[..., : width + t + 1],
-                    position_ids=pos,
-                    past_key_values=cache,
-                    use_cache=True,
-                )
+                out = model(input_ids=nxt[:, None], position_ids=pos, **kwargs)
             logits = out.logits[:, -1]
         return Generated(tokens=tokens, logprobs=logprobs)
 
@@ -420,17 +498,22 @@ class TransformersGenerator:
         u: torch.Tensor,
         params: SamplingParams,
         return_logprobs: bool,
+        group: int = 1,
     ) -> Generated:
         """The decode loop over a preallocated cache: every step feeds the model tensors of one shape at
         one address, kept across calls (the whole (B, S) mask with the future masked, positions and ids
         updated in place; S is prompt + response length rounded up to ``CACHE_BUCKET``), so a compiled
         step is recorded once and replayed as a CUDA graph. With ``whole_step`` the step also samples,
         writes the token and opens the mask, indexed by a step counter on the device; the host reads the
-        device only every ``STOP_CHECK_EVERY`` steps, to stop once every row has finished."""
+        device only every ``STOP_CHECK_EVERY`` steps, to stop once every row has finished.
+
+        ``group`` > 1: ``dynamic`` holds each prompt once (not repeated), and the steps attend with shared-
+        prefix attention (``rloo.prefix_attention``) over its prompt part held once per group of ``group``
+        rows; the caller has switched the model's attention to it."""
         ctx = self.autocast or contextlib.nullcontext
         steps = params.max_new_tokens
         n, width = mask.shape
-        buf = self._static_buffers(dynamic, n, width + steps, steps, return_logprobs, logits.device)
+        buf = self._static_buffers(dynamic, n, width, steps, return_logprobs, logits.device, group)
         buf.load(dynamic, mask, pos, u, params.pad_token_id)
         # token 0 comes from the prefill's logits, outside the graph; every later step runs the model on the
         # previous token, then chooses this one
@@ -447,8 +530,7 @@ class TransformersGenerator:
                 if self.whole_step:
                     step(buf, params)
                 else:
-                    # the previous token, in cache slot L+t-1, becomes visible
-                    buf.attn[..., width + t - 1] = 1
+                    buf.open_input(t, width)
                     logits = step(buf.ids, buf.attn, buf.pos, buf.cache)
                     nxt, logprob, done = choose_tokens(
                         logits, u[:, t], params, buf.done, with_logprob=return_logprobs
@@ -458,19 +540,29 @@ class TransformersGenerator:
         return Generated(tokens=tokens, logprobs=buf.logprobs.clone() if buf.logprobs is not None else None)
 
     def _static_buffers(
-        self, dynamic: Any, n: int, length: int, steps: int, with_logprobs: bool, device: torch.device
+        self,
+        dynamic: Any,
+        n: int,
+        width: int,
+        steps: int,
+        with_logprobs: bool,
+        device: torch.device,
+        group: int = 1,
     ) -> _StaticBuffers:
         # the cache holds keys and values in the dtype attention computes in: autocast's, else the model's
         with (self.autocast or contextlib.nullcontext)():
             autocast = torch.is_autocast_enabled(device.type)
             dtype = torch.get_autocast_dtype(device.type) if autocast else dynamic.layers[0].keys.dtype
-        size = -(-length // CACHE_BUCKET) * CACHE_BUCKET  # rounded up: prompts of other widths reuse it
-        key = (n, size, steps, with_logprobs, dtype, device)
+        # the slots of the prompt and response (of the prompt only, when it is held apart from the response),
+        # rounded up: prompts of other widths reuse the buffers
+        length = width if group > 1 else width + steps
+        size = -(-length // CACHE_BUCKET) * CACHE_BUCKET
+        key = (n, size, steps, with_logprobs, dtype, device, group)
         buf = self._buffers.pop(key, None)  # re-inserted last: the least recently used goes first
         if buf is None:
             while len(self._buffers) >= MAX_STATIC_BUFFERS:
                 self._buffers.pop(next(iter(self._buffers)))
-            buf = _StaticBuffers(self.model, dynamic, n, size, steps, with_logprobs, dtype)
+            buf = _StaticBuffers(self.model, dynamic, n, size, steps, with_logprobs, dtype, group)
         # kept across calls only for a compiled step, whose recorded graph needs the same addresses; else
         # the cache is freed with the call, as the dynamic one is, not held through the optimisation
         if self.compile_decode:
@@ -482,14 +574,21 @@ class TransformersGenerator:
         whole = self.whole_step
 
         def forward(ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any) -> torch.Tensor:
+            # a shared-prefix cache also goes to the attention function, which reads its prompt part
+            shared = isinstance(cache, prefix_attention.StaticSharedPrefixCache)
+            extra = {"shared_prefix": cache} if shared else {}
             out = model(
-                input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=pos,
+                past_key_values=cache,
+                use_cache=True,
+                **extra,
             )
             return out.logits[:, -1]  # (B, V)
 
         def whole_step(buf: _StaticBuffers, params: SamplingParams) -> None:
-            # the previous token, written to cache slot buf.slot by this forward, becomes visible
-            buf.attn.index_fill_(-1, buf.slot, True)
+            buf.open_input_at_counter()
             logits = forward(buf.ids, buf.attn, buf.pos, buf.cache)  # (B, V)
             u_t = buf.u.index_select(1, buf.t).squeeze(1)  # (B,)
             nxt, logprob, done = choose_tokens(
@@ -543,41 +642,47 @@ class _StaticBuffers:
     """Everything a static decode step reads and writes, allocated once per shape and reused: the KV cache
     (in the compute dtype, see ``_allocate_static_layer``), the (B, 1, 1, S) or (B, S) attention mask, the
     step's ids and positions, the outputs, and the step counter ``t`` with the cache slot ``slot`` that
-    the step's input token is written to (0-dim device tensors, so a recorded graph indexes with them)."""
+    the step's input token is written to (0-dim device tensors, so a recorded graph indexes with them).
+    ``shared``: the cache is a ``prefix_attention.StaticSharedPrefixCache`` (the prompt part once per
+    group of K rows, its own masks), ``attn`` a placeholder and ``slot`` a response slot."""
 
     def __init__(
-        self, model: Any, dynamic: Any, n: int, size: int, steps: int, with_logprobs: bool, dtype: torch.dtype
+        self,
+        model: Any,
+        dynamic: Any,
+        n: int,
+        size: int,
+        steps: int,
+        with_logprobs: bool,
+        dtype: torch.dtype,
+        group: int = 1,
     ) -> None:
-        from transformers import StaticCache
-
-        layer = dynamic.layers[0]
-        device = layer.keys.device
-        # Any: transformers types its layers as a union that includes linear-attention and dummy layers
-        cache: Any = StaticCache(config=model.config, max_cache_len=size)
-        if len(cache.layers) != len(dynamic.layers) or not all(
-            hasattr(layer, "cumulative_length") for layer in cache.layers
-        ):
-            raise RuntimeError(
-                "cache_implementation='static' needs a transformers version whose StaticCache layers keep a "
-                "cumulative_length (5.x); use cache_implementation='dynamic' here"
+        device = dynamic.layers[0].keys.device
+        self.t = torch.zeros(1, dtype=torch.long, device=device)  # (1,) the step being chosen
+        self.slot = torch.zeros(1, dtype=torch.long, device=device)  # (1,) cache slot of the step's input
+        # group > 1: the prompt part held once per group of rows, ``size`` prompt slots, ``steps`` response
+        # slots (``slot`` counts the response's); else one cache of ``size`` slots for prompt and response
+        self.shared = group > 1
+        self.cache: Any
+        if self.shared:
+            self.cache = prefix_attention.StaticSharedPrefixCache(
+                dynamic, group, size, steps, dtype, self.slot
             )
-        for src, dst in zip(dynamic.layers, cache.layers, strict=True):
-            if getattr(dst, "sliding_window", None):
-                raise RuntimeError("cache_implementation='static' does not support sliding-window layers yet")
-            _allocate_static_layer(dst, src.keys, src.values, dtype)
-        self.cache = cache
-        self.sdpa = getattr(model.config, "_attn_implementation", None) == "sdpa"
-        # SDPA takes a (B, 1, 1, S) bool mask as it is (no per-step rebuild); other attentions a 2D one
-        shape = (n, 1, 1, size) if self.sdpa else (n, size)
-        self.attn = torch.zeros(shape, dtype=torch.bool if self.sdpa else torch.long, device=device)
+            self.sdpa = False
+            # a 4D placeholder, passed through untouched: the attention function masks by the cache's masks
+            self.attn = torch.ones((n, 1, 1, 1), dtype=torch.bool, device=device)
+        else:
+            self.cache = _static_cache(model, dynamic, size, dtype)
+            self.sdpa = getattr(model.config, "_attn_implementation", None) == "sdpa"
+            # SDPA takes a (B, 1, 1, S) bool mask as it is (no per-step rebuild); other attentions a 2D one
+            shape = (n, 1, 1, size) if self.sdpa else (n, size)
+            self.attn = torch.zeros(shape, dtype=torch.bool if self.sdpa else torch.long, device=device)
         self.ids = torch.zeros((n, 1), dtype=torch.long, device=device)  # (B, 1) the step's input
         self.pos = torch.zeros((n, 1), dtype=torch.long, device=device)  # (B, 1)
         self.u = torch.zeros((n, steps), dtype=torch.float64, device=device)  # (B, T)
         self.tokens = torch.zeros((n, steps), dtype=torch.long, device=device)  # (B, T)
         self.logprobs = torch.zeros((n, steps), dtype=torch.float32, device=device) if with_logprobs else None
         self.done = torch.zeros(n, dtype=torch.bool, device=device)  # (B,)
-        self.t = torch.zeros(1, dtype=torch.long, device=device)  # (1,) the step being chosen
-        self.slot = torch.zeros(1, dtype=torch.long, device=device)  # (1,) cache slot of the step's input
         for x in (self.attn, self.ids, self.pos, self.u, self.tokens, self.done, self.t, self.slot):
             torch._dynamo.mark_static_address(x)
         if self.logprobs is not None:
@@ -585,7 +690,20 @@ class _StaticBuffers:
 
     def load(self, dynamic: Any, mask: torch.Tensor, pos: torch.Tensor, u: torch.Tensor, pad_id: int) -> None:
         """A new chunk: its prefilled cache (B, H, L, D) into slots [0, L), its mask, positions and uniforms.
-        Slots past L hold an earlier chunk's values until overwritten; the mask hides them."""
+        Slots past L hold an earlier chunk's values until overwritten; the mask hides them. Shared: the
+        prefilled cache is (P, H, L, D), the (B, L) mask prompt-major, its every K-th row the prompt's."""
+        if self.shared:
+            self.cache.load(dynamic, mask[:: self.cache.k])
+        else:
+            self._load_cache(dynamic, mask)
+        self.pos.copy_(pos)
+        self.u.copy_(u)
+        self.tokens.fill_(pad_id)
+        if self.logprobs is not None:
+            self.logprobs.zero_()
+        self.done.zero_()
+
+    def _load_cache(self, dynamic: Any, mask: torch.Tensor) -> None:
         width = mask.size(1)
         for src, dst in zip(dynamic.layers, self.cache.layers, strict=True):
             length = src.keys.size(2)
@@ -597,18 +715,27 @@ class _StaticBuffers:
             self.attn[:, 0, 0, :width] = mask.bool()
         else:
             self.attn[:, :width] = mask
-        self.pos.copy_(pos)
-        self.u.copy_(u)
-        self.tokens.fill_(pad_id)
-        if self.logprobs is not None:
-            self.logprobs.zero_()
-        self.done.zero_()
+
+    def open_input(self, t: int, width: int) -> None:
+        """Step ``t``'s input (token t-1) visible to the step that writes it (host-indexed)."""
+        if self.shared:
+            self.slot.fill_(t - 1)  # response slot t-1
+            self.cache.open_slot()
+        else:
+            self.attn[..., width + t - 1] = 1  # cache slot L+t-1
+
+    def open_input_at_counter(self) -> None:
+        """:meth:`open_input` at the device counter ``slot``, where this step's forward writes its input."""
+        if self.shared:
+            self.cache.open_slot()
+        else:
+            self.attn.index_fill_(-1, self.slot, True)
 
     def first(self, nxt: torch.Tensor, logprob: torch.Tensor | None, done: torch.Tensor, width: int) -> None:
         """Token 0 (chosen from the prefill's logits) written; the counters set for step 1."""
         self.write(0, nxt, logprob, done)
         self.t.fill_(1)
-        self.slot.fill_(width)
+        self.slot.fill_(0 if self.shared else width)
 
     def write(self, t: int, nxt: torch.Tensor, logprob: torch.Tensor | None, done: torch.Tensor) -> None:
         """Step ``t``'s tokens (B,) recorded and made the next step's input (host-indexed)."""
@@ -632,6 +759,26 @@ class _StaticBuffers:
         self.slot.add_(1)
 
 
+def _static_cache(model: Any, dynamic: Any, size: int, dtype: torch.dtype) -> Any:
+    """A transformers StaticCache of ``size`` slots in ``dtype``, for the layers of the prefilled cache."""
+    from transformers import StaticCache
+
+    # Any: transformers types its layers as a union that includes linear-attention and dummy layers
+    cache: Any = StaticCache(config=model.config, max_cache_len=size)
+    if len(cache.layers) != len(dynamic.layers) or not all(
+        hasattr(layer, "cumulative_length") for layer in cache.layers
+    ):
+        raise RuntimeError(
+            "cache_implementation='static' needs a transformers version whose StaticCache layers keep a "
+            "cumulative_length (5.x); use cache_implementation='dynamic' here"
+        )
+    for src, dst in zip(dynamic.layers, cache.layers, strict=True):
+        if getattr(dst, "sliding_window", None):
+            raise RuntimeError("cache_implementation='static' does not support sliding-window layers yet")
+        _allocate_static_layer(dst, src.keys, src.values, dtype)
+    return cache
+
+
 def _allocate_static_layer(dst: Any, keys: torch.Tensor, values: torch.Tensor, dtype: torch.dtype) -> None:
     """Allocate a StaticCache layer for keys and values shaped like ``keys`` and ``values`` (B, H, ., D), in
     ``dtype``, and make its writes cast to it. Under bf16 autocast an fp32 model's keys come out fp32 (the
@@ -648,7 +795,7 @@ def _allocate_static_layer(dst: Any, keys: torch.Tensor, values: torch.Tensor, d
     dst.update = update
 
 
-def rollout_copy(model: Any, dtype: torch.dtype) -> Any:
+def rollout_copy(model: Any, dtype: torch.dtype, *, fuse: bool = True) -> Any:
     """A copy of ``model`` to sample from, with its floating-point parameters in ``dtype``, in eval mode and
     without gradients. Buffers keep their dtype: the rotary embedding's ``inv_freq`` is fp32 in a model
     loaded in bf16 too, and rounded to bf16 it would shift every position's phase (by ~0.5 rad at position
@@ -656,7 +803,10 @@ def rollout_copy(model: Any, dtype: torch.dtype) -> Any:
     the device first. Refresh it after an optimizer step with :func:`sync_rollout_copy`.
 
     Why: sampling from an fp32 policy under bf16 autocast casts every weight at every decode step and
-    keeps an fp32 KV cache; this copy costs 2 bytes per parameter once."""
+    keeps an fp32 KV cache; this copy costs 2 bytes per parameter once.
+
+    ``fuse``: q/k/v and gate/up of Qwen2/Llama layers computed by one matmul each
+    (``rloo.rollout_fusion``); the copy's parameters stay the policy's, as views into the fused weights."""
     import copy
 
     memo: dict[int, Any] = {}
@@ -671,7 +821,11 @@ def rollout_copy(model: Any, dtype: torch.dtype) -> Any:
         for b in model.buffers():
             memo[id(b)] = b.detach().clone()
     clone = copy.deepcopy(model, memo)
-    return clone.eval().requires_grad_(False)
+    clone.eval().requires_grad_(False)
+    if fuse:
+        with torch.no_grad():
+            rollout_fusion.fuse_projections(clone)
+    return clone
 
 
 def sync_rollout_copy(copy: Any, model: Any) -> None:
