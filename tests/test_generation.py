@@ -10,6 +10,7 @@ from rloo.demo.tiny import build_tiny_setup
 from rloo.generation import (
     SamplingParams,
     TransformersGenerator,
+    exponential_race,
     inverse_cdf_tokens,
     left_pad,
     race_uniforms,
@@ -49,9 +50,21 @@ def _step_uniforms(rows: int, step: int = 0) -> torch.Tensor:
     return uniforms(row_seeds(seed=11, update=0, prompt_index=torch.arange(rows), k=1), step)  # (rows,)
 
 
+def _race(logits: torch.Tensor, u: torch.Tensor, temperature: float) -> torch.Tensor:
+    return exponential_race(logits.float() / temperature, u)
+
+
+def _inverse_cdf(logits: torch.Tensor, u: torch.Tensor, temperature: float) -> torch.Tensor:
+    return sample_tokens(logits, u, temperature=temperature)  # untruncated on a CPU: the inverse CDF
+
+
+SAMPLERS = {"race": _race, "inverse_cdf": _inverse_cdf}
+
+
+@pytest.mark.parametrize("sampler", SAMPLERS)
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 @pytest.mark.parametrize("vocab", [6, 50])
-def test_the_exponential_race_draws_from_the_softmax(temperature: float, vocab: int) -> None:
+def test_each_sampler_draws_from_the_softmax(sampler: str, temperature: float, vocab: int) -> None:
     # Pearson's chi-square of the token counts of many rows (each its own seed) against the softmax at the
     # temperature: a wrong distribution (the temperature ignored, a biased hash) lands far above the
     # 0.999 quantile; this one draw (fixed seeds) is below it.
@@ -59,7 +72,7 @@ def test_the_exponential_race_draws_from_the_softmax(temperature: float, vocab: 
 
     logits = torch.randn(vocab, generator=torch.Generator().manual_seed(vocab)) * 2  # (V,)
     n = 40_000
-    toks = sample_tokens(logits.expand(n, vocab), _step_uniforms(n), temperature=temperature)  # (n,)
+    toks = SAMPLERS[sampler](logits.expand(n, vocab), _step_uniforms(n), temperature)  # (n,)
     expected = torch.softmax(logits.double() / temperature, -1) * n  # (V,)
     counts = torch.bincount(toks, minlength=vocab).double()
     stat = float(((counts - expected) ** 2 / expected).sum())
@@ -69,16 +82,25 @@ def test_the_exponential_race_draws_from_the_softmax(temperature: float, vocab: 
     assert float(((counts - other) ** 2 / other).sum()) > chi2.ppf(0.999, vocab - 1)
 
 
-def test_the_race_is_reproducible_and_each_row_its_own() -> None:
+@pytest.mark.parametrize("sampler", SAMPLERS)
+def test_each_sampler_is_reproducible_and_each_row_its_own(sampler: str) -> None:
+    draw = SAMPLERS[sampler]
     logits = torch.randn(64, 1000, generator=torch.Generator().manual_seed(0))  # (B, V)
     u = _step_uniforms(64)
-    toks = sample_tokens(logits, u, temperature=0.7)
-    assert torch.equal(toks, sample_tokens(logits, u, temperature=0.7))  # same seeds, same tokens
+    toks = draw(logits, u, 0.7)
+    assert torch.equal(toks, draw(logits, u, 0.7))  # same seeds, same tokens
     # a row's token does not depend on which other rows are in the batch, nor on their order
     some = torch.tensor([5, 0, 33])
-    assert torch.equal(sample_tokens(logits[some], u[some], temperature=0.7), toks[some])
+    assert torch.equal(draw(logits[some], u[some], 0.7), toks[some])
     # another step draws other tokens
-    assert not torch.equal(toks, sample_tokens(logits, _step_uniforms(64, step=1), temperature=0.7))
+    assert not torch.equal(toks, draw(logits, _step_uniforms(64, step=1), 0.7))
+
+
+def test_a_cpu_samples_by_inverse_cdf_where_the_race_would_run_eagerly() -> None:
+    logits = torch.randn(8, 50, generator=torch.Generator().manual_seed(1))  # (B, V)
+    u = _step_uniforms(8)
+    want = inverse_cdf_tokens(logits.float(), u, top_k=0, top_p=1.0)
+    assert torch.equal(sample_tokens(logits, u, temperature=1.0), want)
 
 
 def test_race_uniforms_are_uniform_and_independent_of_vocabulary_size() -> None:

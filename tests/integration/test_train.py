@@ -502,14 +502,13 @@ def test_each_algorithm_variant_trains(make_config, options: dict[str, Any]) -> 
 
 def test_sync_ref_model_moves_the_reference_toward_the_policy(make_config) -> None:
     # KL to a reference that follows the policy (alpha 1: the reference becomes the policy after each
-    # update) stays 0 at the start of every update; against the SFT model it moves away from 0. In either
-    # sign: the logged estimate (logp - ref_logp over this small batch's samples) swings with the draws.
+    # update) stays 0 at the start of every update; against the SFT model it grows
     synced = train(
         make_config(sync_ref_model=True, ref_model_mixup_alpha=1.0, ref_model_sync_steps=1, max_steps=3)
     )
     fixed = train(make_config(max_steps=3, output_dir=str(Path(synced.output_dir).parent / "fixed")))
     assert [m["objective/kl"] for m in synced.history[1:]] == pytest.approx([0.0, 0.0], abs=1e-6)
-    assert abs(fixed.history[-1]["objective/kl"]) > 1e-3
+    assert fixed.history[-1]["objective/kl"] > 1e-3
 
 
 def test_filter_groups_leaves_flat_groups_out_and_resamples(make_config) -> None:

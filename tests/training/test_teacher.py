@@ -204,16 +204,15 @@ def _falls(history: list[dict[str, Any]]) -> tuple[float, float]:
 def test_the_policy_moves_toward_the_teacher_with_no_reward_at_all(
     tiny_setup: TinySetup, toy_dataset: Path, teacher_model: Path, tmp_path: Path
 ) -> None:
-    """Every score 0: the KL to the teacher is the whole reward. Seen: teacher/kl over the last 4 updates
-    at 0.40-0.74 of the first 4's (seeds 0-6, mean 0.51; 13.8 -> 10.2 at seed 3, the slowest) with the
-    exponential-race sampler, 0.37-0.68 (mean 0.48) with the inverse-CDF one it replaced: the same
-    spread of draws. The assertion asks for a fall of 20%, beyond the slowest seed seen."""
+    """Every score 0: the KL to the teacher is the whole reward. Seen: teacher/kl 13.0 over the first 4
+    updates -> 5.8 over the last 4 (seed 3), 13.6 -> 5.9 (seed 0), 13.4 -> 6.2 (seed 1); the assertion asks
+    for a fall of 30%, about four times the noise."""
     trainer = RLOOTrainer(_distillation(tiny_setup, toy_dataset, teacher_model, tmp_path / "out"))
     assert not trainer.teacher.training and not any(p.requires_grad for p in trainer.teacher.parameters())
     history = trainer.train().history
     assert all(h["objective/scores"] == 0.0 for h in history)
     first, last = _falls(history)
-    assert last < 0.8 * first, (first, last)
+    assert last < 0.7 * first, (first, last)
 
 
 @pytest.mark.slow
