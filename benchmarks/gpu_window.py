@@ -65,6 +65,7 @@ RESULT_FILES = ("results.tar.gz", "summary.md", "summary.json", "state.json")
 GPU_TESTS = (
     "bf16_first_ratio or bf16_run_trains_without_nan or static_decode_matches_dynamic"
     " or whole_step_graph_replays or bf16_run_samples_from_a_bf16_copy"
+    " or packed_rows_match or shared_prefix_decode_matches or compiled_race_draws"
 )
 ZERO_STAGES = (2, 3)
 

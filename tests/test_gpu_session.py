@@ -412,3 +412,12 @@ def test_gpu_wheels_builds_our_wheel_without_the_venv(tmp_path: Path) -> None:
     assert "venv" not in proc.stdout and "pip install" not in proc.stdout
     pins = (REPO / "benchmarks" / "gpu-requirements.txt").read_text()
     assert "pytest-timeout==" in pins and "vllm" not in pins.lower().replace("use_vllm", "")
+
+
+def test_each_gpu_test_the_window_selects_exists(window: ModuleType) -> None:
+    """The window runs the GPU tests by ``pytest -k``: a renamed test would silently drop out of it."""
+    import re
+
+    names = re.findall(r"^def (test_\w+)", (REPO / "tests" / "gpu" / "test_gpu_train.py").read_text(), re.M)
+    for term in window.GPU_TESTS.split(" or "):
+        assert [n for n in names if term in n], term

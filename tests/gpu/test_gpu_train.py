@@ -310,3 +310,61 @@ def test_deepspeed_on_one_gpu_runs_and_resumes(
     assert len(episodes) == 4 and episodes == sorted(set(episodes))  # updates 3 and 4 follow 1 and 2
     assert all(math.isfinite(r["loss/policy_avg"]) for r in records)
     assert (out / "training_complete.json").is_file()
+
+
+# -- the fast paths' agreement on the GPU: packed prefix rows, shared-prefix decode, the compiled race --------
+def test_packed_rows_match_plain_rows_on_gpu(full_vocab_model: Path) -> None:
+    # One row per prompt group under a 4D block mask (SDPA's kernel for an arbitrary mask) against a plain
+    # row per completion: the same log-probs, fp32 tight, bf16 within its rounding.
+    from rloo import algo
+    from rloo.forward import response_logits
+
+    for dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, 0.1)):
+        tok, model = _loaded(full_vocab_model, dtype)
+        ids, mask = left_pad([tok(p)["input_ids"] for p in PROMPTS], tok.pad_token_id, torch.device("cuda"))
+        rows = torch.arange(len(PROMPTS), device="cuda").repeat_interleave(4)  # (16,)
+        responses = torch.randint(10, 1000, (rows.numel(), 12), device="cuda")  # (16, 12)
+        with torch.no_grad():
+            packed = response_logits(model, ids, mask, rows, responses, share_prefix=True, packed=True)
+            plain = response_logits(model, ids, mask, rows, responses, share_prefix=False, packed=False)
+        a = algo.selective_log_softmax(packed.float(), responses)  # (16, 12)
+        b = algo.selective_log_softmax(plain.float(), responses)
+        assert (a - b).abs().max() < tol, (dtype, float((a - b).abs().max()))
+
+
+def test_shared_prefix_decode_matches_the_repeated_cache_on_gpu(full_vocab_model: Path, monkeypatch) -> None:
+    # Each prompt's KV held once and read once per step for its K rows: the same greedy tokens as K copies
+    # of it (fp32: no near-tie flips), dynamic and static caches.
+    from rloo import prefix_attention
+
+    tok, model = _loaded(full_vocab_model, torch.float32)
+    ids, mask = left_pad([tok(p)["input_ids"] for p in PROMPTS], tok.pad_token_id, torch.device("cuda"))
+    greedy = SamplingParams(max_new_tokens=32, pad_token_id=tok.pad_token_id, greedy=True)
+    seeds = row_seeds(1, 0, torch.arange(len(PROMPTS)), 4)
+    assert prefix_attention.supports(model, 4)
+    for cache in ("dynamic", "static"):
+        shared = TransformersGenerator(model, batch_size=1024, cache_implementation=cache)
+        got = shared.generate(ids, mask, 4, greedy, seeds).tokens
+        with monkeypatch.context() as m:
+            m.setattr(prefix_attention, "supports", lambda model, k: False)
+            repeated = TransformersGenerator(model, batch_size=1024, cache_implementation=cache)
+            want = repeated.generate(ids, mask, 4, greedy, seeds).tokens
+        assert torch.equal(got, want), cache
+
+
+def test_the_compiled_race_draws_from_the_softmax_on_gpu() -> None:
+    # On a GPU untruncated sampling is the exponential race, compiled: the same tokens as the race run
+    # eagerly, and token counts that fit the softmax (Pearson's chi-square at its 0.999 quantile).
+    from scipy.stats import chi2
+
+    from rloo.generation import _race, exponential_race, sample_tokens, uniforms
+
+    vocab, n = 50, 40_000
+    logits = torch.randn(vocab, generator=torch.Generator().manual_seed(3)).cuda() * 2  # (V,)
+    u = uniforms(row_seeds(7, 0, torch.arange(n), 1), 0).cuda()  # (n,)
+    toks = sample_tokens(logits.expand(n, vocab), u, temperature=0.7)  # (n,)
+    assert torch.equal(toks, exponential_race(logits.expand(n, vocab).float() / 0.7, u))
+    assert torch.equal(toks, _race(logits.expand(n, vocab).float() / 0.7, u))
+    expected = torch.softmax(logits.double().cpu() / 0.7, -1) * n
+    counts = torch.bincount(toks.cpu(), minlength=vocab).double()
+    assert float(((counts - expected) ** 2 / expected).sum()) < chi2.ppf(0.999, vocab - 1)
