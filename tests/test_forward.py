@@ -1,8 +1,5 @@
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-
 import pytest
 import torch
 
@@ -15,6 +12,7 @@ from rloo.models import load_causal_lm, load_tokenizer
 from rloo.training.compile import decoder_layers
 from rloo.training.completion_logprobs import LogProbs
 from rloo.training.trainer import enable_activation_checkpointing
+from tests.fixtures.logprob_inputs import Completions, NoAutocast
 
 # "a" is one token: left-padded beside the others, all of its row but the last column is padding, which
 # the shared path's prefill (every prompt token but the last) sees as a row with nothing to attend to.
@@ -323,19 +321,6 @@ def test_packed_rows_under_activation_checkpointing(tmp_path) -> None:
     _assert_same_grads(g_packed, g_plain)
 
 
-class _Accelerator:
-    def autocast(self) -> contextlib.AbstractContextManager[None]:
-        return contextlib.nullcontext()
-
-
-@dataclasses.dataclass
-class _Completions:
-    prompt_ids: torch.Tensor
-    prompt_mask: torch.Tensor
-    rows: torch.Tensor
-    responses: torch.Tensor
-
-
 @pytest.mark.parametrize("cache_free", [False, True], ids=["cache-ok", "cache-free"])
 def test_logprobs_share_prompts_through_packed_rows(tmp_path, cache_free: bool) -> None:
     # The producer's no-grad log-probs and the update's forward take packed rows (one model call with a
@@ -348,8 +333,8 @@ def test_logprobs_share_prompts_through_packed_rows(tmp_path, cache_free: bool) 
     ids, mask = left_pad([tok(p)["input_ids"] for p in long_prompts], tok.pad_token_id)
     rows = torch.arange(4).repeat_interleave(2)  # whole groups of K = 2
     responses = torch.randint(5, len(tok), (8, 4), generator=torch.Generator().manual_seed(0))
-    ro = _Completions(ids, mask, rows, responses)
-    lp = LogProbs(_Accelerator(), model, temperature=0.7, cache_free=cache_free, rloo_k=2, chunk_size=4)
+    ro = Completions(ids, mask, rows, responses)
+    lp = LogProbs(NoAutocast(), model, temperature=0.7, cache_free=cache_free, rloo_k=2, chunk_size=4)
     masks: list[int] = []
     model.register_forward_hook(
         lambda m, a, kw, out: masks.append(kw["attention_mask"].dim()), with_kwargs=True

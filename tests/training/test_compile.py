@@ -7,7 +7,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import copy
-import dataclasses
 import functools
 import os
 import shutil
@@ -30,6 +29,7 @@ from rloo.models import load_causal_lm
 from rloo.training.compile import compile_decoder_layers, count_aten_ops, decoder_layers, is_compiled
 from rloo.training.completion_logprobs import LogProbs
 from rloo.training.trainer import enable_activation_checkpointing
+from tests.fixtures.logprob_inputs import Completions, NoAutocast
 
 CAST = "aten._to_copy.default"
 # Inductor's CPU code needs a C++ compiler; without one the compiled-vs-eager test checks graph capture
@@ -330,20 +330,7 @@ def test_packed_rows_run_compiled_and_match_eager(make_lm: Callable[..., nn.Modu
         torch.testing.assert_close(grads[name].grad, p.grad, rtol=1e-5, atol=1e-5, msg=name)
 
 
-class _Accelerator:
-    def autocast(self) -> contextlib.AbstractContextManager[None]:
-        return contextlib.nullcontext()
-
-
-@dataclasses.dataclass
-class _Completions:
-    prompt_ids: torch.Tensor
-    prompt_mask: torch.Tensor
-    rows: torch.Tensor
-    responses: torch.Tensor
-
-
-def _completions(width: int, *, groups: int, left_padded: bool, seed: int, k: int = 2) -> _Completions:
+def _completions(width: int, *, groups: int, left_padded: bool, seed: int, k: int = 2) -> Completions:
     """``groups`` prompts of ``width`` tokens (all left-padded, or none), K responses of 5 tokens each."""
     g = torch.Generator().manual_seed(seed)
     prompt_ids = torch.randint(5, 300, (groups, width), generator=g)  # (P, L)
@@ -352,7 +339,7 @@ def _completions(width: int, *, groups: int, left_padded: bool, seed: int, k: in
         prompt_mask[:, : width // 2] = 0
     rows = torch.arange(groups).repeat_interleave(k)  # (b,)
     responses = torch.randint(5, 300, (groups * k, 5), generator=g)  # (b, T)
-    return _Completions(prompt_ids, prompt_mask, rows, responses)
+    return Completions(prompt_ids, prompt_mask, rows, responses)
 
 
 @pytest.mark.parametrize("share", [True, False], ids=["shared", "plain"])
@@ -366,7 +353,7 @@ def test_no_recompiles_after_the_first_update(make_lm: Callable[..., nn.Module],
     model = make_lm(layers=2)
     counter = CompileCounterWithBackend("aot_eager")
     compile_decoder_layers(model, backend=counter)
-    lp = LogProbs(_Accelerator(), model, temperature=1.0, cache_free=True, rloo_k=2, chunk_size=4)
+    lp = LogProbs(NoAutocast(), model, temperature=1.0, cache_free=True, rloo_k=2, chunk_size=4)
     plan = [(6, True), (40, False), (9, False), (70, True), (20, True), (100, False)]
     graphs = []
     for update, (width, left_padded) in enumerate(plan):
