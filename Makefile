@@ -117,7 +117,7 @@ GPU_PY ?= 3.12
 DEEPSPEED ?= deepspeed==0.19.8
 WHEEL_PY := $(if $(wildcard $(BIN)/python),$(BIN)/python,$(PY))
 gpu-wheels:
-	$(WHEEL_PY) -m pip wheel -q --no-deps -w $(GPU_WHEELS) .
+	$(WHEEL_PY) -m pip wheel -q --no-deps -w $(GPU_WHEELS) . && rm -rf build
 	$(WHEEL_PY) -m pip download -q --no-deps --only-binary=:all: --python-version $(GPU_PY) --implementation cp \
 	  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
 	  -d $(GPU_WHEELS) -r benchmarks/gpu-requirements.txt

@@ -8,17 +8,20 @@ every command included), at most 10 minutes a command and 8 result files. This d
 1. installs the carried wheels (``make gpu-wheels``: ours, TRL, DeepSpeed, pytest-timeout...) with
    ``pip install --no-index --no-deps`` into a scratch folder, ahead of nothing the node has;
 2. launches, in the background, ZeRO-2 and ZeRO-3 runs of a tiny rloo.demo model (2 updates, then
-   resumed to 4; DS_ACCELERATOR=cuda) while the rest runs: they are small;
+   resumed to 4; DS_ACCELERATOR=cuda) beside the GPU tests, which time nothing: every timed step
+   waits for them, so no figure is measured beside another job on the GPU;
 3. runs, in order of value, each bounded by what is left of the call and skipped below its minimum:
-   the bf16 / whole-step / static-cache GPU tests (a handful, with a per-test timeout), ours vs TRL at
-   0.5B (bench_gpu.py), the decode A/B (bench_decode.py), ours at 1.5B with compiled layers
-   (--torch-compile), ours at 0.5B with compiled layers;
+   the bf16 / whole-step / static-cache / packed-row / shared-prefix GPU tests (with a per-test
+   timeout), ours vs TRL at 0.5B (bench_gpu.py), the decode A/B (bench_decode.py), ours at 1.5B with
+   compiled layers (--torch-compile), ours at 0.5B with compiled layers;
 4. after every step, packs what there is into OUT (at most 8 files: results.tar.gz with every step's
    raw output, summary.md, summary.json, state.json), so that a call cut short still returns what it
    measured.
 
-A state file (WORK/state.json) records which steps finished. The second call -- the same command, with
-the first call's results.tar.gz carried back in WORK -- reruns only the steps that did not finish.
+A state file (WORK/state.json) records how each step ended. The second call -- the same command, with
+the first call's results.tar.gz carried back in WORK -- reruns only the steps that did not get to an end
+(ran out of time, or skipped for time); a step that failed is not run again (its output says why, and
+the same code would fail the same way).
 
 vLLM is not sent: its wheels are hundreds of MB (the carry limit is 64 MiB) and its pin needs another
 torch than the node's; the vLLM paths are covered on CPU (make test-vllm).
@@ -29,7 +32,7 @@ torch than the node's; the vLLM paths are covered on CPU (make test-vllm).
 
 Exit status: 0 when every step planned for this call finished, 1 when one failed, ran out of time or was
 skipped for time (its results are packed all the same), 2 for a usage error, wheels pip cannot install,
-or a python that cannot import torch (one line, no traceback); 2 too for a dry run whose plan does not
+a missing wheels folder, or a python that cannot import torch (one line, no traceback); 2 too for a dry run whose plan does not
 fit the device time; 75 when the python sees no CUDA GPU (nothing is run or recorded: a later call may
 find it).
 """
@@ -79,18 +82,25 @@ class Step:
     minimum: int  # seconds: with less left than this, the step is skipped (for the next call)
     what: str
     background: bool = False
+    timed: bool = True  # False: measures no time, so the background step may run beside it
 
 
 # In order of value. Budgets from the last H100 session (benchmarks/RESULTS.md): ours at 0.5B with the
 # compiled decode ~55 s (model build and load included), TRL at 0.5B ~40 s; 1.5B ~175 s with layers
 # compiled; the decode A/B ~100 s (four variants, CUDA-graph capture each); a DeepSpeed launch of the
-# tiny model ~30 s (four of them, in the background).
+# tiny model ~30 s (four of them, in the background beside the untimed tests, as long as they are).
 STEPS: tuple[Step, ...] = (
-    Step("zero", 300, 120, "ZeRO-2 and ZeRO-3: tiny model, 2 updates then resumed to 4", background=True),
-    Step("tests", 120, 60, "GPU tests: bf16, static cache, whole-step graph (pytest -m gpu, a handful)"),
-    Step("bench-0.5b-vs-trl", 160, 100, "ours vs TRL at 0.5B (bench_gpu.py, compiled decode)"),
-    Step("decode", 120, 70, "decode A/B at 0.5B (bench_decode.py: 4 variants)"),
-    Step("bench-1.5b-ours-layers", 170, 110, "ours at 1.5B, compiled layers (--torch-compile)"),
+    Step("zero", 120, 90, "ZeRO-2 and ZeRO-3: tiny model, 2 updates then resumed to 4", background=True),
+    Step(
+        "tests",
+        120,
+        60,
+        "GPU tests: bf16, static cache, whole-step graph, packed rows, shared prefix (pytest -m gpu)",
+        timed=False,
+    ),
+    Step("bench-0.5b-vs-trl", 140, 100, "ours vs TRL at 0.5B (bench_gpu.py, compiled decode)"),
+    Step("decode", 90, 60, "decode A/B at 0.5B (bench_decode.py: 4 variants)"),
+    Step("bench-1.5b-ours-layers", 175, 110, "ours at 1.5B, compiled layers (--torch-compile)"),
     Step("bench-0.5b-ours-layers", 90, 60, "ours at 0.5B, compiled layers (--torch-compile)"),
 )
 STEP_NAMES = tuple(step.name for step in STEPS)
@@ -108,21 +118,39 @@ class PlannedStep:
 def plan_call(budget: int, done: set[str]) -> list[PlannedStep]:
     """The steps a call of ``budget`` seconds runs if each takes its whole budget: the wheels and the
     final pack first set aside, each foreground step cut to what is left and skipped below its minimum;
-    the background step runs beside them, bounded by the call. Finished steps are not planned."""
+    the background step runs beside the untimed steps, and the first timed step waits for it to end.
+    Finished steps are not planned."""
     left = budget - WHEELS_S - PACK_S
+    background = 0  # seconds the background step may still run when the next timed step would start
     planned = []
     for step in STEPS:
         if step.name in done:
             continue
-        room = budget - WHEELS_S - PACK_S if step.background else left
+        if step.timed and not step.background and background > 0:
+            left -= background  # the timed step waits for the background one
+            background = 0
+        room = left
         if room < step.minimum:
             planned.append(PlannedStep(step, 0, f"skipped: {max(room, 0)} s left, needs {step.minimum}"))
             continue
         granted = min(step.budget, room)
-        if not step.background:
+        if step.background:
+            background = granted
+        else:
             left -= granted
+            if not step.timed:
+                background = max(background - granted, 0)
         planned.append(PlannedStep(step, granted))
     return planned
+
+
+def _serial_seconds(plan: list[PlannedStep]) -> int:
+    """The call's seconds if every planned step takes its budget: the foreground steps, and the wait for
+    the background step where it outlasts the untimed steps beside it."""
+    background = [p.budget for p in plan if p.step.background]
+    beside = sum(p.budget for p in plan if not p.step.background and not p.step.timed)
+    timed = sum(p.budget for p in plan if not p.step.background and p.step.timed)
+    return max(beside, *background, 0) + timed
 
 
 def second_call_budget(first_budget: int) -> int:
@@ -143,10 +171,10 @@ def dry_run(budget: int) -> int:
         for p in plan:
             where = "background" if p.step.background else "foreground"
             status = f"{p.budget} s" if p.budget else p.why
+            if p.budget and p.budget < p.step.budget:
+                status = f"{p.budget} s (cut from {p.step.budget})"
             print(f"  {p.step.name:<24} {where:<10} {status:<28} {p.step.what}")
-    serial = [
-        WHEELS_S + PACK_S + sum(p.budget for p in plan if not p.step.background) for plan in (first, second)
-    ]
+    serial = [WHEELS_S + PACK_S + _serial_seconds(plan) for plan in (first, second)]
     total = STARTUP_S + budget + BETWEEN_CALLS_S + max(second_budget, 0)
     fits = serial[0] <= budget and serial[1] <= max(second_budget, 0) and total <= DEVICE_SECONDS
     left_out = [p.step.name for p in second if not p.budget]
@@ -172,8 +200,13 @@ def load_state(work: Path) -> dict[str, Any]:
 
 
 def finished(state: dict[str, Any]) -> set[str]:
-    """The steps a previous call finished: they are not run again."""
-    return {name for name, record in state.get("steps", {}).items() if record.get("status") == "ok"}
+    """The steps a previous call got to an end, passed or failed: they are not run again (a failure
+    would repeat, and its output is packed). Steps that ran out of time or were skipped for it are."""
+    return {
+        name
+        for name, record in state.get("steps", {}).items()
+        if str(record.get("status")).startswith(("ok", "failed"))
+    }
 
 
 def record_step(state: dict[str, Any], name: str, status: str, seconds: float, note: str = "") -> None:
@@ -393,6 +426,9 @@ def run_call(call: Call) -> int:
     for step in STEPS:
         if step.name in done:
             continue
+        if step.timed and not step.background:
+            for thread in background:  # no figure is measured beside another job on the GPU
+                thread.join(max(call.left() - PACK_S, 1))
         room = call.left() - (0 if step.background else PACK_S)
         if room < step.minimum:
             record_step(
@@ -517,6 +553,13 @@ def main(argv: list[str] | None = None) -> int:
     state = load_state(work)
     state["calls"] = state.get("calls", 0) + 1
     site = work / "site"
+    if not args.wheels.is_dir() or not any(args.wheels.glob("*.whl")):
+        print(
+            f"gpu_window: no wheels in {args.wheels}: build them here with 'make gpu-wheels' and carry the "
+            "folder (TRL, DeepSpeed and pytest-timeout are not on the node)",
+            file=sys.stderr,
+        )
+        return 2
     why = install_wheels(args.python, args.wheels, site)
     if why:
         print(f"gpu_window: installing the wheels in {args.wheels} failed: {why}", file=sys.stderr)

@@ -88,10 +88,26 @@ def test_the_plan_skips_below_a_minimum_and_leaves_out_finished_steps(window: Mo
     assert plan["tests"].budget == 120
     assert all(plan[name].budget == 0 for name in ("bench-0.5b-vs-trl", "decode", "bench-0.5b-ours-layers"))
     assert "needs 100" in plan["bench-0.5b-vs-trl"].why
-    assert plan["zero"].budget == 165  # the background step: bounded by the call, not by the others
+    assert plan["zero"].budget == 120  # the background step, beside the untimed tests
     again = window.plan_call(200, {"tests", "zero"})
     assert again[0].step.name == "bench-0.5b-vs-trl"
-    assert again[0].budget == 160
+    assert again[0].budget == 140
+
+
+def test_a_timed_step_waits_for_the_background_step(
+    window: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the background step outlasting the untimed tests delays the first timed step by the difference
+    zero, tests = window.STEPS[0], window.STEPS[1]
+    assert zero.background and not tests.timed
+    monkeypatch.setattr(
+        window, "STEPS", (window.Step("zero", 150, 10, "", background=True), *window.STEPS[1:])
+    )
+    plan = {p.step.name: p for p in window.plan_call(1000, set())}
+    # 1000 - 35: tests 120, a 30 s wait for the background step, then the timed steps in turn
+    assert plan["bench-0.5b-vs-trl"].budget == 140
+    assert plan["decode"].budget == 90
+    assert window._serial_seconds(list(plan.values())) == 150 + 140 + 90 + 175 + 90
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -216,12 +232,14 @@ def test_a_second_call_reruns_only_what_did_not_finish(
         mark.unlink()
     _fake_steps(window, monkeypatch, tmp_path, {})
     state = window.load_state(work2)
-    assert window.finished(state) == set(window.STEP_NAMES) - {"decode", "bench-0.5b-ours-layers"}
+    # a failed step is not run again (the same code fails the same way; its output is packed)
+    assert window.finished(state) == set(window.STEP_NAMES) - {"bench-0.5b-ours-layers"}
     state["calls"] = 2
-    assert window.run_call(_call(window, work2, tmp_path / "out2", state)) == 0
-    assert sorted(p.name for p in marks.iterdir()) == ["bench-0.5b-ours-layers", "decode"]
+    assert window.run_call(_call(window, work2, tmp_path / "out2", state)) == 1  # decode still failed
+    assert sorted(p.name for p in marks.iterdir()) == ["bench-0.5b-ours-layers"]
     final = json.loads((work2 / "state.json").read_text())["steps"]
-    assert final["decode"]["call"] == 2 and final["tests"]["call"] == 1
+    assert final["bench-0.5b-ours-layers"]["call"] == 2 and final["tests"]["call"] == 1
+    assert final["decode"] == steps["decode"]
     # the earlier call's raw output of a finished step is still there to pack
     assert (work2 / "raw" / "tests" / "main.out").read_text().strip() == "ran tests"
 
@@ -265,10 +283,11 @@ def test_packing_is_at_most_8_files_and_cuts_long_logs(
 
 
 def test_a_python_without_torch_is_one_line_and_exit_2(tmp_path: Path) -> None:
-    fake = tmp_path / "python"
-    fake.write_text("#!/bin/sh\nexit 1\n")
+    fake = tmp_path / "python"  # pip "installs" the wheels; nothing imports torch
+    fake.write_text('#!/bin/sh\n[ "$1 $2" = "-m pip" ] && exit 0\nexit 1\n')
     fake.chmod(0o755)
     (tmp_path / "wheels").mkdir()
+    (tmp_path / "wheels" / "rloo_kfp-0-py3-none-any.whl").write_bytes(b"")
     proc = _run(
         str(WINDOW),
         "--python",
@@ -386,6 +405,7 @@ def test_a_python_that_sees_no_gpu_measures_nothing_and_exits_75(tmp_path: Path)
     fake.write_text("#!/bin/sh\necho 'cuda: None available: False'\n")
     fake.chmod(0o755)
     (tmp_path / "wheels").mkdir()
+    (tmp_path / "wheels" / "rloo_kfp-0-py3-none-any.whl").write_bytes(b"")  # "installed" by the fake pip
     work = tmp_path / "work"
     proc = _run(
         str(WINDOW), "--python", str(fake), "--wheels", str(tmp_path / "wheels"), "--work", str(work),
@@ -421,3 +441,15 @@ def test_each_gpu_test_the_window_selects_exists(window: ModuleType) -> None:
     names = re.findall(r"^def (test_\w+)", (REPO / "tests" / "gpu" / "test_gpu_train.py").read_text(), re.M)
     for term in window.GPU_TESTS.split(" or "):
         assert [n for n in names if term in n], term
+
+
+def test_no_wheels_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    """Without the carried wheels (TRL, DeepSpeed, pytest-timeout are not on the node) every step would
+    fail in turn for ten minutes: the call stops at once and says how to build them."""
+    (tmp_path / "empty").mkdir()
+    for wheels in (tmp_path / "missing", tmp_path / "empty"):
+        proc = _run(
+            str(WINDOW), "--wheels", str(wheels), "--work", str(tmp_path / "w"), "--out", str(tmp_path / "o")
+        )
+        assert proc.returncode == 2
+        assert proc.stderr.strip().count("\n") == 0 and "make gpu-wheels" in proc.stderr
