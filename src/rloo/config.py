@@ -236,7 +236,8 @@ class RunOptions:
     # --- batch sizes (see batch arithmetic in BatchPlan) -----------------------------------------------
     per_device_train_batch_size: int = option(
         8,
-        "Completions per micro-batch (forward/backward) per device.",
+        "Completions per device per accumulation step (the batch arithmetic); also the forward/backward "
+        "micro-batch unless --micro_batch_size sets another.",
         pipeline="per_device_train_batch_size",
         check=at_least(1),
     )
@@ -245,7 +246,8 @@ class RunOptions:
     )
     gradient_accumulation_steps: int = option(
         1,
-        "Micro-batches accumulated per optimizer step.",
+        "Accumulation steps per optimizer step: with per_device_train_batch_size, a mini-batch's completions "
+        "per device.",
         pipeline="gradient_accumulation_steps",
         check=at_least(1),
     )
@@ -258,8 +260,9 @@ class RunOptions:
     micro_batch_size: str | None = option(
         None,
         "Completions per forward/backward, apart from the batch arithmetic: a divisor of "
-        "per_device_train_batch_size x gradient_accumulation_steps (the optimizer steps stay the same), or "
-        "'auto': the largest that fits the GPU's free memory (default: per_device_train_batch_size).",
+        "per_device_train_batch_size x gradient_accumulation_steps (the optimizer steps stay the same; a "
+        "multiple of rloo_k keeps each prompt's group together, computed once), or 'auto': the largest that "
+        "fits the GPU's free memory (default: per_device_train_batch_size).",
         check=Check(
             lambda v: v == "auto" or (v.isdigit() and int(v) >= 1),
             "a whole number >= 1 or 'auto'",

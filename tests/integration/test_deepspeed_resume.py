@@ -222,7 +222,7 @@ def test_zero2_micro_batches_apart_from_the_batch_arithmetic_take_the_same_steps
         proc = _launch(str(fp32), [*argv, "--micro_batch_size", micro])
         assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
         said = proc.stdout + proc.stderr
-        assert f"micro-batch {micro} completions x {4 // int(micro)} per optimizer step" in said
+        assert f"micro-batches of {micro} completions, {4 // int(micro)} per optimizer step" in said
         runs.append(_metrics(out))
     whole, halves = runs
     # A wrong boundary (a DeepSpeed step per micro-batch) would take twice the steps: the second update's KL

@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from rloo.errors import UserError
 from rloo.training.micro_batch import (
     MEMORY_HEADROOM,
+    AutoChoice,
     activation_bytes,
     auto_micro_batch,
     choose_micro_batch,
@@ -72,11 +74,12 @@ def test_auto_grows_with_free_memory_and_shrinks_with_the_state() -> None:
     for fits in (1, 4, 16, 64):  # room for exactly this many completions beside the state
         free = state + fits * per_completion / MEMORY_HEADROOM * 1.0001
         got = auto_micro_batch(config, **shape, trained_params=1_000_000, free_bytes=free, **common)
-        assert got == fits
+        assert got.size == fits
+        assert (got.free, got.state, got.per_completion) == (free, state, per_completion)
     # the same memory with a state twice as large leaves room for fewer
     free = state + 16 * per_completion / MEMORY_HEADROOM
     smaller = auto_micro_batch(config, **shape, trained_params=2_000_000, free_bytes=free, **common)
-    assert smaller < 16
+    assert smaller.size < 16
 
 
 def test_the_plan() -> None:
@@ -84,11 +87,43 @@ def test_the_plan() -> None:
     assert (classic.size, classic.accumulation_steps) == (8, 2)
     set_size = plan_micro_batches(mini_batch=16, per_device=8, setting="4")
     assert (set_size.size, set_size.accumulation_steps, set_size.chosen_by) == (4, 4, "micro_batch_size")
-    assert "micro-batch 4 completions x 4 per optimizer step" in set_size.describe()
+    assert "micro-batches of 4 completions, 4 per optimizer step" in set_size.describe()
     # auto without a GPU to measure keeps the classic layout, and says so
     no_gpu = plan_micro_batches(mini_batch=16, per_device=8, setting="auto")
-    assert (no_gpu.size, no_gpu.accumulation_steps) == (8, 2) and "no GPU" in no_gpu.chosen_by
-    measured = plan_micro_batches(mini_batch=16, per_device=8, setting="auto", auto_size=16)
+    assert (no_gpu.size, no_gpu.accumulation_steps) == (8, 2)
+    assert no_gpu.chosen_by == "auto: no GPU memory to measure, per_device_train_batch_size 8 kept"
+    measured = plan_micro_batches(
+        mini_batch=16, per_device=8, setting="auto", auto=AutoChoice(16, 40 * 2**30, 8 * 2**30, 2**30)
+    )
     assert (measured.size, measured.accumulation_steps) == (16, 1)
+    # the log says what auto measured and estimated
+    assert measured.chosen_by == (
+        "auto: 40.0 GiB free, ~8.0 GiB for the training state, ~1024 MiB per completion, 70% of the rest used"
+    )
     with pytest.raises(UserError, match="does not divide the 16 completions"):
         plan_micro_batches(mini_batch=16, per_device=8, setting="3")
+
+
+def _rank_agrees(rank: int, port: int, out: str) -> None:
+    import torch.distributed as dist
+
+    from rloo.training.micro_batch import _smallest_over_ranks
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        got = _smallest_over_ranks([16, 4][rank], torch.device("cpu"))  # each rank measured its own GPU
+        with open(f"{out}.{rank}", "w") as f:
+            f.write(str(got))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_the_ranks_take_the_smallest_auto_size(tmp_path) -> None:
+    """Each rank measures its own GPU's free memory; they must cut the mini-batch alike (DeepSpeed's
+    boundary, the gradient average), so every rank takes the smallest choice."""
+    import torch.multiprocessing as mp
+
+    from tests.fixtures.servers import free_port
+
+    mp.spawn(_rank_agrees, args=(free_port(), str(tmp_path / "size")), nprocs=2, join=True)
+    assert [(tmp_path / f"size.{r}").read_text() for r in (0, 1)] == ["4", "4"]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +25,7 @@ from rloo.training import deepspeed_utils
 __all__ = [
     "AUTO",
     "MEMORY_HEADROOM",
+    "AutoChoice",
     "MicroBatchPlan",
     "activation_bytes",
     "apply_micro_batches",
@@ -48,10 +50,30 @@ class MicroBatchPlan:
 
     size: int
     accumulation_steps: int
-    chosen_by: str  # "per_device_train_batch_size", "micro_batch_size" or "free memory"
+    chosen_by: str  # why this size: the flag that set it, or auto's figures
 
     def describe(self) -> str:
-        return f"micro-batch {self.size} completions x {self.accumulation_steps} per optimizer step ({self.chosen_by})"
+        return (
+            f"micro-batches of {self.size} completions, {self.accumulation_steps} per optimizer step "
+            f"({self.chosen_by})"
+        )
+
+
+@dataclass(frozen=True)
+class AutoChoice:
+    """What ``--micro_batch_size auto`` measured and chose."""
+
+    size: int
+    free: float  # bytes free on the GPU before the models were placed
+    state: float  # bytes the training state will take (estimate)
+    per_completion: float  # bytes one completion's activations take (estimate)
+
+    def describe(self) -> str:
+        gib, mib = 2**30, 2**20
+        return (
+            f"auto: {self.free / gib:.1f} GiB free, ~{self.state / gib:.1f} GiB for the training state, "
+            f"~{self.per_completion / mib:.0f} MiB per completion, {MEMORY_HEADROOM:.0%} of the rest used"
+        )
 
 
 def divisors(n: int) -> list[int]:
@@ -114,18 +136,19 @@ def choose_micro_batch(mini_batch: int, rloo_k: int, per_completion: float, free
 
 
 def plan_micro_batches(
-    *, mini_batch: int, per_device: int, setting: str | None, auto_size: int | None = None
+    *, mini_batch: int, per_device: int, setting: str | None, auto: AutoChoice | None = None
 ) -> MicroBatchPlan:
     """The micro-batches of a local mini-batch of ``mini_batch`` completions: ``setting`` None keeps
     ``per_device`` (per_device_train_batch_size, the classic layout), a number sets the size (it must
     divide the mini-batch: equal micro-batches keep the loss a mean over the mini-batch), ``auto`` takes
-    ``auto_size`` (None: no device memory to measure, so ``per_device``)."""
+    ``auto``'s size (None: no device memory to measure, so ``per_device``)."""
     if setting is None:
         return MicroBatchPlan(per_device, mini_batch // per_device, "per_device_train_batch_size")
     if setting == AUTO:
-        if auto_size is None:
-            return MicroBatchPlan(per_device, mini_batch // per_device, "auto: no GPU memory to measure")
-        return MicroBatchPlan(auto_size, mini_batch // auto_size, "auto: free GPU memory")
+        if auto is None:
+            kept = f"auto: no GPU memory to measure, per_device_train_batch_size {per_device} kept"
+            return MicroBatchPlan(per_device, mini_batch // per_device, kept)
+        return MicroBatchPlan(auto.size, mini_batch // auto.size, auto.describe())
     size = int(setting)
     if mini_batch % size:
         fits = ", ".join(str(d) for d in divisors(mini_batch))
@@ -150,7 +173,7 @@ def auto_micro_batch(
     zero_stage: int,
     shards: int,
     free_bytes: float,
-) -> int:
+) -> AutoChoice:
     """``--micro_batch_size auto`` for a model of ``model_config`` (a transformers config): the largest
     micro-batch whose activations fit what the training state leaves of ``free_bytes``. Prompts count
     once per group (prefix-shared forwards), responses per completion."""
@@ -168,20 +191,29 @@ def auto_micro_batch(
     state = training_state_bytes(
         trained_params, frozen_bytes=frozen_bytes, zero_stage=zero_stage, shards=shards
     )
-    return choose_micro_batch(mini_batch, rloo_k, per_completion, max(free_bytes - state, 0.0))
+    size = choose_micro_batch(mini_batch, rloo_k, per_completion, max(free_bytes - state, 0.0))
+    return AutoChoice(size, free_bytes, state, per_completion)
 
 
 def plan_for_run(
-    cfg: RLOOConfig, policy: Any, prompt_ids: list[list[int]], *, world: int, zero_stage: int
+    cfg: RLOOConfig,
+    policy: Any,
+    prompt_ids: list[list[int]],
+    *,
+    world: int,
+    zero_stage: int,
+    smallest: Callable[[int], int] = lambda size: size,
 ) -> MicroBatchPlan:
     """The micro-batches of this run's updates, ``auto`` measured on the GPU before the models are
     placed (DeepSpeed takes the accumulation steps at ``prepare``): the trained parameters' state, a
     reference and a rollout copy of the policy in the compute dtype where the run keeps them, and the
-    longest prompt."""
+    longest prompt. ``smallest``: the smallest of every rank's choice (each measures its own GPU, and the
+    ranks must take the same number of micro-batches per step, or DeepSpeed's boundary and the gradient
+    average would disagree)."""
     import torch
 
     mini_batch = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps
-    size = None
+    auto = None
     if cfg.micro_batch_size == AUTO and torch.cuda.is_available():
         compute_bytes = 2 if cfg.bf16 or cfg.fp16 else 4
         params = sum(int(getattr(p, "ds_numel", p.numel())) for p in policy.parameters())
@@ -189,7 +221,7 @@ def plan_for_run(
         copies = (
             0 if cfg.use_peft else 1 + int(bool(cfg.bf16) and not cfg.use_vllm)
         )  # reference, rollout copy
-        size = auto_micro_batch(
+        auto = auto_micro_batch(
             policy.config,
             mini_batch=mini_batch,
             rloo_k=cfg.rloo_k,
@@ -203,11 +235,13 @@ def plan_for_run(
             shards=world,
             free_bytes=float(torch.cuda.mem_get_info()[0]),
         )
+        agreed = smallest(auto.size)  # a divisor too: the smallest of divisors of the same mini-batch
+        auto = AutoChoice(agreed, auto.free, auto.state, auto.per_completion)
     return plan_micro_batches(
         mini_batch=mini_batch,
         per_device=cfg.per_device_train_batch_size,
         setting=cfg.micro_batch_size,
-        auto_size=size,
+        auto=auto,
     )
 
 
@@ -218,7 +252,12 @@ def apply_micro_batches(
     and DeepSpeed how many make an optimizer step: accelerate divides each micro-batch's loss by that
     number, DeepSpeed scales it and steps at that boundary."""
     plan = plan_for_run(
-        cfg, policy, prompt_ids, world=world, zero_stage=deepspeed_utils.zero_stage(accelerator)
+        cfg,
+        policy,
+        prompt_ids,
+        world=world,
+        zero_stage=deepspeed_utils.zero_stage(accelerator),
+        smallest=lambda size: _smallest_over_ranks(size, accelerator.device),
     )
     accelerator.gradient_accumulation_steps = plan.accumulation_steps
     deepspeed_utils.fill_deepspeed_config(  # a no-op without DeepSpeed
@@ -229,3 +268,15 @@ def apply_micro_batches(
     )
     log.info("%s", plan.describe())
     return plan
+
+
+def _smallest_over_ranks(size: int, device: Any) -> int:
+    """The smallest ``size`` of all ranks (one all-reduce; ``size`` itself in one process)."""
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return size
+    t = torch.tensor([size], device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return int(t.item())
