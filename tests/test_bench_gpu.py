@@ -383,10 +383,15 @@ def test_layout_matches_what_logprobs_runs(
         for compiled in (False, True):
             for checkpointing in (False, True):
                 model = Model(attn)
-                monkeypatch.setattr(clp, "_has_compiled_layers", lambda _m, c=compiled: c)
                 cache_free = compiled or checkpointing  # as the trainer builds LogProbs
                 logprobs = clp.LogProbs(
-                    accelerator, model, temperature=1.0, cache_free=cache_free, rloo_k=k, chunk_size=rows
+                    accelerator,
+                    model,
+                    temperature=1.0,
+                    cache_free=cache_free,
+                    compiled_layers=compiled,
+                    rloo_k=k,
+                    chunk_size=rows,
                 )
                 with pytest.raises(Took) as took:
                     logprobs.forward(model, ro, torch.arange(rows))

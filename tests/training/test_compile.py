@@ -353,7 +353,9 @@ def test_no_recompiles_after_the_first_update(make_lm: Callable[..., nn.Module],
     model = make_lm(layers=2)
     counter = CompileCounterWithBackend("aot_eager")
     compile_decoder_layers(model, backend=counter)
-    lp = LogProbs(NoAutocast(), model, temperature=1.0, cache_free=True, rloo_k=2, chunk_size=4)
+    lp = LogProbs(
+        NoAutocast(), model, temperature=1.0, cache_free=True, compiled_layers=True, rloo_k=2, chunk_size=4
+    )
     plan = [(6, True), (40, False), (9, False), (70, True), (20, True), (100, False)]
     graphs = []
     for update, (width, left_padded) in enumerate(plan):

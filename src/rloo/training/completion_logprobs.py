@@ -13,7 +13,6 @@ from rloo.forward import response_logits, takes_block_mask
 from rloo.generation import scoring_temperature
 from rloo.training import deepspeed_utils
 from rloo.training.collectives import Collectives
-from rloo.training.compile import decoder_layers, is_compiled
 
 # Packed rows under compiled decoder layers are padded to a multiple of this many columns: the layers'
 # shape-generic graph then meets few distinct widths, and the same alignment at every call.
@@ -43,6 +42,7 @@ class LogProbs:
         *,
         temperature: float,
         cache_free: bool,
+        compiled_layers: bool = False,
         rloo_k: int,
         chunk_size: int,
     ) -> None:
@@ -53,9 +53,10 @@ class LogProbs:
         # cache call eager (--gradient_checkpointing, --torch_compile): the policy shares prompts through
         # packed rows only, which take no cache, and runs plain rows where the attention takes no 4D mask.
         self.cache_free = cache_free
+        # --torch_compile compiles the policy's layers (the LoRA reference is the policy: compiled too)
+        self.compiled_layers = compiled_layers
         self.rloo_k = rloo_k
         self.chunk_size = chunk_size
-        self._compiled_layers: dict[int, bool] = {}  # id(model) -> its layers compiled: looked up once
 
     def forward(
         self,
@@ -72,9 +73,8 @@ class LogProbs:
         packs = takes_block_mask(model)
         share = False if model is self.policy and self.cache_free and not packs else None
         # compiled layers: always packed rows, always a 4D mask, widths in steps, so their graphs replay
-        if id(model) not in self._compiled_layers:  # a walk over every module: once per model, not per call
-            self._compiled_layers[id(model)] = _has_compiled_layers(model)
-        multiple = COMPILED_WIDTH_MULTIPLE if packs and self._compiled_layers[id(model)] else 1
+        compiled = model is self.policy and self.compiled_layers
+        multiple = COMPILED_WIDTH_MULTIPLE if packs and compiled else 1
         # one autocast region for the micro-batch: the KV-cache path's two model calls cast each weight
         # once, not once per call (autocast caches a weight's cast within its region)
         with self.accelerator.autocast():
@@ -112,14 +112,6 @@ class LogProbs:
                 [self.forward(model, ro, torch.arange(i, min(i + bs, b)))[0] for i in range(0, b, bs)]
             )
         return out.clone()  # a normal tensor again: inference tensors may not meet autograd later
-
-
-def _has_compiled_layers(model: Any) -> bool:
-    """Whether ``rloo.training.compile`` compiled the decoder layers of ``model``."""
-    try:
-        return is_compiled(decoder_layers(model)[0])
-    except ValueError:  # no decoder layers found: nothing compiled
-        return False
 
 
 # what each check of NonFiniteGuard.check measures, in its one-line error

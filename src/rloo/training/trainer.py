@@ -363,6 +363,7 @@ class RLOOTrainer:
             self.policy,
             temperature=cfg.temperature,
             cache_free=cfg.gradient_checkpointing or cfg.torch_compile,
+            compiled_layers=cfg.torch_compile,
             rloo_k=cfg.rloo_k,
             chunk_size=cfg.local_rollout_forward_batch_size,
         )
