@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -127,3 +129,33 @@ def test_the_ranks_take_the_smallest_auto_size(tmp_path) -> None:
 
     mp.spawn(_rank_agrees, args=(free_port(), str(tmp_path / "size")), nprocs=2, join=True)
     assert [(tmp_path / f"size.{r}").read_text() for r in (0, 1)] == ["4", "4"]
+
+
+def test_the_frozen_copies_are_counted_in_the_dtypes_the_run_holds_them() -> None:
+    """The reference and the rollout copy take the dtypes rloo.training.precision gives them: on a GPU in
+    bf16, 2 bytes each; a moving reference (--sync_ref_model) keeps the policy's fp32; LoRA holds no
+    separate reference, --offload_ref_model none on the GPU, vLLM no rollout copy."""
+    from types import SimpleNamespace
+
+    from accelerate.utils import DistributedType
+
+    from rloo.config import RLOOConfig
+    from rloo.training.micro_batch import frozen_bytes
+
+    policy = torch.nn.Linear(10, 10)  # fp32, 110 parameters
+    acc = SimpleNamespace(
+        mixed_precision="bf16", device=torch.device("cuda"), distributed_type=DistributedType.NO
+    )
+    base = dict(model_name_or_path="m", dataset_name="d", reward_funcs=["m:f"], bf16=True)
+
+    def count(**kw: Any) -> float:
+        return frozen_bytes(RLOOConfig(**{**base, **kw}), acc, policy, 110)
+
+    assert count() == 110 * 2 + 110 * 2  # bf16 reference, bf16 rollout copy
+    assert count(sync_ref_model=True) == 110 * 4 + 110 * 2
+    assert count(offload_ref_model=True) == 110 * 2
+    assert count(use_vllm=True) == 110 * 2  # vLLM holds its own weights: no rollout copy here
+    fp32 = SimpleNamespace(
+        mixed_precision="no", device=torch.device("cuda"), distributed_type=DistributedType.NO
+    )
+    assert frozen_bytes(RLOOConfig(**{**base, "bf16": False}), fp32, policy, 110) == 110 * 4  # no copy

@@ -20,7 +20,7 @@ from typing import Any
 
 from rloo.config import RLOOConfig
 from rloo.errors import UserError
-from rloo.training import deepspeed_utils
+from rloo.training import deepspeed_utils, precision
 
 __all__ = [
     "AUTO",
@@ -31,6 +31,7 @@ __all__ = [
     "apply_micro_batches",
     "auto_micro_batch",
     "choose_micro_batch",
+    "frozen_bytes",
     "plan_for_run",
     "plan_micro_batches",
     "training_state_bytes",
@@ -195,21 +196,35 @@ def auto_micro_batch(
     return AutoChoice(size, free_bytes, state, per_completion)
 
 
+def frozen_bytes(cfg: RLOOConfig, accelerator: Any, policy: Any, params: int) -> float:
+    """GPU bytes of the frozen copies of the policy a run holds beside it, in the dtypes
+    ``rloo.training.precision`` gives them: the reference (none with LoRA, where it is the policy with its
+    adapters off, nor on the GPU with --offload_ref_model) and the built-in generator's rollout copy."""
+    loaded = next(policy.parameters()).element_size()
+    total = 0.0
+    if not cfg.use_peft and not cfg.offload_ref_model:
+        ref = precision.reference_dtype(accelerator, moving=cfg.sync_ref_model)
+        total += params * (ref.itemsize if ref is not None else loaded)
+    if not cfg.use_vllm:
+        copy = precision.rollout_copy_dtype(cfg.generation_dtype, accelerator, policy)
+        total += params * (copy.itemsize if copy is not None else 0)
+    return total
+
+
 def plan_for_run(
     cfg: RLOOConfig,
+    accelerator: Any,
     policy: Any,
     prompt_ids: list[list[int]],
     *,
     world: int,
-    zero_stage: int,
     smallest: Callable[[int], int] = lambda size: size,
 ) -> MicroBatchPlan:
     """The micro-batches of this run's updates, ``auto`` measured on the GPU before the models are
-    placed (DeepSpeed takes the accumulation steps at ``prepare``): the trained parameters' state, a
-    reference and a rollout copy of the policy in the compute dtype where the run keeps them, and the
-    longest prompt. ``smallest``: the smallest of every rank's choice (each measures its own GPU, and the
-    ranks must take the same number of micro-batches per step, or DeepSpeed's boundary and the gradient
-    average would disagree)."""
+    placed (DeepSpeed takes the accumulation steps at ``prepare``): the trained parameters' state, the
+    frozen copies of the policy (:func:`frozen_bytes`), and the longest prompt. ``smallest``: the smallest
+    of every rank's choice (each measures its own GPU, and the ranks must take the same number of
+    micro-batches per step, or DeepSpeed's boundary and the gradient average would disagree)."""
     import torch
 
     mini_batch = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps
@@ -218,9 +233,6 @@ def plan_for_run(
         compute_bytes = 2 if cfg.bf16 or cfg.fp16 else 4
         params = sum(int(getattr(p, "ds_numel", p.numel())) for p in policy.parameters())
         trained = sum(int(getattr(p, "ds_numel", p.numel())) for p in policy.parameters() if p.requires_grad)
-        copies = (
-            0 if cfg.use_peft else 1 + int(bool(cfg.bf16) and not cfg.use_vllm)
-        )  # reference, rollout copy
         auto = auto_micro_batch(
             policy.config,
             mini_batch=mini_batch,
@@ -228,10 +240,10 @@ def plan_for_run(
             prompt_tokens=max(map(len, prompt_ids), default=1),
             response_tokens=cfg.response_length,
             trained_params=trained,
-            frozen_bytes=copies * params * compute_bytes,
+            frozen_bytes=frozen_bytes(cfg, accelerator, policy, params),
             compute_bytes=compute_bytes,
             checkpointing=cfg.gradient_checkpointing,
-            zero_stage=zero_stage,
+            zero_stage=deepspeed_utils.zero_stage(accelerator),
             shards=world,
             free_bytes=float(torch.cuda.mem_get_info()[0]),
         )
@@ -253,10 +265,10 @@ def apply_micro_batches(
     number, DeepSpeed scales it and steps at that boundary."""
     plan = plan_for_run(
         cfg,
+        accelerator,
         policy,
         prompt_ids,
         world=world,
-        zero_stage=deepspeed_utils.zero_stage(accelerator),
         smallest=lambda size: _smallest_over_ranks(size, accelerator.device),
     )
     accelerator.gradient_accumulation_steps = plan.accumulation_steps
