@@ -471,6 +471,12 @@ class TransformersGenerator:
         tokens = torch.full((n, steps), params.pad_token_id, dtype=torch.long, device=device)
         logprobs = torch.zeros((n, steps), dtype=torch.float32, device=device) if return_logprobs else None
         done = torch.zeros(n, dtype=torch.bool, device=device)
+        # a shared-prefix step's arguments are the same at every step (its cache grows itself)
+        shared = (
+            prefix_attention.step_kwargs(cache, n, device)
+            if isinstance(cache, prefix_attention.SharedPrefixCache)
+            else None
+        )
         for t in range(steps):
             nxt, done = self._emit(logits, u[:, t], params, t, tokens, logprobs, done)
             all_done = params.stop_token_id is not None and not self.synced_steps and bool(done.all())
@@ -479,8 +485,8 @@ class TransformersGenerator:
             if self.should_stop is not None and self.should_stop():
                 raise GenerationInterrupted
             pos = pos + 1
-            if isinstance(cache, prefix_attention.SharedPrefixCache):
-                kwargs = prefix_attention.step_kwargs(cache, n, device)
+            if shared is not None:
+                kwargs = shared
             else:
                 kwargs = {
                     "attention_mask": step_mask[..., : width + t + 1],
