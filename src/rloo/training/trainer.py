@@ -879,7 +879,17 @@ def release_process_group() -> None:
     Left to the interpreter's exit, gloo's threads are torn down by static destructors, and a rank now and
     then aborts there ("terminate called without an active exception", SIGABRT) after a run that succeeded:
     its launcher, and a pipeline step, would report a failure."""
+    import datetime
+
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
+        if dist.get_backend() == "gloo" and dist.get_world_size() > 1:
+            # every rank done before any tears its connections down: a rank destroying its group while
+            # another still finishes its run can leave gloo's threads to abort at exit. Bounded: a rank that
+            # never comes is logged, and this one ends all the same.
+            try:
+                dist.monitored_barrier(timeout=datetime.timedelta(seconds=60))
+            except RuntimeError as e:
+                log.warning("ranks did not meet before the process group was released: %s", e)
         dist.destroy_process_group()
