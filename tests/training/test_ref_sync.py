@@ -279,7 +279,7 @@ from types import SimpleNamespace
 from accelerate import Accelerator, DeepSpeedPlugin
 from accelerate.utils import InitProcessGroupKwargs
 from rloo.models import load_causal_lm, load_tokenizer
-from rloo.training import deepspeed_utils, ref_sync
+from rloo.training import deepspeed_utils, process_group, ref_sync
 from rloo.training.checkpoint import checkpoint_problem
 from rloo.training.checkpoint_manager import CheckpointManager
 
@@ -294,6 +294,7 @@ expected = {n: p.detach().clone() for n, p in plain_ref.named_parameters()}
 
 plugin = DeepSpeedPlugin(zero_stage=3, zero3_init_flag=True, zero3_save_16bit_model=True)
 acc = Accelerator(deepspeed_plugin=plugin, kwargs_handlers=[InitProcessGroupKwargs(backend="gloo")])
+process_group.release_at_exit()  # as the trainer does: gloo's groups left to the interpreter's exit abort it
 assert deepspeed_utils.is_zero3(acc) and acc.num_processes == int(os.environ["WORLD_SIZE"])
 deepspeed_utils.fill_deepspeed_config(
     acc, micro_batch_size=1, gradient_accumulation_steps=1, max_grad_norm=1.0

@@ -50,7 +50,16 @@ from rloo.models import (
     position_limit,
 )
 from rloo.tracking.base import Status
-from rloo.training import deepspeed_utils, frozen, judge_reward, lora, precision, ref_sync, teacher
+from rloo.training import (
+    deepspeed_utils,
+    frozen,
+    judge_reward,
+    lora,
+    precision,
+    process_group,
+    ref_sync,
+    teacher,
+)
 from rloo.training.async_rollout import AHEAD_FILE, RolloutsAhead
 from rloo.training.checkpoint_manager import CheckpointManager
 from rloo.training.collectives import Collectives
@@ -93,6 +102,9 @@ class RLOOTrainer:
         self.output_lock: OutputLock | None = None
         self.remote = check_locations(cfg)
         seed_everything(cfg.seed)
+        # whatever ends this process (a finished run, a refusal, an error), its ranks' process groups are
+        # destroyed before the interpreter's teardown, where gloo would abort it
+        process_group.release_at_exit()
         self._setup_accelerator()
         # before anything is loaded: a second run on the same output is refused in seconds
         self._lock_output()
@@ -870,26 +882,5 @@ def seed_everything(seed: int) -> None:
 def train(cfg: RLOOConfig) -> TrainResult:
     """Run ``rloo train`` for a validated config."""
     result = RLOOTrainer(cfg).train()
-    release_process_group()
+    process_group.release()
     return result
-
-
-def release_process_group() -> None:
-    """After a finished run, destroy the process group torchrun's ranks joined (a no-op in one process).
-    Left to the interpreter's exit, gloo's threads are torn down by static destructors, and a rank now and
-    then aborts there ("terminate called without an active exception", SIGABRT) after a run that succeeded:
-    its launcher, and a pipeline step, would report a failure."""
-    import datetime
-
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        if dist.get_backend() == "gloo" and dist.get_world_size() > 1:
-            # every rank done before any tears its connections down: a rank destroying its group while
-            # another still finishes its run can leave gloo's threads to abort at exit. Bounded: a rank that
-            # never comes is logged, and this one ends all the same.
-            try:
-                dist.monitored_barrier(timeout=datetime.timedelta(seconds=60))
-            except RuntimeError as e:
-                log.warning("ranks did not meet before the process group was released: %s", e)
-        dist.destroy_process_group()
