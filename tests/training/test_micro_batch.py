@@ -107,13 +107,16 @@ def test_the_plan() -> None:
 
 
 def _rank_agrees(rank: int, port: int, out: str) -> None:
+    from types import SimpleNamespace
+
     import torch.distributed as dist
 
-    from rloo.training.micro_batch import _smallest_over_ranks
+    from rloo.training.collectives import Collectives
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
-        got = _smallest_over_ranks([16, 4][rank], torch.device("cpu"))  # each rank measured its own GPU
+        comm = Collectives(SimpleNamespace(num_processes=2, process_index=rank))  # the accelerator's ranks
+        got = comm.smallest([16, 4][rank], torch.device("cpu"))  # each rank measured its own GPU
         with open(f"{out}.{rank}", "w") as f:
             f.write(str(got))
     finally:

@@ -53,6 +53,16 @@ class Collectives:
             return flag
         return bool(self.sum(torch.tensor(float(flag), device=device)) > 0)
 
+    def smallest(self, value: int, device: torch.device) -> int:
+        """The smallest of a per-rank whole number over ranks (accelerate's reduce has no minimum)."""
+        if self.world == 1:
+            return value
+        import torch.distributed as dist
+
+        t = torch.tensor([value], device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)
+        return int(t.item())
+
     def broadcast(self, obj: T) -> T:
         """The main process's ``obj`` (any picklable value) on every rank."""
         if self.world == 1:

@@ -21,6 +21,7 @@ from typing import Any
 from rloo.config import RLOOConfig
 from rloo.errors import UserError
 from rloo.training import deepspeed_utils, precision
+from rloo.training.collectives import Collectives
 
 __all__ = [
     "AUTO",
@@ -258,7 +259,7 @@ def plan_for_run(
 
 
 def apply_micro_batches(
-    cfg: RLOOConfig, accelerator: Any, policy: Any, prompt_ids: list[list[int]], *, world: int
+    cfg: RLOOConfig, accelerator: Any, policy: Any, prompt_ids: list[list[int]], *, comm: Collectives
 ) -> MicroBatchPlan:
     """Plan this run's micro-batches (:func:`plan_for_run`) before the policy is placed, and tell accelerate
     and DeepSpeed how many make an optimizer step: accelerate divides each micro-batch's loss by that
@@ -268,8 +269,8 @@ def apply_micro_batches(
         accelerator,
         policy,
         prompt_ids,
-        world=world,
-        smallest=lambda size: _smallest_over_ranks(size, accelerator.device),
+        world=comm.world,
+        smallest=lambda size: comm.smallest(size, accelerator.device),
     )
     accelerator.gradient_accumulation_steps = plan.accumulation_steps
     deepspeed_utils.fill_deepspeed_config(  # a no-op without DeepSpeed
@@ -280,15 +281,3 @@ def apply_micro_batches(
     )
     log.info("%s", plan.describe())
     return plan
-
-
-def _smallest_over_ranks(size: int, device: Any) -> int:
-    """The smallest ``size`` of all ranks (one all-reduce; ``size`` itself in one process)."""
-    import torch
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return size
-    t = torch.tensor([size], device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MIN)
-    return int(t.item())

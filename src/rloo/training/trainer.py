@@ -302,7 +302,7 @@ class RLOOTrainer:
         self.comm = Collectives(self.accelerator)
         self.world, self.rank = self.comm.world, self.comm.rank
         self.deepspeed = self.accelerator.distributed_type == DistributedType.DEEPSPEED
-        self.micro = apply_micro_batches(cfg, self.accelerator, self.policy, self.train_ids, world=self.world)
+        self.micro = apply_micro_batches(cfg, self.accelerator, self.policy, self.train_ids, comm=self.comm)
         if self.deepspeed:
             self.policy, self.optimizer = self.accelerator.prepare(self.policy, self.optimizer)
         else:
