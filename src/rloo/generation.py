@@ -458,25 +458,11 @@ class TransformersGenerator:
         ctx = self.autocast or contextlib.nullcontext
         device = logits.device
         steps = params.max_new_tokens
-        n, width = mask.shape
-        # (B, L+T) preallocated: each step attends to a growing prefix view, no per-step concatenation
-        attn = torch.ones((n, width + steps), dtype=mask.dtype, device=device)
-        attn[:, :width] = mask
-        # With SDPA attention, hand the model a ready (B, 1, 1, L+T) bool mask: transformers passes 4D
-        # masks through untouched, which saves rebuilding one from the 2D mask at every decode step.
-        if getattr(model.config, "_attn_implementation", None) == "sdpa":
-            step_mask = attn.bool()[:, None, None, :]  # (B, 1, 1, L+T)
-        else:
-            step_mask = attn
+        n = mask.size(0)
+        step_kwargs = self._dynamic_step_kwargs(cache, mask, steps)
         tokens = torch.full((n, steps), params.pad_token_id, dtype=torch.long, device=device)
         logprobs = torch.zeros((n, steps), dtype=torch.float32, device=device) if return_logprobs else None
         done = torch.zeros(n, dtype=torch.bool, device=device)
-        # a shared-prefix step's arguments are the same at every step (its cache grows itself)
-        shared = (
-            prefix_attention.step_kwargs(cache, n, device)
-            if isinstance(cache, prefix_attention.SharedPrefixCache)
-            else None
-        )
         for t in range(steps):
             nxt, done = self._emit(logits, u[:, t], params, t, tokens, logprobs, done)
             all_done = params.stop_token_id is not None and not self.synced_steps and bool(done.all())
@@ -485,18 +471,34 @@ class TransformersGenerator:
             if self.should_stop is not None and self.should_stop():
                 raise GenerationInterrupted
             pos = pos + 1
-            if shared is not None:
-                kwargs = shared
-            else:
-                kwargs = {
-                    "attention_mask": step_mask[..., : width + t + 1],
-                    "past_key_values": cache,
-                    "use_cache": True,
-                }
             with ctx():
-                out = model(input_ids=nxt[:, None], position_ids=pos, **kwargs)
+                out = model(input_ids=nxt[:, None], position_ids=pos, **step_kwargs(t))
             logits = out.logits[:, -1]
         return Generated(tokens=tokens, logprobs=logprobs)
+
+    def _dynamic_step_kwargs(
+        self, cache: Any, mask: torch.Tensor, steps: int
+    ) -> Callable[[int], dict[str, Any]]:
+        """Decode step t's attention and cache arguments, for a prompt mask (B, L) and ``steps`` tokens."""
+        n, width = mask.shape
+        if isinstance(cache, prefix_attention.SharedPrefixCache):
+            # the same at every step: the cache grows itself, and its attention masks by its own masks
+            shared = prefix_attention.step_kwargs(cache, n, mask.device)
+            return lambda t: shared
+        # (B, L+T) preallocated: each step attends to a growing prefix view, no per-step concatenation
+        attn = torch.ones((n, width + steps), dtype=mask.dtype, device=mask.device)
+        attn[:, :width] = mask
+        # With SDPA attention, hand the model a ready (B, 1, 1, L+T) bool mask: transformers passes 4D
+        # masks through untouched, which saves rebuilding one from the 2D mask at every decode step.
+        if getattr(self.model.config, "_attn_implementation", None) == "sdpa":
+            step_mask = attn.bool()[:, None, None, :]  # (B, 1, 1, L+T)
+        else:
+            step_mask = attn
+        return lambda t: {
+            "attention_mask": step_mask[..., : width + t + 1],
+            "past_key_values": cache,
+            "use_cache": True,
+        }
 
     def _decode_static(
         self,
