@@ -25,15 +25,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-BENCH_STEPS = ("bench-0.5b-vs-trl", "bench-1.5b-ours-layers", "bench-0.5b-ours-layers")
-STEP_ORDER = (
-    "zero",
-    "tests",
-    "bench-0.5b-vs-trl",
-    "decode",
-    "bench-1.5b-ours-layers",
-    "bench-0.5b-ours-layers",
-)
+from gpu_window import STEP_NAMES  # beside this file
+
+# the window's steps, in its order; the benchmark steps each leave a bench.json
+BENCH_STEPS = tuple(name for name in STEP_NAMES if name.startswith("bench-"))
 
 
 def _load_json(path: Path) -> Any:
@@ -87,7 +82,7 @@ def collect_from(root: Path) -> dict[str, Any]:
         "decode": _load_json(raw / "decode" / "decode.json"),
         "tests": _last_line(raw / "tests" / "pytest.out", r"\d+ (passed|failed|skipped|error|deselected)"),
         "zero": {str(stage): zero_updates(raw, stage) for stage in (2, 3)},
-        "stderr": {name: _last_line(raw / name / f"{_main_log(name)}.err") for name in STEP_ORDER},
+        "stderr": {name: _last_line(raw / name / f"{_main_log(name)}.err") for name in STEP_NAMES},
     }
 
 
@@ -179,7 +174,7 @@ def render(data: dict[str, Any]) -> str:
     """The markdown: the device, a row per step, then each benchmark's own table."""
     lines = [f"### GPU window on {data['device']} ({data['calls']} call(s))", ""]
     lines += ["| step | status | seconds | call | headline |", "|---|---|---:|---:|---|"]
-    for name in STEP_ORDER:
+    for name in STEP_NAMES:
         record = data["steps"].get(name)
         if record is None:
             lines.append(f"| {name} | not run | | | |")
