@@ -159,7 +159,14 @@ def _needs_torch(command: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    """Run one ``rloo`` command; its exit code. A torchrun rank ends here, with that code, without the
+    interpreter's teardown, where gloo's threads can abort it (:func:`rloo.training.process_group.end_rank`)."""
+    from rloo.training import process_group
+
+    return process_group.end_rank(_run(list(sys.argv[1:] if argv is None else argv)))
+
+
+def _run(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(USAGE, end="")
         return 0 if argv else 2
