@@ -85,49 +85,31 @@ sys.exit(process_group.end_rank(3))
 """
 
 
+def _python(args: list[str], *, world: str | None) -> subprocess.CompletedProcess[str]:
+    """``python ARGS`` with ``WORLD_SIZE`` set to ``world`` (None: unset, one process)."""
+    env = {k: v for k, v in os.environ.items() if k != "WORLD_SIZE"}
+    if world is not None:
+        env["WORLD_SIZE"] = world
+    return subprocess.run(
+        [sys.executable, *args], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+
+
 def test_a_rank_ends_with_its_code_after_what_an_exit_does_before_the_teardown(tmp_path: Path) -> None:
     """Its threads joined, its atexit handlers run, its output flushed; the teardown skipped."""
-    proc = subprocess.run(
-        [sys.executable, "-c", _ENDING, str(tmp_path)],
-        env={**os.environ, "WORLD_SIZE": "2"},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    proc = _python(["-c", _ENDING, str(tmp_path)], world="2")
     assert (proc.returncode, proc.stdout) == (3, "buffered"), proc.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["atexit", "thread"]
     # one process: an ordinary exit, teardown included
-    proc = subprocess.run(
-        [sys.executable, "-c", _ENDING, str(tmp_path)],
-        env={k: v for k, v in os.environ.items() if k != "WORLD_SIZE"},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    proc = _python(["-c", _ENDING, str(tmp_path)], world=None)
     assert (proc.returncode, proc.stdout) == (3, "buffered"), proc.stderr
     assert (tmp_path / "teardown").read_text() == "ran"
 
 
 def test_the_rloo_command_ends_a_rank_through_end_rank() -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "rloo.cli", "--version"],
-        env={**os.environ, "WORLD_SIZE": "2"},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    proc = _python(["-m", "rloo.cli", "--version"], world="2")
     assert proc.returncode == 0 and proc.stdout.startswith("rloo "), proc.stderr
-    proc = subprocess.run(
-        [sys.executable, "-m", "rloo.cli", "no-such-command"],
-        env={**os.environ, "WORLD_SIZE": "2"},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    proc = _python(["-m", "rloo.cli", "no-such-command"], world="2")
     assert proc.returncode == 2 and "unknown command" in proc.stderr
 
 
