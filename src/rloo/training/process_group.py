@@ -10,8 +10,8 @@ signal instead of the rank's own exit: a finished run fails its pipeline step.
 Two layers. :func:`release_at_exit` destroys the groups from an atexit handler, which runs while the
 interpreter is still whole: that ends the abort wherever destroying frees the groups (measured: 0 of 10
 launches against 5 of 10), the layer a user's own script that drives the trainer gets. It is not always
-enough: after ``rloo train`` has destroyed every group (accelerate's ``end_training``), the default group's gloo
-threads still run (something torch-side keeps it), and a loaded CI machine saw a rank abort. So the
+enough: after ``rloo train`` has destroyed every group (accelerate's ``end_training``), the default group's
+gloo threads still run (something torch-side keeps it), and a loaded CI machine saw a rank abort. So the
 ``rloo`` command ends a rank with :func:`end_rank`: no teardown at all, as ``multiprocessing`` ends its
 children.
 """
